@@ -373,6 +373,8 @@ def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     policy, tokenizer = load_policy(cfg.model.name)
     policy.eval()
     evaluator = SimpleNamespace(cfg=cfg, engine=HFEngine(policy, tokenizer, bf16_autocast=cfg.model.bf16_autocast),
