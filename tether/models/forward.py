@@ -8,6 +8,7 @@ tokens go through the LM head, in chunks; with autograd on, each chunk is checkp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from tether.algos.logprobs import token_log_probs
 # logit scaling or extra head): for these the LM head runs on response positions only.
 PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo", "olmo2", "smollm3",
                                     "gpt2", "gpt_neox"})
+# Attribute under which a sharded model carries its own (hooked) copy of plain_head_pass.
+SHARDED_PASS = "tether_plain_head_pass"
 
 
 def pack_prompt_response(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
@@ -58,6 +61,32 @@ def _head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temp
                            with_entropy=with_entropy)
 
 
+def plain_head_pass(model: Any, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, index: Tensor,
+                    targets: Tensor, temperature: float, with_entropy: bool,
+                    chunk_size: int) -> tuple[Tensor, Tensor | None]:
+    """The decoder over the packed rows, then the LM head on response positions only, chunk by chunk.
+
+    Returns:
+        (log_probs ``[N, T]``, entropy ``[N, T]`` or None), not yet masked.
+    """
+    base = getattr(model, model.base_model_prefix)
+    head = model.get_output_embeddings()
+    hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=False).last_hidden_state
+    hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
+    lps, ents = [], []
+    for s in range(0, hidden.shape[1], chunk_size):
+        chunk = slice(s, s + chunk_size)
+        args = (head, hidden[:, chunk], targets[:, chunk], temperature, with_entropy)
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            lp, ent = checkpoint(_head_log_probs, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_log_probs(*args)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+
+
 def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
                        response_mask: Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
                        chunk_size: int = 64) -> tuple[Tensor, Tensor | None]:
@@ -89,21 +118,11 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
     head = model.get_output_embeddings()
     plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
     if plain and base is not None and head is not None:
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      use_cache=False).last_hidden_state
-        hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
-        lps, ents = [], []
-        for s in range(0, hidden.shape[1], chunk_size):
-            chunk = slice(s, s + chunk_size)
-            args = (head, hidden[:, chunk], targets[:, chunk], temperature, with_entropy)
-            if torch.is_grad_enabled() and hidden.requires_grad:
-                lp, ent = checkpoint(_head_log_probs, *args, use_reentrant=False)
-            else:
-                lp, ent = _head_log_probs(*args)
-            lps.append(lp)
-            ents.append(ent)
-        log_probs = torch.cat(lps, dim=1)
-        entropy = torch.cat(ents, dim=1) if with_entropy else None
+        # A sharded model carries this pass as one of its registered forward methods (see
+        # tether.distributed.fsdp): the root's gather and gradient-reduce hooks must wrap it as they wrap model(...).
+        run = getattr(model, SHARDED_PASS, None) or functools.partial(plain_head_pass, model)
+        log_probs, entropy = run(input_ids, attention_mask, position_ids, index, targets, temperature, with_entropy,
+                                 chunk_size)
     else:  # unknown architecture: full logits, whatever the model does after its head
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).logits
