@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
@@ -31,7 +32,7 @@ from tether.trainer.checkpoint import load_state
 FSDP = ("distributed.strategy=fsdp2",)
 # Resume runs: ARMOR's reference reset after step 2 moves the reference, which the KL term of step 3 then
 # reads, so an exact step 3 needs the reference restored from the sharded checkpoint as well.
-RESUME = (*FSDP, "algorithm.kl.coef=0.1", "methods.armor={anchors: false, reset: every, tau: 2}", "val.every=2")
+RESUME = (*FSDP, "algorithm.kl.coef=0.1", "methods.armor={anchors: false, reset: every, tau: 2}")
 COMPARED = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "train/reward_mean")
 
 
@@ -52,15 +53,30 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([full(p.detach()).flatten() for p in model.parameters()])
 
 
-def run_update(run_dir: Path, *overrides: str) -> dict[str, Any]:
-    """score -> advantages -> update on the fixed batch in float64; the last optimiser step's gradients stay."""
-    trainer = make_trainer(tiny_config(run_dir, *UPDATE, *overrides), dtype=torch.float64)
+def update_fixed_batch(trainer: Trainer) -> dict[str, Any]:
+    """score -> advantages -> update on the fixed batch; the last optimiser step's gradients stay."""
+    before = flat_params(trainer.policy)
     batch = fixed_batch()
     trainer.score(batch)
     trainer.compute_advantages(batch)
     metrics = trainer.update(batch)
-    grads = torch.cat([full(p.grad).flatten() for p in trainer.policy.parameters()])
-    return {"metrics": metrics, "grads": grads, "params": flat_params(trainer.policy)}
+    params = list(trainer.policy.parameters())
+    return {"metrics": metrics, "grads": torch.cat([full(p.grad).flatten() for p in params]),
+            "params": flat_params(trainer.policy), "before": before,
+            "stored": {p.dtype for p in params} | {p.grad.dtype for p in params}}
+
+
+def run_update(run_dir: Path, *overrides: str) -> dict[str, Any]:
+    return update_fixed_batch(make_trainer(tiny_config(run_dir, *UPDATE, *overrides), dtype=torch.float64))
+
+
+def _mixed_precision(out: Path) -> dict[str, Any]:
+    trainer = make_trainer(tiny_config(out / "bf16", *UPDATE, *FSDP, "distributed.param_dtype=bfloat16",
+                                       "distributed.reduce_dtype=float32"))
+    result = update_fixed_batch(trainer)
+    with gathered(trainer.policy):
+        result["compute"] = next(trainer.policy.parameters()).dtype
+    return result
 
 
 def shards(trainer: Trainer) -> dict[str, Any]:
@@ -83,8 +99,8 @@ def _rollouts(out: Path) -> dict[str, Any]:
 def _resume(out: Path) -> dict[str, Any]:
     straight = make_trainer(tiny_config(out / "straight", *RESUME, "train.steps=3"))
     straight_last = straight.fit()
-    first = make_trainer(tiny_config(out / "resumed", *RESUME, "train.steps=2"))
-    first.fit()  # saves step 2 at the end
+    first = make_trainer(tiny_config(out / "resumed", *RESUME, "train.steps=2", "val.every=2"))
+    first.fit()  # validates at steps 0 and 2 (does not touch the training state), saves step 2 at the end
     resumed = make_trainer(tiny_config(out / "resumed", *RESUME, "train.steps=3"))
     loaded = {"step": resumed.step, "ref_modified": resumed.ref_modified,
               "saved": shards(first), "loaded": shards(resumed)}
@@ -94,22 +110,34 @@ def _resume(out: Path) -> dict[str, Any]:
             "step2_params": flat_params(first.policy)}
 
 
-def _mixed_precision(out: Path) -> dict[str, Any]:
-    trainer = make_trainer(tiny_config(out / "bf16", *FSDP, "distributed.param_dtype=bfloat16",
-                                       "distributed.reduce_dtype=float32"))
-    before = flat_params(trainer.policy)
-    metrics = trainer.train_step()
-    with gathered(trainer.policy):
-        compute = next(trainer.policy.parameters()).dtype
-    return {"metrics": metrics, "changed": not torch.equal(before, flat_params(trainer.policy)), "compute": compute,
-            "dtypes": {str(p.dtype) for p in trainer.policy.parameters()} | {str(p.grad.dtype)
-                                                                            for p in trainer.policy.parameters()}}
+def _eapo(out: Path, rank: int) -> dict[str, Any]:
+    if rank == 0:  # (transformers writes config.json on rank 0 only)
+        prior, tok = tiny_model(seed=1)  # another random model with the same tokenizer
+        prior.save_pretrained(out / "prior")
+        tok.save_pretrained(out / "prior")
+    dist.barrier()
+    eapo = {"prior": str(out / "prior"), "threshold": -1.0}  # the gate always opens
+    trainer = make_trainer(tiny_config(out / "eapo", *FSDP, algorithm={"policy_loss": "eapo"}, methods={"eapo": eapo}))
+    return {"metrics": trainer.train_step(),
+            "prior_whole": not any(isinstance(p, DTensor) for p in trainer.methods[0].prior.parameters())}
+
+
+def _seed(out: Path) -> dict[str, Any]:
+    from tests.methods.test_seed_runs import SEED, CannedAnalyzer
+    from tests.rollout.helpers import ScriptedEngine, agent_config
+
+    cfg = agent_config(out / "seed", *FSDP, methods={"seed": SEED}, algorithm={"kl": {"coef": 0.01}})
+    model, tok = tiny_model(seed=0)
+    trainer = Trainer(cfg, policy=model, tokenizer=tok)
+    trainer.engine = CannedAnalyzer(ScriptedEngine(tok), tok)  # scripted actions, canned skills (no GPU-free JSON)
+    return trainer.train_step()
 
 
 def _work(rank: int, out: Path) -> dict[str, Any]:
     register_toy()
     return {"update": run_update(out / "update", *FSDP, "train.gradient_checkpointing=true"),
-            "rollouts": _rollouts(out), "resume": _resume(out), "bf16": _mixed_precision(out)}
+            "rollouts": _rollouts(out), "resume": _resume(out), "bf16": _mixed_precision(out),
+            "eapo": _eapo(out, rank), "seed": _seed(out)}
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +225,29 @@ def test_best_checkpoint_is_a_plain_hugging_face_directory(two_ranks):
     torch.testing.assert_close(flat_params(loaded), want, rtol=0, atol=0)
 
 
-def test_mixed_precision_trains_float32_shards_with_bfloat16_compute(two_ranks):
+def test_mixed_precision_keeps_float32_shards_and_computes_in_bfloat16(two_ranks):
     results, _ = two_ranks
     for r in results:
         res = r["bf16"]
-        assert res["changed"] and res["dtypes"] == {"torch.float32"} and res["compute"] == torch.bfloat16
-        assert all(math.isfinite(res["metrics"][k]) for k in ("actor/pg_loss", "actor/grad_norm"))
+        assert res["stored"] == {torch.float32} and res["compute"] == torch.bfloat16
+        assert not torch.equal(res["params"], res["before"])
+        assert all(math.isfinite(res["metrics"][k]) for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"))
+
+
+def test_eapo_injects_from_a_whole_prior_next_to_the_sharded_policy(two_ranks):
+    results, _ = two_ranks
+    for r in results:
+        res = r["eapo"]
+        assert res["prior_whole"] and res["metrics"]["eapo/injected_token_frac"] > 0
+        assert math.isfinite(res["metrics"]["actor/pg_loss"]) and math.isfinite(res["metrics"]["actor/grad_norm"])
+
+
+def test_seed_scores_the_teacher_pass_with_the_sharded_policy(two_ranks):
+    results, _ = two_ranks
+    for r in results:
+        metrics = r["seed"]
+        assert metrics["seed/analysis_success_rate"] > 0 and math.isfinite(metrics["actor/pg_loss"])
+    assert results[0]["seed"]["actor/pg_loss"] == results[1]["seed"]["actor/pg_loss"]
 
 
 def test_fsdp2_without_a_process_group_fails_before_loading_a_model(tmp_path, monkeypatch):

@@ -269,10 +269,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         for mb in self.strategy.micro_batches(len(mini), o.micro_batch_size):  # this rank's share of the rows
             micro = mini.select(mb.rows)
-            loss, micro_metrics = self._micro_batch_loss(micro, num_tokens, len(mini))
-            if mb.padding:  # only keeps a sharded model's collectives in step across ranks
-                (loss * 0.0).backward()
+            if mb.padding:
+                self._lock_step_pass(micro)
                 continue
+            loss, micro_metrics = self._micro_batch_loss(micro, num_tokens, len(mini))
             loss.backward()
             share = len(micro) / len(mini)
             for k, v in micro_metrics.items():
@@ -285,6 +285,14 @@ class Trainer:
         self.scheduler.step()
         metrics["actor/grad_norm"] = grad_norm
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
+
+    def _lock_step_pass(self, micro: RolloutBatch) -> None:
+        """A forward and backward that add nothing: a sharded model gathers and reduces inside them, so a rank
+        with fewer rows than the others still makes the same calls. Method hooks do not see it."""
+        with self.autocast():
+            log_probs, _ = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids, micro.response_mask,
+                                              temperature=self.cfg.rollout.temperature)
+        (log_probs.sum() * 0.0).backward()
 
     def _micro_batch_loss(self, micro: RolloutBatch, num_tokens: float,
                           num_seqs: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
