@@ -101,8 +101,9 @@ def _resume(out: Path) -> dict[str, Any]:
     straight_last = straight.fit()
     first = make_trainer(tiny_config(out / "resumed", *RESUME, "train.steps=2", "val.every=2"))
     first.fit()  # validates at steps 0 and 2 (does not touch the training state), saves step 2 at the end
+    reset = torch.equal(flat_params(first.ref_policy), flat_params(first.policy))  # ARMOR's reset, shard to shard
     resumed = make_trainer(tiny_config(out / "resumed", *RESUME, "train.steps=3"))
-    loaded = {"step": resumed.step, "ref_modified": resumed.ref_modified,
+    loaded = {"step": resumed.step, "ref_modified": resumed.ref_modified, "reset": reset,
               "saved": shards(first), "loaded": shards(resumed)}
     resumed_last = resumed.fit()
     return {"straight": straight_last, "resumed": resumed_last, **loaded,
@@ -190,7 +191,7 @@ def test_sharded_checkpoint_loads_every_shard_and_optimiser_state(two_ranks):
     results, tmp = two_ranks
     for r in results:
         res = r["resume"]
-        assert res["step"] == 2 and res["ref_modified"]
+        assert res["step"] == 2 and res["ref_modified"] and res["reset"]
         for saved, loaded in zip(res["saved"]["params"], res["loaded"]["params"], strict=True):
             assert torch.equal(saved, loaded)
         assert res["saved"]["optim"].keys() == res["loaded"]["optim"].keys()
