@@ -68,3 +68,11 @@ def test_overrides_parse_yaml_values():
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_shipped_config_validates(path):
     load_config(path)
+
+
+def test_fsdp2_precision_settings_need_the_fsdp2_strategy():
+    msg = error_of(["distributed.param_dtype=bfloat16"])
+    assert "distributed.param_dtype needs distributed.strategy=fsdp2" in msg
+    assert "distributed.strategy" in error_of(["distributed.strategy=fsdp"])
+    cfg = load_config(data=dict(BASE), overrides=["distributed.strategy=fsdp2", "distributed.param_dtype=bfloat16"])
+    assert cfg.distributed.param_dtype == "bfloat16" and cfg.distributed.reduce_dtype is None

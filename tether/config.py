@@ -120,6 +120,32 @@ class TrainConfig(Section):
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
     resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in backward instead of "
+                                         "keeping its activations (less memory, about one more forward)")
+
+
+DTYPES = Literal["float32", "bfloat16", "float16"]
+
+
+class DistributedConfig(Section):
+    """How the policy is laid out over the ranks of a ``torchrun`` launch (docs/scaling.md)."""
+
+    strategy: Literal["replicate", "fsdp2"] = Field(
+        "replicate", description="replicate: every rank holds the whole model, gradients are all-reduced; "
+        "fsdp2: parameters, gradients and optimiser state sharded per decoder layer (torch fully_shard)")
+    param_dtype: DTYPES | None = Field(None, description="fsdp2: dtype of the gathered parameters in forward "
+                                       "and backward (MixedPrecisionPolicy.param_dtype); default: the stored dtype")
+    reduce_dtype: DTYPES | None = Field(None, description="fsdp2: dtype of the gradient reduce-scatter "
+                                        "(MixedPrecisionPolicy.reduce_dtype); default: param_dtype")
+
+    @model_validator(mode="after")
+    def _precision_needs_fsdp2(self) -> DistributedConfig:
+        if self.strategy != "fsdp2":
+            for key in ("param_dtype", "reduce_dtype"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"distributed.{key} needs distributed.strategy=fsdp2 (replicated "
+                                     "training keeps the stored dtype; use model.bf16_autocast there)")
+        return self
 
 
 class LoggingConfig(Section):
@@ -140,6 +166,7 @@ class Config(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     val: ValConfig = Field(default_factory=ValConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
 

@@ -6,46 +6,23 @@ compare them with the same computations done here in one process.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_two_ranks
 from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
 from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
-from tether.engine.base import Generation, SamplingParams
+from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
 from tether.models import tiny_model
-from tether.rollout.batch import RolloutBatch
 from tether.trainer import Trainer
-
-WORLD = 2
-ROWS = 10  # mini-batches of 5 rows: rank 0 takes 3 (micro-batches of 2 and 1), rank 1 takes 2
-UPDATE = ("optim.mini_batches=2", "optim.micro_batch_size=2", "algorithm.kl.coef=0.1", "optim.grad_clip=1e9")
-PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12, 13]]
-SAMPLING = SamplingParams(max_new_tokens=5)
 
 
 def make_trainer(cfg):
     model, tok = tiny_model(seed=0)
     return Trainer(cfg, policy=model, tokenizer=tok)
-
-
-def fixed_batch() -> RolloutBatch:
-    """A batch that needs no sampling: the same on every rank and in one process."""
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([6, 3, 5, 1, 6, 4, 2, 6, 5, 3])
-    mask = (torch.arange(6)[None] < lengths[:, None]).float()
-    return RolloutBatch(
-        prompt_ids=[[1 + i, 20 + i, 300 + i][: 1 + i % 3] for i in range(ROWS)],
-        response_ids=torch.randint(0, 2000, (ROWS, 6), generator=g) * mask.long(),
-        response_mask=mask, sample_log_probs=torch.zeros(ROWS, 6),
-        group_ids=torch.tensor([0] * 5 + [1] * 5), rewards=torch.rand(ROWS, generator=g),
-        correct=torch.zeros(ROWS, dtype=torch.bool), source=torch.zeros(ROWS, dtype=torch.long))
 
 
 def run_update(run_dir: Path) -> dict:
@@ -60,11 +37,8 @@ def run_update(run_dir: Path) -> dict:
     return {"metrics": metrics, "grads": grads, "params": params}
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+def _work(rank: int, out: Path) -> dict:
     register_toy()
-    out = Path(out_dir)
     result = {"update": run_update(out / "update")}
     trainer = make_trainer(tiny_config(out / "fit", "train.steps=1"))  # fit() is what `tether train` runs
     result["generation"] = trainer.engine.generate(PROMPTS, SAMPLING, seed=123)
@@ -75,17 +49,13 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     result["resumed_params"] = torch.cat([p.detach().flatten() for p in resumed.policy.parameters()])
     result["resumed_optim"] = resumed.optimizer.state_dict()["state"][0]["exp_avg"].clone()
     result["trained_optim"] = trainer.optimizer.state_dict()["state"][0]["exp_avg"].clone()
-    torch.save(result, out / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    return result
 
 
 @pytest.fixture(scope="module")
 def two_ranks():
     """Results of both workers, from one ``mp.spawn``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        mp.spawn(_worker, args=(init_file, tmp), nprocs=WORLD, join=True)
-        yield [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(WORLD)], Path(tmp)
+    yield from spawn_two_ranks(_work)
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ from tether.methods.armor import run_two_stage
 from tether.tasks.base import Score, TaskItem
 from tether.tasks.registry import register_task, unregister_task
 from tether.trainer import Trainer
+from tether.trainer.checkpoint import load_state
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "armor"
 TOY = "armor_toy"
@@ -145,7 +146,7 @@ def test_reset_every_step_makes_the_next_reference_the_policy(tiny, tmp_path):
     ref, policy = trainer.ref_policy.state_dict(), trainer.policy.state_dict()
     assert all(torch.equal(ref[k], policy[k]) for k in ref)
     assert not all(torch.equal(ref[k], initial[k]) for k in ref)
-    assert trainer.ref_modified and trainer.state_dict()["ref_policy"] is not None
+    assert trainer.ref_modified and load_state(trainer.save())["ref_policy"] is not None  # checkpointed too
 
     batch, _ = trainer.collector.collect(trainer)
     trainer.score(batch)

@@ -1,8 +1,12 @@
 """Data parallelism over ``torch.distributed``: one code path for 1 process and N processes.
 
-See :mod:`tether.distributed.data_parallel` and docs/scaling.md.
+:mod:`tether.distributed.strategy` lays the policy out (replicated, or sharded by
+:mod:`tether.distributed.fsdp`); :mod:`tether.distributed.data_parallel` splits rollouts and rows by
+rank. See docs/scaling.md.
 """
 
 from tether.distributed.data_parallel import DataParallel, ShardedEngine, concat_generations, rank_seed, split_evenly
+from tether.distributed.strategy import MicroBatch, Replicate, Strategy, build_strategy
 
-__all__ = ["DataParallel", "ShardedEngine", "concat_generations", "rank_seed", "split_evenly"]
+__all__ = ["DataParallel", "MicroBatch", "Replicate", "ShardedEngine", "Strategy", "build_strategy",
+           "concat_generations", "rank_seed", "split_evenly"]

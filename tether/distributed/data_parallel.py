@@ -17,8 +17,8 @@ Under ``torchrun`` every rank holds the whole policy (replicated, DDP semantics)
 
 The policy stays a plain module (no DDP wrapper): the engine, the methods (ARMOR's reference reset,
 SEED's teacher pass) and checkpointing see the same object as in one process. The wrapper's gain --
-overlapping the all-reduce with backward -- is left for the GPU path. Sharded training (FSDP2
-``fully_shard``) is not wired in yet; see docs/scaling.md.
+overlapping the all-reduce with backward -- is left for the GPU path. Sharded training is
+:mod:`tether.distributed.fsdp`; :mod:`tether.distributed.strategy` picks one of the two.
 """
 
 from __future__ import annotations
@@ -69,16 +69,20 @@ class DataParallel:
         self.rank, self.world_size = rank, world_size
 
     @classmethod
-    def from_env(cls) -> DataParallel:
+    def from_env(cls, *, join_alone: bool = False) -> DataParallel:
         """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1), or run alone.
 
         An already initialised default group is reused. The backend is NCCL when CUDA is available,
         else gloo (CPU).
+
+        Args:
+            join_alone: also join the one-process group of ``torchrun --nproc_per_node 1``: sharding
+                (FSDP2) needs a process group and a device mesh even on one GPU.
         """
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size())
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world <= 1:
+        if world <= 1 and not (join_alone and "MASTER_ADDR" in os.environ):
             return cls()
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

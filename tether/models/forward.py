@@ -13,6 +13,7 @@ the index), at a fraction of the cost when prompts are long next to responses.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,10 @@ from tether.algos.logprobs import token_log_probs
 # logit scaling or extra head): for these the LM head runs on response positions only.
 PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo", "olmo2", "smollm3",
                                     "gpt2", "gpt_neox"})
+# Attribute under which a sharded model carries its own (hooked) copy of plain_head_pass.
+SHARDED_PASS = "tether_plain_head_pass"
+# Set on a model whose decoder layers tether.models.layers.checkpoint_layers wrapped.
+CHECKPOINTED_LAYERS = "tether_checkpointed_layers"
 
 
 def pack_prompt_response(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
@@ -82,10 +87,11 @@ def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int
 
 def _can_share_prompts(model: Any, base: Any) -> bool:
     # A shared prompt leaves padding holes between prompt and response columns: fine for the eager and
-    # SDPA kernels' dense masks, not for varlen flash-attention. HF turns the cache off under
-    # gradient checkpointing in training.
+    # SDPA kernels' dense masks, not for varlen flash-attention. Under activation checkpointing (HF's in
+    # training, or tether's checkpoint_layers) a recomputed layer would append to the KV cache again.
     attn = getattr(model.config, "_attn_implementation", None) or "eager"
-    checkpointing = getattr(base, "gradient_checkpointing", False) and base.training
+    checkpointing = (getattr(base, "gradient_checkpointing", False) and base.training) or \
+        getattr(model, CHECKPOINTED_LAYERS, False)
     return attn in ("eager", "sdpa") and not checkpointing
 
 
@@ -129,6 +135,38 @@ def _head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temp
                            with_entropy=with_entropy)
 
 
+def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
+                    temperature: float, with_entropy: bool, chunk_size: int,
+                    share_prompts: bool) -> tuple[Tensor, Tensor | None]:
+    """The decoder (each distinct prompt once, or over the packed rows), then the LM head on response
+    positions only, chunk by chunk.
+
+    Returns:
+        (log_probs ``[N, T]``, entropy ``[N, T]`` or None), not yet masked.
+    """
+    base = getattr(model, model.base_model_prefix)
+    head = model.get_output_embeddings()
+    if share_prompts and _can_share_prompts(model, base) and len(distinct_prompts(prompt_ids)[0]) < len(prompt_ids):
+        hidden = _shared_prompt_hidden(base, prompt_ids, response_ids, response_mask)
+    else:
+        input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids, response_mask)
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state
+        hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
+    targets = response_ids.long()
+    lps, ents = [], []
+    for s in range(0, hidden.shape[1], chunk_size):
+        chunk = slice(s, s + chunk_size)
+        args = (head, hidden[:, chunk], targets[:, chunk], temperature, with_entropy)
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            lp, ent = checkpoint(_head_log_probs, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_log_probs(*args)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+
+
 def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
                        response_mask: Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
                        chunk_size: int = 64, share_prompts: bool = True) -> tuple[Tensor, Tensor | None]:
@@ -144,7 +182,8 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         with_entropy: also return the entropy of each position's distribution.
         chunk_size: response positions per LM-head chunk.
         share_prompts: run each distinct prompt once for the rows that repeat it (plain-head
-            architectures with eager/SDPA attention; otherwise ignored).
+            architectures with eager/SDPA attention, no activation checkpointing, not sharded;
+            otherwise ignored).
 
     Returns:
         (log_probs ``[N, T]``, entropy ``[N, T]`` or None), float32 (float64 for a float64 model),
@@ -157,39 +196,26 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         return empty, (empty.clone() if with_entropy else None)
     if len(prompt_ids) != response_ids.shape[0]:
         raise ValueError(f"{len(prompt_ids)} prompts for {response_ids.shape[0]} responses")
-    targets = response_ids.long()
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings()
     plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
     if plain and base is not None and head is not None:
-        if share_prompts and _can_share_prompts(model, base) and len(distinct_prompts(prompt_ids)[0]) < len(prompt_ids):
-            hidden = _shared_prompt_hidden(base, prompt_ids, response_ids, response_mask)
-        else:
-            input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
-                                                                                  response_mask)
-            hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=False).last_hidden_state
-            hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
-        lps, ents = [], []
-        for s in range(0, hidden.shape[1], chunk_size):
-            chunk = slice(s, s + chunk_size)
-            args = (head, hidden[:, chunk], targets[:, chunk], temperature, with_entropy)
-            if torch.is_grad_enabled() and hidden.requires_grad:
-                lp, ent = checkpoint(_head_log_probs, *args, use_reentrant=False)
-            else:
-                lp, ent = _head_log_probs(*args)
-            lps.append(lp)
-            ents.append(ent)
-        log_probs = torch.cat(lps, dim=1)
-        entropy = torch.cat(ents, dim=1) if with_entropy else None
+        # A sharded model carries this pass as one of its registered forward methods (see
+        # tether.distributed.fsdp): the root's gather and gradient-reduce hooks must wrap it as they wrap model(...).
+        sharded = getattr(model, SHARDED_PASS, None)
+        run = sharded or functools.partial(plain_head_pass, model)
+        # Sharded ranks must call every layer equally often, and the shared pass calls each one twice but
+        # only where a rank's rows repeat a prompt: off under sharding.
+        log_probs, entropy = run(prompt_ids, response_ids, response_mask, temperature, with_entropy, chunk_size,
+                                 share_prompts and sharded is None)
     else:  # unknown architecture: full logits, whatever the model does after its head
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
                                                                               response_mask)
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).logits
         logits = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
-        log_probs, entropy = token_log_probs(logits, targets, temperature=temperature, chunk_size=chunk_size,
-                                             with_entropy=with_entropy)
+        log_probs, entropy = token_log_probs(logits, response_ids.long(), temperature=temperature,
+                                             chunk_size=chunk_size, with_entropy=with_entropy)
     mask = response_mask > 0
     log_probs = log_probs.masked_fill(~mask, 0.0)
     if entropy is not None:

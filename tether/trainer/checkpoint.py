@@ -2,12 +2,15 @@
 
 Layout of ``run_dir/checkpoints``::
 
-    step_000040/           model (HF save_pretrained), tokenizer, trainer_state.pt
-    best/                  same, for the best validation metric so far
+    step_000040/           weights and optimiser state (format of the distributed strategy), tokenizer,
+                           trainer_state.pt
+    best/                  a plain Hugging Face model directory (from_pretrained), tokenizer, trainer_state.pt
     latest                 a text file holding the name of the newest complete step directory
 
 Each directory is written under a temporary name and renamed into place; ``latest`` is replaced
-with ``os.replace`` only after its directory is complete.
+with ``os.replace`` only after its directory is complete. Under ``torchrun`` every rank takes part
+(a sharded model writes one file per rank): rank 0 creates the temporary directory, every rank
+writes, and rank 0 renames it once all have finished.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from tether.distributed import DataParallel
 from tether.track import write_text_atomic
 
 
@@ -34,39 +39,51 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_dir_atomic(target: Path, model: Any, tokenizer: Any, state: dict[str, Any]) -> None:
-    """Write model, tokenizer and trainer state into ``target`` via a temporary sibling directory."""
+def publish_dir(target: Path, write: Callable[[Path], None], dp: DataParallel) -> None:
+    """Build ``target`` in a temporary sibling with ``write(tmp)`` on every rank, then rename it into place.
+
+    Collective: every rank must call it. The barriers make sure the directory exists before anyone writes
+    and that every rank has finished before rank 0 renames.
+    """
     tmp = target.with_name(target.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    torch.save(state, tmp / "trainer_state.pt")
-    old = target.with_name(target.name + ".old")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old.exists():
-        shutil.rmtree(old)
+    if dp.is_main:
+        if tmp.exists():
+            shutil.rmtree(tmp)  # left by a crash during an earlier save
+        tmp.mkdir(parents=True)
+    dp.barrier()
+    write(tmp)
+    dp.barrier()
+    if dp.is_main:
+        old = target.with_name(target.name + ".old")
+        if target.exists():
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old.exists():
+            shutil.rmtree(old)
+    dp.barrier()
 
 
 class CheckpointManager:
-    def __init__(self, run_dir: Path, keep_last: int) -> None:
+    """Step checkpoints, the pruned history of them, and ``best/``; every rank calls the same methods."""
+
+    def __init__(self, run_dir: Path, keep_last: int, dp: DataParallel | None = None) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep_last = keep_last
+        self.dp = dp or DataParallel()
 
-    def save(self, step: int, model: Any, tokenizer: Any, state: dict[str, Any]) -> Path:
+    def save(self, step: int, write: Callable[[Path], None]) -> Path:
+        """``step_<step>/`` filled by ``write(directory)``; then ``latest`` points at it and old steps go."""
         target = self.root / f"step_{step:06d}"
-        save_dir_atomic(target, model, tokenizer, state)
-        write_text_atomic(self.root / "latest", target.name)
-        self._prune()
+        publish_dir(target, write, self.dp)
+        if self.dp.is_main:
+            write_text_atomic(self.root / "latest", target.name)
+            self._prune()
+        self.dp.barrier()
         return target
 
-    def save_best(self, model: Any, tokenizer: Any, state: dict[str, Any]) -> Path:
+    def save_best(self, write: Callable[[Path], None]) -> Path:
         target = self.root / "best"
-        save_dir_atomic(target, model, tokenizer, state)
+        publish_dir(target, write, self.dp)
         return target
 
     def latest(self) -> Path | None:

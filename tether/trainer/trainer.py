@@ -12,22 +12,23 @@ import copy
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from tether import algos
 from tether.algos import LossInputs
-from tether.config import Config, dump_config
-from tether.distributed import DataParallel
+from tether.config import Config, ConfigError, dump_config
+from tether.distributed import build_strategy
 from tether.engine.base import Intervention
 from tether.engine.hf import HFEngine
 from tether.methods import Method, build_methods
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
+from tether.models.layers import checkpoint_layers
 from tether.rollout.batch import RolloutBatch
 from tether.track import Tracker, build_tracker, write_text_atomic
 from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
@@ -55,7 +56,8 @@ class Trainer:
     def __init__(self, cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> None:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
-        self.dp = DataParallel.from_env()  # one process, or this rank's place under torchrun
+        self.strategy = build_strategy(cfg.distributed)  # joins torchrun's group; replicated or sharded layout
+        self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.seed)
@@ -72,9 +74,13 @@ class Trainer:
         # 2. models
         if policy is None:
             policy, tokenizer = load_policy(cfg.model.name)
-        self.policy, self.tokenizer = policy, tokenizer
-        self.policy.eval()  # no dropout: old and new log-probs must come from the same function
-        self.ref_policy = self._build_ref() if self._needs_ref() else None
+        self.tokenizer = tokenizer
+        policy.eval()  # no dropout: old and new log-probs must come from the same function
+        ref = self._build_ref(policy) if self._needs_ref() else None  # copied before sharding changes the module
+        if cfg.train.gradient_checkpointing:
+            checkpoint_layers(policy)
+        self.policy = self.strategy.prepare(policy)
+        self.ref_policy = None if ref is None else self.strategy.prepare(ref)
         # 3. engine, data, loss functions
         self.engine = self.make_engine(self.policy)
         self.collector = build_collector(cfg, tokenizer)
@@ -87,7 +93,7 @@ class Trainer:
                                            weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last)
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         self.tracker = build_tracker(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                                      mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
         for m in self.methods:
@@ -101,11 +107,11 @@ class Trainer:
         a = self.cfg.algorithm
         return a.kl.coef > 0 or a.use_ref or any(m.needs_ref for m in self.methods)
 
-    def _build_ref(self) -> Any:
+    def _build_ref(self, policy: Any) -> Any:
         if self.cfg.model.ref_name:
             ref, _ = load_policy(self.cfg.model.ref_name)
         else:
-            ref = copy.deepcopy(self.policy)
+            ref = copy.deepcopy(policy)
         ref.eval().requires_grad_(False)
         return ref
 
@@ -116,7 +122,7 @@ class Trainer:
 
     def make_engine(self, model: Any) -> Any:
         """An HF engine over ``model``; under data parallelism each rank samples its share of the prompts."""
-        return self.dp.rollout_engine(HFEngine(model, self.tokenizer, bf16_autocast=self.cfg.model.bf16_autocast))
+        return self.strategy.rollout_engine(HFEngine(model, self.tokenizer, bf16_autocast=self.cfg.model.bf16_autocast))
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision context of every trainer forward pass (scoring and the loss alike)."""
@@ -261,8 +267,11 @@ class Trainer:
         num_tokens = float(mini.response_mask.sum())
         metrics: dict[str, torch.Tensor] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for rows in self.dp.micro_batches(len(mini), o.micro_batch_size):  # this rank's share of the rows
-            micro = mini.select(rows)
+        for mb in self.strategy.micro_batches(len(mini), o.micro_batch_size):  # this rank's share of the rows
+            micro = mini.select(mb.rows)
+            if mb.padding:
+                self._lock_step_pass(micro)
+                continue
             loss, micro_metrics = self._micro_batch_loss(micro, num_tokens, len(mini))
             loss.backward()
             share = len(micro) / len(mini)
@@ -270,13 +279,20 @@ class Trainer:
                 weight = 1.0 if k in SUMMED_METRICS else share
                 metrics[k] = metrics.get(k, 0.0) + weight * v.detach().float()
         metrics = self.dp.sum_metrics(metrics)  # N processes: partial sums -> mini-batch values
-        self.dp.all_reduce_grads(self.policy.parameters())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), o.grad_clip)
+        grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
         metrics["actor/grad_norm"] = grad_norm
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
+
+    def _lock_step_pass(self, micro: RolloutBatch) -> None:
+        """A forward and backward that add nothing: a sharded model gathers and reduces inside them, so a rank
+        with fewer rows than the others still makes the same calls. Method hooks do not see it."""
+        with self.autocast():
+            log_probs, _ = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids, micro.response_mask,
+                                              temperature=self.cfg.rollout.temperature)
+        (log_probs.sum() * 0.0).backward()
 
     def _micro_batch_loss(self, micro: RolloutBatch, num_tokens: float,
                           num_seqs: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -320,40 +336,53 @@ class Trainer:
         value = metrics.get(self.cfg.train.best_metric)
         if value is not None and value > self.best_value:
             self.best_value = value
+            self.checkpoints.save_best(self._best_writer({"step": self.step, "metric": value,
+                                                          "name": self.cfg.train.best_metric}))
             if self.dp.is_main:
-                self.checkpoints.save_best(self.policy, self.tokenizer, {"step": self.step, "metric": value,
-                                                                         "name": self.cfg.train.best_metric})
                 write_text_atomic(self.run_dir / "best.txt",
                                   f"{self.cfg.train.best_metric}={value} step={self.step}\n")
-            self.dp.barrier()
         return metrics
 
+    def _best_writer(self, state: dict[str, Any]) -> Callable[[Path], None]:
+        def write(directory: Path) -> None:  # every rank: a sharded policy is gathered to rank 0 first
+            self.strategy.save_pretrained(directory, self.policy)
+            if self.dp.is_main:
+                self.tokenizer.save_pretrained(directory)
+                torch.save(state, directory / "trainer_state.pt")
+
+        return write
+
     def state_dict(self) -> dict[str, Any]:
+        """The trainer's own state; weights and optimiser state go through the distributed strategy."""
         return {
             "step": self.step, "best_value": self.best_value, "val_history": self.val_history, "rng": rng_state(),
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "collector": self.collector.state_dict(), "methods": {m.name: m.state_dict() for m in self.methods},
-            "ref_policy": self.ref_policy.state_dict() if self.ref_modified else None,
+            "scheduler": self.scheduler.state_dict(), "collector": self.collector.state_dict(),
+            "methods": {m.name: m.state_dict() for m in self.methods}, "strategy": self.strategy.name,
         }
 
     def save(self) -> Path:
-        """Rank 0 writes the checkpoint (every rank holds the same weights and state); the others wait."""
-        if self.dp.is_main:
-            self.checkpoints.save(self.step, self.policy, self.tokenizer, self.state_dict())
-        self.dp.barrier()
-        return self.checkpoints.root / f"step_{self.step:06d}"
+        """Every rank writes its part of ``step_<step>/`` (rank 0 alone for a replicated model)."""
+
+        def write(directory: Path) -> None:
+            ref = self.ref_policy if self.ref_modified else None
+            extra = self.strategy.save_training_state(directory, self.policy, self.optimizer, ref)
+            if self.dp.is_main:
+                self.tokenizer.save_pretrained(directory)
+                torch.save({**self.state_dict(), **extra}, directory / "trainer_state.pt")
+
+        return self.checkpoints.save(self.step, write)
 
     def resume(self, path: Path) -> None:
         """Continue exactly where the checkpoint left off: weights, optimiser, schedule, data, RNG."""
         state = load_state(path)
-        saved = AutoModelForCausalLM.from_pretrained(path, torch_dtype=next(self.policy.parameters()).dtype)
-        self.policy.load_state_dict(saved.state_dict())
-        self.optimizer.load_state_dict(state["optimizer"])
+        written_by = state.get("strategy", "replicate")  # checkpoints before sharding existed were replicated
+        if written_by != self.strategy.name:
+            raise ConfigError(f"{path} was written with distributed.strategy={written_by}; resume with that "
+                              f"strategy, or start afresh (train.resume=false or another run_dir)")
+        self.ref_modified = self.strategy.load_training_state(path, state, self.policy, self.optimizer,
+                                                              self.ref_policy)
         self.scheduler.load_state_dict(state["scheduler"])
         self.collector.load_state_dict(state["collector"])
-        if state["ref_policy"] is not None:
-            self.ref_policy.load_state_dict(state["ref_policy"])
-            self.ref_modified = True
         for m in self.methods:
             m.load_state_dict(state["methods"].get(m.name, {}))
         set_rng_state(state["rng"])

@@ -1,0 +1,58 @@
+"""Checkpoint directories appear whole or not at all, and a checkpoint resumes only under the strategy that wrote it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tether.config import ConfigError
+from tether.models import tiny_model
+from tether.trainer import Trainer
+from tether.trainer.checkpoint import CheckpointManager, load_state
+
+
+@pytest.fixture(autouse=True)
+def toy_task():
+    register_toy()
+    yield
+    unregister_toy()
+
+
+def write_marker(text: str):
+    def write(directory):
+        (directory / "trainer_state.pt").write_text(text)
+
+    return write
+
+
+def test_a_save_that_fails_midway_leaves_latest_and_the_old_directory_alone(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    manager.save(1, write_marker("one"))
+
+    def crash(directory):
+        (directory / "half_written").write_text("x")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        manager.save(2, crash)
+    assert manager.latest() == manager.root / "step_000001"
+    assert not (manager.root / "step_000002").exists()
+    with pytest.raises(OSError, match="disk full"):
+        manager.save_best(crash)
+    assert not (manager.root / "best").exists()
+    manager.save(2, write_marker("two"))  # the next saves clear what the crashes left
+    manager.save_best(write_marker("best"))
+    assert manager.latest() == manager.root / "step_000002"
+    assert sorted(p.name for p in manager.root.iterdir()) == ["best", "latest", "step_000001", "step_000002"]
+
+
+def test_resume_refuses_a_checkpoint_written_by_another_strategy(tmp_path):
+    model, tok = tiny_model(seed=0)
+    path = Trainer(tiny_config(tmp_path, "train.steps=0"), policy=model, tokenizer=tok).save()
+    state = load_state(path)
+    assert state["strategy"] == "replicate"
+    torch.save({**state, "strategy": "fsdp2"}, path / "trainer_state.pt")
+    model, tok = tiny_model(seed=0)
+    with pytest.raises(ConfigError, match=r"written with distributed\.strategy=fsdp2"):
+        Trainer(tiny_config(tmp_path), policy=model, tokenizer=tok)

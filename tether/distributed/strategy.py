@@ -1,0 +1,138 @@
+"""How the policy is laid out over ranks: the few places where replicated and sharded training differ.
+
+The trainer calls one :class:`Strategy` at each of them and never asks which one it has:
+
+=========================  ====================================  =========================================
+step                       :class:`Replicate`                    :class:`~tether.distributed.fsdp.FSDP2`
+=========================  ====================================  =========================================
+``prepare(model)``         the module as it is                   ``fully_shard`` per decoder layer, then root
+``rollout_engine``         rows split by rank                    the same, over a model gathered per call
+``micro_batches``          this rank's share of the rows         the same, padded so every rank runs as many
+``clip_grad_norm``         all-reduce (sum), then clip           clip (FSDP2 already reduce-scattered)
+``save/load_training``     HF weights + optimiser in             ``torch.distributed.checkpoint`` (DCP), one
+                           ``trainer_state.pt`` (rank 0)         file per rank
+``save_pretrained``        rank 0's module                       the full state dict gathered to rank 0
+=========================  ====================================  =========================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from tether.config import DistributedConfig
+from tether.distributed.data_parallel import DataParallel
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of a mini-batch for one forward/backward; a ``padding`` one only keeps ranks in step (weight 0)."""
+
+    rows: range
+    padding: bool = False
+
+
+def lock_step_micro_batches(dp: DataParallel, n_rows: int, size: int) -> list[MicroBatch]:
+    """This rank's micro-batches, padded to as many as any rank runs (rank 0 has the largest share).
+
+    A sharded model all-gathers inside every forward and reduce-scatters inside every backward, so all
+    ranks must make the same number of calls; a padding micro-batch re-runs row 0 with weight 0.
+    """
+    own = [MicroBatch(rows) for rows in dp.micro_batches(n_rows, size)]
+    most = len(DataParallel(0, dp.world_size).micro_batches(n_rows, size))
+    return own + [MicroBatch(range(0, 1), padding=True)] * (most - len(own))
+
+
+class Strategy(Protocol):
+    """The distributed layout of the policy (and of the frozen reference, if any)."""
+
+    name: str
+    dp: DataParallel
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Lay ``model`` out for training and scoring (in place where possible); returns the module to use."""
+
+    def rollout_engine(self, engine: Any) -> Any:
+        """Wrap an in-process engine so that every rank samples its share of the prompts."""
+
+    def micro_batches(self, n_rows: int, size: int) -> list[MicroBatch]:
+        """This rank's micro-batches of an ``n_rows`` mini-batch."""
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
+        """Finish the gradient sum over ranks, clip it; returns the global norm before clipping (a plain tensor)."""
+
+    def save_training_state(self, directory: Path, policy: nn.Module, optimizer: torch.optim.Optimizer,
+                            ref: nn.Module | None) -> dict[str, Any]:
+        """Write weights and optimiser state (and ``ref`` unless None) into ``directory`` on every rank.
+
+        Returns:
+            entries for rank 0's ``trainer_state.pt`` (what :meth:`load_training_state` needs).
+        """
+
+    def load_training_state(self, directory: Path, state: dict[str, Any], policy: nn.Module,
+                            optimizer: torch.optim.Optimizer, ref: nn.Module | None) -> bool:
+        """Restore what :meth:`save_training_state` wrote; returns whether the checkpoint held ``ref``."""
+
+    def save_pretrained(self, directory: Path, model: nn.Module) -> None:
+        """A plain Hugging Face directory of ``model`` (loadable with ``from_pretrained``), written by rank 0."""
+
+
+class Replicate:
+    """Every rank holds the whole model (DDP semantics without the wrapper); one flat all-reduce per step."""
+
+    name = "replicate"
+
+    def __init__(self, dp: DataParallel) -> None:
+        self.dp = dp
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def rollout_engine(self, engine: Any) -> Any:
+        return self.dp.rollout_engine(engine)
+
+    def micro_batches(self, n_rows: int, size: int) -> list[MicroBatch]:
+        return [MicroBatch(rows) for rows in self.dp.micro_batches(n_rows, size)]
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
+        self.dp.all_reduce_grads(model.parameters())
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def save_training_state(self, directory: Path, policy: nn.Module, optimizer: torch.optim.Optimizer,
+                            ref: nn.Module | None) -> dict[str, Any]:
+        self.save_pretrained(directory, policy)
+        return {"optimizer": optimizer.state_dict(), "ref_policy": None if ref is None else ref.state_dict()}
+
+    def load_training_state(self, directory: Path, state: dict[str, Any], policy: nn.Module,
+                            optimizer: torch.optim.Optimizer, ref: nn.Module | None) -> bool:
+        from transformers import AutoModelForCausalLM
+
+        saved = AutoModelForCausalLM.from_pretrained(directory, dtype=next(policy.parameters()).dtype)
+        policy.load_state_dict(saved.state_dict())
+        optimizer.load_state_dict(state["optimizer"])
+        if state["ref_policy"] is None:
+            return False
+        ref.load_state_dict(state["ref_policy"])
+        return True
+
+    def save_pretrained(self, directory: Path, model: nn.Module) -> None:
+        if self.dp.is_main:
+            model.save_pretrained(directory, safe_serialization=True)
+
+
+def build_strategy(cfg: DistributedConfig) -> Strategy:
+    """Join ``torchrun``'s process group (if any) and return the configured strategy.
+
+    Raises:
+        ConfigError: the strategy cannot run in this launch (e.g. fsdp2 without a process group).
+    """
+    if cfg.strategy == "fsdp2":
+        from tether.distributed.fsdp import FSDP2
+
+        return FSDP2(DataParallel.from_env(join_alone=True), param_dtype=cfg.param_dtype,
+                     reduce_dtype=cfg.reduce_dtype)
+    return Replicate(DataParallel.from_env())
