@@ -61,6 +61,10 @@ class OverlongConfig(Section):
 
 
 class RolloutConfig(Section):
+    engine: str = Field("hf", description="rollout engine (tether.engine.registry): hf (in-process, shares the "
+                        "policy's weights), vllm (GPU), ray (engine actors, one node or many)")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="the engine's settings: keyword "
+                                          "arguments of its builder, e.g. {num_actors: 4} for ray (docs/engine.md)")
     prompts_per_step: int = Field(8, ge=1, description="groups in one RL step")
     group_size: int = Field(8, ge=1, description="samples per prompt")
     max_new_tokens: int = Field(64, ge=1)
@@ -239,6 +243,27 @@ def validate_components(cfg: Config) -> None:
     check_kwargs(loss_fn, cfg.algorithm.loss_kwargs, "algorithm.loss_kwargs", skip=("agg",))
     for name, settings in cfg.methods.items():
         methods.method_config(name, settings)
+    validate_engine(cfg)
+
+
+def validate_engine(cfg: Config) -> None:
+    """``rollout.engine`` is registered, its ``engine_kwargs`` are its builder's, and it can run every method."""
+    from tether.engine.registry import ENGINES, engine_builder, engine_entry
+    from tether.methods import METHODS
+
+    r = cfg.rollout
+    try:
+        entry = engine_entry(r.engine)
+    except KeyError as err:
+        raise ConfigError(f"rollout.engine: {err.args[0]}") from None
+    check_kwargs(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
+    if entry.interventions:
+        return
+    able = ", ".join(n for n, e in ENGINES.items() if e.interventions)
+    for name in cfg.methods:
+        if METHODS[name].needs_intervention:
+            raise ConfigError(f"methods.{name} intervenes in sampling at every decoding step, which "
+                              f"rollout.engine={r.engine} cannot do; set rollout.engine to one of: {able}")
 
 
 def dump_config(cfg: Config) -> str:
