@@ -46,6 +46,9 @@ class EnvConfig(Section):
     timeout_s: float = Field(10.0, gt=0, description="limit for one env step; a longer step is a fault")
     reset_timeout_s: float | None = Field(None, gt=0, description="limit for reset (default timeout_s); "
                                           "TextWorld compiles a game on its first reset")
+    workers: int = Field(0, ge=0, description="0: envs step in this process (threads); N: in N Ray actors, "
+                         "in parallel, where a crash or a hang kills only the actor (docs/agents.md)")
+    worker_cpus: float = Field(0.5, gt=0, description="Ray CPUs each env worker reserves (env.workers > 0)")
     step_grouping: bool = Field(False, description="GiGPO: add a step advantage over rows of a task group "
                                 "that act on the same observation (docs/agents.md)")
     step_advantage_w: float = Field(1.0, ge=0, description="weight of the step advantage (GiGPO's w)")

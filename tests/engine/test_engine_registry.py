@@ -10,7 +10,7 @@ from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
 from tether.config import ConfigError, ModelConfig
 from tether.engine import ENGINES, EngineUnavailableError, HFEngine, InterventionUnsupportedError, SamplingParams
 from tether.engine import vllm as vllm_module
-from tether.engine.ray_engine import RayEngine, check_ray_available
+from tether.engine.ray_engine import RayEngine, check_ray_engine_available
 from tether.trainer import Trainer
 
 EAPO = 'methods.eapo={prior: runs/prior}'
@@ -101,9 +101,9 @@ def test_vllm_builder_loads_the_policys_checkpoint_in_its_dtype(monkeypatch, tin
 
 
 def test_ray_missing_names_the_install_command(monkeypatch):
-    monkeypatch.setattr("tether.engine.ray_engine.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr("tether.distributed.ray_cluster.importlib.util.find_spec", lambda name: None)
     with pytest.raises(EngineUnavailableError, match=r"rollout\.engine=ray needs Ray: pip install"):
-        check_ray_available()
+        check_ray_engine_available()
 
 
 def test_ray_engine_refuses_interventions():

@@ -1,8 +1,8 @@
 """The Ray engine on a local 2-CPU Ray instance: actors sample exactly what the in-process engine samples.
 
-Ray's start and two actors take 20-40 s on the shared 2-core machine, so the module starts them once:
-one trainer with ``rollout.engine=ray`` (two actors, one CPU each) serves every test, and the test that
-trains it runs last.
+Ray's start and two actors take 20-40 s on the shared 2-core machine, so they start once: the session's Ray
+instance (tests/conftest.py) and one trainer with ``rollout.engine=ray`` (two actors, one CPU each) serve
+every test, and the test that trains it runs last.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import torch
 from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
 from tether.distributed import concat_generations, rank_seed, split_evenly
 from tether.engine import Generation, HFEngine, SamplingParams
+from tether.engine.ray_engine import RayEngine
 from tether.models import tiny_model
 from tether.trainer import Trainer
-
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
-from tether.engine.ray_engine import RayEngine  # noqa: E402  (after the skip: it needs ray to run)
 
 ACTORS = 2
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12, 13]]  # shares of 3 and 2 prompts
@@ -25,18 +23,19 @@ SAMPLING = SamplingParams(max_new_tokens=6, top_k=50, stop=("\n",))
 
 
 @pytest.fixture(scope="module")
-def trainer(tmp_path_factory, tokenizer):
+def trainer(ray_session, tmp_path_factory, tokenizer):
     """A trainer whose engine is two Ray actors; its policy starts as ``tiny_model(seed=0)``."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     register_toy()
     try:
         cfg = tiny_config(tmp_path_factory.mktemp("ray"), "rollout.engine=ray", "train.steps=2",
                           f"rollout.engine_kwargs={{num_actors: {ACTORS}}}")
         model, tok = tiny_model(seed=0, tokenizer=tokenizer)
-        yield Trainer(cfg, policy=model, tokenizer=tok)
+        trainer = Trainer(cfg, policy=model, tokenizer=tok)
+        yield trainer
+        for actor in trainer.engine.actors:  # give their CPUs back to the session's other Ray tests
+            ray_session.kill(actor)
     finally:
         unregister_toy()
-        ray.shutdown()
 
 
 def in_process(model: torch.nn.Module, tok, seed: int) -> Generation:

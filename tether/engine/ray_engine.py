@@ -18,16 +18,14 @@ method is refused when the config is read. Ray is imported only when this engine
 
 from __future__ import annotations
 
-import importlib.util
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from tether.distributed.data_parallel import concat_generations, rank_seed, split_evenly
+from tether.distributed.ray_cluster import check_ray_available, connect
 from tether.engine.base import (
-    EngineUnavailableError,
     Generation,
     Intervention,
     InterventionUnsupportedError,
@@ -39,11 +37,9 @@ if TYPE_CHECKING:
     from tether.config import ModelConfig
 
 
-def check_ray_available() -> None:
-    """Raise :class:`EngineUnavailableError` when Ray is not installed."""
-    if importlib.util.find_spec("ray") is None:
-        raise EngineUnavailableError("rollout.engine=ray needs Ray: pip install -e '.[ray]' (ray==2.60.0); "
-                                     "or use rollout.engine=hf")
+def check_ray_engine_available() -> None:
+    """Raise :class:`~tether.engine.base.EngineUnavailableError` when Ray is not installed."""
+    check_ray_available("rollout.engine=ray")
 
 
 def _cpu(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -97,8 +93,8 @@ class EngineWorker:
 class RayEngine:
     """A :class:`~tether.engine.base.RolloutEngine` whose ``generate`` and ``score`` run on Ray actors.
 
-    Joins the Ray cluster at ``address`` (``"auto"``: the one ``ray start`` runs on this node), or the one
-    already initialised in this process, or starts a local one sized for the actors.
+    Uses this process's Ray session, else joins the cluster at ``address`` (or ``$RAY_ADDRESS``; ``"auto"``:
+    the one ``ray start`` runs on this node), else starts a local instance sized for the actors.
 
     Args:
         model: the policy (its config, dtype and weights are copied to every actor).
@@ -116,12 +112,7 @@ class RayEngine:
                  bf16_autocast: bool = False, compact_below: float = 0.5, score_rows: int = 32) -> None:
         if num_actors < 1:
             raise ValueError(f"rollout.engine_kwargs.num_actors must be >= 1, got {num_actors}")
-        check_ray_available()
-        import ray
-
-        if not ray.is_initialized():
-            local_cpus = None if address else math.ceil(num_actors * num_cpus_per_actor)
-            ray.init(address=address, num_cpus=local_cpus, include_dashboard=False)
+        ray = connect("rollout.engine=ray", address, local_cpus=num_actors * num_cpus_per_actor)
         self._ray = ray
         self.tokenizer = tokenizer
         self.pad_id = pad_token_id(tokenizer)

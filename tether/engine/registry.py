@@ -41,7 +41,7 @@ ENGINES: dict[str, EngineEntry] = {
     "vllm": EngineEntry("tether.engine.vllm:build_vllm_engine", interventions=False,
                         check="tether.engine.vllm:check_vllm_available"),
     "ray": EngineEntry("tether.engine.ray_engine:build_ray_engine", interventions=False,
-                       check="tether.engine.ray_engine:check_ray_available"),
+                       check="tether.engine.ray_engine:check_ray_engine_available"),
 }
 
 
