@@ -2,8 +2,9 @@
 
 An engine turns prompts into sampled responses with the log-probability of each sampled token
 under the distribution it was actually drawn from. The in-process Hugging Face engine
-(:mod:`tether.engine.hf`) implements this on CPU or one GPU; a vLLM engine implements the same
-protocol (without interventions, which need lock-step access to the logits).
+(:mod:`tether.engine.hf`) implements this on CPU or one GPU; the Ray engine (:mod:`tether.engine.ray_engine`)
+and the vLLM engine (:mod:`tether.engine.vllm`) implement the same protocol without interventions, which
+need lock-step access to the logits. ``rollout.engine`` picks one (:mod:`tether.engine.registry`).
 """
 
 from __future__ import annotations

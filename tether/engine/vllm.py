@@ -1,4 +1,5 @@
-"""A vLLM :class:`~tether.engine.base.RolloutEngine` for GPU rollouts (untested: no GPU or vLLM in CI).
+"""A vLLM :class:`~tether.engine.base.RolloutEngine` for GPU rollouts (``rollout.engine: vllm``; never run: no GPU
+or vLLM in CI).
 
 * ``generate``: ``SamplingParams(logprobs=0)`` returns the log-prob of each sampled token. vLLM reports
   it under its own ``logprobs_mode``; ``processed_logprobs`` (after temperature / top-k / top-p) is the
