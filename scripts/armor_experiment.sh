@@ -8,7 +8,10 @@
 #   scripts/armor_experiment.sh train.threads=2   # extra arguments: dotted overrides for every run
 #
 # Environment: ROOT (default runs/armor), BETAS (default "0.01 1.0": the paper's "delays the collapse" and
-# "stagnates" regimes, Fig. 2a), STAGE2_STEPS (default: the configs' 100), TETHER, PY.
+# "stagnates" regimes, Fig. 2a), STAGE2_STEPS (default: the configs' 100), TETHER, PY;
+# CONFIGS (default configs/armor) and STAGE1_RUN: a finished run dir whose checkpoints/best is the peak, which
+# skips stage 1. The short miniature from the quickstart's peak:
+#   ROOT=runs/armor_qs CONFIGS=configs/armor/quickstart_peak STAGE1_RUN=runs/quickstart scripts/armor_experiment.sh
 # Layout: $ROOT/experiment.log; one run dir per run ($ROOT/stage1_dapo, $ROOT/dapo_continued,
 # $ROOT/dapo_kl_k3_<beta>, $ROOT/armor), each with train.log, config.yaml, metrics.jsonl, checkpoints/ and
 # summary.json; $ROOT/val_compare.png and $ROOT/table.md at the end. Rerunning resumes unfinished runs (the
@@ -16,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-runs/armor}
+CONFIGS=${CONFIGS:-configs/armor}
 BETAS=${BETAS:-0.01 1.0}
 TETHER=${TETHER:-.venv/bin/tether}
 PY=${PY:-.venv/bin/python}
@@ -50,23 +54,24 @@ stage2=()
 [ -n "${STAGE2_STEPS:-}" ] && stage2+=("train.steps=$STAGE2_STEPS")
 
 # Stage 1: DAPO, validated every 5 steps; the best val/avg@k checkpoint is the peak.
-run stage1_dapo configs/armor/stage1_dapo.yaml
-BEST="$ROOT/stage1_dapo/checkpoints/best"
+STAGE1=${STAGE1_RUN:-$ROOT/stage1_dapo}
+[ -n "${STAGE1_RUN:-}" ] || run stage1_dapo "$CONFIGS/stage1_dapo.yaml"
+BEST="$STAGE1/checkpoints/best"
 if [ ! -f "$BEST/trainer_state.pt" ]; then
   echo "stage 1 left no best checkpoint at $BEST" >&2
   exit 1
 fi
-echo "[$(date '+%F %T')] peak: $(cat "$ROOT/stage1_dapo/best.txt")"
+echo "[$(date '+%F %T')] peak: $(cat "$STAGE1/best.txt")"
 
 # Stage 2: every run starts from the peak; the reference is a frozen copy of it.
-run dapo_continued configs/armor/dapo_continued.yaml "model.name=$BEST" "${stage2[@]}"
+run dapo_continued "$CONFIGS/dapo_continued.yaml" "model.name=$BEST" "${stage2[@]}"
 for beta in $BETAS; do
-  run "dapo_kl_k3_$beta" configs/armor/dapo_kl_k3.yaml "model.name=$BEST" "algorithm.kl.coef=$beta" "${stage2[@]}"
+  run "dapo_kl_k3_$beta" "$CONFIGS/dapo_kl_k3.yaml" "model.name=$BEST" "algorithm.kl.coef=$beta" "${stage2[@]}"
 done
-run armor configs/armor/armor.yaml "model.name=$BEST" "${stage2[@]}"
+run armor "$CONFIGS/armor.yaml" "model.name=$BEST" "${stage2[@]}"
 
 runs=(dapo_continued)
 for beta in $BETAS; do runs+=("dapo_kl_k3_$beta"); done
 runs+=(armor)
-"$PY" scripts/armor_report.py --root "$ROOT" --stage1 stage1_dapo "${runs[@]}"
+"$PY" scripts/armor_report.py --root "$ROOT" --stage1 "$STAGE1" "${runs[@]}"
 echo "[$(date '+%F %T')] all done: $ROOT/val_compare.png, $ROOT/table.md"

@@ -45,12 +45,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="stage-2 run names under --root")
     parser.add_argument("--root", type=Path, default=Path("runs/armor"))
-    parser.add_argument("--stage1", default="stage1_dapo", help="stage-1 run name under --root")
+    parser.add_argument("--stage1", default="stage1_dapo", help="stage-1 run: a name under --root, or a run dir")
     parser.add_argument("--metric", default="val/avg@k")
     args = parser.parse_args()
 
     png = plot_compare({name: args.root / name for name in args.runs}, args.metric, args.root / "val_compare.png")
-    rows = {f"{args.stage1} (stage 1)": summarize(args.root / args.stage1, args.metric)}
+    stage1 = args.root / args.stage1 if (args.root / args.stage1).is_dir() else Path(args.stage1)
+    rows = {f"{args.stage1} (stage 1)": summarize(stage1, args.metric)}
     rows.update({name: summarize(args.root / name, args.metric) for name in args.runs})
     text = (f"Stage-2 steps count from the stage-1 peak (step {rows[f'{args.stage1} (stage 1)']['peak_step']} "
             f"of stage 1).\n\n" + table(rows, args.metric))

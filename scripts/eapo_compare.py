@@ -30,8 +30,10 @@ def cumulative_tokens(series: dict) -> dict[float, float]:
     return out
 
 
-def summarize(label: str, run_dir: Path) -> tuple[dict, list[float], list[float], list[float]]:
-    series = metric_series(read_metrics(run_dir / "metrics.jsonl"))
+def summarize(label: str, run_dir: Path, max_step: float = float("inf")) -> tuple[dict, list[float], list[float],
+                                                                                  list[float]]:
+    series = {key: tuple(zip(*[(s, v) for s, v in zip(*sv, strict=True) if s <= max_step], strict=True)) or ([], [])
+              for key, sv in metric_series(read_metrics(run_dir / "metrics.jsonl")).items()}
     if METRIC not in series:
         raise SystemExit(f"{run_dir}: no {METRIC} in metrics.jsonl (has the run validated yet?)")
     steps, values = series[METRIC]
@@ -73,6 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="label=run_dir")
     parser.add_argument("--out", required=True, help="output path without extension")
+    parser.add_argument("--max-step", type=float, default=float("inf"),
+                        help="ignore steps after this one (a longer baseline run cut to the others' length)")
     args = parser.parse_args()
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -84,7 +88,7 @@ def main() -> None:
     rows = []
     for item in args.runs:
         label, _, run_dir = item.partition("=")
-        row, steps, x_tokens, values = summarize(label, Path(run_dir))
+        row, steps, x_tokens, values = summarize(label, Path(run_dir), args.max_step)
         rows.append(row)
         by_step.plot(steps, values, marker="o", markersize=3, label=label)
         by_token.plot(x_tokens, values, marker="o", markersize=3, label=label)

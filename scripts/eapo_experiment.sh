@@ -9,6 +9,11 @@
 #    (add token / split with RUNS="grpo_baseline eapo_seq_gated eapo_none eapo_token eapo_split");
 # 3. runs/eapo/comparison.png (validation avg@k per step and per generated token) and comparison.md (table).
 #
+# BASELINE=runs/quickstart uses the prior's own run as the GRPO baseline instead of training grpo_baseline
+# (configs/eapo/grpo_baseline.yaml is configs/quickstart.yaml with another run_dir and step count; same seed),
+# e.g. `BASELINE=runs/quickstart MAX_STEP=30 RUNS="eapo_seq_gated eapo_none" scripts/eapo_experiment.sh \
+#        train.steps=30` (MAX_STEP cuts every curve and the table at that step).
+#
 # Runs go one after another (the machine's cores are shared); each logs to its own run dir
 # (runs/eapo/<name>/train.log) and resumes from its latest checkpoint if restarted. Extra arguments are
 # dotted overrides passed to every EAPO-folder run, e.g. `scripts/eapo_experiment.sh train.threads=2`.
@@ -44,6 +49,7 @@ for name in $RUNS; do
 done
 
 labels=()
+[[ -n "${BASELINE:-}" ]] && labels+=("grpo_baseline (${BASELINE})=$BASELINE")
 for name in $RUNS; do labels+=("$name=$OUT/$name"); done
-"$BIN/python" scripts/eapo_compare.py --out "$OUT/comparison" "${labels[@]}"
+"$BIN/python" scripts/eapo_compare.py --out "$OUT/comparison" ${MAX_STEP:+--max-step "$MAX_STEP"} "${labels[@]}"
 echo "[$(date -Is)] done: $OUT/comparison.png, $OUT/comparison.md"

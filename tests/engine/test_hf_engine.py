@@ -15,6 +15,7 @@ from tether.engine import (
     process_logits,
     sample_tokens,
 )
+from tether.engine import hf as hf_engine
 from tether.models import tiny_model
 
 PROMPTS = [[1, 4093, 198, 1780, 314, 216, 39], [1, 4093, 198, 57, 2, 198, 1, 520, 9531, 198], [1, 520, 9531]]
@@ -51,6 +52,25 @@ def test_left_padding_does_not_change_a_prompt(tiny_policy):
     batched = engine.generate(PROMPTS, GREEDY)
     assert torch.equal(alone.response_ids[0], batched.response_ids[2])
     torch.testing.assert_close(alone.sample_log_probs[0], batched.sample_log_probs[2], rtol=0, atol=1e-5)
+
+
+def test_a_repeated_prompt_is_prefilled_once_with_the_same_samples(tiny_policy, monkeypatch):
+    model, tok = tiny_policy
+    grouped = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    engine = HFEngine(model, tok)
+    sizes = []
+    forward = engine.decoder.next_logits
+    engine.decoder.next_logits = lambda ids, *a: sizes.append(tuple(ids.shape)) or forward(ids, *a)
+    shared = engine.generate(grouped, SAMPLE, seed=3)
+    assert sizes[0] == (3, len(PROMPTS[1])) and sizes[1] == (6, 1)  # 3 distinct prompts, then 6 rows
+    monkeypatch.setattr(hf_engine, "distinct_prompts", lambda p: ([list(x) for x in p], list(range(len(p)))))
+    sizes.clear()
+    per_row = engine.generate(grouped, SAMPLE, seed=3)
+    assert sizes[0] == (6, len(PROMPTS[1]))
+    assert torch.equal(shared.response_ids, per_row.response_ids) and shared.texts == per_row.texts
+    torch.testing.assert_close(shared.sample_log_probs, per_row.sample_log_probs, rtol=0, atol=1e-5)
+    scored = engine.score(grouped, shared.response_ids, shared.response_mask, temperature=SAMPLE.temperature)
+    torch.testing.assert_close(scored, shared.sample_log_probs, rtol=0, atol=1e-4)
 
 
 def test_sample_log_probs_equal_score(tiny_policy):

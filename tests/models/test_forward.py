@@ -80,3 +80,61 @@ def test_empty_responses(tiny_policy):
     empty = torch.zeros(3, 0, dtype=torch.long)
     lp, ent = response_log_probs(tiny_policy[0], PROMPTS, empty, empty.float(), with_entropy=True)
     assert lp.shape == ent.shape == (3, 0)
+
+
+# GRPO-shaped batch: rows repeat their prompt (groups of 3 and 2, one singleton), interleaved
+GROUPED = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[0]]
+
+
+def test_distinct_prompts_order_and_inverse():
+    unique, inverse = forward.distinct_prompts(GROUPED)
+    assert unique == [PROMPTS[0], PROMPTS[1], PROMPTS[2]]
+    assert inverse == [0, 1, 0, 2, 1, 0]
+
+
+def test_shared_prompts_match_naive_float64_values_and_gradients(tiny_policy, temperature=0.7):
+    """Each distinct prompt runs once and its cache is indexed out: same values and gradients."""
+    model64 = copy.deepcopy(tiny_policy[0]).double()
+    ids, mask = _responses([6, 3, 1, 5, 0, 6])
+    ref_lp, ref_ent = _naive(model64, GROUPED, ids, mask, temperature)
+    ref_lp.mul(mask).sum().backward()
+    ref_grads = [p.grad.clone() for p in model64.parameters()]
+    model64.zero_grad()
+
+    calls = []
+    model64.model.register_forward_pre_hook(lambda _m, _a, kw: calls.append(kw["input_ids"].shape),
+                                            with_kwargs=True)
+    lp, ent = response_log_probs(model64, GROUPED, ids, mask, temperature=temperature, with_entropy=True)
+    assert calls == [(3, 5), (6, 5)]  # 3 distinct prompts, then 6 responses minus their last token
+    torch.testing.assert_close(lp, ref_lp * mask, rtol=0, atol=1e-10)
+    torch.testing.assert_close(ent, ref_ent * mask, rtol=0, atol=1e-10)
+    lp.sum().backward()
+    # HF's RMSNorm runs in float32 even in a float64 model, so gradients summed over a shared prompt's
+    # rows in a different order agree to float32 precision (1e-6 here); a cache cut from the graph
+    # is off by ~9.
+    for p, g in zip(model64.parameters(), ref_grads, strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_prompts_agree_with_unshared_float32(tiny_policy):
+    model = tiny_policy[0]
+    ids, mask = _responses([1, 4, 6, 2, 3, 6])
+    with torch.no_grad():
+        shared = response_log_probs(model, GROUPED, ids, mask, with_entropy=True)
+        unshared = response_log_probs(model, GROUPED, ids, mask, with_entropy=True, share_prompts=False)
+    torch.testing.assert_close(shared[0], unshared[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(shared[1], unshared[1], rtol=0, atol=1e-5)
+
+
+def test_prompt_sharing_off_for_flash_attention_and_checkpointing(tiny_policy, monkeypatch):
+    model = tiny_policy[0]
+    assert forward._can_share_prompts(model, model.model)
+    monkeypatch.setattr(model.model, "gradient_checkpointing", True, raising=False)
+    model.model.train()
+    try:
+        assert not forward._can_share_prompts(model, model.model)
+    finally:
+        model.model.eval()
+    monkeypatch.setattr(model.model, "gradient_checkpointing", False, raising=False)
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
+    assert not forward._can_share_prompts(model, model.model)

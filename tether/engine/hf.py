@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tether.engine.base import Generation, Intervention, SamplingParams
-from tether.models.forward import response_log_probs
+from tether.models.forward import distinct_prompts, model_cache_kwarg, new_kv_cache, response_log_probs
 
 if TYPE_CHECKING:
     from tether.config import ModelConfig
@@ -117,17 +117,24 @@ class KVDecoder:
 
     def __init__(self, model: Any, *, bf16_autocast: bool = False) -> None:
         self.model, self.bf16_autocast = model, bf16_autocast
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5
-        self._keeps_logits = "logits_to_keep" in params
+        self._cache_arg = model_cache_kwarg(model)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def new_cache(self) -> Any:
-        from transformers import DynamicCache
+        return new_kv_cache(self.model.config)
 
-        try:
-            return DynamicCache(config=self.model.config)
-        except TypeError:  # transformers 4.x
-            return DynamicCache()
+    def prefill(self, prompt_ids: list[list[int]], input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                cache: Any) -> Tensor:
+        """:meth:`next_logits` of the left-padded prompts, each distinct prompt run once: a prompt repeated
+        over rows (a GRPO group) has its KV cache indexed out to them."""
+        unique, inverse = distinct_prompts(prompt_ids)
+        if len(unique) == len(prompt_ids) or not hasattr(cache, "batch_select_indices"):
+            return self.next_logits(input_ids, attention_mask, position_ids, cache)
+        first = torch.tensor([inverse.index(u) for u in range(len(unique))], device=input_ids.device)
+        logits = self.next_logits(input_ids[first], attention_mask[first], position_ids[first], cache)
+        rows = torch.tensor(inverse, device=input_ids.device)
+        cache.batch_select_indices(rows)
+        return logits[rows]
 
     def next_logits(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
         """Next-token logits ``[N, V]`` of the last position; appends to ``cache``."""
@@ -261,7 +268,7 @@ class HFEngine:
         cache = self.decoder.new_cache()
         compact = self.compact_below > 0 and hasattr(cache, "batch_select_indices")
         live = torch.arange(n, device=device)  # rows in the forward batch: finished rows get dropped
-        logits = self.decoder.next_logits(input_ids, attention[:, :p_len], position_ids, cache)
+        logits = self.decoder.prefill(prompt_ids, input_ids, attention[:, :p_len], position_ids, cache)
         steps = 0
         for t in range(max_new):
             live_lp = process_logits(logits, params)  # [L, V]

@@ -213,7 +213,7 @@ class PriorInjection:
         self._next_pos = torch.tensor([len(p) for p in prompt_ids], device=device)
         self._cache = self._decoder.new_cache()
         with torch.no_grad():
-            self._logits = self._decoder.next_logits(input_ids, self._attention, position_ids, self._cache)
+            self._logits = self._decoder.prefill(prompt_ids, input_ids, self._attention, position_ids, self._cache)
 
     def _record(self, gated: Tensor, stat: Tensor, js: Tensor) -> None:
         self._cols["gate_mask"].append(gated.float())

@@ -4,10 +4,16 @@ Layout: each row is ``[prompt | response]``, right-padded to the longest row, wi
 counted from the attention mask. Only the hidden states of the T positions that predict response
 tokens go through the LM head, in chunks; with autograd on, each chunk is checkpointed, so the
 ``[N, T, V]`` logits (196 KB per position at a 49k vocabulary) are never all held for backward.
+
+Rows that share a prompt (a GRPO group: n samples of one prompt) share its forward pass: each distinct
+prompt runs once, its KV cache is indexed out to the rows, and the responses run on top of it. The
+result is the same function of the weights (gradients flow into the prompt's keys and values through
+the index), at a fraction of the cost when prompts are long next to responses.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +58,71 @@ def pack_prompt_response(prompt_ids: Sequence[Sequence[int]], response_ids: Tens
     return input_ids, attention_mask, position_ids, index
 
 
+def model_cache_kwarg(model: Any) -> str:
+    """The keyword a Hugging Face model's forward takes its KV cache by (renamed in transformers 5)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def new_kv_cache(config: Any) -> Any:
+    """An empty dynamic KV cache for a model with this config."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)
+    except TypeError:  # transformers 4.x
+        return DynamicCache()
+
+
+def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+    """(the distinct prompts in first-seen order, the index of each row's prompt among them)."""
+    first_seen: dict[tuple[int, ...], int] = {}
+    inverse = [first_seen.setdefault(tuple(p), len(first_seen)) for p in prompt_ids]
+    return [list(p) for p in first_seen], inverse
+
+
+def _can_share_prompts(model: Any, base: Any) -> bool:
+    # A shared prompt leaves padding holes between prompt and response columns: fine for the eager and
+    # SDPA kernels' dense masks, not for varlen flash-attention. HF turns the cache off under
+    # gradient checkpointing in training.
+    attn = getattr(model.config, "_attn_implementation", None) or "eager"
+    checkpointing = getattr(base, "gradient_checkpointing", False) and base.training
+    return attn in ("eager", "sdpa") and not checkpointing
+
+
+def _shared_prompt_hidden(base: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
+                          response_mask: Tensor) -> Tensor:
+    """Hidden states ``[N, T, H]`` that predict each response token, each distinct prompt run once.
+
+    Prompts are right-padded (so every query row sees at least one key), their cache is indexed out to
+    the N rows, and the responses but their last token run on top of it at positions
+    ``len(prompt) + t``.
+    """
+    device = response_ids.device
+    unique, inverse_list = distinct_prompts(prompt_ids)
+    inverse = torch.tensor(inverse_list, device=device)
+    lengths = torch.tensor([len(p) for p in unique], device=device)
+    width = int(lengths.max())
+    prompt_mask = (torch.arange(width, device=device)[None] < lengths[:, None]).long()
+    prompt_tokens = torch.zeros(len(unique), width, dtype=torch.long, device=device)
+    prompt_tokens[prompt_mask.bool()] = torch.tensor([t for p in unique for t in p], device=device)
+    cache = new_kv_cache(base.config)
+    cache_kw = model_cache_kwarg(base)
+    out = base(input_ids=prompt_tokens, attention_mask=prompt_mask,
+               position_ids=torch.arange(width, device=device)[None].expand(len(unique), -1),
+               use_cache=True, **{cache_kw: cache})
+    last = out.last_hidden_state[torch.arange(len(unique), device=device), lengths - 1]  # predicts y_0
+    first = last[inverse][:, None]
+    t = response_ids.shape[1]
+    if t == 1:
+        return first
+    cache.batch_select_indices(inverse)
+    attention = torch.cat([prompt_mask[inverse], (response_mask[:, :-1] > 0).long()], dim=1)
+    positions = lengths[inverse][:, None] + torch.arange(t - 1, device=device)[None]
+    rest = base(input_ids=response_ids[:, :-1].long(), attention_mask=attention, position_ids=positions,
+                use_cache=True, **{cache_kw: cache}).last_hidden_state
+    return torch.cat([first, rest], dim=1)
+
+
 def _head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
                     with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     return token_log_probs(head(hidden), targets, temperature=temperature, chunk_size=hidden.shape[1],
@@ -60,7 +131,7 @@ def _head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temp
 
 def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
                        response_mask: Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                       chunk_size: int = 64) -> tuple[Tensor, Tensor | None]:
+                       chunk_size: int = 64, share_prompts: bool = True) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | x, y_<t) / temperature-softmax for each response token, with autograd if it is on.
 
     Args:
@@ -72,6 +143,8 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         temperature: divides the logits, so the log-probs are those of the sampling distribution.
         with_entropy: also return the entropy of each position's distribution.
         chunk_size: response positions per LM-head chunk.
+        share_prompts: run each distinct prompt once for the rows that repeat it (plain-head
+            architectures with eager/SDPA attention; otherwise ignored).
 
     Returns:
         (log_probs ``[N, T]``, entropy ``[N, T]`` or None), float32 (float64 for a float64 model),
@@ -82,16 +155,21 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
     if response_ids.shape[1] == 0:
         empty = torch.zeros(response_ids.shape, device=device)
         return empty, (empty.clone() if with_entropy else None)
-    input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
-                                                                          response_mask)
+    if len(prompt_ids) != response_ids.shape[0]:
+        raise ValueError(f"{len(prompt_ids)} prompts for {response_ids.shape[0]} responses")
     targets = response_ids.long()
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings()
     plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
     if plain and base is not None and head is not None:
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      use_cache=False).last_hidden_state
-        hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
+        if share_prompts and _can_share_prompts(model, base) and len(distinct_prompts(prompt_ids)[0]) < len(prompt_ids):
+            hidden = _shared_prompt_hidden(base, prompt_ids, response_ids, response_mask)
+        else:
+            input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
+                                                                                  response_mask)
+            hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=False).last_hidden_state
+            hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
         lps, ents = [], []
         for s in range(0, hidden.shape[1], chunk_size):
             chunk = slice(s, s + chunk_size)
@@ -105,6 +183,8 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         log_probs = torch.cat(lps, dim=1)
         entropy = torch.cat(ents, dim=1) if with_entropy else None
     else:  # unknown architecture: full logits, whatever the model does after its head
+        input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
+                                                                              response_mask)
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).logits
         logits = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))

@@ -388,6 +388,8 @@ def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
 def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
     check_engine_available(cfg.rollout.engine)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     policy, tokenizer = load_policy(cfg.model.name)
     policy.eval()
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
