@@ -42,3 +42,12 @@ def tiny_policy(_tiny_policy_master):
     """
     model, tok = _tiny_policy_master
     return copy.deepcopy(model), tok
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for every Ray test (2 CPUs, no dashboard; ~10 s to start), or a skip without Ray."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -76,3 +76,25 @@ def test_fsdp2_precision_settings_need_the_fsdp2_strategy():
     assert "distributed.strategy" in error_of(["distributed.strategy=fsdp"])
     cfg = load_config(data=dict(BASE), overrides=["distributed.strategy=fsdp2", "distributed.param_dtype=bfloat16"])
     assert cfg.distributed.param_dtype == "bfloat16" and cfg.distributed.reduce_dtype is None
+
+
+GPU_PRESETS = sorted((ROOT / "configs" / "gpu").glob("*.yaml"))
+
+
+def test_gpu_presets_cover_the_papers_settings():
+    assert {p.stem for p in GPU_PRESETS} == {
+        "grpo_qwen2.5-math-7b", "eapo_qwen2.5-math-7b", "seed_sft_qwen2.5-3b_alfworld", "seed_qwen2.5-3b_alfworld",
+        "seed_sft_qwen2.5-7b_alfworld", "seed_qwen2.5-7b_alfworld"}
+
+
+@pytest.mark.parametrize("path", GPU_PRESETS, ids=lambda p: p.stem)
+def test_gpu_preset_uses_vllm_unless_its_method_intervenes(path):
+    cfg = load_config(path)
+    command = "tether seed-sft" if path.stem.startswith("seed_sft") else "tether train"
+    assert path.read_text().startswith(f"# {command} configs/gpu/{path.name}\n")
+    if path.stem.startswith("eapo"):
+        assert cfg.rollout.engine == "hf"  # EAPO's prior intervenes at every step
+    elif not path.stem.startswith("seed_sft"):  # stage 1 rolls out with the in-process engine
+        assert cfg.rollout.engine == "vllm"
+    if "math" in path.stem:  # group 16, responses up to 8k
+        assert (cfg.rollout.group_size, cfg.rollout.max_new_tokens) == (16, 8192)

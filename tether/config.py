@@ -46,6 +46,9 @@ class EnvConfig(Section):
     timeout_s: float = Field(10.0, gt=0, description="limit for one env step; a longer step is a fault")
     reset_timeout_s: float | None = Field(None, gt=0, description="limit for reset (default timeout_s); "
                                           "TextWorld compiles a game on its first reset")
+    workers: int = Field(0, ge=0, description="0: envs step in this process (threads); N: in N Ray actors, "
+                         "in parallel, where a crash or a hang kills only the actor (docs/agents.md)")
+    worker_cpus: float = Field(0.5, gt=0, description="Ray CPUs each env worker reserves (env.workers > 0)")
     step_grouping: bool = Field(False, description="GiGPO: add a step advantage over rows of a task group "
                                 "that act on the same observation (docs/agents.md)")
     step_advantage_w: float = Field(1.0, ge=0, description="weight of the step advantage (GiGPO's w)")
@@ -61,6 +64,10 @@ class OverlongConfig(Section):
 
 
 class RolloutConfig(Section):
+    engine: str = Field("hf", description="rollout engine (tether.engine.registry): hf (in-process, shares the "
+                        "policy's weights), vllm (GPU), ray (engine actors, one node or many)")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="the engine's settings: keyword "
+                                          "arguments of its builder, e.g. {num_actors: 4} for ray (docs/engine.md)")
     prompts_per_step: int = Field(8, ge=1, description="groups in one RL step")
     group_size: int = Field(8, ge=1, description="samples per prompt")
     max_new_tokens: int = Field(64, ge=1)
@@ -266,6 +273,27 @@ def validate_components(cfg: Config) -> None:
     check_kwargs(loss_fn, cfg.algorithm.loss_kwargs, "algorithm.loss_kwargs", skip=("agg",))
     for name, settings in cfg.methods.items():
         methods.method_config(name, settings)
+    validate_engine(cfg)
+
+
+def validate_engine(cfg: Config) -> None:
+    """``rollout.engine`` is registered, its ``engine_kwargs`` are its builder's, and it can run every method."""
+    from tether.engine.registry import ENGINES, engine_builder, engine_entry
+    from tether.methods import METHODS
+
+    r = cfg.rollout
+    try:
+        entry = engine_entry(r.engine)
+    except KeyError as err:
+        raise ConfigError(f"rollout.engine: {err.args[0]}") from None
+    check_kwargs(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
+    if entry.interventions:
+        return
+    able = ", ".join(n for n, e in ENGINES.items() if e.interventions)
+    for name in cfg.methods:
+        if METHODS[name].needs_intervention:
+            raise ConfigError(f"methods.{name} intervenes in sampling at every decoding step, which "
+                              f"rollout.engine={r.engine} cannot do; set rollout.engine to one of: {able}")
 
 
 def dump_config(cfg: Config) -> str:

@@ -7,8 +7,8 @@ import importlib.util
 import pytest
 import torch
 
-from tether.engine.base import SamplingParams
-from tether.engine.vllm import InterventionUnsupportedError, VLLMEngine
+from tether.engine.base import InterventionUnsupportedError, SamplingParams
+from tether.engine.vllm import VLLMEngine
 
 
 def test_intervention_raises_a_clear_error_without_building_vllm():

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.helpers import COPY_ENGINE
 from tether.config import ConfigError, load_config
+from tether.engine import ENGINES
 from tether.methods.armor import run_two_stage
 from tether.tasks.base import Score, TaskItem
 from tether.tasks.registry import register_task, unregister_task
@@ -151,6 +153,22 @@ def test_reset_every_step_makes_the_next_reference_the_policy(tiny, tmp_path):
     batch, _ = trainer.collector.collect(trainer)
     trainer.score(batch)
     torch.testing.assert_close(batch.token["ref_log_probs"], batch.token["old_log_probs"], atol=1e-6, rtol=0)
+
+
+def test_anchor_engine_with_its_own_weights_follows_resets_and_resumes(tiny, tmp_path, monkeypatch):
+    monkeypatch.setitem(ENGINES, "copy", COPY_ENGINE)  # holds its own weights, as Ray actors and vLLM do
+    overrides = [*ARMOR[:2], "methods.armor={reset: every, tau: 1}", "rollout.engine=copy", "train.resume=true"]
+    trainer = make_trainer(tiny, tmp_path, overrides)
+    ref_engine = trainer.methods[0].ref_engine
+    assert ref_engine.model is not trainer.ref_policy
+    trainer.train_step()
+    trainer.save()
+    want = trainer.policy.state_dict()  # the reset made it the reference
+    assert all(torch.equal(ref_engine.model.state_dict()[k], want[k]) for k in want)
+
+    resumed = make_trainer(tiny, tmp_path, overrides)  # starts from the initial weights, then the checkpoint's
+    got = resumed.methods[0].ref_engine.model.state_dict()
+    assert resumed.step == 1 and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_reference_is_bit_identical_without_reset(tiny, tmp_path):

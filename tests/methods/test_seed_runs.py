@@ -50,6 +50,9 @@ class CannedAnalyzer:
         return Generation(response_ids=torch.zeros(n, 1, dtype=torch.long), response_mask=torch.ones(n, 1),
                           sample_log_probs=torch.zeros(n, 1), texts=answers, truncated=torch.zeros(n, dtype=torch.bool))
 
+    def load_weights(self, state_dict):
+        self.inner.load_weights(state_dict)
+
 
 def seed_trainer(tiny_policy, tmp_path, *overrides, fail_all=False, seed_settings=None, **sections) -> Trainer:
     sections.setdefault("algorithm", {"advantage": "episode", "kl": {"coef": 0.01}, "entropy_coef": 0.001,

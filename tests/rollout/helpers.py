@@ -62,6 +62,9 @@ class ScriptedEngine:
         return Generation(response_ids=response_ids, response_mask=mask, sample_log_probs=logp, texts=texts,
                           truncated=torch.zeros(n, dtype=torch.bool))
 
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """The plan holds no weights: the trainer's push after each update has nothing to do."""
+
 
 def agent_config(tmp_path: Any, *overrides: str, **sections: Any) -> Config:
     """A small agent run on the scripted env: 2 tasks x 3 clones per step, 3 guesses, no validation."""

@@ -193,20 +193,12 @@ class ShardedEngine:
         model = getattr(self.engine, "model", None)
         device = next(model.parameters()).device if model is not None else torch.device("cpu")
         if hi > lo:
-            gen = self.engine.generate(prompt_ids[lo:hi], params,
-                                       seed=None if seed is None else rank_seed(seed, self.dp.rank),
-                                       intervention=intervention)
-            local = Generation(response_ids=gen.response_ids.cpu(), response_mask=gen.response_mask.cpu(),
-                               sample_log_probs=gen.sample_log_probs.cpu(), texts=gen.texts,
-                               truncated=gen.truncated.cpu(), token={k: v.cpu() for k, v in gen.token.items()})
+            local = self.engine.generate(prompt_ids[lo:hi], params,
+                                         seed=None if seed is None else rank_seed(seed, self.dp.rank),
+                                         intervention=intervention).to("cpu")
         gathered: list[Generation | None] = [None] * self.dp.world_size
         dist.all_gather_object(gathered, local)
-        full = concat_generations([g for g in gathered if g is not None], self.engine.pad_id)
-        if device.type == "cpu":
-            return full
-        return Generation(response_ids=full.response_ids.to(device), response_mask=full.response_mask.to(device),
-                          sample_log_probs=full.sample_log_probs.to(device), texts=full.texts,
-                          truncated=full.truncated.to(device), token={k: v.to(device) for k, v in full.token.items()})
+        return concat_generations([g for g in gathered if g is not None], self.engine.pad_id).to(device)
 
     def score(self, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor, **kwargs: Any) -> Any:
         return self.engine.score(prompt_ids, response_ids, response_mask, **kwargs)

@@ -1,7 +1,20 @@
-"""Rollout engines: the protocol, and the in-process Hugging Face engine."""
+"""Rollout engines: the protocol, the in-process Hugging Face engine, and the registry ``rollout.engine`` picks from.
 
-from tether.engine.base import Generation, Intervention, InterventionStep, RolloutEngine, SamplingParams
+The vLLM and Ray engines (``tether.engine.vllm``, ``tether.engine.ray_engine``) are imported only when built.
+"""
+
+from tether.engine.base import (
+    EngineUnavailableError,
+    Generation,
+    Intervention,
+    InterventionStep,
+    InterventionUnsupportedError,
+    RolloutEngine,
+    SamplingParams,
+)
 from tether.engine.hf import HFEngine, process_logits, sample_tokens
+from tether.engine.registry import ENGINES, build_engine, check_engine_available, engine_builder, engine_entry
 
-__all__ = ["Generation", "HFEngine", "Intervention", "InterventionStep", "RolloutEngine", "SamplingParams",
-           "process_logits", "sample_tokens"]
+__all__ = ["ENGINES", "EngineUnavailableError", "Generation", "HFEngine", "Intervention", "InterventionStep",
+           "InterventionUnsupportedError", "RolloutEngine", "SamplingParams", "build_engine", "check_engine_available",
+           "engine_builder", "engine_entry", "process_logits", "sample_tokens"]

@@ -2,8 +2,9 @@
 
 An engine turns prompts into sampled responses with the log-probability of each sampled token
 under the distribution it was actually drawn from. The in-process Hugging Face engine
-(:mod:`tether.engine.hf`) implements this on CPU or one GPU; a vLLM engine implements the same
-protocol (without interventions, which need lock-step access to the logits).
+(:mod:`tether.engine.hf`) implements this on CPU or one GPU; the Ray engine (:mod:`tether.engine.ray_engine`)
+and the vLLM engine (:mod:`tether.engine.vllm`) implement the same protocol without interventions, which
+need lock-step access to the logits. ``rollout.engine`` picks one (:mod:`tether.engine.registry`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
+
+
+class InterventionUnsupportedError(NotImplementedError):
+    """The engine cannot run a per-step sampling intervention (only the in-process HF engine can)."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The configured engine cannot run on this machine (a package or a GPU is missing)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,14 @@ class Generation:
     texts: list[str]
     truncated: Tensor
     token: dict[str, Tensor] = field(default_factory=dict)
+
+    def to(self, device: torch.device | str) -> Generation:
+        """The same generation with every tensor on ``device`` (itself when they already are)."""
+        if self.response_ids.device == torch.device(device):
+            return self
+        return Generation(response_ids=self.response_ids.to(device), response_mask=self.response_mask.to(device),
+                          sample_log_probs=self.sample_log_probs.to(device), texts=self.texts,
+                          truncated=self.truncated.to(device), token={k: v.to(device) for k, v in self.token.items()})
 
 
 @dataclass
@@ -92,4 +110,6 @@ class RolloutEngine(Protocol):
     def score(self, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor, *,
               temperature: float = 1.0) -> Tensor: ...
 
-    def load_weights(self, state_dict: dict[str, Tensor]) -> None: ...
+    def load_weights(self, state_dict: dict[str, Tensor]) -> None:
+        """Make the engine sample with these weights; the trainer calls it after every update."""
+        ...

@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,9 @@ from torch import Tensor
 
 from tether.engine.base import Generation, Intervention, SamplingParams
 from tether.models.forward import distinct_prompts, model_cache_kwarg, new_kv_cache, response_log_probs
+
+if TYPE_CHECKING:
+    from tether.config import ModelConfig
 
 
 def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -91,6 +94,23 @@ def left_pad(prompt_ids: list[list[int]], pad_id: int, device: torch.device) -> 
     return input_ids, attention, (attention.cumsum(1) - 1).clamp(min=0)
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id that pads responses: the tokenizer's pad token, else EOS, else 0."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad if pad is not None else 0)
+
+
+def default_eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokens that end a response: the tokenizer's EOS and every EOS of the model's ``generation_config``."""
+    eos = set()
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        eos.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
+    return sorted(int(e) for e in eos)
+
+
 class KVDecoder:
     """Last-position logits of a causal LM over a KV cache: the forward pass of every decoding loop
     (the engine's, and a lock-step intervention's own model, e.g. EAPO's prior)."""
@@ -150,15 +170,9 @@ class HFEngine:
                  bf16_autocast: bool = False, score_rows: int = 32, compact_below: float = 0.5) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.bf16_autocast, self.score_rows, self.compact_below = bf16_autocast, score_rows, compact_below
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_id = int(pad if pad is not None else 0)
+        self.pad_id = pad_token_id(tokenizer)
         if eos_token_ids is None:
-            eos_token_ids = set()
-            if tokenizer.eos_token_id is not None:
-                eos_token_ids.add(int(tokenizer.eos_token_id))
-            gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-            if gen_eos is not None:
-                eos_token_ids.update([gen_eos] if isinstance(gen_eos, int) else gen_eos)
+            eos_token_ids = default_eos_token_ids(model, tokenizer)
         self.eos_token_ids = sorted(int(e) for e in eos_token_ids)
         self.decoder = KVDecoder(model, bf16_autocast=bf16_autocast)
 
@@ -324,3 +338,13 @@ class HFEngine:
             if ends:
                 texts[i] = texts[i][:min(ends)]
         return texts
+
+
+def build_hf_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, compact_below: float = 0.5,
+                    score_rows: int = 32) -> HFEngine:
+    """``rollout.engine: hf``: the in-process engine over ``model`` itself, so new weights cost nothing to load.
+
+    ``compact_below`` and ``score_rows`` are :class:`HFEngine`'s; bf16 autocast follows ``model.bf16_autocast``.
+    """
+    return HFEngine(model, tokenizer, bf16_autocast=model_cfg.bf16_autocast, compact_below=compact_below,
+                    score_rows=score_rows)

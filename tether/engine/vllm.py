@@ -1,4 +1,5 @@
-"""A vLLM :class:`~tether.engine.base.RolloutEngine` for GPU rollouts (untested: no GPU or vLLM in CI).
+"""A vLLM :class:`~tether.engine.base.RolloutEngine` for GPU rollouts (``rollout.engine: vllm``; never run: no GPU
+or vLLM in CI).
 
 * ``generate``: ``SamplingParams(logprobs=0)`` returns the log-prob of each sampled token. vLLM reports
   it under its own ``logprobs_mode``; ``processed_logprobs`` (after temperature / top-k / top-p) is the
@@ -14,16 +15,58 @@ vLLM gives no such hook, so it raises: use :class:`~tether.engine.hf.HFEngine` f
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from tether.engine.base import Generation, Intervention, SamplingParams
+from tether.engine.base import (
+    EngineUnavailableError,
+    Generation,
+    Intervention,
+    InterventionUnsupportedError,
+    SamplingParams,
+)
+from tether.engine.hf import pad_token_id
+
+if TYPE_CHECKING:
+    from tether.config import ModelConfig
 
 
-class InterventionUnsupportedError(NotImplementedError):
-    """vLLM cannot run a per-step sampling intervention."""
+def check_vllm_available() -> None:
+    """Raise :class:`EngineUnavailableError` naming everything ``rollout.engine: vllm`` lacks here."""
+    missing = []
+    if importlib.util.find_spec("vllm") is None:
+        missing.append("the vllm package (pip install vllm)")
+    if not torch.cuda.is_available():
+        missing.append("a CUDA GPU")
+    if missing:
+        raise EngineUnavailableError(f"rollout.engine=vllm needs {' and '.join(missing)}, which this machine lacks; "
+                                     "use rollout.engine=hf (in-process, CPU or one GPU) here")
+
+
+def build_vllm_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, gpu_memory_utilization: float = 0.6,
+                      tensor_parallel_size: int = 1, max_model_len: int | None = None,
+                      enable_sleep_mode: bool = False) -> VLLMEngine:
+    """``rollout.engine: vllm``: a vLLM engine that loads the checkpoint ``model`` came from.
+
+    vLLM reads weights from a path, not from a module: the path is ``model.name_or_path`` (the local
+    directory or Hub name it was loaded from). The trainer then pushes the policy's current weights with
+    ``load_weights`` after every update (and after a resume). The dtype is bfloat16 with
+    ``model.bf16_autocast``, else the policy's own.
+    """
+    check_vllm_available()
+    path = getattr(model, "name_or_path", "")
+    if not path:
+        raise EngineUnavailableError("rollout.engine=vllm loads the model from a checkpoint path, and this policy "
+                                     "has none (name_or_path is empty: a model built in memory); use rollout.engine=hf")
+    dtype = "bfloat16" if model_cfg.bf16_autocast else str(next(model.parameters()).dtype).removeprefix("torch.")
+    kwargs: dict[str, Any] = {"dtype": dtype, "gpu_memory_utilization": gpu_memory_utilization,
+                              "tensor_parallel_size": tensor_parallel_size}
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    return VLLMEngine(path, tokenizer, enable_sleep_mode=enable_sleep_mode, **kwargs)
 
 
 class VLLMEngine:
@@ -40,8 +83,7 @@ class VLLMEngine:
             raise ImportError("VLLMEngine needs vLLM (pip install vllm, on a CUDA machine)") from err
         self._vllm = vllm
         self.tokenizer = tokenizer
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_id = int(pad or 0)
+        self.pad_id = pad_token_id(tokenizer)
         self.llm = vllm.LLM(model=model, enable_sleep_mode=enable_sleep_mode, logprobs_mode="processed_logprobs",
                             **llm_kwargs)
 
@@ -59,7 +101,7 @@ class VLLMEngine:
         if intervention is not None:
             raise InterventionUnsupportedError(
                 "vLLM cannot run a per-step intervention (EAPO's lock-step prior needs each step's logits before "
-                "the token is drawn); use tether.engine.hf.HFEngine for this method")
+                "the token is drawn); use rollout.engine=hf (tether.engine.hf.HFEngine) for this method")
         outs = self.llm.generate(self._prompts(prompt_ids), self._params(params, seed, logprobs=0), use_tqdm=False)
         width = max(1, max(len(o.outputs[0].token_ids) for o in outs))
         n = len(outs)

@@ -124,14 +124,13 @@ class SafeEnv:
                                      f"{self.name} reset({seed})")
         except EnvFault as fault:
             self._pending_fault = self._record(fault)
-            return EnvReset(observation=f"[environment fault] {self._pending_fault}", task="",
-                            admissible_actions=None, info={"fault": self._pending_fault})
+            return fault_reset(self._pending_fault)
 
     def step(self, action: str) -> EnvStep:
         if self._pending_fault is not None:
             message, self._pending_fault = self._pending_fault, None
             self._episode_over = True
-            return _fault_step(message)
+            return fault_step(message)
         if self._episode_over or self._env is None:
             raise EpisodeOverError(f"{self.name}: step() after a faulted episode; call reset(seed) first")
         env = self._env
@@ -140,7 +139,7 @@ class SafeEnv:
                                      f"{self.name} step({action[:60]!r})")
         except EnvFault as fault:
             self._episode_over = True
-            return _fault_step(self._record(fault))
+            return fault_step(self._record(fault))
 
     def parse_action(self, response_text: str) -> tuple[str, bool]:
         if self._env is None:
@@ -177,6 +176,13 @@ class SafeEnv:
         return self.last_fault
 
 
-def _fault_step(message: str) -> EnvStep:
+def fault_reset(message: str) -> EnvReset:
+    """What a faulted ``reset`` returns: no task, ``info["fault"]`` set."""
+    return EnvReset(observation=f"[environment fault] {message}", task="", admissible_actions=None,
+                    info={"fault": message})
+
+
+def fault_step(message: str) -> EnvStep:
+    """What a faulted ``step`` returns: the episode ends as failed, ``info["fault"]`` set."""
     info = {"won": False, "admissible_actions": None, "invalid_action": False, "fault": message}
     return EnvStep(observation=f"[environment fault] {message}", reward=0.0, done=True, info=info)

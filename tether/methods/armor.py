@@ -172,6 +172,7 @@ class Armor(Method):
         super().__init__(settings)
         self.settings: ArmorSettings = settings
         self.ref_engine: Any = None
+        self._ref_policy: Any = None
         self.resets, self.last_reset = 0, 0
         self._step, self._counts = -1, Counter()  # acceptance counts over the generation batches of a step
 
@@ -185,6 +186,7 @@ class Armor(Method):
             raise ConfigError("methods.armor.anchors: rollout.group_size must be >= 2, or no group has "
                               "1 <= #correct <= group_size - 1 (the paper uses 15)")
         self.ref_engine = trainer.make_engine(trainer.ref_policy)  # same sampler, reference weights
+        self._ref_policy = trainer.ref_policy
 
     def on_generation(self, batch: RolloutBatch, trainer: Trainer) -> tuple[RolloutBatch, dict[str, Any]]:
         if not self.settings.anchors or len(batch) == 0:
@@ -240,6 +242,7 @@ class Armor(Method):
         reset = self.settings.resets_at(trainer.step)
         if reset:
             reset_reference(trainer.ref_policy, trainer.policy)
+            self._push_ref_weights()
             trainer.ref_modified = True  # the trainer now checkpoints the reference too
             self.resets, self.last_reset = self.resets + 1, trainer.step
         return {"armor/ref_reset": float(reset), "armor/ref_age": float(trainer.step - self.last_reset)}
@@ -248,7 +251,15 @@ class Armor(Method):
         return {"resets": self.resets, "last_reset": self.last_reset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the reset counters; the trainer has restored the reference weights just before."""
         self.resets, self.last_reset = state.get("resets", 0), state.get("last_reset", 0)
+        self._push_ref_weights()
+
+    def _push_ref_weights(self) -> None:
+        """Anchor sampling uses the reference's current weights (free for the in-process engine, which shares
+        them; a broadcast for engines with their own copy)."""
+        if self.ref_engine is not None:
+            self.ref_engine.load_weights(self._ref_policy.state_dict())
 
 
 def source_metrics(batch: RolloutBatch) -> dict[str, float]:

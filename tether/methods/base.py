@@ -46,6 +46,9 @@ class Method:
     name: ClassVar[str]
     Settings: ClassVar[type[MethodSettings]] = MethodSettings
     needs_ref: ClassVar[bool] = False
+    # True when ``intervention`` returns a per-step hook: then rollout.engine must support interventions
+    # (checked when the config is read).
+    needs_intervention: ClassVar[bool] = False
 
     def __init__(self, settings: MethodSettings) -> None:
         self.settings = settings

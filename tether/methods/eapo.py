@@ -323,6 +323,7 @@ class EAPO(Method):
 
     name: ClassVar[str] = "eapo"
     Settings: ClassVar[type[MethodSettings]] = EAPOSettings
+    needs_intervention: ClassVar[bool] = True  # the prior runs in lock-step with the policy's decoding loop
     settings: EAPOSettings
 
     def __init__(self, settings: MethodSettings) -> None:
@@ -378,7 +379,7 @@ class EAPO(Method):
         missing = [k for k in TOKEN_KEYS if k not in batch.token]
         if missing:
             raise RuntimeError(f"eapo: the batch lacks {missing}; the engine must support interventions "
-                               "(the HF engine does, vLLM cannot)")
+                               "(rollout.engine=hf does; vllm and ray cannot)")
         metrics = rollout_metrics(batch)
         metrics["eapo/lambda"] = self.current_lambda(trainer.step)
         metrics["eapo/threshold"] = self.threshold

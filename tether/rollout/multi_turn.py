@@ -12,8 +12,10 @@ Optionally (``env.step_grouping``) a GiGPO step advantage is added: rows of one 
 acted on the same observation form a step group, and their discounted returns are normalised
 within it (:func:`step_advantages`; the trainer calls :meth:`AgentCollector.post_advantages`).
 
-An environment that raises or hangs (:class:`tether.envs.SafeEnv`) ends its episode as failed, the
-fault is counted in ``env/faults`` and the step goes on. docs/agents.md has the whole picture.
+Environments run in this process or in Ray actors (``env.workers``, :mod:`tether.envs.workers`); the
+envs of a batch are reset and stepped with one pool call, so actors step them in parallel. An environment
+that raises or hangs (or a worker that dies) ends its episode as failed, the fault is counted in
+``env/faults`` and the step goes on. docs/agents.md has the whole picture.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from torch import Tensor
 
 from tether import algos
 from tether.engine.base import SamplingParams
-from tether.envs import make_env, make_safe_env
+from tether.envs import make_env
+from tether.envs.workers import make_env_pool
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.single_turn import GENERATE_ROWS, PromptStream
@@ -132,6 +135,7 @@ class AgentCollector:
         self.val_seeds = list(probe.eval_seeds(cfg.env.val_tasks))
         self.action_format = probe.action_format
         probe.close()
+        self.envs = make_env_pool(cfg.env)
         self.stream = PromptStream(len(self.train_seeds), cfg.seed)
         self._next_group = 0
         self._next_episode = 0
@@ -154,22 +158,21 @@ class AgentCollector:
     # -- episodes ----------------------------------------------------------------------------
 
     def _start(self, seeds: list[int], copies: int) -> list[Episode]:
+        """``copies`` episodes of each seed (one group per seed), their envs made and reset in one pool call."""
+        starts = [(seed, self._next_group + g) for g, seed in enumerate(seeds) for _ in range(copies)]
+        self._next_group += len(seeds)
+        envs = [self.envs.make() for _ in starts]
         episodes = []
-        for seed in seeds:
-            gid = self._next_group
-            self._next_group += 1
-            for _ in range(copies):
-                env = make_safe_env(self.env_cfg.name, timeout_s=self.env_cfg.timeout_s,
-                                    reset_timeout_s=self.env_cfg.reset_timeout_s, **self.env_cfg.kwargs)
-                reset = env.reset(seed)
-                ep = Episode(env=env, task=reset.task, group_id=gid, episode_id=self._next_episode, seed=seed,
-                             observation=reset.observation, admissible=reset.admissible_actions,
-                             available=reset.info.get("available_actions"))
-                self._next_episode += 1
-                if reset.info.get("fault"):
-                    ep.done, ep.fault = True, reset.info["fault"]
-                    self.faults += 1
-                episodes.append(ep)
+        for env, (seed, gid), reset in zip(envs, starts, self.envs.reset_all(envs, [s for s, _ in starts]),
+                                           strict=True):
+            ep = Episode(env=env, task=reset.task, group_id=gid, episode_id=self._next_episode, seed=seed,
+                         observation=reset.observation, admissible=reset.admissible_actions,
+                         available=reset.info.get("available_actions"))
+            self._next_episode += 1
+            if reset.info.get("fault"):
+                ep.done, ep.fault = True, reset.info["fault"]
+                self.faults += 1
+            episodes.append(ep)
         return episodes
 
     def run_episodes(self, engine: Any, episodes: list[Episode], params: SamplingParams, seed: int,
@@ -187,17 +190,19 @@ class AgentCollector:
                     chunk = live[start:start + GENERATE_ROWS]
                     gen = engine.generate(prompts[start:start + GENERATE_ROWS], params,
                                           seed=seed + turn * 1009 + start, intervention=intervention)
-                    for j, ep in enumerate(chunk):
-                        rows.append(self._act(ep, turn, prompts[start + j], gen, j))
+                    # parse (against admissible actions) and step every env of the chunk in one pool call
+                    outcomes = self.envs.act_all([ep.env for ep in chunk], gen.texts)
+                    for j, (ep, outcome) in enumerate(zip(chunk, outcomes, strict=True)):
+                        rows.append(self._record(ep, turn, prompts[start + j], gen, j, outcome))
         finally:
-            for ep in episodes:
-                ep.env.close()
+            self.envs.close_all([ep.env for ep in episodes])
         return rows
 
-    def _act(self, ep: Episode, turn: int, prompt: list[int], gen: Any, j: int) -> dict[str, Any]:
+    def _record(self, ep: Episode, turn: int, prompt: list[int], gen: Any, j: int,
+                outcome: tuple[str, bool, Any]) -> dict[str, Any]:
+        """Apply one env step to its episode; the turn's training row."""
         text = gen.texts[j]
-        action, valid = ep.env.parse_action(text)  # checks admissible actions where the env has them
-        step = ep.env.step(action)
+        action, valid, step = outcome
         ep.turns.append({"observation": ep.observation, "response": text, "action": action, "valid": valid,
                          "reward": step.reward})
         ep.observation, ep.ret = step.observation, ep.ret + step.reward

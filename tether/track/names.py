@@ -27,6 +27,7 @@ METRICS: dict[str, str] = {
     "perf/step_s": "wall-clock seconds of the whole training step",
     "perf/rollout_tok_s": "generated tokens per second during rollout",
     "perf/train_tok_s": "tokens (prompt + response) per second through forward+backward",
+    "perf/weight_sync_s": "seconds to give the rollout engine the updated weights",
     "reward/faults": "rows whose scorer raised or timed out (scored as wrong), counted since the run started",
 }
 

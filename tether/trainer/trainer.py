@@ -24,7 +24,7 @@ from tether.algos import LossInputs
 from tether.config import Config, ConfigError, dump_config
 from tether.distributed import build_strategy
 from tether.engine.base import Intervention
-from tether.engine.hf import HFEngine
+from tether.engine.registry import build_engine, check_engine_available
 from tether.methods import Method, build_methods
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
@@ -69,6 +69,8 @@ class Trainer:
         self.val_history: list[tuple[int, dict[str, float]]] = []
         self.ref_modified = False  # set by methods that move the reference (ARMOR resets): then it is saved
 
+        # 0. a missing GPU or package for the configured engine fails now, not after the models load
+        check_engine_available(cfg.rollout.engine)
         # 1. methods first: they may need a reference model
         self.methods: list[Method] = build_methods(cfg.methods)
         # 2. models
@@ -121,8 +123,16 @@ class Trainer:
         return (self.cfg.seed * 1_000_003 + self.step * 10_007 + salt * 101 + k) % 2**62
 
     def make_engine(self, model: Any) -> Any:
-        """An HF engine over ``model``; under data parallelism each rank samples its share of the prompts."""
-        return self.strategy.rollout_engine(HFEngine(model, self.tokenizer, bf16_autocast=self.cfg.model.bf16_autocast))
+        """The configured engine (``rollout.engine``) over ``model``; under data parallelism each rank samples
+        its share of the prompts."""
+        r = self.cfg.rollout
+        return self.strategy.rollout_engine(build_engine(r.engine, model, self.tokenizer, self.cfg.model,
+                                                         r.engine_kwargs))
+
+    def push_weights(self) -> None:
+        """Give the engine the policy's current weights: free for the in-process engine, which holds the same
+        tensors; one broadcast for engines with their own copy (Ray actors, vLLM)."""
+        self.engine.load_weights(self.policy.state_dict())
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision context of every trainer forward pass (scoring and the loss alike)."""
@@ -170,6 +180,9 @@ class Trainer:
         metrics.update(self.compute_advantages(batch))  # 4. advantages
         t_update = time.perf_counter()
         metrics.update(self.update(batch))             # 5. mini-batch updates
+        t_sync = time.perf_counter()
+        self.push_weights()                            #    engines with their own weights sample with the new ones
+        t_sync = time.perf_counter() - t_sync
         self.step += 1
         for m in self.methods:                         # 6. method bookkeeping (reference resets...)
             metrics.update(m.after_update(self))
@@ -178,7 +191,8 @@ class Trainer:
         now = time.perf_counter()
         metrics.update({"perf/step_s": now - start, "perf/rollout_s": t_rollout,
                         "perf/rollout_tok_s": n_tokens / max(t_rollout, 1e-9),
-                        "perf/train_tok_s": n_tokens / max(now - t_update, 1e-9),
+                        "perf/train_tok_s": n_tokens / max(now - t_update - t_sync, 1e-9),
+                        "perf/weight_sync_s": t_sync,
                         "actor/lr": self.scheduler.get_last_lr()[0]})
         self.tracker.log(metrics, self.step)
         return metrics
@@ -387,6 +401,7 @@ class Trainer:
             m.load_state_dict(state["methods"].get(m.name, {}))
         set_rng_state(state["rng"])
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
+        self.push_weights()
 
 
 def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
@@ -402,11 +417,12 @@ def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
+    check_engine_available(cfg.rollout.engine)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     policy, tokenizer = load_policy(cfg.model.name)
     policy.eval()
-    evaluator = SimpleNamespace(cfg=cfg, engine=HFEngine(policy, tokenizer, bf16_autocast=cfg.model.bf16_autocast),
-                                step=0,
+    engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
+    evaluator = SimpleNamespace(cfg=cfg, engine=engine, step=0,
                                 seed_for=lambda purpose, k=0: cfg.seed * 1_000_003 + k)
     return build_collector(cfg, tokenizer).validate(evaluator)

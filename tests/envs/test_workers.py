@@ -1,0 +1,85 @@
+"""Env workers (``env.workers``): envs in Ray actors play exactly like envs in this process, and a fault of the
+env or of the whole worker process ends the episode as failed, counted, while the rollout goes on.
+
+Uses the session's Ray instance (tests/conftest.py); each worker reserves a quarter CPU, so the workers of
+the collectors alive at once fit in its 2 CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.rollout.helpers import ScriptedEngine, agent_config
+from tether.envs import ENVS
+from tether.envs import workers as workers_module
+from tether.envs.workers import LocalEnvPool, RayEnvPool, RemoteEnv
+from tether.rollout.multi_turn import AgentCollector
+
+
+@pytest.fixture
+def process_fault_env(monkeypatch):
+    monkeypatch.setitem(ENVS, "process_fault", "tests.envs.worker_envs:ProcessFaultEnv")
+
+
+def collector(tmp_path, tokenizer, workers: int, *overrides: str) -> AgentCollector:
+    cfg = agent_config(tmp_path, f"env.workers={workers}", "env.worker_cpus=0.25", *overrides)
+    return AgentCollector(cfg, tokenizer)
+
+
+def play(collector: AgentCollector, tokenizer, tasks: int = 2, copies: int = 3) -> tuple[list, list]:
+    """(turn rows, episode outcomes) of ``copies`` episodes of the first ``tasks`` training tasks."""
+    episodes = collector._start(collector.train_seeds[:tasks], copies)
+    rows = collector.run_episodes(ScriptedEngine(tokenizer), episodes, collector.sampling(), seed=0)
+    return ([(r["episode"].episode_id, r["turn"], r["text"], r["valid"]) for r in rows],
+            [(e.ret, e.won, e.fault, [t["action"] for t in e.turns]) for e in episodes])
+
+
+def test_workers_play_exactly_like_local_envs(ray_session, tmp_path, tokenizer):
+    local = collector(tmp_path, tokenizer, 0)
+    remote = collector(tmp_path, tokenizer, 2)
+    assert isinstance(local.envs, LocalEnvPool) and isinstance(remote.envs, RayEnvPool)
+    rows, episodes = play(remote, tokenizer)
+    assert (rows, episodes) == play(local, tokenizer)
+    assert {len(e[3]) for e in episodes} == {1, 2, 3} and remote.faults == 0  # wins, invalid first, losses
+    envs = [pool.make() for pool in (local.envs, remote.envs)]
+    for pool, env in zip((local.envs, remote.envs), envs, strict=True):
+        pool.reset_all([env], [3])
+    assert envs[0].solution() == envs[1].solution() == ["grape"]  # SEED's SFT stage records it
+
+
+@pytest.mark.parametrize("fault", ["reset_raise", "step_raise"])
+def test_env_faults_inside_workers_are_contained_and_counted_as_in_process(ray_session, tmp_path, tokenizer, fault):
+    kwargs = f"env.kwargs={{turns: 3, fault: {fault}, fault_turn: 2}}"
+    local, remote = collector(tmp_path, tokenizer, 0, kwargs), collector(tmp_path, tokenizer, 1, kwargs)
+    _, episodes = play(remote, tokenizer)
+    assert episodes == play(local, tokenizer)[1]
+    faulted = [e for e in episodes if e[2] is not None]
+    assert faulted and all("RuntimeError: scripted fault" in e[2] for e in faulted)
+    assert remote.faults == local.faults == len(faulted)
+
+
+def test_a_crashed_worker_faults_its_episodes_and_is_replaced(ray_session, tmp_path, tokenizer, process_fault_env):
+    remote = collector(tmp_path, tokenizer, 1, "env.name=process_fault",
+                       f"env.kwargs={{process_fault: exit, safe_pid: {os.getpid()}}}")
+    crashed = remote.envs.actors[0]
+    _, episodes = play(remote, tokenizer, tasks=1, copies=2)
+    assert [(e[2], e[3]) for e in episodes] == [("env worker died: ActorDiedError", [""])] * 2
+    assert remote.faults == 2
+    assert remote.envs.make().actor is not crashed  # new envs go to the replacement
+    assert RemoteEnv(crashed, 0, 1.0).solution() is None  # a dead worker's env has no solution, as a faulted one
+    fresh = remote.envs.actors[0]
+    assert fresh != crashed and ray_session.get(fresh.close.remote(0)) is None  # a live worker took the slot
+
+
+def test_a_stuck_worker_is_timed_out_killed_and_replaced(ray_session, tmp_path, tokenizer, process_fault_env,
+                                                         monkeypatch):
+    monkeypatch.setattr(workers_module, "GRACE_S", 1.0)
+    remote = collector(tmp_path, tokenizer, 1, "env.name=process_fault", "env.reset_timeout_s=1",
+                       f"env.kwargs={{process_fault: block, safe_pid: {os.getpid()}, hang_s: 60}}")
+    stuck = remote.envs.actors[0]
+    rows, episodes = play(remote, tokenizer, tasks=1, copies=2)
+    assert rows == [] and remote.faults == 2
+    assert all("env worker did not answer within 3s" in e[2] for e in episodes)
+    assert remote.envs.actors[0] != stuck

@@ -1,0 +1,26 @@
+"""Envs that take a whole worker process down, for the Ray env-worker tests (they never misbehave in the
+process that built the test, so running one in-process by mistake cannot kill pytest)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from tether.envs.scripted import ScriptedEnv
+
+
+class ProcessFaultEnv(ScriptedEnv):
+    """The scripted env, except that outside process ``safe_pid`` it ``os._exit``s on its first step
+    (``fault="exit"``: a native crash) or blocks its constructor for ``hang_s`` (``fault="block"``: a hang
+    in the worker's own thread, which SafeEnv cannot time out)."""
+
+    def __init__(self, *, process_fault: str, safe_pid: int, hang_s: float = 60.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.process_fault, self.armed = process_fault, os.getpid() != safe_pid
+        if self.armed and process_fault == "block":
+            time.sleep(hang_s)
+
+    def step(self, action: str):
+        if self.armed and self.process_fault == "exit":
+            os._exit(1)
+        return super().step(action)

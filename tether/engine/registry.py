@@ -1,0 +1,75 @@
+"""Rollout engines by name: ``rollout.engine`` picks one, ``rollout.engine_kwargs`` are its settings.
+
+Each entry names a builder ``build(model, tokenizer, model_cfg, **settings) -> RolloutEngine`` whose
+keyword-only arguments are the engine's settings (checked against the config before anything loads), an
+optional availability check that the trainer runs before loading the policy (so a missing GPU or package
+fails in the first second, not after a 7B load), and whether the engine runs
+:class:`~tether.engine.base.Intervention` hooks. Entries are import paths: vLLM and Ray are imported only
+when chosen. The trainer builds whatever is configured through :func:`build_engine` and never names an engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tether.config import ModelConfig
+    from tether.engine.base import RolloutEngine
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """A registered engine.
+
+    Attributes:
+        builder: ``"module:function"`` of the builder.
+        interventions: True when the engine runs per-step interventions (EAPO needs them).
+        check: ``"module:function"`` that raises :class:`~tether.engine.base.EngineUnavailableError` when the
+            engine cannot run on this machine; None when it always can.
+    """
+
+    builder: str
+    interventions: bool
+    check: str | None = None
+
+
+ENGINES: dict[str, EngineEntry] = {
+    "hf": EngineEntry("tether.engine.hf:build_hf_engine", interventions=True),
+    "vllm": EngineEntry("tether.engine.vllm:build_vllm_engine", interventions=False,
+                        check="tether.engine.vllm:check_vllm_available"),
+    "ray": EngineEntry("tether.engine.ray_engine:build_ray_engine", interventions=False,
+                       check="tether.engine.ray_engine:check_ray_engine_available"),
+}
+
+
+def _load(target: str) -> Callable[..., Any]:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def engine_entry(name: str) -> EngineEntry:
+    """The entry registered under ``name``; KeyError listing the registered names otherwise."""
+    if name not in ENGINES:
+        raise KeyError(f"unknown engine '{name}'; registered engines: {', '.join(sorted(ENGINES))}")
+    return ENGINES[name]
+
+
+def engine_builder(name: str) -> Callable[..., RolloutEngine]:
+    """The builder of engine ``name`` (its keyword-only arguments are the allowed ``engine_kwargs``)."""
+    return _load(engine_entry(name).builder)
+
+
+def check_engine_available(name: str) -> None:
+    """Raise :class:`~tether.engine.base.EngineUnavailableError` if engine ``name`` cannot run here."""
+    entry = engine_entry(name)
+    if entry.check is not None:
+        _load(entry.check)()
+
+
+def build_engine(name: str, model: Any, tokenizer: Any, model_cfg: ModelConfig,
+                 settings: dict[str, Any] | None = None) -> RolloutEngine:
+    """Engine ``name`` over ``model`` with ``settings`` (``rollout.engine_kwargs``)."""
+    return engine_builder(name)(model, tokenizer, model_cfg, **(settings or {}))

@@ -1,0 +1,189 @@
+"""Where the agent loop's environments run: in this process (``env.workers: 0``) or in Ray actors (``> 0``).
+
+The agent loop (:class:`~tether.rollout.multi_turn.AgentCollector`) hands a pool the envs of a whole batch
+of episodes per call (``reset_all``, ``act_all``, ``close_all``). :class:`LocalEnvPool` steps them one
+after the other in this process, each call in a :class:`~tether.envs.safe.SafeEnv` thread. :class:`RayEnvPool`
+spreads the envs round-robin over ``workers`` actors (:class:`EnvWorker`) on any node of the Ray cluster,
+sends every call of the batch at once and waits for all of them, so slow envs step in parallel.
+
+Faults are contained and end the episode as failed (``info["fault"]``, counted in ``env/faults``) either way:
+
+* an env that raises or hangs: by the :class:`~tether.envs.safe.SafeEnv` it runs in (inside the actor for Ray);
+* a worker that dies (a crash in native code) or stops answering (a hang that holds the GIL, which a thread
+  cannot outlive): every call waiting on it faults, and the worker is killed and replaced by a fresh one
+  for the envs made after that. This is what actors add over threads: a process can be killed.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tether.envs.base import EnvReset, EnvStep, TextEnv
+from tether.envs.registry import check_env_kwargs, env_class
+from tether.envs.safe import SafeEnv, fault_reset, fault_step
+
+if TYPE_CHECKING:
+    from tether.config import EnvConfig
+
+Outcome = tuple[str, bool, EnvStep]  # (parsed action, valid, the env's step)
+T = TypeVar("T")
+GRACE_S = 10.0  # beyond SafeEnv's own limits, before a worker counts as stuck
+
+
+def act(env: Any, text: str) -> Outcome:
+    """Parse the action from a response (against the env's admissible actions) and step the env with it."""
+    action, valid = env.parse_action(text)
+    return action, valid, env.step(action)
+
+
+class LocalEnvPool:
+    """Envs in this process, each a :class:`SafeEnv` over ``factory``; batch calls run one env after the other."""
+
+    def __init__(self, factory: Callable[[], TextEnv], *, timeout_s: float,
+                 reset_timeout_s: float | None = None) -> None:
+        self.factory, self.timeout_s, self.reset_timeout_s = factory, timeout_s, reset_timeout_s
+
+    def make(self) -> SafeEnv:
+        return SafeEnv(self.factory, timeout_s=self.timeout_s, reset_timeout_s=self.reset_timeout_s)
+
+    def reset_all(self, envs: list[SafeEnv], seeds: list[int]) -> list[EnvReset]:
+        return [env.reset(seed) for env, seed in zip(envs, seeds, strict=True)]
+
+    def act_all(self, envs: list[SafeEnv], texts: list[str]) -> list[Outcome]:
+        return [act(env, text) for env, text in zip(envs, texts, strict=True)]
+
+    def close_all(self, envs: list[SafeEnv]) -> None:
+        for env in envs:
+            env.close()
+
+
+class EnvWorker:
+    """The body of one Ray actor: the :class:`SafeEnv` of each episode it serves, by key."""
+
+    def __init__(self, factory: Callable[[], TextEnv], timeout_s: float, reset_timeout_s: float | None) -> None:
+        self.local = LocalEnvPool(factory, timeout_s=timeout_s, reset_timeout_s=reset_timeout_s)
+        self.envs: dict[int, SafeEnv] = {}
+
+    def reset(self, key: int, seed: int) -> EnvReset:
+        """Reset env ``key``, building it on first use (a failing constructor raises to the caller, as in-process)."""
+        if key not in self.envs:
+            self.envs[key] = self.local.make()
+        return self.envs[key].reset(seed)
+
+    def act(self, key: int, text: str) -> Outcome:
+        return act(self.envs[key], text)
+
+    def solution(self, key: int) -> list[str] | None:
+        return self.envs[key].solution()
+
+    def close(self, key: int) -> None:
+        env = self.envs.pop(key, None)
+        if env is not None:
+            env.close()
+
+
+@dataclass
+class RemoteEnv:
+    """An episode's env inside a worker actor; the pool steps it. ``limit_s`` bounds a single call."""
+
+    actor: Any
+    key: int
+    limit_s: float
+
+    def solution(self) -> list[str] | None:
+        """The env's solution, or None when the worker faults (as :meth:`SafeEnv.solution`)."""
+        import ray
+
+        try:
+            return ray.get(self.actor.solution.remote(self.key), timeout=self.limit_s + GRACE_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return None
+
+
+class RayEnvPool:
+    """Envs in ``workers`` Ray actors, assigned round-robin; every call of a batch runs at once.
+
+    Args:
+        factory: builds one env, inside an actor: pickled by reference, so its module must be importable
+            on every node (tether's envs are; so is a ``register_env`` target in an installed package).
+        timeout_s, reset_timeout_s: :class:`SafeEnv`'s limits, applied inside the actors.
+        workers: number of actors.
+        worker_cpus: Ray CPUs each actor reserves.
+    """
+
+    def __init__(self, factory: Callable[[], TextEnv], *, timeout_s: float, reset_timeout_s: float | None,
+                 workers: int, worker_cpus: float) -> None:
+        from tether.distributed.ray_cluster import connect
+
+        self._ray = connect("env.workers", local_cpus=workers * worker_cpus)
+        self._worker = self._ray.remote(EnvWorker).options(num_cpus=worker_cpus)
+        self._args = (factory, timeout_s, reset_timeout_s)
+        self.step_limit_s = timeout_s
+        self.reset_limit_s = reset_timeout_s or timeout_s
+        self.actors = [self._worker.remote(*self._args) for _ in range(workers)]
+        self._keys = itertools.count()
+
+    def make(self) -> RemoteEnv:
+        key = next(self._keys)
+        return RemoteEnv(self.actors[key % len(self.actors)], key, max(self.step_limit_s, self.reset_limit_s))
+
+    def reset_all(self, envs: list[RemoteEnv], seeds: list[int]) -> list[EnvReset]:
+        calls = [env.actor.reset.remote(env.key, seed) for env, seed in zip(envs, seeds, strict=True)]
+        return self._gather(envs, calls, self.reset_limit_s, fault_reset)
+
+    def act_all(self, envs: list[RemoteEnv], texts: list[str]) -> list[Outcome]:
+        calls = [env.actor.act.remote(env.key, text) for env, text in zip(envs, texts, strict=True)]
+        return self._gather(envs, calls, self.step_limit_s, lambda message: ("", False, fault_step(message)))
+
+    def close_all(self, envs: list[RemoteEnv]) -> None:
+        """Close without waiting: a worker closes its envs in call order, before serving later calls."""
+        for env in envs:
+            env.actor.close.remote(env.key)
+
+    def _gather(self, envs: list[RemoteEnv], calls: list[Any], limit_s: float,
+                on_fault: Callable[[str], T]) -> list[T]:
+        """Every call's result; a call on a worker that died or outlived its deadline gets ``on_fault``.
+
+        A worker runs its calls one at a time, so the deadline is the longest queue times the per-call limit.
+        """
+        queue = Counter(env.key % len(self.actors) for env in envs)
+        deadline = limit_s * max(queue.values(), default=1) + GRACE_S
+        done, _ = self._ray.wait(calls, num_returns=len(calls), timeout=deadline)
+        done = set(done)
+        out = []
+        for env, call in zip(envs, calls, strict=True):
+            if call not in done:
+                out.append(on_fault(f"env worker did not answer within {deadline:g}s"))
+                self._replace(env.actor)
+                continue
+            try:
+                out.append(self._ray.get(call))
+            except self._ray.exceptions.RayActorError as err:
+                out.append(on_fault(f"env worker died: {type(err).__name__}"))
+                self._replace(env.actor)
+        return out
+
+    def _replace(self, actor: Any) -> None:
+        """Kill a dead or stuck worker and give its slot to a fresh one (its other envs fault at their next call)."""
+        for i, current in enumerate(self.actors):
+            if current == actor:
+                self._ray.kill(actor)
+                self.actors[i] = self._worker.remote(*self._args)
+
+
+def make_env_pool(cfg: EnvConfig) -> LocalEnvPool | RayEnvPool:
+    """``env.workers: 0``: :class:`LocalEnvPool`; N > 0: :class:`RayEnvPool` with N actors.
+
+    The env class is resolved here, so an env registered in this process also works in the actors.
+    """
+    check_env_kwargs(cfg.name, cfg.kwargs)
+    factory = functools.partial(env_class(cfg.name), **cfg.kwargs)
+    if cfg.workers == 0:
+        return LocalEnvPool(factory, timeout_s=cfg.timeout_s, reset_timeout_s=cfg.reset_timeout_s)
+    return RayEnvPool(factory, timeout_s=cfg.timeout_s, reset_timeout_s=cfg.reset_timeout_s, workers=cfg.workers,
+                      worker_cpus=cfg.worker_cpus)
