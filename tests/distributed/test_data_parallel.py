@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_two_ranks
-from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tests.trainer.helpers import register_toy, tiny_config
 from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
 from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
@@ -56,13 +56,6 @@ def _work(rank: int, out: Path) -> dict:
 def two_ranks():
     """Results of both workers, from one ``mp.spawn``."""
     yield from spawn_two_ranks(_work)
-
-
-@pytest.fixture(autouse=True)
-def toy_task():
-    register_toy()
-    yield
-    unregister_toy()
 
 
 def test_split_and_micro_batches_cover_every_row_once():

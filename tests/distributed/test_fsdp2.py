@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_two_ranks
-from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tests.trainer.helpers import register_toy, tiny_config
 from tether.config import ConfigError
 from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
 from tether.distributed.fsdp import gathered
@@ -146,13 +146,6 @@ def _work(rank: int, out: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def two_ranks():
     yield from spawn_two_ranks(_work)
-
-
-@pytest.fixture(autouse=True)
-def toy_task():
-    register_toy()
-    yield
-    unregister_toy()
 
 
 def test_lock_step_micro_batches_pad_ranks_to_the_same_count_and_cover_every_row_once():
