@@ -130,7 +130,8 @@ class KVDecoder:
         unique, inverse = distinct_prompts(prompt_ids)
         if len(unique) == len(prompt_ids) or not hasattr(cache, "batch_select_indices"):
             return self.next_logits(input_ids, attention_mask, position_ids, cache)
-        first = torch.tensor([inverse.index(u) for u in range(len(unique))], device=input_ids.device)
+        first_row = dict(zip(reversed(inverse), range(len(inverse) - 1, -1, -1), strict=True))  # prompt -> first row
+        first = torch.tensor([first_row[u] for u in range(len(unique))], device=input_ids.device)
         logits = self.next_logits(input_ids[first], attention_mask[first], position_ids[first], cache)
         rows = torch.tensor(inverse, device=input_ids.device)
         cache.batch_select_indices(rows)

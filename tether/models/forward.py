@@ -95,7 +95,7 @@ def _can_share_prompts(model: Any, base: Any) -> bool:
     return attn in ("eager", "sdpa") and not checkpointing
 
 
-def _shared_prompt_hidden(base: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
+def _shared_prompt_hidden(base: Any, unique: list[list[int]], inverse_list: list[int], response_ids: Tensor,
                           response_mask: Tensor) -> Tensor:
     """Hidden states ``[N, T, H]`` that predict each response token, each distinct prompt run once.
 
@@ -104,7 +104,6 @@ def _shared_prompt_hidden(base: Any, prompt_ids: Sequence[Sequence[int]], respon
     ``len(prompt) + t``.
     """
     device = response_ids.device
-    unique, inverse_list = distinct_prompts(prompt_ids)
     inverse = torch.tensor(inverse_list, device=device)
     lengths = torch.tensor([len(p) for p in unique], device=device)
     width = int(lengths.max())
@@ -146,8 +145,9 @@ def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_id
     """
     base = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
-    if share_prompts and _can_share_prompts(model, base) and len(distinct_prompts(prompt_ids)[0]) < len(prompt_ids):
-        hidden = _shared_prompt_hidden(base, prompt_ids, response_ids, response_mask)
+    unique, inverse = distinct_prompts(prompt_ids) if share_prompts and _can_share_prompts(model, base) else ([], [])
+    if 0 < len(unique) < len(prompt_ids):
+        hidden = _shared_prompt_hidden(base, unique, inverse, response_ids, response_mask)
     else:
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids, response_mask)
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
