@@ -9,7 +9,8 @@
 #
 # Environment: ROOT (default runs/seed); BASE, the stage-1 starting model (default the FrozenLake action warm start
 # runs/agents/sft_frozenlake/final of docs/agents.md; smollm2-135m-instruct works too but rarely acts);
-# STEPS (RL updates, default the configs' 30); RUNS (default "grpo seed grpo_opsd"); TETHER, PY.
+# STEPS (RL updates, default the configs' 30); RUNS (default "grpo seed grpo_opsd"); SFT_OVERRIDES, dotted overrides
+# for stage 1 only (space-separated); TETHER, PY.
 # Layout: $ROOT/experiment.log; $ROOT/sft (sft_summary.json, data/, checkpoint/); one run dir per RL run with
 # train.log, config.yaml, metrics.jsonl, transcripts.jsonl, skills.jsonl (seed) and summary.json; at the end
 # $ROOT/val_success.png, $ROOT/table.md, $ROOT/skills.md. Rerunning skips finished stages (their summary files)
@@ -43,8 +44,9 @@ if [ -f "$SFT/sft_summary.json" ]; then
   echo "[$(date '+%F %T')] sft: finished earlier, skipped"
 else
   mkdir -p "$SFT"
-  echo "[$(date '+%F %T')] sft: $PY scripts/seed_sft.py configs/seed/sft.yaml run_dir=$SFT model.name=$BASE"
-  "$PY" scripts/seed_sft.py configs/seed/sft.yaml "run_dir=$SFT" "model.name=$BASE" >> "$SFT/sft.log" 2>&1
+  read -r -a sft_overrides <<< "${SFT_OVERRIDES:-}"
+  echo "[$(date '+%F %T')] sft: $TETHER seed-sft configs/seed/sft.yaml run_dir=$SFT model.name=$BASE ${sft_overrides[*]}"
+  "$TETHER" seed-sft configs/seed/sft.yaml "run_dir=$SFT" "model.name=$BASE" "${sft_overrides[@]}" >> "$SFT/sft.log" 2>&1
   echo "[$(date '+%F %T')] sft: done ($(tr -d '\n' < "$SFT/sft_summary.json" | head -c 400))"
 fi
 

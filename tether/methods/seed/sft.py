@@ -11,7 +11,7 @@
 4. Save ``run_dir/checkpoint`` (``save_pretrained`` + tokenizer; :func:`tether.models.load_policy` loads it): the
    stage-2 actor, analyzer and KL reference.
 
-Run it with ``python scripts/seed_sft.py CONFIG [key=value ...]`` (or ``tether seed-sft``); settings are
+Run it with ``tether seed-sft CONFIG [key=value ...]``; settings are
 ``methods.seed.sft`` of the config, the analyzer prompt options are the other ``methods.seed`` keys.
 """
 
@@ -21,7 +21,6 @@ import contextlib
 import json
 import math
 import random
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -345,11 +344,3 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-
-def main(argv: list[str] | None = None) -> None:
-    """``python scripts/seed_sft.py CONFIG [key=value ...]``: run stage 1 and print its summary."""
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print(__doc__)
-        return
-    print(json.dumps(run_skill_sft(args[0], args[1:]), indent=2))
