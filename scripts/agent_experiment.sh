@@ -6,20 +6,22 @@
 #
 # MODEL=tiny (default) is a 2-layer, hidden-64 Llama with the SmolLM2 tokenizer, initialised at random:
 # what fits a shared 2-core CPU. MODEL=smollm2-135m-instruct runs the same pipeline on SmolLM2 (give it
-# smaller learning rates, e.g. SFT_LR=5e-5 GRPO_LR=1e-5, and far more compute).
+# smaller learning rates, e.g. SFT_LR=5e-5 GRPO_LR=1e-5, and far more compute). CFG picks the environment's
+# config (default configs/agents/frozenlake_grpo.yaml; configs/agents/sokoban_grpo.yaml works the same), OUT the
+# output directory, THREADS the CPU threads per process (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-runs/agents/frozenlake_tiny}
 model=${MODEL:-tiny}
-cfg=configs/agents/frozenlake_grpo.yaml
-# FrozenLake's observation is the whole map with the player, so the history adds tokens but no information.
-common=(env.history=0 env.val_tasks=64 train.threads=2)
+cfg=${CFG:-configs/agents/frozenlake_grpo.yaml}
+# FrozenLake's and Sokoban's observations are the whole board, so the history adds tokens but no information.
+common=(env.history=0 env.val_tasks=64 "train.threads=${THREADS:-2}")
 mkdir -p "$out"
 start=$(date +%s)
 
 echo "== 1. SFT on solver demonstrations"
 .venv/bin/python scripts/agent_sft.py "$cfg" "${common[@]}" --out "$out/sft" --model "$model" \
-  --hidden 64 --layers 2 --episodes 600 --explore 0.3 --steps "${SFT_STEPS:-300}" --batch 16 --lr "${SFT_LR:-2e-3}"
+  --threads "${THREADS:-2}" --hidden 64 --layers 2 --episodes 600 --explore 0.3 --steps "${SFT_STEPS:-300}" --batch 16 --lr "${SFT_LR:-2e-3}"
 echo "sft done after $(( $(date +%s) - start ))s"
 
 echo "== 2. GRPO from the SFT checkpoint (validation at step 0 = the SFT model)"
