@@ -111,6 +111,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pairs-out", help="also write the (prompt, response) pairs here as JSONL, e.g. for SEED's "
+                                        "methods.seed.sft.replay_data")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -120,6 +122,8 @@ def main() -> None:
     pairs, data = solver_pairs(cfg, args.episodes, args.explore, args.seed)
     model, tok = build_model(args)
     rows = encode(tok, pairs)
+    if args.pairs_out:
+        Path(args.pairs_out).write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in pairs))
     print(f"{data['pairs']} pairs from {data['episodes']} solver episodes; e.g.\n{pairs[0][0]}\n-> {pairs[0][1]}",
           flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)

@@ -272,6 +272,31 @@ def test_stage_one_with_an_external_analyzer(tiny_policy, tmp_path):
     assert summary["kept"] == 1 and summary["train_examples"] == 1 and records[0]["analyzer"] == "openai"
 
 
+def test_stage_one_mixes_in_replay_pairs(tiny_policy, tmp_path):
+    replay = tmp_path / "pairs.jsonl"
+    replay.write_text("".join(json.dumps({"prompt": f"p{i}", "response": "<action>up</action>"}) + "\n"
+                              for i in range(5)))
+    model, tok = tiny_policy
+
+    def stage_one(**sft):
+        cfg = agent_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft'}",
+                           methods={"seed": {"sft": {"tasks": 2, "rollouts_per_task": 1, "epochs": 1,
+                                                     "batch_size": 8, "eval_examples": 0, "val_fraction": 0.0,
+                                                     **sft}}})
+        return run_skill_sft(cfg, policy=model, tokenizer=tok, engine=ScriptedEngine(tok))
+
+    summary = stage_one(replay_data=str(replay), replay_examples=3)
+    assert summary["replay_examples"] == 3 and summary["train_examples"] == 2 + 3
+    assert stage_one(replay_data=str(replay))["train_examples"] == 2 + 5
+
+    with pytest.raises(FileNotFoundError, match="replay_data: no file"):  # before any rollout: no engine needed
+        run_skill_sft(agent_config(tmp_path, methods={"seed": {"sft": {"replay_data": str(tmp_path / "no")}}}),
+                      policy=model, tokenizer=tok, engine=object())
+    replay.write_text('{"prompt": "p"}\n')
+    with pytest.raises(ValueError, match="line 1 is not one"):
+        stage_one(replay_data=str(replay))
+
+
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_validate(path):
     cfg = load_config(path)

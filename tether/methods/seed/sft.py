@@ -74,6 +74,11 @@ class SkillSFTSettings(BaseModel):
     data_seed: int = Field(2026, description="split shuffle seed (paper: 2026)")
     eval_examples: int = Field(16, ge=0, description="val prompts analysed greedily before and after SFT to "
                                                      "measure the parse rate (0: skip)")
+    replay_data: str | None = Field(None, description="JSONL of {prompt, response} pairs mixed into the training "
+                                    "examples, e.g. the action warm start's (scripts/agent_sft.py --pairs-out). Not in "
+                                    "the paper: it keeps a small model acting while it learns to analyse")
+    replay_examples: int | None = Field(None, ge=1, description="replay pairs drawn (seeded by data_seed; "
+                                                                "default: all of them)")
 
 
 # -- 1. rollouts -----------------------------------------------------------------------------------
@@ -150,6 +155,23 @@ def split_records(records: list[dict], val_fraction: float, seed: int) -> tuple[
 
 
 # -- 3. response-only SFT --------------------------------------------------------------------------
+
+
+def load_replay(s: SkillSFTSettings) -> list[dict]:
+    """The ``replay_data`` pairs (``replay_examples`` of them when set); checked before any model loads."""
+    if s.replay_data is None:
+        return []
+    path = Path(s.replay_data)
+    if not path.is_file():
+        raise FileNotFoundError(f"methods.seed.sft.replay_data: no file {path}")
+    pairs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    bad = [i for i, r in enumerate(pairs) if not isinstance(r, dict) or {"prompt", "response"} - r.keys()]
+    if bad or not pairs:
+        raise ValueError(f"methods.seed.sft.replay_data: {path} needs one {{prompt, response}} object per line "
+                         f"(line {bad[0] + 1 if bad else 1} is not one)")
+    if s.replay_examples is not None and s.replay_examples < len(pairs):
+        pairs = random.Random(s.data_seed).sample(pairs, s.replay_examples)
+    return pairs
 
 
 def encode_examples(records: list[dict], tokenizer: Any, max_length: int) -> tuple[list[tuple[list[int], list[int]]],
@@ -302,6 +324,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     (run_dir / "sft_metrics.jsonl").unlink(missing_ok=True)
+    replay = load_replay(s)
     if policy is None:
         policy, tokenizer = load_policy(cfg.model.name)
     start = time.perf_counter()
@@ -317,7 +340,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     if not train_records:
         raise RuntimeError(f"no parseable analyzer record among {len(records)} trajectories; see "
                            f"{run_dir / 'data' / 'records.jsonl'}")
-    train, dropped_train = encode_examples(train_records, tokenizer, s.max_length)
+    train, dropped_train = encode_examples(train_records + replay, tokenizer, s.max_length)
     val, dropped_val = encode_examples(val_records, tokenizer, s.max_length)
     probe = val_records[:s.eval_examples] if val_records else train_records[:s.eval_examples]
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
@@ -332,7 +355,8 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     summary = {
         "checkpoint": str(checkpoint), "trajectories": len(records),
         "successes": sum(r["outcome"] == "success" for r in records), "kept": sum(r["ok"] for r in records),
-        "train_examples": len(train), "val_examples": len(val), "dropped_too_long": dropped_train + dropped_val,
+        "train_examples": len(train), "replay_examples": len(replay), "val_examples": len(val),
+        "dropped_too_long": dropped_train + dropped_val,
         "parse_rate_before": before, "parse_rate_after": after, "probe_examples": len(probe), **losses,
         "rollout_s": t_rollout, "total_s": time.perf_counter() - start,
         "example_answers_after": [a.raw for a in answers[:3]],
