@@ -348,10 +348,10 @@ class EAPO(Method):
         if s.advantage_grouping == "non_injected" and cfg.algorithm.advantage not in ("grpo", "dr_grpo"):
             raise ValueError("methods.eapo.advantage_grouping=non_injected needs algorithm.advantage grpo or "
                              f"dr_grpo (got '{cfg.algorithm.advantage}'); or use advantage_grouping=all")
-        weight = next(trainer.policy.parameters())
-        prior, prior_tokenizer = load_policy(s.prior, dtype=weight.dtype)
+        prior, prior_tokenizer = load_policy(s.prior, dtype=next(trainer.policy.parameters()).dtype)
         check_vocabulary(trainer.policy, trainer.tokenizer, prior, prior_tokenizer, s.prior)
-        self.prior = prior.to(weight.device).eval().requires_grad_(False)
+        # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine
+        self.prior = prior.to(trainer.device).eval().requires_grad_(False)
 
     # -- hooks ------------------------------------------------------------------------------------
 
