@@ -425,7 +425,7 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
     injected = (batch.token["injected_mask"] > 0) & mask
     n_tokens = max(int(mask.sum()), 1)
     lengths = batch.response_mask.sum(1, keepdim=True).clamp(min=1)
-    rel_pos = torch.arange(batch.width, dtype=torch.float32)[None] / lengths
+    rel_pos = torch.arange(batch.width, dtype=torch.float32, device=lengths.device)[None] / lengths
     inj_rows = injected.any(1)
     out = {
         "eapo/gated_token_frac": int(gated.sum()) / n_tokens,

@@ -4,7 +4,8 @@ The trainer knows the steps of on-policy RL, never the methods: ARMOR, EAPO and 
 through the hooks of :class:`tether.methods.Method`. Attributes used by methods are public:
 ``cfg``, ``device``, ``policy``, ``ref_policy``, ``tokenizer``, ``engine``, ``collector``, ``step``.
 
-Every model lives on ``device`` (``train.device``).
+Every model lives on ``device`` (``train.device``), and so does the batch from scoring on: the collector
+builds it on the CPU, :meth:`Trainer.train_step` moves it once.
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()
         batch, metrics = self.collector.collect(self)  # 1-2. generate, reward, method hooks, filters
+        batch = batch.to(self.device)                  #    the one move of the batch to the models' device
         t_rollout = time.perf_counter() - start
         metrics.update(self.score(batch))              # 3. old / ref / method log-probs
         metrics.update(self.compute_advantages(batch))  # 4. advantages
