@@ -58,8 +58,9 @@ def test_device_resolution(gpus, monkeypatch, spec, n_gpus, env, expected):
 
 
 @pytest.mark.parametrize(("spec", "n_gpus", "env", "message"), [
-    ("cuda", 0, {}, r"train\.device=cuda: this machine has no usable CUDA GPU .*allowed here: auto or cpu"),
-    ("cuda:0", 0, {}, r"train\.device=cuda:0: this machine has no usable CUDA GPU .*allowed here: auto or cpu"),
+    ("cuda", 0, {}, r"train\.device=cuda: (this torch build has no CUDA|.* sees no GPU).*; allowed here: auto or cpu"),
+    ("cuda:0", 0, {}, r"train\.device=cuda:0: (this torch build has no CUDA|.* sees no GPU).*; allowed here: auto or "
+                      "cpu"),
     ("cuda:2", 2, {}, r"train\.device=cuda:2: GPU 2 but this machine shows 2 GPU\(s\) \(cuda:0\.\.cuda:1\)"),
     ("auto", 2, {"LOCAL_RANK": "3", "WORLD_SIZE": "4"}, r"LOCAL_RANK=3 but this machine shows 2 GPU"),
     ("cuda:1", 2, {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}, r"cuda:1 would put all 2 torchrun ranks on one GPU"),
@@ -70,6 +71,15 @@ def test_device_errors_name_the_key_the_value_and_the_way_out(gpus, monkeypatch,
         monkeypatch.setenv(key, value)
     with pytest.raises(ConfigError, match=message):
         resolve_device(spec)
+
+
+def test_a_cuda_build_without_a_visible_gpu_says_what_it_sees(gpus, monkeypatch):
+    gpus(0)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ConfigError, match=r"train\.device=cuda: torch .* \(CUDA 12\.8\) sees no GPU "
+                                          r"\(CUDA_VISIBLE_DEVICES=\); allowed here: auto or cpu"):
+        resolve_device("cuda")
 
 
 def no_model_loads(*args, **kwargs):

@@ -26,8 +26,10 @@ def resolve_device(spec: str) -> torch.device:
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ConfigError(f"train.device={spec}: this machine has no usable CUDA GPU (torch {torch.__version__}, "
-                          f"built for CUDA {torch.version.cuda}); allowed here: auto or cpu")
+        reason = ("this torch build has no CUDA support" if torch.version.cuda is None else
+                  f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU (CUDA_VISIBLE_DEVICES="
+                  f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        raise ConfigError(f"train.device={spec}: {reason}; allowed here: auto or cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if spec.startswith("cuda:") and world_size > 1:
