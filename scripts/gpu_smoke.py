@@ -10,6 +10,7 @@ tokens per second and peak GPU memory per method. Sized to finish well within 10
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import torch
@@ -38,6 +39,11 @@ def main() -> None:
                 "optim": {"micro_batch_size": 8}, "val": {"every": 0},
                 "train": {"steps": args.steps, "resume": False, "device": args.device},
                 "logging": {"tensorboard": False, "progress": False}, **extra}
+        trainer = None  # the previous method's models go before this one's peak memory is measured
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         try:
             trainer = Trainer(load_config(data=data))
