@@ -1,6 +1,8 @@
-"""RolloutBatch select/concat: padding, key handling, row order."""
+"""RolloutBatch select/concat/to: padding, key handling, row order, device moves."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -46,3 +48,43 @@ def test_select_reorders_every_field_consistently():
     s = b.select([2, 0])
     assert s.group_ids.tolist() == [2, 0] and s.info["text"] == ["r2", "r0"]
     assert s.token["old_log_probs"].tolist() == [[4, 5], [0, 1]] and s.prompt_ids == [[2], [0]]
+
+
+def tensors_of(batch: RolloutBatch) -> dict[str, torch.Tensor]:
+    """Every tensor the batch holds, by field name (``token.<key>`` for per-token extras), found by iterating
+    the dataclass fields: a tensor field added later is covered without editing this test."""
+    out = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            out[f.name] = value
+        elif isinstance(value, dict):
+            out.update({f"{f.name}.{k}": v for k, v in value.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
+def test_to_moves_every_tensor_and_shares_the_python_fields():
+    b = make(3, 2, 0, old_log_probs=torch.zeros(3, 2), gate_mask=torch.ones(3, 2))
+    moved = b.to(torch.device("meta"))  # a second device on any machine: tensors keep shape and dtype only
+    before, after = tensors_of(b), tensors_of(moved)
+    assert set(after) == set(before) and len(before) == 9  # 7 fields + 2 token entries
+    for name, t in after.items():
+        assert t.device.type == "meta", name
+        assert (t.dtype, t.shape) == (before[name].dtype, before[name].shape), name
+        assert before[name].device.type == "cpu", name  # the source batch is untouched
+    assert moved.prompt_ids is b.prompt_ids and moved.info is b.info
+    assert moved.token is not b.token  # a new dict: adding a key to one batch leaves the other alone
+
+
+def test_to_the_device_it_is_on_is_the_batch_itself():
+    b = make(2, 3, 0, old_log_probs=torch.zeros(2, 3))
+    before = tensors_of(b)
+    assert b.to("cpu") is b and b.to(torch.device("cpu")) is b
+    assert all(t is before[name] for name, t in tensors_of(b).items())
+
+
+def test_to_moves_a_batch_only_partly_on_the_device():
+    b = make(2, 3, 0, old_log_probs=torch.zeros(2, 3)).to(torch.device("meta"))
+    b.token["ref_log_probs"] = torch.zeros(2, 3)  # added on the wrong device
+    moved = b.to(torch.device("meta"))
+    assert moved is not b and {t.device.type for t in tensors_of(moved).values()} == {"meta"}

@@ -33,6 +33,18 @@ def test_out_of_range_value():
     assert "optim.lr" in msg and "greater than 0" in msg
 
 
+@pytest.mark.parametrize("value", ["gpu", "cuda:x", "cuda:1.5", "cuda:-1", "CUDA", "mps", "cuda0"])
+def test_train_device_names_the_allowed_forms(value):
+    msg = error_of([f"train.device={value}"])
+    assert "train.device" in msg and "auto, cpu, cuda or cuda:N" in msg and repr(value) in msg
+
+
+@pytest.mark.parametrize("value", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
+def test_train_device_takes_every_form_without_looking_at_the_machine(value):
+    assert load_config(data={**BASE}, overrides=[f"train.device={value}"]).train.device == value
+    assert load_config(data={**BASE}).train.device == "auto"
+
+
 def test_literal_choices_are_listed():
     msg = error_of(["algorithm.loss_agg=token-sum"])
     assert "algorithm.loss_agg" in msg and "seq-mean-token-mean" in msg

@@ -8,11 +8,12 @@ what is allowed. Method plug-ins bring their own section class (see :mod:`tether
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -120,6 +121,9 @@ class ValConfig(Section):
     max_prompts: int | None = Field(None, ge=1)
 
 
+DEVICE_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; tether.distributed.device resolves it
+
+
 class TrainConfig(Section):
     steps: int = Field(100, ge=0)
     save_every: int = Field(0, ge=0, description="0: only at the end (and for the best checkpoint)")
@@ -129,6 +133,16 @@ class TrainConfig(Section):
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in backward instead of "
                                          "keeping its activations (less memory, about one more forward)")
+    device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
+                        "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
+                        "cuda:N (one process only); checked against the machine when the trainer starts")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not DEVICE_SPEC.fullmatch(value):
+            raise ValueError("must be auto, cpu, cuda or cuda:N (e.g. cuda:1)")
+        return value
 
 
 DTYPES = Literal["float32", "bfloat16", "float16"]

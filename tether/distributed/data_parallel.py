@@ -69,24 +69,26 @@ class DataParallel:
         self.rank, self.world_size = rank, world_size
 
     @classmethod
-    def from_env(cls, *, join_alone: bool = False) -> DataParallel:
+    def from_env(cls, device: torch.device, *, join_alone: bool = False) -> DataParallel:
         """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1), or run alone.
 
-        An already initialised default group is reused. The backend is NCCL when CUDA is available,
-        else gloo (CPU).
+        An already initialised default group is reused. The backend follows this rank's ``device``: NCCL
+        for a GPU, gloo for the CPU.
 
         Args:
+            device: this rank's device (:func:`~tether.distributed.device.resolve_device`); a GPU becomes
+                the current CUDA device, which NCCL, FSDP2's mesh and bare ``"cuda"`` allocations use.
             join_alone: also join the one-process group of ``torchrun --nproc_per_node 1``: sharding
                 (FSDP2) needs a process group and a device mesh even on one GPU.
         """
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size())
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1 and not (join_alone and "MASTER_ADDR" in os.environ):
             return cls()
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         return cls(dist.get_rank(), dist.get_world_size())
 
     @property

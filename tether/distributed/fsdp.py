@@ -112,6 +112,7 @@ class FSDP2:
 
     Args:
         dp: this process's place in the group (the group must be initialised, see ``torchrun``).
+        device: this rank's device; its type is the mesh's (a GPU is already the current CUDA device).
         param_dtype: dtype of gathered parameters in forward/backward (None: the stored dtype).
         reduce_dtype: dtype of the gradient reduce-scatter (None: ``param_dtype``).
 
@@ -121,17 +122,19 @@ class FSDP2:
 
     name = "fsdp2"
 
-    def __init__(self, dp: DataParallel, *, param_dtype: str | None = None, reduce_dtype: str | None = None) -> None:
+    def __init__(self, dp: DataParallel, device: torch.device, *, param_dtype: str | None = None,
+                 reduce_dtype: str | None = None) -> None:
         if not dist.is_initialized():
             raise ConfigError("distributed.strategy=fsdp2 needs torch.distributed: launch with torchrun "
                               "(torchrun --nproc_per_node N -m tether.cli train CONFIG; N=1 on one GPU), "
                               "or set distributed.strategy=replicate")
         self.dp = dp
-        device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        self.mesh = init_device_mesh(device_type, (dp.world_size,))
+        self.mesh = init_device_mesh(device.type, (dp.world_size,))
         self.mp_policy = MixedPrecisionPolicy(param_dtype=_dtype(param_dtype), reduce_dtype=_dtype(reduce_dtype))
 
     def prepare(self, model: nn.Module) -> nn.Module:
+        # fully_shard moves each group's parameters and buffers to the mesh's device (the current CUDA device)
+        # as it shards them, so the whole model never sits on one GPU unsharded.
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=self.mesh, mp_policy=self.mp_policy)
         fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy)

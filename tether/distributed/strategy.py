@@ -5,7 +5,8 @@ The trainer calls one :class:`Strategy` at each of them and never asks which one
 =========================  ====================================  =========================================
 step                       :class:`Replicate`                    :class:`~tether.distributed.fsdp.FSDP2`
 =========================  ====================================  =========================================
-``prepare(model)``         the module as it is                   ``fully_shard`` per decoder layer, then root
+``prepare(model)``         the module, moved to this rank's      ``fully_shard`` per decoder layer, then root
+                           device                                (the mesh puts the shards on the device)
 ``rollout_engine``         rows split by rank                    the same, over a model gathered per call
 ``micro_batches``          this rank's share of the rows         the same, padded so every rank runs as many
 ``clip_grad_norm``         all-reduce (sum), then clip           clip (FSDP2 already reduce-scattered)
@@ -54,7 +55,8 @@ class Strategy(Protocol):
     dp: DataParallel
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        """Lay ``model`` out for training and scoring (in place where possible); returns the module to use."""
+        """Lay ``model`` out on this rank's device for training and scoring (in place where possible); returns
+        the module to use."""
 
     def rollout_engine(self, engine: Any) -> Any:
         """Wrap an in-process engine so that every rank samples its share of the prompts."""
@@ -86,11 +88,11 @@ class Replicate:
 
     name = "replicate"
 
-    def __init__(self, dp: DataParallel) -> None:
-        self.dp = dp
+    def __init__(self, dp: DataParallel, device: torch.device) -> None:
+        self.dp, self.device = dp, device
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        return model
+        return model.to(self.device)
 
     def rollout_engine(self, engine: Any) -> Any:
         return self.dp.rollout_engine(engine)
@@ -124,8 +126,9 @@ class Replicate:
             model.save_pretrained(directory, safe_serialization=True)
 
 
-def build_strategy(cfg: DistributedConfig) -> Strategy:
-    """Join ``torchrun``'s process group (if any) and return the configured strategy.
+def build_strategy(cfg: DistributedConfig, device: torch.device) -> Strategy:
+    """Join ``torchrun``'s process group (if any) and return the configured strategy, which places models on
+    ``device`` (this rank's, from :func:`~tether.distributed.device.resolve_device`).
 
     Raises:
         ConfigError: the strategy cannot run in this launch (e.g. fsdp2 without a process group).
@@ -133,6 +136,6 @@ def build_strategy(cfg: DistributedConfig) -> Strategy:
     if cfg.strategy == "fsdp2":
         from tether.distributed.fsdp import FSDP2
 
-        return FSDP2(DataParallel.from_env(join_alone=True), param_dtype=cfg.param_dtype,
+        return FSDP2(DataParallel.from_env(device, join_alone=True), device, param_dtype=cfg.param_dtype,
                      reduce_dtype=cfg.reduce_dtype)
-    return Replicate(DataParallel.from_env())
+    return Replicate(DataParallel.from_env(device), device)

@@ -348,10 +348,10 @@ class EAPO(Method):
         if s.advantage_grouping == "non_injected" and cfg.algorithm.advantage not in ("grpo", "dr_grpo"):
             raise ValueError("methods.eapo.advantage_grouping=non_injected needs algorithm.advantage grpo or "
                              f"dr_grpo (got '{cfg.algorithm.advantage}'); or use advantage_grouping=all")
-        weight = next(trainer.policy.parameters())
-        prior, prior_tokenizer = load_policy(s.prior, dtype=weight.dtype)
+        prior, prior_tokenizer = load_policy(s.prior, dtype=next(trainer.policy.parameters()).dtype)
         check_vocabulary(trainer.policy, trainer.tokenizer, prior, prior_tokenizer, s.prior)
-        self.prior = prior.to(weight.device).eval().requires_grad_(False)
+        # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine
+        self.prior = prior.to(trainer.device).eval().requires_grad_(False)
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -425,7 +425,7 @@ def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
     injected = (batch.token["injected_mask"] > 0) & mask
     n_tokens = max(int(mask.sum()), 1)
     lengths = batch.response_mask.sum(1, keepdim=True).clamp(min=1)
-    rel_pos = torch.arange(batch.width, dtype=torch.float32)[None] / lengths
+    rel_pos = torch.arange(batch.width, dtype=torch.float32, device=lengths.device)[None] / lengths
     inj_rows = injected.any(1)
     out = {
         "eapo/gated_token_frac": int(gated.sum()) / n_tokens,

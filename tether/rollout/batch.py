@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
@@ -25,6 +25,10 @@ class RolloutBatch:
 
     A *row* is one training sequence: a single-turn completion, or one turn of a multi-turn
     trajectory. Per-token tensors are ``[N, T]`` over response tokens, right-padded.
+
+    Collectors build it on the CPU (engine outputs, rewards, group ids), and method generation hooks see
+    it there; the trainer moves it to the policy's device once per step (:meth:`to`), before scoring.
+    Whatever adds a tensor after that creates it on the batch's device.
 
     Attributes:
         prompt_ids: unpadded prompt token ids of each row.
@@ -75,6 +79,15 @@ class RolloutBatch:
             token={k: v[idx] for k, v in self.token.items()},
             info={k: [v[i] for i in rows] for k, v in self.info.items()},
         )
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The same rows with every tensor (``token`` entries included) on ``device``, Python fields shared; the
+        batch itself when every tensor is there already, so whoever holds it sees what is added later."""
+        moved = {f.name: value.to(device) for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)}
+        token = {k: v.to(device) for k, v in self.token.items()}
+        if all(v is getattr(self, k) for k, v in moved.items()) and all(v is self.token[k] for k, v in token.items()):
+            return self
+        return replace(self, **moved, token=token)
 
     @staticmethod
     def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:

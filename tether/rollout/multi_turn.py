@@ -116,7 +116,8 @@ def step_advantages(returns: Tensor, group_ids: Tensor, obs_keys: Sequence[str],
         raise ValueError(f"step advantage mode must be 'mean_std_norm' or 'mean_norm', got '{mode}'")
     ids: dict[tuple[int, str], int] = {}
     step_ids = torch.tensor([ids.setdefault((g, k), len(ids)) for g, k in
-                             zip(group_ids.tolist(), obs_keys, strict=True)], dtype=torch.long)
+                             zip(group_ids.tolist(), obs_keys, strict=True)], dtype=torch.long,
+                            device=group_ids.device)
     sizes = torch.bincount(step_ids)[step_ids]
     if mode == "mean_norm":
         return algos.get_advantage("dr_grpo")(returns, step_ids), sizes
@@ -188,8 +189,9 @@ class AgentCollector:
                            for ep in live]
                 for start in range(0, len(live), GENERATE_ROWS):
                     chunk = live[start:start + GENERATE_ROWS]
+                    # on the CPU: rows are cut from it one by one, and the batch is built there
                     gen = engine.generate(prompts[start:start + GENERATE_ROWS], params,
-                                          seed=seed + turn * 1009 + start, intervention=intervention)
+                                          seed=seed + turn * 1009 + start, intervention=intervention).to("cpu")
                     # parse (against admissible actions) and step every env of the chunk in one pool call
                     outcomes = self.envs.act_all([ep.env for ep in chunk], gen.texts)
                     for j, (ep, outcome) in enumerate(zip(chunk, outcomes, strict=True)):
@@ -275,7 +277,7 @@ class AgentCollector:
         if not self.env_cfg.step_grouping:
             return {}
         mode = self.cfg.algorithm.advantage_kwargs.get("mode", "mean_std_norm")
-        returns = torch.tensor(batch.info["step_return"], dtype=torch.float32)
+        returns = torch.tensor(batch.info["step_return"], dtype=torch.float32, device=batch.rewards.device)
         adv, sizes = step_advantages(returns, batch.group_ids, batch.info["obs_key"], mode=mode)
         batch.token["advantages"] = batch.token["advantages"] + self.env_cfg.step_advantage_w * (
             adv[:, None] * batch.response_mask)

@@ -115,6 +115,7 @@ class SingleTurnCollector:
         return RolloutBatch.concat(parts)
 
     def _score(self, rows: list, prompts: list[list[int]], gen: Any, source: int) -> RolloutBatch:
+        gen = gen.to("cpu")  # the batch is built on the CPU, next to the rewards; the trainer moves it
         rewards, correct = [], []
         for (item, _), text in zip(rows, gen.texts, strict=True):
             score = self.task.score(item, text)

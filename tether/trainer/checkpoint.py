@@ -100,4 +100,6 @@ class CheckpointManager:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(Path(path) / "trainer_state.pt", weights_only=False)
+    """``trainer_state.pt`` on the CPU: a state written from GPU tensors loads on any machine and rank, and
+    ``load_state_dict`` puts optimiser state and a saved reference on their parameters' devices."""
+    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)

@@ -2,7 +2,10 @@
 
 The trainer knows the steps of on-policy RL, never the methods: ARMOR, EAPO and SEED reach in
 through the hooks of :class:`tether.methods.Method`. Attributes used by methods are public:
-``cfg``, ``policy``, ``ref_policy``, ``tokenizer``, ``engine``, ``collector``, ``step``.
+``cfg``, ``device``, ``policy``, ``ref_policy``, ``tokenizer``, ``engine``, ``collector``, ``step``.
+
+Every model lives on ``device`` (``train.device``), and so does the batch from scoring on: the collector
+builds it on the CPU, :meth:`Trainer.train_step` moves it once.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 from tether import algos
 from tether.algos import LossInputs
 from tether.config import Config, ConfigError, dump_config
-from tether.distributed import build_strategy
+from tether.distributed import build_strategy, resolve_device
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, check_engine_available
 from tether.methods import Method, build_methods
@@ -56,7 +59,8 @@ class Trainer:
     def __init__(self, cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> None:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
-        self.strategy = build_strategy(cfg.distributed)  # joins torchrun's group; replicated or sharded layout
+        self.device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any model loads
+        self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -81,7 +85,7 @@ class Trainer:
         ref = self._build_ref(policy) if self._needs_ref() else None  # copied before sharding changes the module
         if cfg.train.gradient_checkpointing:
             checkpoint_layers(policy)
-        self.policy = self.strategy.prepare(policy)
+        self.policy = self.strategy.prepare(policy)  # on self.device from here on
         self.ref_policy = None if ref is None else self.strategy.prepare(ref)
         # 3. engine, data, loss functions
         self.engine = self.make_engine(self.policy)
@@ -138,7 +142,7 @@ class Trainer:
         """The precision context of every trainer forward pass (scoring and the loss alike)."""
         if not self.cfg.model.bf16_autocast:
             return contextlib.nullcontext()
-        return torch.autocast(next(self.policy.parameters()).device.type, dtype=torch.bfloat16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -175,6 +179,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()
         batch, metrics = self.collector.collect(self)  # 1-2. generate, reward, method hooks, filters
+        batch = batch.to(self.device)                  #    the one move of the batch to the models' device
         t_rollout = time.perf_counter() - start
         metrics.update(self.score(batch))              # 3. old / ref / method log-probs
         metrics.update(self.compute_advantages(batch))  # 4. advantages
@@ -420,8 +425,9 @@ def evaluate(cfg: Config) -> dict[str, float]:
     check_engine_available(cfg.rollout.engine)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    device = resolve_device(cfg.train.device)
     policy, tokenizer = load_policy(cfg.model.name)
-    policy.eval()
+    policy.to(device).eval()
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
     evaluator = SimpleNamespace(cfg=cfg, engine=engine, step=0,
                                 seed_for=lambda purpose, k=0: cfg.seed * 1_000_003 + k)

@@ -109,7 +109,7 @@ def teacher_scores(trainer: Trainer, batch: RolloutBatch, contexts: list[str | N
     """
     rows, prompts, lost = teacher_prompts(batch, trainer.tokenizer, contexts, insert)
     teacher = torch.zeros_like(batch.response_mask)
-    row_mask = torch.zeros(len(batch))
+    row_mask = batch.response_mask.new_zeros(len(batch))
     if rows:
         teacher[rows] = trainer.log_probs(trainer.policy, batch.select(rows), prompt_ids=prompts).to(teacher)
         row_mask[rows] = 1.0

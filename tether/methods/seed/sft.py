@@ -309,6 +309,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response), ``sft_metrics.jsonl``, ``checkpoint/``.
     """
     from tether.config import ConfigError, dump_config, load_config
+    from tether.distributed import resolve_device
     from tether.methods import method_config
     from tether.models import load_policy
 
@@ -317,6 +318,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
         raise ConfigError("seed-sft rolls out an agent: the config needs an env (env: ...)")
     seed = method_config("seed", cfg.methods.get("seed", {}))
     s: SkillSFTSettings = seed.sft
+    device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any rollout or model load
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.seed)
@@ -327,6 +329,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     replay = load_replay(s)
     if policy is None:
         policy, tokenizer = load_policy(cfg.model.name)
+    policy.to(device)
     start = time.perf_counter()
     episodes = rollout_episodes(cfg, policy, tokenizer, s, engine)
     t_rollout = time.perf_counter() - start
