@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -15,12 +17,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="tether: RL f
 Overrides = Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. optim.lr=1e-5")]
 
 
-def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None) -> Config:
+@contextmanager
+def _config_errors() -> Iterator[None]:
+    """A ConfigError -- from the file, or from a check that needs the machine (train.device, a strategy's
+    launch) -- ends the command with its one red line and exit code 2, not a traceback."""
     try:
-        return load_config(config, overrides or [], data=data)
+        yield
     except ConfigError as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
+
+
+def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None) -> Config:
+    with _config_errors():
+        return load_config(config, overrides or [], data=data)
 
 
 @app.command()
@@ -29,7 +39,8 @@ def train(config: Path, overrides: Overrides = None) -> None:
     cfg = _load(config, overrides)
     from tether.trainer import Trainer
 
-    trainer = Trainer(cfg)
+    with _config_errors():
+        trainer = Trainer(cfg)
     trainer.fit()
     summary = trainer.summary()
     typer.echo(json.dumps(summary, indent=2))
@@ -44,7 +55,8 @@ def evaluate(path: Path, overrides: Overrides = None,
                              "logging.tensorboard=false"])
     from tether.trainer import evaluate as run_eval
 
-    result = run_eval(cfg)
+    with _config_errors():
+        result = run_eval(cfg)
     if cfg.env is not None:  # agents: name the environment the success rate belongs to
         result = {"env": cfg.env.name, **result}
     typer.echo(json.dumps(result, indent=2))
@@ -88,7 +100,9 @@ def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = N
     """ARMOR's two stages: DAPO with validation, then ARMOR from its best checkpoint (policy = reference)."""
     from tether.methods.armor import run_two_stage
 
-    result = run_two_stage(_load(stage1, stage1_override), _load(stage2, stage2_override))
+    first, second = _load(stage1, stage1_override), _load(stage2, stage2_override)
+    with _config_errors():
+        result = run_two_stage(first, second)
     typer.echo(json.dumps(result, indent=2, default=str))
 
 
@@ -98,7 +112,9 @@ def seed_sft(config: Path, overrides: Overrides = None) -> None:
     cfg = _load(config, overrides)
     from tether.methods.seed import run_skill_sft
 
-    typer.echo(json.dumps(run_skill_sft(cfg), indent=2, default=str))
+    with _config_errors():
+        summary = run_skill_sft(cfg)
+    typer.echo(json.dumps(summary, indent=2, default=str))
 
 
 @app.command()

@@ -132,3 +132,16 @@ def test_the_process_group_backend_and_the_current_gpu_follow_the_device(gpus, m
     calls.clear()
     DataParallel.from_env(torch.device("cpu"))  # train.device=cpu on a GPU machine: gloo, no GPU touched
     assert calls == [("init", "gloo")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
+@pytest.mark.parametrize("command", [["train", "quickstart.yaml"], ["seed-sft", "seed/sft.yaml"]])
+def test_cli_reports_a_missing_gpu_in_one_line(command, tmp_path):
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    config = Path(__file__).parents[2] / "configs" / command[1]
+    out = CliRunner().invoke(app, [command[0], str(config), "train.device=cuda", f"run_dir={tmp_path / 'run'}"])
+    assert out.exit_code == 2 and "train.device=cuda" in out.output and "Traceback" not in out.output
+    assert not (tmp_path / "run").exists()  # refused before the run directory
