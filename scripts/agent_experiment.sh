@@ -8,7 +8,8 @@
 # what fits a shared 2-core CPU. MODEL=smollm2-135m-instruct runs the same pipeline on SmolLM2 (give it
 # smaller learning rates, e.g. SFT_LR=5e-5 GRPO_LR=1e-5, and far more compute). CFG picks the environment's
 # config (default configs/agents/frozenlake_grpo.yaml; configs/agents/sokoban_grpo.yaml works the same), OUT the
-# output directory, THREADS the CPU threads per process (default 2).
+# output directory, THREADS the CPU threads per process (default 2), GRPO_STEPS the GRPO steps (default 20).
+# Arguments are dotted overrides for the GRPO run, e.g. val.greedy=false val.every=10.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-runs/agents/frozenlake_tiny}
@@ -26,7 +27,8 @@ echo "sft done after $(( $(date +%s) - start ))s"
 
 echo "== 2. GRPO from the SFT checkpoint (validation at step 0 = the SFT model)"
 .venv/bin/tether train "$cfg" "${common[@]}" "model.name=$out/sft" "run_dir=$out/grpo" \
-  "train.steps=${GRPO_STEPS:-20}" val.every=5 "optim.lr=${GRPO_LR:-3e-4}" logging.tensorboard=false logging.progress=false
+  "train.steps=${GRPO_STEPS:-20}" val.every=5 "optim.lr=${GRPO_LR:-3e-4}" logging.tensorboard=false logging.progress=false \
+  "$@"
 echo "grpo done after $(( $(date +%s) - start ))s"
 
 echo "== 3. curves"
