@@ -100,13 +100,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", help="an agent config (its env, history and template are used)")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. env.history=0")
-    ap.add_argument("--out", required=True, help="output directory (a Hugging Face model directory)")
+    ap.add_argument("--out", help="output directory (a Hugging Face model directory); not with --steps 0")
     ap.add_argument("--model", default="smollm2-135m-instruct", help="model name/path, or 'tiny' (random init)")
     ap.add_argument("--hidden", type=int, default=128, help="tiny model: hidden size")
     ap.add_argument("--layers", type=int, default=4, help="tiny model: decoder layers")
     ap.add_argument("--episodes", type=int, default=1000, help="solver episodes (training seeds 0..N-1)")
     ap.add_argument("--explore", type=float, default=0.3, help="chance of a random action while collecting")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=300, help="0: only write --pairs-out")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
@@ -114,16 +114,21 @@ def main() -> None:
     ap.add_argument("--pairs-out", help="also write the (prompt, response) pairs here as JSONL, e.g. for SEED's "
                                         "methods.seed.sft.replay_data")
     args = ap.parse_args()
+    if (args.steps == 0) != (args.out is None) or (args.steps == 0 and not args.pairs_out):
+        ap.error("train with --steps N and --out DIR, or write only the pairs with --steps 0 and --pairs-out FILE")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     start = time.time()
     cfg = load_config(args.config, args.overrides)
     pairs, data = solver_pairs(cfg, args.episodes, args.explore, args.seed)
-    model, tok = build_model(args)
-    rows = encode(tok, pairs)
     if args.pairs_out:
         Path(args.pairs_out).write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in pairs))
+        print(f"{data['pairs']} pairs written to {args.pairs_out}", flush=True)
+    if args.steps == 0:
+        return
+    model, tok = build_model(args)
+    rows = encode(tok, pairs)
     print(f"{data['pairs']} pairs from {data['episodes']} solver episodes; e.g.\n{pairs[0][0]}\n-> {pairs[0][1]}",
           flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
