@@ -9,7 +9,7 @@
 #
 # Environment: ROOT (default runs/seed); BASE, the stage-1 starting model (default the FrozenLake action warm start
 # runs/agents/sft_frozenlake/final of docs/agents.md; smollm2-135m-instruct works too but rarely acts);
-# STEPS (RL updates, default the configs' 30); RUNS (default "grpo seed grpo_opsd"); SFT_OVERRIDES, dotted overrides
+# STEPS (RL updates, default the configs' 30); RUNS (default "grpo seed grpo_opsd"); SEEDS (default "0"); SFT_OVERRIDES, dotted overrides
 # for stage 1 only (space-separated); TETHER, PY.
 # Layout: $ROOT/experiment.log; $ROOT/sft (sft_summary.json, data/, checkpoint/); one run dir per RL run with
 # train.log, config.yaml, metrics.jsonl, transcripts.jsonl, skills.jsonl (seed) and summary.json; at the end
@@ -53,20 +53,25 @@ fi
 steps=()
 [ -n "${STEPS:-}" ] && steps+=("train.steps=$STEPS")
 
-# Stage 2: every run starts from the same SFT checkpoint; its KL reference is a frozen copy of it.
-for name in $RUNS; do
-  dir="$ROOT/$name"
-  if [ -f "$dir/summary.json" ]; then
-    echo "[$(date '+%F %T')] $name: finished earlier, skipped"
-    continue
-  fi
-  mkdir -p "$dir"
-  echo "[$(date '+%F %T')] $name: $TETHER train configs/seed/$name.yaml run_dir=$dir model.name=$SFT/checkpoint"
-  "$TETHER" train "configs/seed/$name.yaml" "run_dir=$dir" "model.name=$SFT/checkpoint" "logging.progress=false" \
-    "${steps[@]}" "${extra[@]}" >> "$dir/train.log" 2>&1
-  echo "[$(date '+%F %T')] $name: done ($(tr -d '\n' < "$dir/summary.json" | head -c 300))"
+# Stage 2: every run starts from the same SFT checkpoint; its KL reference is a frozen copy of it. Seed 0 runs in
+# $ROOT/NAME, other seeds (SEEDS, default "0") in $ROOT/NAME_sSEED.
+names=()
+for seed in ${SEEDS:-0}; do
+  for name in $RUNS; do
+    run=$name; [ "$seed" != 0 ] && run=${name}_s$seed
+    names+=("$run")
+    dir="$ROOT/$run"
+    if [ -f "$dir/summary.json" ]; then
+      echo "[$(date '+%F %T')] $run: finished earlier, skipped"
+      continue
+    fi
+    mkdir -p "$dir"
+    echo "[$(date '+%F %T')] $run: $TETHER train configs/seed/$name.yaml run_dir=$dir model.name=$SFT/checkpoint seed=$seed"
+    "$TETHER" train "configs/seed/$name.yaml" "run_dir=$dir" "model.name=$SFT/checkpoint" "seed=$seed" \
+      "logging.progress=false" "${steps[@]}" "${extra[@]}" >> "$dir/train.log" 2>&1
+    echo "[$(date '+%F %T')] $run: done ($(tr -d '\n' < "$dir/summary.json" | head -c 300))"
+  done
 done
 
-# shellcheck disable=SC2086
-"$PY" scripts/seed_report.py --root "$ROOT" $RUNS
+"$PY" scripts/seed_report.py --root "$ROOT" "${names[@]}"
 echo "[$(date '+%F %T')] all done: $ROOT/val_success.png, $ROOT/table.md, $ROOT/skills.md"

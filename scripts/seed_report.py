@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from tether.track import metric_series, plot_compare, read_metrics
@@ -28,6 +29,19 @@ def val_table(runs: dict[str, Path], metric: str) -> str:
         best, final = (f"{max(v_):.3f}", f"{v_[-1]:.3f}") if v_ else ("", "")
         lines.append(f"| {name} | {' | '.join(cells)} | {best} | {final} |")
     return head + "\n".join(lines) + "\n"
+
+
+def seed_means(runs: dict[str, Path], metric: str) -> str:
+    """Per method (run name without its ``_sN`` seed suffix), the mean over seeds at each step every seed reached."""
+    by_method: dict[str, list[dict[int, float]]] = {}
+    for name, d in runs.items():
+        s_, v_ = metric_series(read_metrics(d / "metrics.jsonl")).get(metric, ([], []))
+        by_method.setdefault(re.sub(r"_s\d+$", "", name), []).append(dict(zip((int(s) for s in s_), v_, strict=True)))
+    steps = sorted(set.intersection(*(set(r) for rs in by_method.values() for r in rs)))
+    head = f"| method (seeds) | {' | '.join(f'step {s}' for s in steps)} |\n|---|{'---|' * len(steps)}\n"
+    rows = [f"| {m} ({len(rs)}) | {' | '.join(f'{sum(r[s] for r in rs) / len(rs):.3f}' for s in steps)} |"
+            for m, rs in by_method.items()]
+    return head + "\n".join(rows) + "\n"
 
 
 def skill_examples(name: str, path: Path, per_kind: int = 3) -> str:
@@ -59,6 +73,8 @@ def main() -> None:
     runs = {name: args.root / name for name in args.runs if (args.root / name / "metrics.jsonl").is_file()}
     png = plot_compare(runs, args.metric, args.root / "val_success.png")
     table = val_table(runs, args.metric)
+    if any(re.search(r"_s\d+$", name) for name in runs):
+        table += "\nMean over seeds:\n\n" + seed_means(runs, args.metric)
     (args.root / "table.md").write_text(f"Held-out {args.metric} (greedy=false, temperature from the configs).\n\n"
                                         + table)
     skills = [skill_examples(n, d / "skills.jsonl") for n, d in runs.items() if (d / "skills.jsonl").is_file()]
