@@ -19,6 +19,8 @@ from tether.engine.hf import HFEngine
 from tether.models import tiny_model
 from tether.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
+
 
 def make_trainer(cfg):
     model, tok = tiny_model(seed=0)

@@ -29,6 +29,8 @@ from tether.models import forward, tiny_model
 from tether.trainer import Trainer
 from tether.trainer.checkpoint import load_state
 
+pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
+
 FSDP = ("distributed.strategy=fsdp2",)
 # Resume runs: ARMOR's reference reset after step 2 moves the reference, which the KL term of step 3 then
 # reads, so an exact step 3 needs the reference restored from the sharded checkpoint as well.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.engine.helpers import COPY_ENGINE, CopyEngine
-from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError, ModelConfig
 from tether.engine import ENGINES, EngineUnavailableError, HFEngine, InterventionUnsupportedError, SamplingParams
 from tether.engine import vllm as vllm_module
@@ -16,11 +16,7 @@ from tether.trainer import Trainer
 EAPO = 'methods.eapo={prior: runs/prior}'
 
 
-@pytest.fixture(autouse=True)
-def toy_task():
-    register_toy()
-    yield
-    unregister_toy()
+pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
 
 
 @pytest.fixture

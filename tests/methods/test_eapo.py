@@ -287,15 +287,6 @@ def test_lambda_is_the_injection_probability_at_gated_positions(tiny_policy):
 
 
 @pytest.fixture
-def toy_task():
-    from tests.trainer.helpers import register_toy, unregister_toy
-
-    register_toy()
-    yield
-    unregister_toy()
-
-
-@pytest.fixture
 def prior_dir(tmp_path, tiny_policy):
     model, tok = tiny_policy
     path = tmp_path / "prior"

@@ -5,18 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
 from tether.models import tiny_model
 from tether.trainer import Trainer
 from tether.trainer.checkpoint import CheckpointManager, load_state
 
-
-@pytest.fixture(autouse=True)
-def toy_task():
-    register_toy()
-    yield
-    unregister_toy()
+pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
 
 
 def write_marker(text: str):

@@ -14,18 +14,13 @@ import torch
 import torch.distributed as dist
 
 from tests.rollout.helpers import agent_config
-from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
 from tether.distributed import DataParallel, Replicate, resolve_device
 from tether.methods.seed import run_skill_sft
 from tether.trainer import Trainer, evaluate
 
-
-@pytest.fixture(autouse=True)
-def toy_task():
-    register_toy()
-    yield
-    unregister_toy()
+pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
 
 
 @pytest.fixture

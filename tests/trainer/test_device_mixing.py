@@ -19,15 +19,10 @@ import torch
 from tests.methods.test_seed_runs import SEED, CannedAnalyzer
 from tests.rollout.helpers import ScriptedEngine, agent_config
 from tests.sim_device import SIM, SimulatedDevice
-from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tests.trainer.helpers import tiny_config
 from tether.trainer import Trainer
 
-
-@pytest.fixture(autouse=True)
-def toy_task():
-    register_toy()
-    yield
-    unregister_toy()
+pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
 
 
 @pytest.fixture(autouse=True)

@@ -7,17 +7,12 @@ import json
 import pytest
 import torch
 
-from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tests.trainer.helpers import tiny_config
 from tether.models import tiny_model
 from tether.tasks import Score
 from tether.trainer import Trainer
 
-
-@pytest.fixture(autouse=True)
-def toy_task():
-    register_toy()
-    yield
-    unregister_toy()
+pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
 
 
 def make_trainer(cfg):
