@@ -289,11 +289,11 @@ def test_stage_one_mixes_in_replay_pairs(tiny_policy, tmp_path):
     assert summary["replay_examples"] == 3 and summary["train_examples"] == 2 + 3
     assert stage_one(replay_data=str(replay))["train_examples"] == 2 + 5
 
-    with pytest.raises(FileNotFoundError, match="replay_data: no file"):  # before any rollout: no engine needed
+    with pytest.raises(ConfigError, match="replay_data: no file"):  # before any rollout: no engine needed
         run_skill_sft(agent_config(tmp_path, methods={"seed": {"sft": {"replay_data": str(tmp_path / "no")}}}),
                       policy=model, tokenizer=tok, engine=object())
     replay.write_text('{"prompt": "p"}\n')
-    with pytest.raises(ValueError, match="line 1 is not one"):
+    with pytest.raises(ConfigError, match="line 1 is not one"):
         stage_one(replay_data=str(replay))
 
 

@@ -192,15 +192,14 @@ class ShardedEngine:
                  intervention: Intervention | None = None) -> Generation:
         lo, hi = split_evenly(len(prompt_ids), self.dp.world_size)[self.dp.rank]
         local = None
-        model = getattr(self.engine, "model", None)
-        device = next(model.parameters()).device if model is not None else torch.device("cpu")
         if hi > lo:
             local = self.engine.generate(prompt_ids[lo:hi], params,
                                          seed=None if seed is None else rank_seed(seed, self.dp.rank),
                                          intervention=intervention).to("cpu")
         gathered: list[Generation | None] = [None] * self.dp.world_size
         dist.all_gather_object(gathered, local)
-        return concat_generations([g for g in gathered if g is not None], self.engine.pad_id).to(device)
+        # on the CPU, where it was gathered: the collectors build the batch there (RolloutBatch)
+        return concat_generations([g for g in gathered if g is not None], self.engine.pad_id)
 
     def score(self, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor, **kwargs: Any) -> Any:
         return self.engine.score(prompt_ids, response_ids, response_mask, **kwargs)

@@ -38,7 +38,8 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """Result of :meth:`RolloutEngine.generate` for N prompts.
+    """Result of :meth:`RolloutEngine.generate` for N prompts, on whichever device the engine sampled on (the
+    collectors move it to the CPU).
 
     Attributes:
         response_ids: sampled tokens, right-padded with the pad id. [N, T] long

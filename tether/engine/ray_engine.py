@@ -143,7 +143,8 @@ class RayEngine:
             raise ValueError("generate needs at least one prompt")
         calls = [actor.generate.remote(prompt_ids[lo:hi], params, None if seed is None else rank_seed(seed, i))
                  for i, actor, lo, hi in self._shares(len(prompt_ids))]
-        return concat_generations(self._ray.get(calls), self.pad_id).to(self.device)
+        # on the CPU, as the actors return it: the collectors build the batch there (RolloutBatch)
+        return concat_generations(self._ray.get(calls), self.pad_id)
 
     def score(self, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor, *,
               temperature: float = 1.0, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:

@@ -159,15 +159,17 @@ def split_records(records: list[dict], val_fraction: float, seed: int) -> tuple[
 
 def load_replay(s: SkillSFTSettings) -> list[dict]:
     """The ``replay_data`` pairs (``replay_examples`` of them when set); checked before any model loads."""
+    from tether.config import ConfigError
+
     if s.replay_data is None:
         return []
     path = Path(s.replay_data)
     if not path.is_file():
-        raise FileNotFoundError(f"methods.seed.sft.replay_data: no file {path}")
+        raise ConfigError(f"methods.seed.sft.replay_data: no file {path}")
     pairs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     bad = [i for i, r in enumerate(pairs) if not isinstance(r, dict) or {"prompt", "response"} - r.keys()]
     if bad or not pairs:
-        raise ValueError(f"methods.seed.sft.replay_data: {path} needs one {{prompt, response}} object per line "
+        raise ConfigError(f"methods.seed.sft.replay_data: {path} needs one {{prompt, response}} object per line "
                          f"(line {bad[0] + 1 if bad else 1} is not one)")
     if s.replay_examples is not None and s.replay_examples < len(pairs):
         pairs = random.Random(s.data_seed).sample(pairs, s.replay_examples)
@@ -319,6 +321,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     seed = method_config("seed", cfg.methods.get("seed", {}))
     s: SkillSFTSettings = seed.sft
     device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any rollout or model load
+    replay = load_replay(s)  # so does a bad replay file
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.seed)
@@ -326,7 +329,6 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     (run_dir / "sft_metrics.jsonl").unlink(missing_ok=True)
-    replay = load_replay(s)
     if policy is None:
         policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
