@@ -21,7 +21,7 @@ mkdir -p "$out"
 start=$(date +%s)
 
 echo "== 1. SFT on solver demonstrations"
-.venv/bin/python scripts/agent_sft.py "$cfg" "${common[@]}" --out "$out/sft" --model "$model" \
+.venv/bin/python scripts/sft_warm_start.py "$cfg" "${common[@]}" --out "$out/sft" --model "$model" \
   --threads "${THREADS:-2}" --hidden 64 --layers 2 --episodes 600 --explore 0.3 --steps "${SFT_STEPS:-300}" --batch 16 --lr "${SFT_LR:-2e-3}"
 echo "sft done after $(( $(date +%s) - start ))s"
 

@@ -110,3 +110,10 @@ def test_gpu_preset_uses_vllm_unless_its_method_intervenes(path):
         assert cfg.rollout.engine == "vllm"
     if "math" in path.stem:  # group 16, responses up to 8k
         assert (cfg.rollout.group_size, cfg.rollout.max_new_tokens) == (16, 8192)
+
+
+def test_overrides_leave_the_callers_dict_unchanged():
+    data = {"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum"}}}
+    cfg = load_config(data=data, overrides=["task.kwargs.dataset=basic_arithmetic", "optim.lr=0.5"])
+    assert cfg.task.kwargs["dataset"] == "basic_arithmetic" and cfg.optim.lr == 0.5
+    assert data == {"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum"}}}

@@ -7,6 +7,7 @@ what is allowed. Method plug-ins bring their own section class (see :mod:`tether
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 from pathlib import Path
@@ -242,9 +243,11 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict | None = None) -> Config:
-    """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate everything."""
-    if data is None:
-        data = {}
+    """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate everything.
+
+    ``data`` is copied first: the overrides never change the caller's dict.
+    """
+    data = copy.deepcopy(data) if data is not None else {}
     if path is not None:
         path = Path(path)
         if not path.is_file():

@@ -165,6 +165,18 @@ def test_validation_gives_success_rate_and_never_shifts_training_ids(tmp_path, a
     assert [e.seed for e in got.info["episode"]] == [e.seed for e in want.info["episode"]]
 
 
+def test_sampled_validation_plays_each_seed_val_samples_times(tmp_path, agent_trainer):
+    trainer = agent_trainer(agent_config(tmp_path, "val.greedy=false", "val.samples=2"))
+    metrics = trainer.collector.validate(trainer)
+    # episodes [s0, s0, s1, s1, s2, s2] take win / invalid / wrong by position: won 1 1 | 0 1 | 1 0
+    assert metrics["val/episodes"] == 6.0
+    assert metrics["val/avg@k"] == pytest.approx(4 / 6) and metrics["val/success_rate"] == pytest.approx(4 / 6)
+    assert metrics["val/pass@k"] == 1.0
+    greedy_trainer = agent_trainer(agent_config(tmp_path / "greedy", "val.samples=2"))
+    greedy = greedy_trainer.collector.validate(greedy_trainer)
+    assert greedy["val/episodes"] == 3.0 and greedy["val/pass@k"] == pytest.approx(2 / 3)
+
+
 def test_trainer_validation_logs_success_rate_and_keeps_the_best(tmp_path, agent_trainer):
     trainer = agent_trainer(agent_config(tmp_path, "val.every=1", "train.steps=1"))
     trainer.fit()

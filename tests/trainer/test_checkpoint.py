@@ -51,3 +51,20 @@ def test_resume_refuses_a_checkpoint_written_by_another_strategy(tmp_path):
     model, tok = tiny_model(seed=0)
     with pytest.raises(ConfigError, match=r"written with distributed\.strategy=fsdp2"):
         Trainer(tiny_config(tmp_path), policy=model, tokenizer=tok)
+
+
+def test_the_cuda_rng_is_saved_and_restored_where_there_is_one(monkeypatch):
+    """On CPU the CUDA calls are stood in for: the state must travel, and a CPU-only resume must skip it."""
+    from tether.trainer import checkpoint
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: ["gpu0-state"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    state = checkpoint.rng_state()
+    assert state["cuda"] == ["gpu0-state"]
+    checkpoint.set_rng_state(state)
+    assert restored == [["gpu0-state"]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    checkpoint.set_rng_state(state)
+    assert restored == [["gpu0-state"]]

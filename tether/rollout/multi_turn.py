@@ -151,10 +151,11 @@ class AgentCollector:
         self._next_group, self._next_episode, self.faults = (state["next_group"], state["next_episode"],
                                                              state["faults"])
 
-    def sampling(self, *, greedy: bool = False, temperature: float | None = None) -> SamplingParams:
+    def sampling(self, *, greedy: bool = False, temperature: float | None = None,
+                 top_p: float | None = None) -> SamplingParams:
         r = self.cfg.rollout
         return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature or r.temperature,
-                              top_p=r.top_p, top_k=r.top_k, greedy=greedy, stop=tuple(r.stop))
+                              top_p=top_p or r.top_p, top_k=r.top_k, greedy=greedy, stop=tuple(r.stop))
 
     # -- episodes ----------------------------------------------------------------------------
 
@@ -286,18 +287,21 @@ class AgentCollector:
                 "train/step_group_singleton_frac": (sizes == 1).float().mean().item()}
 
     def validate(self, trainer: Any) -> dict[str, float]:
-        """Play each held-out seed once (``val.greedy`` or ``val.temperature``): success rate and more."""
+        """Play each held-out seed ``val.samples`` times (once with ``val.greedy``): success rate, pass@k and more."""
         v = self.cfg.val
         seeds = self.val_seeds[: v.max_prompts] if v.max_prompts else self.val_seeds
+        k = 1 if v.greedy else v.samples
         saved = self._next_group, self._next_episode  # validation must not shift training ids
         faults = self.faults
-        episodes = self._start(seeds, 1)
-        rows = self.run_episodes(trainer.engine, episodes,
-                                 self.sampling(greedy=v.greedy, temperature=v.temperature), trainer.seed_for("val"))
+        episodes = self._start(seeds, k)
+        params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p)
+        rows = self.run_episodes(trainer.engine, episodes, params, trainer.seed_for("val"))
         self._next_group, self._next_episode = saved
         n = len(episodes)
-        success = sum(e.won for e in episodes) / n
+        won = torch.tensor([e.won for e in episodes], dtype=torch.float32).view(len(seeds), k)
+        success = won.mean().item()
         return {"val/success_rate": success, "val/avg@k": success,
+                "val/pass@k": (won.amax(1) > 0).float().mean().item(),
                 "val/episode_return": sum(e.ret for e in episodes) / n,
                 "val/turns": sum(len(e.turns) for e in episodes) / n,
                 "val/invalid_action_frac": sum(not r["valid"] for r in rows) / max(1, len(rows)),

@@ -30,13 +30,20 @@ from tether.track import write_text_atomic
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The global RNGs. Sampling draws from its own seeded generator; these cover the rest (dropout, shuffles)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    # A checkpoint written on a GPU machine may be resumed on a CPU one, and the reverse.
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def publish_dir(target: Path, write: Callable[[Path], None], dp: DataParallel) -> None:

@@ -75,8 +75,9 @@ class SkillSFTSettings(BaseModel):
     eval_examples: int = Field(16, ge=0, description="val prompts analysed greedily before and after SFT to "
                                                      "measure the parse rate (0: skip)")
     replay_data: str | None = Field(None, description="JSONL of {prompt, response} pairs mixed into the training "
-                                    "examples, e.g. the action warm start's (scripts/agent_sft.py --pairs-out). Not in "
-                                    "the paper: it keeps a small model acting while it learns to analyse")
+                                    "examples, e.g. the action warm start's (scripts/sft_warm_start.py "
+                                    "--pairs-out). Not in the paper: it keeps a small model acting while it "
+                                    "learns to analyse")
     replay_examples: int | None = Field(None, ge=1, description="replay pairs drawn (seeded by data_seed; "
                                                                 "default: all of them)")
 
