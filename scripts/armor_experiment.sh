@@ -10,17 +10,29 @@
 # Environment: ROOT (default runs/armor), BETAS (default "0.01 1.0": the paper's "delays the collapse" and
 # "stagnates" regimes, Fig. 2a), STAGE2_STEPS (default: the configs' 100), TETHER, PY;
 # CONFIGS (default configs/armor) and STAGE1_RUN: a finished run dir whose checkpoints/best is the peak, which
-# skips stage 1. The short miniature from the quickstart's peak:
+# skips stage 1;
+# RUNS (default "dapo_continued dapo_kl_k3 armor"): stage-2 configs of $CONFIGS, run in this order; dapo_kl_k3
+# becomes one run per beta; any other config there works too, e.g. the ablations mix_only anchors_plain_ratio
+# anchors_clip_expansion anchors_offpolicy_is;
+# SEEDS (default "0"): every stage-2 run once per seed (seed=N; run names get _sN for N != 0);
+# REPORT (default 1): 0 skips the figure and table, e.g. for a second driver that shares the machine.
+# The short miniature from the quickstart's peak:
 #   ROOT=runs/armor_qs CONFIGS=configs/armor/quickstart_peak STAGE1_RUN=runs/quickstart scripts/armor_experiment.sh
+# The 6.9M-model study (docs/methods/armor.md), two drivers side by side after stage 1:
+#   ROOT=runs/armor_tiny CONFIGS=configs/armor/tiny SEEDS="0 1" RUNS="dapo_continued armor" \
+#       scripts/armor_experiment.sh train.threads=1
 # Layout: $ROOT/experiment.log; one run dir per run ($ROOT/stage1_dapo, $ROOT/dapo_continued,
-# $ROOT/dapo_kl_k3_<beta>, $ROOT/armor), each with train.log, config.yaml, metrics.jsonl, checkpoints/ and
-# summary.json; $ROOT/val_compare.png and $ROOT/table.md at the end. Rerunning resumes unfinished runs (the
-# trainer restarts from checkpoints/latest) and skips finished ones (summary.json exists).
+# $ROOT/dapo_kl_k3_<beta>, $ROOT/armor, $ROOT/armor_s1, ...), each with train.log, config.yaml, metrics.jsonl,
+# checkpoints/ and summary.json; $ROOT/val_compare.png and $ROOT/table.md at the end. Rerunning resumes
+# unfinished runs (the trainer restarts from checkpoints/latest) and skips finished ones (summary.json exists).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-runs/armor}
 CONFIGS=${CONFIGS:-configs/armor}
 BETAS=${BETAS:-0.01 1.0}
+RUNS=${RUNS:-dapo_continued dapo_kl_k3 armor}
+SEEDS=${SEEDS:-0}
+REPORT=${REPORT:-1}
 TETHER=${TETHER:-.venv/bin/tether}
 PY=${PY:-.venv/bin/python}
 
@@ -64,14 +76,25 @@ fi
 echo "[$(date '+%F %T')] peak: $(cat "$STAGE1/best.txt")"
 
 # Stage 2: every run starts from the peak; the reference is a frozen copy of it.
-run dapo_continued "$CONFIGS/dapo_continued.yaml" "model.name=$BEST" "${stage2[@]}"
-for beta in $BETAS; do
-  run "dapo_kl_k3_$beta" "$CONFIGS/dapo_kl_k3.yaml" "model.name=$BEST" "algorithm.kl.coef=$beta" "${stage2[@]}"
+runs=()
+for seed in $SEEDS; do
+  suffix=""
+  [ "$seed" = 0 ] || suffix="_s$seed"
+  for config in $RUNS; do
+    if [ "$config" = dapo_kl_k3 ]; then
+      for beta in $BETAS; do
+        run "dapo_kl_k3_$beta$suffix" "$CONFIGS/dapo_kl_k3.yaml" "model.name=$BEST" "seed=$seed" \
+          "algorithm.kl.coef=$beta" "${stage2[@]}"
+        runs+=("dapo_kl_k3_$beta$suffix")
+      done
+    else
+      run "$config$suffix" "$CONFIGS/$config.yaml" "model.name=$BEST" "seed=$seed" "${stage2[@]}"
+      runs+=("$config$suffix")
+    fi
+  done
 done
-run armor "$CONFIGS/armor.yaml" "model.name=$BEST" "${stage2[@]}"
 
-runs=(dapo_continued)
-for beta in $BETAS; do runs+=("dapo_kl_k3_$beta"); done
-runs+=(armor)
-"$PY" scripts/armor_report.py --root "$ROOT" --stage1 "$STAGE1" "${runs[@]}"
-echo "[$(date '+%F %T')] all done: $ROOT/val_compare.png, $ROOT/table.md"
+if [ "$REPORT" = 1 ]; then
+  "$PY" scripts/armor_report.py --root "$ROOT" --stage1 "$STAGE1" "${runs[@]}"
+  echo "[$(date '+%F %T')] all done: $ROOT/val_compare.png, $ROOT/table.md"
+fi

@@ -1,11 +1,16 @@
-"""Figure and table of the ARMOR miniature experiment (scripts/armor_experiment.sh).
+"""Figures and tables of the ARMOR miniature experiments (scripts/armor_experiment.sh).
 
     .venv/bin/python scripts/armor_report.py --root runs/armor --stage1 stage1_dapo \
-        dapo_continued dapo_kl_k3_0.01 dapo_kl_k3_1.0 armor
+        dapo_continued dapo_kl_k3_0.01 dapo_kl_k3_1.0 armor [armor_s1 ...]
 
-Writes ``ROOT/val_compare.png`` (the metric of every stage-2 run against steps after the peak, with
-:func:`tether.track.plot_compare`) and ``ROOT/table.md``: per run the value at step 0, the peak, the step of
-the peak, the final value and its step, and the last logged drift ``armor/kl_on_old`` where there is one.
+Writes
+* ``ROOT/val_compare.png``: the metric and ``val/pass@k`` of every stage-2 method against steps after the
+  peak, the mean over its seeds (runs named ``NAME_sN``) with a min..max band
+  (:func:`tether.track.plot_seed_means`);
+* ``ROOT/stage1.png``: stage 1's training accuracy over all sampled rows (``rollout/accuracy_all``, before
+  DAPO's filter) against its held-out metric, the reward-validation gap the paper starts from;
+* ``ROOT/table.md``: per run the value at step 0, the peak, the step of the peak, the final value and its
+  step, and the last logged drift ``armor/kl_on_old``; with seeds, the same per method over the mean curve.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tether.track import metric_series, plot_compare, read_metrics
+from tether.track import mean_series, metric_series, plot_seed_means, read_metrics, seed_groups
 
 DRIFT = "armor/kl_on_old"
 
@@ -41,6 +46,45 @@ def table(rows: dict[str, dict], metric: str) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def seed_table(root: Path, runs: list[str], metric: str) -> str:
+    """Per method, over the mean curve of its seeds: start, peak, step of the peak, final; and each seed's final."""
+    lines = [f"| method (seeds) | {metric} at step 0 | peak of the mean | step of peak | final mean | final per seed |",
+             "|---|---|---|---|---|---|"]
+    for method, names in seed_groups(runs).items():
+        curves = [metric_series(read_metrics(root / n / "metrics.jsonl"))[metric] for n in names]
+        steps, mean, _, _ = mean_series(curves)
+        peak = max(range(len(mean)), key=mean.__getitem__)
+        finals = ", ".join(f"{values[-1]:.3f}" for _, values in curves)
+        lines.append(f"| {method} ({len(names)}) | {mean[0]:.4f} | {mean[peak]:.4f} | {steps[peak]:g} | "
+                     f"{mean[-1]:.4f} (step {steps[-1]:g}) | {finals} |")
+    return "\n".join(lines) + "\n"
+
+
+def stage1_figure(stage1: Path, metric: str, out: Path) -> Path:
+    """Stage 1's training accuracy (all sampled rows, 10-step mean) against its held-out metric and pass@k."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    series = metric_series(read_metrics(stage1 / "metrics.jsonl"))
+    fig = Figure(figsize=(7, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    if "rollout/accuracy_all" in series:
+        steps, values = series["rollout/accuracy_all"]
+        smooth = [sum(values[max(0, i - 9): i + 1]) / len(values[max(0, i - 9): i + 1]) for i in range(len(values))]
+        ax.plot(steps, values, alpha=0.25, color="C0")
+        ax.plot(steps, smooth, color="C0", label="training accuracy, all sampled rows (10-step mean)")
+    for key, color in ((metric, "C3"), ("val/pass@k", "C1")):
+        if key in series:
+            ax.plot(*series[key], marker="o", markersize=3, color=color, label=f"held-out {key}")
+    ax.set(title=f"stage 1: {stage1.name}", xlabel="step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="stage-2 run names under --root")
@@ -49,15 +93,19 @@ def main() -> None:
     parser.add_argument("--metric", default="val/avg@k")
     args = parser.parse_args()
 
-    png = plot_compare({name: args.root / name for name in args.runs}, args.metric, args.root / "val_compare.png")
+    png = plot_seed_means({name: args.root / name for name in args.runs}, [args.metric, "val/pass@k"],
+                          args.root / "val_compare.png")
     stage1 = args.root / args.stage1 if (args.root / args.stage1).is_dir() else Path(args.stage1)
-    rows = {f"{args.stage1} (stage 1)": summarize(stage1, args.metric)}
+    stage1_png = stage1_figure(stage1, args.metric, args.root / "stage1.png")
+    rows = {f"{stage1.name} (stage 1)": summarize(stage1, args.metric)}
     rows.update({name: summarize(args.root / name, args.metric) for name in args.runs})
-    text = (f"Stage-2 steps count from the stage-1 peak (step {rows[f'{args.stage1} (stage 1)']['peak_step']} "
+    text = (f"Stage-2 steps count from the stage-1 peak (step {rows[f'{stage1.name} (stage 1)']['peak_step']} "
             f"of stage 1).\n\n" + table(rows, args.metric))
+    if any(len(names) > 1 for names in seed_groups(args.runs).values()):
+        text += "\nMean over seeds:\n\n" + seed_table(args.root, args.runs, args.metric)
     (args.root / "table.md").write_text(text)
     print(text)
-    print(png)
+    print(png, stage1_png)
 
 
 if __name__ == "__main__":

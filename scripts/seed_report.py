@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from tether.track import metric_series, plot_compare, read_metrics
+from tether.track import mean_series, metric_series, plot_compare, read_metrics, seed_groups
 
 
 def val_table(runs: dict[str, Path], metric: str) -> str:
@@ -33,14 +33,13 @@ def val_table(runs: dict[str, Path], metric: str) -> str:
 
 def seed_means(runs: dict[str, Path], metric: str) -> str:
     """Per method (run name without its ``_sN`` seed suffix), the mean over seeds at each step every seed reached."""
-    by_method: dict[str, list[dict[int, float]]] = {}
-    for name, d in runs.items():
-        s_, v_ = metric_series(read_metrics(d / "metrics.jsonl")).get(metric, ([], []))
-        by_method.setdefault(re.sub(r"_s\d+$", "", name), []).append(dict(zip((int(s) for s in s_), v_, strict=True)))
-    steps = sorted(set.intersection(*(set(r) for rs in by_method.values() for r in rs)))
-    head = f"| method (seeds) | {' | '.join(f'step {s}' for s in steps)} |\n|---|{'---|' * len(steps)}\n"
-    rows = [f"| {m} ({len(rs)}) | {' | '.join(f'{sum(r[s] for r in rs) / len(rs):.3f}' for s in steps)} |"
-            for m, rs in by_method.items()]
+    series = {name: metric_series(read_metrics(d / "metrics.jsonl")).get(metric, ([], [])) for name, d in runs.items()}
+    means = {m: mean_series([series[n] for n in names]) for m, names in seed_groups(list(runs)).items()}
+    steps = sorted(set.intersection(*(set(s_) for s_, *_ in means.values())))
+    head = f"| method (seeds) | {' | '.join(f'step {s:g}' for s in steps)} |\n|---|{'---|' * len(steps)}\n"
+    rows = [f"| {m} ({len(seed_groups(list(runs))[m])}) | "
+            f"{' | '.join(f'{dict(zip(s_, mean, strict=True))[s]:.3f}' for s in steps)} |"
+            for m, (s_, mean, _, _) in means.items()]
     return head + "\n".join(rows) + "\n"
 
 

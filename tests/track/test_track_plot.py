@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tether.track import plot_compare, plot_run, read_metrics
+from tether.track import mean_series, plot_compare, plot_run, plot_seed_means, read_metrics, seed_groups
 
 PNG_MAGIC = b"\x89PNG"
 
@@ -57,3 +57,19 @@ def test_plot_compare(tmp_path):
     assert smoothed.exists()
     with pytest.raises(ValueError, match=r"no run has metric 'val/pass@1'; available: .*val/avg@k"):
         plot_compare(runs, "val/pass@1", tmp_path / "x.png")
+
+
+def test_seed_groups_and_mean_series():
+    assert seed_groups(["armor", "dapo", "armor_s1", "dapo_kl_0.01", "armor_s2", "dapo_kl_0.01_s1"]) == {
+        "armor": ["armor", "armor_s1", "armor_s2"], "dapo": ["dapo"],
+        "dapo_kl_0.01": ["dapo_kl_0.01", "dapo_kl_0.01_s1"]}
+    # the second run stopped early: only the steps both have count
+    steps, mean, low, high = mean_series([([0, 10, 20], [0.1, 0.4, 0.3]), ([0, 10], [0.3, 0.2])])
+    assert steps == [0, 10] and mean == pytest.approx([0.2, 0.3]) and low == [0.1, 0.2] and high == [0.3, 0.4]
+
+
+def test_plot_seed_means(tmp_path):
+    runs = {"grpo": write_run(tmp_path / "a"), "grpo_s1": write_run(tmp_path / "b", reward_offset=0.1),
+            "dapo": write_run(tmp_path / "c")}
+    out = plot_seed_means(runs, ["val/avg@k", "train/reward_mean"], tmp_path / "means.png")
+    assert out.read_bytes()[:4] == PNG_MAGIC

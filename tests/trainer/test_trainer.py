@@ -108,3 +108,22 @@ def test_dapo_overlong_penalty_and_dynamic_sampling_keep_only_informative_groups
         rewards = batch.rewards[batch.group_ids == gid]
         assert (rewards != rewards[0]).any()
     assert metrics["rollout/num_gen_batches"] >= 1
+
+
+def test_accuracy_all_counts_every_sampled_row_before_the_filters(tmp_path):
+    trainer = make_trainer(tiny_config(tmp_path, "rollout.dynamic_sampling=true", "rollout.max_gen_batches=6"))
+    scored = []
+
+    def by_group(item, text):
+        """Groups of 4 rows in sampling order: all right, then one of four right, then all wrong, repeating."""
+        row, group = len(scored) % 4, len(scored) // 4
+        correct = (group % 3 == 0) or (group % 3 == 1 and row == 0)
+        scored.append(correct)
+        return Score(reward=float(correct), correct=correct, extracted=None)
+
+    trainer.collector.task.score = by_group
+    batch, metrics = trainer.collector.collect(trainer)
+    # three generation batches of two groups: right / mixed, wrong / right, mixed / wrong -> 10 of 24 rows
+    assert metrics["rollout/num_gen_batches"] == 3 and len(scored) == 24
+    assert metrics["rollout/accuracy_all"] == pytest.approx(10 / 24)
+    assert batch.correct.float().mean().item() == pytest.approx(0.25)  # the two mixed groups DAPO kept

@@ -146,12 +146,14 @@ class SingleTurnCollector:
         kept: list[RolloutBatch] = []
         metrics: dict[str, float] = {}
         n_kept = n_seen = 0
+        generated: list[torch.Tensor] = []  # every row's verdict before any filter: the training accuracy DAPO hides
         for gen_batch in range(r.max_gen_batches):
             items = [self.task.train[i] for i in self.stream.take(per_batch)]
             seed = trainer.seed_for("rollout", gen_batch)
             batch = self.generate(trainer.engine, items, r.group_size, self.sampling(), seed,
                                   intervention=trainer.intervention())
             n_seen += per_batch
+            generated.append(batch.correct)
             batch, hook_metrics = trainer.run_generation_hooks(batch)
             metrics.update(hook_metrics)
             if r.dynamic_sampling and len(batch):
@@ -170,6 +172,7 @@ class SingleTurnCollector:
         keep_groups = list(dict.fromkeys(batch.group_ids.tolist()))[: r.prompts_per_step]
         batch = batch.select([i for i, g in enumerate(batch.group_ids.tolist()) if g in set(keep_groups)])
         metrics.update({"rollout/num_gen_batches": gen_batch + 1, "rollout/kept_groups_frac": n_kept / n_seen,
+                        "rollout/accuracy_all": torch.cat(generated).float().mean().item(),
                         "reward/faults": float(self.reward_faults)})
         return batch, metrics
 

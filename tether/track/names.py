@@ -20,6 +20,7 @@ METRICS: dict[str, str] = {
     "actor/kl_loss": "KL penalty to the reference policy, as added to the loss (before its coefficient)",
     "rollout/num_gen_batches": "generation rounds needed to fill the batch (dynamic sampling)",
     "rollout/kept_groups_frac": "fraction of prompt groups kept after filtering zero-variance groups",
+    "rollout/accuracy_all": "fraction of all rows sampled this step, before any filter, the verifier judged correct",
     "val/avg@k": "mean over val prompts of the fraction correct among k samples",
     "val/pass@k": "mean over val prompts of the unbiased pass@k, 1 - C(n-c,k)/C(n,k)",
     "val/reward_mean": "mean reward of the val samples",

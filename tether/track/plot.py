@@ -217,3 +217,51 @@ def plot_compare(run_dirs: Mapping[str, str | Path], metric: str, out: str | Pat
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, Path(out))
+
+
+SEED_SUFFIX = re.compile(r"_s\d+$")  # run names of repeated seeds: NAME, NAME_s1, NAME_s2, ...
+
+
+def seed_groups(names: list[str]) -> dict[str, list[str]]:
+    """Run names grouped by method, in first-seen order: ``armor`` and ``armor_s1`` are two seeds of ``armor``."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(SEED_SUFFIX.sub("", name), []).append(name)
+    return groups
+
+
+def mean_series(runs: list[Series]) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Mean, min and max over runs at the steps every run has logged: (steps, mean, low, high)."""
+    tables = [dict(zip(steps, values, strict=True)) for steps, values in runs]
+    steps = sorted(set.intersection(*(set(t) for t in tables))) if tables else []
+    columns = [[t[s] for t in tables] for s in steps]
+    return (steps, [sum(c) / len(c) for c in columns], [min(c) for c in columns], [max(c) for c in columns])
+
+
+def plot_seed_means(run_dirs: Mapping[str, str | Path], metrics: list[str], out: str | Path) -> Path:
+    """One panel per metric: each method's mean over its seeds, with the band from the lowest to the highest seed.
+
+    Args:
+        run_dirs: run name -> run folder; names that differ only by ``_sN`` are seeds of one method.
+        metrics: metric keys, one panel each, e.g. ``["val/avg@k", "val/pass@k"]``.
+        out: the PNG to write.
+    """
+    from matplotlib.figure import Figure
+
+    series = {name: metric_series(read_metrics(Path(d) / "metrics.jsonl")) for name, d in run_dirs.items()}
+    fig = Figure(figsize=(6 * len(metrics), 4.2))
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.9, bottom=0.12, wspace=0.25)
+    for index, metric in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), index + 1)
+        for method, names in seed_groups(list(run_dirs)).items():
+            have = [series[n][metric] for n in names if metric in series[n]]
+            if not have:
+                continue
+            steps, mean, low, high = mean_series(have)
+            (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=f"{method} ({len(have)})")
+            if len(have) > 1:
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+        ax.set(title=f"{metric}: mean over seeds, band = min..max", xlabel="step", ylabel=metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, Path(out))
