@@ -16,6 +16,8 @@ Writes
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 from pathlib import Path
 
 from tether.track import mean_series, metric_series, plot_seed_means, read_metrics, seed_groups
@@ -46,17 +48,32 @@ def table(rows: dict[str, dict], metric: str) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+LATE = 4  # validation points averaged for the "late" value: one point is noisier than the differences sought
+
+
+def late_mean(values: list[list[float]], last: int = LATE) -> tuple[float, float]:
+    """Mean over seeds of each seed's mean over its last ``last`` points, and its standard error over seeds."""
+    late = [statistics.fmean(v[-last:]) for v in values]
+    se = statistics.stdev(late) / len(late) ** 0.5 if len(late) > 1 else float("nan")
+    return statistics.fmean(late), se
+
+
 def seed_table(root: Path, runs: list[str], metric: str) -> str:
-    """Per method, over the mean curve of its seeds: start, peak, step of the peak, final; and each seed's final."""
-    lines = [f"| method (seeds) | {metric} at step 0 | peak of the mean | step of peak | final mean | final per seed |",
-             "|---|---|---|---|---|---|"]
+    """Per method over its seeds: the mean curve's start, peak and final value; the late means of metric,
+    val/pass@k, the training accuracy before DAPO's filter and the entropy, with standard errors over seeds."""
+    late_keys = [(metric, LATE), ("val/pass@k", LATE), ("rollout/accuracy_all", 10), ("actor/entropy", 10)]
+    lines = [f"| method (seeds) | {metric} at step 0 | peak of the mean (step) | final mean | "
+             + " | ".join(f"{key}, last {n}" for key, n in late_keys) + " |", "|---" * (4 + len(late_keys)) + "|"]
     for method, names in seed_groups(runs).items():
-        curves = [metric_series(read_metrics(root / n / "metrics.jsonl"))[metric] for n in names]
-        steps, mean, _, _ = mean_series(curves)
+        series = [metric_series(read_metrics(root / n / "metrics.jsonl")) for n in names]
+        steps, mean, _, _ = mean_series([s[metric] for s in series])
         peak = max(range(len(mean)), key=mean.__getitem__)
-        finals = ", ".join(f"{values[-1]:.3f}" for _, values in curves)
-        lines.append(f"| {method} ({len(names)}) | {mean[0]:.4f} | {mean[peak]:.4f} | {steps[peak]:g} | "
-                     f"{mean[-1]:.4f} (step {steps[-1]:g}) | {finals} |")
+        cells = []
+        for key, n in late_keys:
+            late, se = late_mean([s[key][1] for s in series], n)
+            cells.append(f"{late:.3f}" if math.isnan(se) else f"{late:.3f} ± {se:.3f}")
+        lines.append(f"| {method} ({len(names)}) | {mean[0]:.3f} | {mean[peak]:.3f} ({steps[peak]:g}) | "
+                     f"{mean[-1]:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
