@@ -4,13 +4,16 @@
         dapo_continued dapo_kl_k3_0.01 dapo_kl_k3_1.0 armor [armor_s1 ...]
 
 Writes
-* ``ROOT/val_compare.png``: the metric and ``val/pass@k`` of every stage-2 method against steps after the
-  peak, the mean over its seeds (runs named ``NAME_sN``) with a min..max band
+* ``ROOT/val_compare.png``: the metric and ``val/pass@k`` of every stage-2 method against steps after
+  the peak, the mean over its seeds (runs named ``NAME_sN``) with a min..max band
   (:func:`tether.track.plot_seed_means`);
-* ``ROOT/stage1.png``: stage 1's training accuracy over all sampled rows (``rollout/accuracy_all``, before
-  DAPO's filter) against its held-out metric, the reward-validation gap the paper starts from;
-* ``ROOT/table.md``: per run the value at step 0, the peak, the step of the peak, the final value and its
-  step, and the last logged drift ``armor/kl_on_old``; with seeds, the same per method over the mean curve.
+* ``ROOT/stage1.png``: stage 1's training accuracy over all sampled rows (``rollout/accuracy_all``,
+  before DAPO's filter) against its held-out metric, the reward-validation gap the paper starts from;
+* ``ROOT/table.md``: per run the value at step 0, the peak, the step of the peak, the final value and
+  its step, and the last logged drift ``armor/kl_on_old``; with seeds, the same per method over the mean
+  curve, and late means with standard errors over seeds.
+
+``--tag TAG`` names the first and the last ``val_compare_TAG.png`` and ``table_TAG.md``.
 """
 
 from __future__ import annotations
@@ -108,10 +111,13 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("runs/armor"))
     parser.add_argument("--stage1", default="stage1_dapo", help="stage-1 run: a name under --root, or a run dir")
     parser.add_argument("--metric", default="val/avg@k")
+    parser.add_argument("--tag", default="", help="suffix of the output names, e.g. ablations -> "
+                                                   "val_compare_ablations.png, table_ablations.md")
     args = parser.parse_args()
+    tag = f"_{args.tag}" if args.tag else ""
 
     png = plot_seed_means({name: args.root / name for name in args.runs}, [args.metric, "val/pass@k"],
-                          args.root / "val_compare.png")
+                          args.root / f"val_compare{tag}.png")
     stage1 = args.root / args.stage1 if (args.root / args.stage1).is_dir() else Path(args.stage1)
     stage1_png = stage1_figure(stage1, args.metric, args.root / "stage1.png")
     rows = {f"{stage1.name} (stage 1)": summarize(stage1, args.metric)}
@@ -120,7 +126,7 @@ def main() -> None:
             f"of stage 1).\n\n" + table(rows, args.metric))
     if any(len(names) > 1 for names in seed_groups(args.runs).values()):
         text += "\nMean over seeds:\n\n" + seed_table(args.root, args.runs, args.metric)
-    (args.root / "table.md").write_text(text)
+    (args.root / f"table{tag}.md").write_text(text)
     print(text)
     print(png, stage1_png)
 
