@@ -11,9 +11,9 @@
 # "stagnates" regimes, Fig. 2a), STAGE2_STEPS (default: the configs' 100), TETHER, PY;
 # CONFIGS (default configs/armor) and STAGE1_RUN: a finished run dir whose checkpoints/best is the peak, which
 # skips stage 1;
-# RUNS (default "dapo_continued dapo_kl_k3 armor"): stage-2 configs of $CONFIGS, run in this order; dapo_kl_k3
-# becomes one run per beta; any other config there works too, e.g. the ablations mix_only anchors_plain_ratio
-# anchors_clip_expansion anchors_offpolicy_is;
+# RUNS (default "dapo_continued dapo_kl_k3 armor"): stage-2 configs of $CONFIGS, run in this order; a KL config
+# (dapo_kl_k3, dapo_kl_k2) becomes one run per beta; any other config there works too, e.g. the ablations
+# mix_only anchors_plain_ratio anchors_clip_expansion anchors_offpolicy_is;
 # SEEDS (default "0"): every stage-2 run once per seed (seed=N; run names get _sN for N != 0);
 # REPORT (default 1): 0 skips the figure and table, e.g. for a second driver that shares the machine.
 # The short miniature from the quickstart's peak:
@@ -81,11 +81,11 @@ for seed in $SEEDS; do
   suffix=""
   [ "$seed" = 0 ] || suffix="_s$seed"
   for config in $RUNS; do
-    if [ "$config" = dapo_kl_k3 ]; then
+    if [[ "$config" == dapo_kl_* ]]; then
       for beta in $BETAS; do
-        run "dapo_kl_k3_$beta$suffix" "$CONFIGS/dapo_kl_k3.yaml" "model.name=$BEST" "seed=$seed" \
+        run "${config}_$beta$suffix" "$CONFIGS/$config.yaml" "model.name=$BEST" "seed=$seed" \
           "algorithm.kl.coef=$beta" "${stage2[@]}"
-        runs+=("dapo_kl_k3_$beta$suffix")
+        runs+=("${config}_$beta$suffix")
       done
     else
       run "$config$suffix" "$CONFIGS/$config.yaml" "model.name=$BEST" "seed=$seed" "${stage2[@]}"

@@ -11,7 +11,7 @@ Writes
   before DAPO's filter) against its held-out metric, the reward-validation gap the paper starts from;
 * ``ROOT/table.md``: per run the value at step 0, the peak, the step of the peak, the final value and
   its step, and the last logged drift ``armor/kl_on_old``; with seeds, the same per method over the mean
-  curve, and late means with standard errors over seeds.
+  curve, and late means (drift included) with standard errors over seeds.
 
 ``--tag TAG`` names the first and the last ``val_compare_TAG.png`` and ``table_TAG.md``.
 """
@@ -63,8 +63,10 @@ def late_mean(values: list[list[float]], last: int = LATE) -> tuple[float, float
 
 def seed_table(root: Path, runs: list[str], metric: str) -> str:
     """Per method over its seeds: the mean curve's start, peak and final value; the late means of metric,
-    val/pass@k, the training accuracy before DAPO's filter and the entropy, with standard errors over seeds."""
-    late_keys = [(metric, LATE), ("val/pass@k", LATE), ("rollout/accuracy_all", 10), ("actor/entropy", 10)]
+    val/pass@k, the training accuracy before DAPO's filter, the entropy and the drift from the reference, with
+    standard errors over seeds."""
+    late_keys = [(metric, LATE), ("val/pass@k", LATE), ("rollout/accuracy_all", 10), ("actor/entropy", 10),
+                 (DRIFT, 10)]
     lines = [f"| method (seeds) | {metric} at step 0 | peak of the mean (step) | final mean | "
              + " | ".join(f"{key}, last {n}" for key, n in late_keys) + " |", "|---" * (4 + len(late_keys)) + "|"]
     for method, names in seed_groups(runs).items():
@@ -73,6 +75,9 @@ def seed_table(root: Path, runs: list[str], metric: str) -> str:
         peak = max(range(len(mean)), key=mean.__getitem__)
         cells = []
         for key, n in late_keys:
+            if any(key not in s for s in series):  # drift is logged only by runs with the armor plug-in
+                cells.append("")
+                continue
             late, se = late_mean([s[key][1] for s in series], n)
             cells.append(f"{late:.3f}" if math.isnan(se) else f"{late:.3f} ± {se:.3f}")
         lines.append(f"| {method} ({len(names)}) | {mean[0]:.3f} | {mean[peak]:.3f} ({steps[peak]:g}) | "
