@@ -51,13 +51,3 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
-
-
-@pytest.fixture
-def toy_task():
-    """The toy single-turn task of tests/trainer/helpers.py, registered for one test (``usefixtures``)."""
-    from tests.trainer.helpers import register_toy, unregister_toy
-
-    register_toy()
-    yield
-    unregister_toy()

@@ -1,4 +1,5 @@
-"""What the two-process tests share: a fixed batch, prompts, and one ``mp.spawn`` of two gloo workers."""
+"""What the multi-process tests share: a fixed batch, prompts, and one ``mp.spawn`` of workers (two gloo ranks on
+the CPU; one NCCL rank in tests/trainer/test_cuda.py)."""
 
 from __future__ import annotations
 
@@ -37,18 +38,20 @@ def fixed_batch() -> RolloutBatch:
         correct=torch.zeros(ROWS, dtype=torch.bool), source=torch.zeros(ROWS, dtype=torch.long))
 
 
-def _run(rank: int, work: Callable[[int, Path], dict[str, Any]], init_file: str, out_dir: str) -> None:
+def _run(rank: int, work: Callable[[int, Path], dict[str, Any]], init_file: str, out_dir: str, world: int,
+         backend: str) -> None:
     torch.set_num_threads(1)
     # A rank that skips a collective fails the test after 2 minutes instead of hanging for gloo's 30.
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(minutes=2))
     result = work(rank, Path(out_dir))
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
-def spawn_two_ranks(work: Callable[[int, Path], dict[str, Any]]) -> Iterator[tuple[list[dict[str, Any]], Path]]:
-    """Run ``work(rank, out_dir)`` in two gloo processes; yields (each rank's result, out_dir)."""
+def spawn_ranks(work: Callable[[int, Path], dict[str, Any]], world: int = WORLD,
+                backend: str = "gloo") -> Iterator[tuple[list[dict[str, Any]], Path]]:
+    """Run ``work(rank, out_dir)`` in ``world`` processes of one group; yields (each rank's result, out_dir)."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_run, args=(work, os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
-        yield [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(WORLD)], Path(tmp)
+        mp.spawn(_run, args=(work, os.path.join(tmp, "init"), tmp, world, backend), nprocs=world, join=True)
+        yield [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)], Path(tmp)

@@ -11,15 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_two_ranks
-from tests.trainer.helpers import register_toy, tiny_config
+from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_ranks
+from tests.trainer.helpers import tiny_config
 from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
 from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
 from tether.models import tiny_model
 from tether.trainer import Trainer
-
-pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
 
 
 def make_trainer(cfg):
@@ -40,7 +38,6 @@ def run_update(run_dir: Path) -> dict:
 
 
 def _work(rank: int, out: Path) -> dict:
-    register_toy()
     result = {"update": run_update(out / "update")}
     trainer = make_trainer(tiny_config(out / "fit", "train.steps=1"))  # fit() is what `tether train` runs
     result["generation"] = trainer.engine.generate(PROMPTS, SAMPLING, seed=123)
@@ -57,7 +54,7 @@ def _work(rank: int, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def two_ranks():
     """Results of both workers, from one ``mp.spawn``."""
-    yield from spawn_two_ranks(_work)
+    yield from spawn_ranks(_work)
 
 
 def test_split_and_micro_batches_cover_every_row_once():

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_two_ranks
-from tests.trainer.helpers import register_toy, tiny_config
+from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_ranks
+from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
 from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
 from tether.distributed.fsdp import gathered
@@ -28,8 +28,6 @@ from tether.engine.hf import HFEngine
 from tether.models import forward, tiny_model
 from tether.trainer import Trainer
 from tether.trainer.checkpoint import load_state
-
-pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
 
 FSDP = ("distributed.strategy=fsdp2",)
 # Resume runs: ARMOR's reference reset after step 2 moves the reference, which the KL term of step 3 then
@@ -137,7 +135,6 @@ def _seed(out: Path) -> dict[str, Any]:
 
 
 def _work(rank: int, out: Path) -> dict[str, Any]:
-    register_toy()
     return {"update": run_update(out / "update", *FSDP, "train.gradient_checkpointing=true"),
             # repeated prompts but no sharing under FSDP2: ranks would call the layers unequally often
             "update_no_checkpointing": run_update(out / "update_no_ckpt", *FSDP),
@@ -147,7 +144,7 @@ def _work(rank: int, out: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    yield from spawn_two_ranks(_work)
+    yield from spawn_ranks(_work)
 
 
 def test_lock_step_micro_batches_pad_ranks_to_the_same_count_and_cover_every_row_once():

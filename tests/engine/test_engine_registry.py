@@ -16,8 +16,6 @@ from tether.trainer import Trainer
 EAPO = 'methods.eapo={prior: runs/prior}'
 
 
-pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
-
 
 @pytest.fixture
 def copy_engine(monkeypatch):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.trainer.helpers import register_toy, tiny_config, unregister_toy
+from tests.trainer.helpers import tiny_config
 from tether.distributed import concat_generations, rank_seed, split_evenly
 from tether.engine import Generation, HFEngine, SamplingParams
 from tether.engine.ray_engine import RayEngine
@@ -25,17 +25,13 @@ SAMPLING = SamplingParams(max_new_tokens=6, top_k=50, stop=("\n",))
 @pytest.fixture(scope="module")
 def trainer(ray_session, tmp_path_factory, tokenizer):
     """A trainer whose engine is two Ray actors; its policy starts as ``tiny_model(seed=0)``."""
-    register_toy()
-    try:
-        cfg = tiny_config(tmp_path_factory.mktemp("ray"), "rollout.engine=ray", "train.steps=2",
-                          f"rollout.engine_kwargs={{num_actors: {ACTORS}}}")
-        model, tok = tiny_model(seed=0, tokenizer=tokenizer)
-        trainer = Trainer(cfg, policy=model, tokenizer=tok)
-        yield trainer
-        for actor in trainer.engine.actors:  # give their CPUs back to the session's other Ray tests
-            ray_session.kill(actor)
-    finally:
-        unregister_toy()
+    cfg = tiny_config(tmp_path_factory.mktemp("ray"), "rollout.engine=ray", "train.steps=2",
+                      f"rollout.engine_kwargs={{num_actors: {ACTORS}}}")
+    model, tok = tiny_model(seed=0, tokenizer=tokenizer)
+    trainer = Trainer(cfg, policy=model, tokenizer=tok)
+    yield trainer
+    for actor in trainer.engine.actors:  # give their CPUs back to the session's other Ray tests
+        ray_session.kill(actor)
 
 
 def in_process(model: torch.nn.Module, tok, seed: int) -> Generation:

@@ -316,7 +316,7 @@ def make_trainer(tmp_path, tiny_policy, name, loss="eapo", advantage="grpo", **e
 
 
 @pytest.mark.parametrize("knob", [{"budget": 0}, {"mix_lambda": 0.0}])
-def test_budget_0_or_lambda_0_trains_exactly_like_grpo(tmp_path, tiny_policy, prior_dir, toy_task, knob):
+def test_budget_0_or_lambda_0_trains_exactly_like_grpo(tmp_path, tiny_policy, prior_dir, knob):
     grpo, grpo_batches = make_trainer(tmp_path, tiny_policy, "grpo", loss="ppo")
     guided, guided_batches = make_trainer(tmp_path, tiny_policy, "eapo", prior=str(prior_dir), threshold=-1.0,
                                           **knob)
@@ -332,7 +332,7 @@ def test_budget_0_or_lambda_0_trains_exactly_like_grpo(tmp_path, tiny_policy, pr
     assert b["eapo/injected_token_frac"] == 0 and b["eapo/is_weight_mean"] == 1
 
 
-def test_cosine_schedule_switches_the_prior_off(tmp_path, tiny_policy, prior_dir, toy_task):
+def test_cosine_schedule_switches_the_prior_off(tmp_path, tiny_policy, prior_dir):
     trainer, _ = make_trainer(tmp_path, tiny_policy, "cos", prior=str(prior_dir), threshold=-1.0,
                               schedule="cosine", decay_steps=2)
     lambdas, injected = [], []
@@ -344,7 +344,7 @@ def test_cosine_schedule_switches_the_prior_off(tmp_path, tiny_policy, prior_dir
     assert trainer.methods[0].intervention(trainer).passive  # the prior no longer runs
 
 
-def test_guided_training_step(tmp_path, tiny_policy, prior_dir, toy_task):
+def test_guided_training_step(tmp_path, tiny_policy, prior_dir):
     trainer, batches = make_trainer(tmp_path, tiny_policy, "eapo", prior=str(prior_dir), budget=2,
                                     threshold_mode="quantile", quantile=0.5, floor=0.0,
                                     advantage_grouping="non_injected")
@@ -373,7 +373,7 @@ def test_guided_training_step(tmp_path, tiny_policy, prior_dir, toy_task):
     assert fresh.threshold == method.threshold
 
 
-def test_vocabulary_mismatch_stops_the_trainer(tmp_path, tiny_policy, tokenizer, toy_task):
+def test_vocabulary_mismatch_stops_the_trainer(tmp_path, tiny_policy, tokenizer):
     small, _ = tiny_model(seed=1, tokenizer=tokenizer, vocab_size=1000)
     small.save_pretrained(tmp_path / "small")
     tokenizer.save_pretrained(tmp_path / "small")
@@ -398,7 +398,7 @@ def test_weights_of_real_guided_rollouts_never_exceed_the_cap(tiny_policy):
     assert torch.isfinite(eapo(inputs, correction="none").loss) and torch.isfinite(ppo(inputs).loss)
 
 
-def test_settings_that_cannot_work_together_fail_or_warn(tmp_path, tiny_policy, prior_dir, toy_task):
+def test_settings_that_cannot_work_together_fail_or_warn(tmp_path, tiny_policy, prior_dir):
     with pytest.raises(ValueError, match=r"advantage_grouping=non_injected needs algorithm\.advantage grpo"):
         make_trainer(tmp_path, tiny_policy, "rloo", advantage="rloo", prior=str(prior_dir),
                      advantage_grouping="non_injected")

@@ -199,10 +199,9 @@ def test_opd_schedule_off_masks_everything(tiny_policy, tmp_path):
 
 
 def test_seed_needs_an_env(tmp_path):
-    from tests.trainer.helpers import register_toy, tiny_config
+    from tests.trainer.helpers import tiny_config
     from tether.models import tiny_model
 
-    register_toy()
     cfg = tiny_config(tmp_path, methods={"seed": {}})
     model, tok = tiny_model()
     with pytest.raises(ConfigError, match="needs an env"):

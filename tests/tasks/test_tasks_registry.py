@@ -26,7 +26,15 @@ def toy_task():
 
 
 def test_builtin_tasks_are_registered():
-    assert {"reasoning_gym", "jsonl"} <= set(task_names())
+    assert {"reasoning_gym", "jsonl", "parity"} <= set(task_names())
+
+
+def test_parity_rewards_even_length_responses_and_keeps_splits_apart():
+    task = make_task("parity", train_size=3, val_size=2)
+    assert (len(task.train), len(task.val)) == (3, 2)
+    assert not {i.prompt for i in task.train} & {i.prompt for i in task.val}
+    assert task.score(task.train[0], "ab") == Score(1.0, True, None)
+    assert task.score(task.train[0], "abc") == Score(0.0, False, None)
 
 
 def test_unknown_task_lists_known_ones():

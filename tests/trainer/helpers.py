@@ -1,38 +1,12 @@
-"""A deterministic toy task and a tiny-config builder shared by the trainer tests."""
+"""A tiny-config builder shared by the trainer tests, on the built-in ``parity`` task."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from tether.config import Config, load_config
-from tether.tasks import Score, TaskItem, register_task, unregister_task
 
-TOY_TASK = "toy_parity"
-
-
-class ParityTask:
-    """Reward 1 when the response has an even number of characters: varies across samples of any model."""
-
-    name = TOY_TASK
-    system_prompt = None
-
-    def __init__(self, n_train: int = 12, n_val: int = 4) -> None:
-        self.train = [TaskItem(prompt=f"Say something {i}.", answer=None, id=f"toy/train/{i}") for i in range(n_train)]
-        self.val = [TaskItem(prompt=f"Say nothing {i}.", answer=None, id=f"toy/val/{i}") for i in range(n_val)]
-
-    def score(self, item: TaskItem, response_text: str) -> Score:
-        good = len(response_text) % 2 == 0
-        return Score(reward=float(good), correct=good, extracted=None)
-
-
-def register_toy() -> None:
-    with contextlib.suppress(ValueError):  # already registered by an earlier test module
-        register_task(TOY_TASK)(ParityTask)
-
-
-def unregister_toy() -> None:
-    unregister_task(TOY_TASK)
+TOY_TASK = "parity"  # the built-in smoke task (tether/tasks/parity.py): reward varies on random weights
 
 
 def tiny_config(tmp_path: Any, *overrides: str, **data: Any) -> Config:

@@ -11,8 +11,6 @@ from tether.models import tiny_model
 from tether.trainer import Trainer
 from tether.trainer.checkpoint import CheckpointManager, load_state
 
-pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
-
 
 def write_marker(text: str):
     def write(directory):

@@ -20,8 +20,6 @@ from tether.distributed import DataParallel, Replicate, resolve_device
 from tether.methods.seed import run_skill_sft
 from tether.trainer import Trainer, evaluate
 
-pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
-
 
 @pytest.fixture
 def gpus(monkeypatch):

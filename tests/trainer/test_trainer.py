@@ -12,8 +12,6 @@ from tether.models import tiny_model
 from tether.tasks import Score
 from tether.trainer import Trainer
 
-pytestmark = pytest.mark.usefixtures("toy_task")  # the toy task of tests/trainer/helpers.py, per test
-
 
 def make_trainer(cfg):
     model, tok = tiny_model(seed=0)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One prepared check on a GPU machine: the CUDA tests, then the smoke table (docs/scaling.md, "Checked on a GPU").
+#   scripts/gpu_check.sh            # from the repo root; logs and JSON rows under $OUT (default runs/gpu_check)
+# Offline machines: put missing wheels in .whl/ and the SmolLM2 tokenizer cache in .gpu/cache (TETHER_CACHE).
+set -uo pipefail
+OUT=${OUT:-runs/gpu_check}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+[ -d .gpu/cache ] && export TETHER_CACHE="$PWD/.gpu/cache"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+status=0
+timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -k cuda tests/trainer/test_device_mixing.py \
+  tests/trainer/test_cuda.py 2>&1 | tee "$OUT/pytest.log" || status=1
+# 2 steps of 128 tokens per method: the whole script fits in about 6 minutes of a lent GPU
+timeout 240 python3 scripts/gpu_smoke.py --model random:smollm2-135m --steps 2 --tokens 128 \
+  --json "$OUT/smoke_smollm2_fp32.json" 2>&1 | grep -v "Loading weights\|Writing model" | tee "$OUT/smoke.log" || status=1
+exit $status
