@@ -295,7 +295,8 @@ def validate_components(cfg: Config) -> None:
 
 
 def validate_engine(cfg: Config) -> None:
-    """``rollout.engine`` is registered, its ``engine_kwargs`` are its builder's, and it can run every method."""
+    """``rollout.engine`` is registered, its ``engine_kwargs`` are its builder's, and it can run every method and the
+    distributed strategy."""
     from tether.engine.registry import ENGINES, engine_builder, engine_entry
     from tether.methods import METHODS
 
@@ -305,6 +306,10 @@ def validate_engine(cfg: Config) -> None:
     except KeyError as err:
         raise ConfigError(f"rollout.engine: {err.args[0]}") from None
     check_kwargs(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
+    if cfg.distributed.strategy == "fsdp2" and not entry.shares_policy:
+        sharing = ", ".join(n for n, e in ENGINES.items() if e.shares_policy)
+        raise ConfigError(f"rollout.engine={r.engine} keeps its own copy of the weights, and pushing a sharded policy "
+                          f"to it is not built; with distributed.strategy=fsdp2 use rollout.engine: {sharing}")
     if entry.interventions:
         return
     able = ", ".join(n for n, e in ENGINES.items() if e.interventions)

@@ -57,6 +57,14 @@ def test_eapo_with_an_engine_without_interventions_is_refused_naming_the_keys(tm
     tiny_config(tmp_path, EAPO, "algorithm.policy_loss=eapo")  # hf intervenes
 
 
+@pytest.mark.parametrize("engine", ["vllm", "ray"])
+def test_fsdp2_with_an_engine_that_keeps_its_own_weights_is_refused(tmp_path, engine):
+    with pytest.raises(ConfigError, match=rf"rollout\.engine={engine} keeps its own copy of the weights.*"
+                                          r"distributed\.strategy=fsdp2 use rollout\.engine: hf"):
+        tiny_config(tmp_path, f"rollout.engine={engine}", "distributed.strategy=fsdp2")
+    tiny_config(tmp_path, "distributed.strategy=fsdp2")  # hf samples with the gathered policy itself
+
+
 # -- start time ---------------------------------------------------------------------------------------
 
 
@@ -83,7 +91,7 @@ def test_vllm_is_refused_before_any_model_loads(tmp_path, monkeypatch):
         raise AssertionError("the policy was loaded before the engine check")
 
     monkeypatch.setattr("tether.trainer.trainer.load_policy", no_load)
-    with pytest.raises(EngineUnavailableError, match="rollout.engine=vllm needs"):
+    with pytest.raises(EngineUnavailableError, match=r"rollout\.engine=vllm needs"):
         Trainer(tiny_config(tmp_path, "rollout.engine=vllm"))
 
 

@@ -29,15 +29,18 @@ class EngineEntry:
         interventions: True when the engine runs per-step interventions (EAPO needs them).
         check: ``"module:function"`` that raises :class:`~tether.engine.base.EngineUnavailableError` when the
             engine cannot run on this machine; None when it always can.
+        shares_policy: True when the engine samples with the policy module itself (no copy of its own), which
+            is what FSDP2 needs: it gathers the sharded policy around each ``generate`` call.
     """
 
     builder: str
     interventions: bool
     check: str | None = None
+    shares_policy: bool = False
 
 
 ENGINES: dict[str, EngineEntry] = {
-    "hf": EngineEntry("tether.engine.hf:build_hf_engine", interventions=True),
+    "hf": EngineEntry("tether.engine.hf:build_hf_engine", interventions=True, shares_policy=True),
     "vllm": EngineEntry("tether.engine.vllm:build_vllm_engine", interventions=False,
                         check="tether.engine.vllm:check_vllm_available"),
     "ray": EngineEntry("tether.engine.ray_engine:build_ray_engine", interventions=False,
