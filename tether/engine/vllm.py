@@ -2,9 +2,9 @@
 CPU build (``tests/integrations/test_vllm_engine.py``, docs/engine.md).
 
 * ``generate``: one vLLM seed per row (:func:`row_seeds`); ``SamplingParams(logprobs=0)`` returns the log-prob
-  of each sampled token. vLLM reports
-  it under its own ``logprobs_mode``; ``processed_logprobs`` (after temperature / top-k / top-p) is the
-  distribution the token was drawn from, which is what tether's ``sample_log_probs`` means.
+  of each sampled token. vLLM reports it under its own ``logprobs_mode``; ``processed_logprobs`` (after
+  temperature / top-k / top-p) is the distribution the token was drawn from, which is what tether's
+  ``sample_log_probs`` means.
 * ``score``: ``prompt_logprobs=0`` over prompt + response, one generated token, reading the response part.
 * ``load_weights``: the policy's weights go to a safetensors file, and each vLLM worker loads it in place
   (:class:`WeightLoader`, mixed into the workers as vLLM's ``worker_extension_cls``). vLLM's
