@@ -8,6 +8,7 @@ so a random model gets mixed groups and mixed reference samples.
 from __future__ import annotations
 
 import copy
+import weakref
 from pathlib import Path
 
 import pytest
@@ -218,7 +219,15 @@ def test_two_stage_recipe_checks_its_configs(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_stage_recipe_starts_stage_two_from_the_best_checkpoint(tiny, tmp_path):
+def test_two_stage_recipe_starts_stage_two_from_the_best_checkpoint(tiny, tmp_path, monkeypatch):
+    earlier_alive, trainers, init = [], [], Trainer.__init__
+
+    def recording_init(self, *args, **kwargs):
+        earlier_alive.append([ref() is not None for ref in trainers])
+        trainers.append(weakref.ref(self))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", recording_init)
     model, tokenizer = tiny
     model.save_pretrained(tmp_path / "base")
     tokenizer.save_pretrained(tmp_path / "base")
@@ -231,3 +240,4 @@ def test_two_stage_recipe_starts_stage_two_from_the_best_checkpoint(tiny, tmp_pa
     assert out["stage1"]["steps"] == 2 and out["stage2"]["steps"] == 1
     written = load_config(tmp_path / "s2" / "config.yaml")
     assert written.model.name == str(best) and written.model.ref_name is None
+    assert earlier_alive == [[], [False]]  # stage 1's trainer (models, optimiser, engines) was freed first

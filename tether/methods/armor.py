@@ -19,6 +19,7 @@ Mixed Optimisation is the ``armor`` policy loss of :mod:`tether.algos` (``algori
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -352,6 +353,13 @@ def run_two_stage(stage1: Config, stage2: Config) -> dict[str, Any]:
         raise ConfigError(f"stage 1 and stage 2 share run_dir {stage1.run_dir!r}; give them different ones")
     first = Trainer(stage1)
     first.fit()
+    first_summary = first.summary()
+    # Stage 1's models, optimiser state and engines go before stage 2 builds its own: on a GPU, two trainers of the
+    # paper's 7B model (or two vLLM engines) would not fit side by side.
+    del first
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     best = Path(stage1.run_dir) / "checkpoints" / "best"
     if not (best / "trainer_state.pt").is_file():
         raise RuntimeError(f"stage 1 wrote no {best}: train.best_metric={stage1.train.best_metric!r} was "
@@ -363,4 +371,4 @@ def run_two_stage(stage1: Config, stage2: Config) -> dict[str, Any]:
     second.fit()
     return {"best_checkpoint": str(best), "best_step": picked["step"],
             "best_metric": {picked["name"]: picked["metric"]},
-            "stage1": first.summary(), "stage2": second.summary()}
+            "stage1": first_summary, "stage2": second.summary()}
