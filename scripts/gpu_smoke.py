@@ -16,6 +16,7 @@ step, rollout and training tokens per second, and peak GPU memory.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import statistics
@@ -51,7 +52,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "armor": {"methods": {"armor": {}}, "algorithm": {"policy_loss": "armor", "advantage": "qae"},
               "rollout": {"max_gen_batches": 8}},
     # the quantile gate opens on every rollout, whatever the weights (a fixed threshold may never open on random ones)
-    "eapo": {"methods": {"eapo": {"prior": "{prior}", "threshold_mode": "quantile", "floor": -1.0}},
+    "eapo": {"methods": {"eapo": {"threshold_mode": "quantile", "floor": -1.0}},
              "algorithm": {"policy_loss": "eapo"}},
 }
 PROOF = ("armor/acceptance_rate", "armor/anchor_rows", "eapo/injected_token_frac", "actor/kl_loss")
@@ -78,8 +79,10 @@ def config(name: str, model: str, args: argparse.Namespace, run_root: Path) -> d
         "optim": {"micro_batch_size": 8}, "val": {"every": 0},
         "train": {"steps": args.steps, "resume": False, "device": args.device},
         "logging": {"tensorboard": False, "progress": False}}
-    for section, values in json.loads(json.dumps(METHODS[name]).replace("{prior}", model)).items():
+    for section, values in copy.deepcopy(METHODS[name]).items():
         data[section] = {**data.get(section, {}), **values}
+    if "eapo" in data.get("methods", {}):
+        data["methods"]["eapo"]["prior"] = model  # the prior: the policy's own initial weights
     return data
 
 
