@@ -54,9 +54,10 @@ def flat_params(model) -> torch.Tensor:
 
 
 def update_fixed_batch(trainer: Trainer) -> dict[str, Any]:
-    """score -> advantages -> update on the fixed batch; the last optimiser step's gradients stay."""
+    """score -> advantages -> update on the fixed batch, moved to the trainer's device as ``train_step`` moves it;
+    the last optimiser step's gradients stay."""
     before = flat_params(trainer.policy)
-    batch = fixed_batch()
+    batch = fixed_batch().to(trainer.device)
     trainer.score(batch)
     trainer.compute_advantages(batch)
     metrics = trainer.update(batch)

@@ -19,13 +19,13 @@ import pytest
 import torch
 import yaml
 
-from tests.distributed.helpers import PROMPTS, UPDATE, fixed_batch, spawn_ranks
-from tests.distributed.test_fsdp2 import FSDP, flat_params, full, make_trainer, shards
+from tests.distributed.helpers import PROMPTS, UPDATE, spawn_ranks
+from tests.distributed.test_fsdp2 import FSDP, make_trainer, shards
+from tests.distributed.test_fsdp2 import update_fixed_batch as update
 from tests.trainer.helpers import tiny_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
 from tether.models import forward, tiny_model
-from tether.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA)")
 
@@ -37,16 +37,6 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """``||got - want|| / ||want||``, on the CPU in float64."""
     got, want = got.double().cpu(), want.double().cpu()
     return float((got - want).norm() / want.norm())
-
-
-def update(trainer: Trainer) -> dict[str, Any]:
-    """score -> advantages -> update on the fixed batch, moved to the trainer's device as ``train_step`` does."""
-    batch = fixed_batch().to(trainer.device)
-    trainer.score(batch)
-    trainer.compute_advantages(batch)
-    metrics = trainer.update(batch)
-    return {"metrics": metrics, "grads": torch.cat([full(p.grad).flatten() for p in trainer.policy.parameters()]).cpu(),
-            "params": flat_params(trainer.policy).cpu()}
 
 
 def test_the_update_on_the_gpu_equals_the_cpu_update_in_float64(tmp_path):

