@@ -4,7 +4,7 @@
 #
 #   nohup scripts/agent_experiment.sh > runs/agents/frozenlake_tiny.log 2>&1 &
 #
-# MODEL=tiny (default) is a 2-layer, hidden-64 Llama with the SmolLM2 tokenizer, initialised at random:
+# MODEL=tiny-64x2 (default) is a 2-layer, hidden-64 Llama with the SmolLM2 tokenizer, initialised at random:
 # what fits a shared 2-core CPU. MODEL=smollm2-135m-instruct runs the same pipeline on SmolLM2 (give it
 # smaller learning rates, e.g. SFT_LR=5e-5 GRPO_LR=1e-5, and far more compute). CFG picks the environment's
 # config (default configs/agents/frozenlake_grpo.yaml; configs/agents/sokoban_grpo.yaml works the same), OUT the
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-runs/agents/frozenlake_tiny}
-model=${MODEL:-tiny}
+model=${MODEL:-tiny-64x2}
 cfg=${CFG:-configs/agents/frozenlake_grpo.yaml}
 # FrozenLake's and Sokoban's observations are the whole board, so the history adds tokens but no information.
 common=(env.history=0 env.val_tasks=64 "train.threads=${THREADS:-2}")
@@ -21,12 +21,12 @@ mkdir -p "$out"
 start=$(date +%s)
 
 echo "== 1. SFT on solver demonstrations"
-.venv/bin/python scripts/sft_warm_start.py "$cfg" "${common[@]}" --out "$out/sft" --model "$model" \
-  --threads "${THREADS:-2}" --hidden 64 --layers 2 --episodes 600 --explore 0.3 --steps "${SFT_STEPS:-300}" --batch 16 --lr "${SFT_LR:-2e-3}"
+.venv/bin/tether sft "$cfg" "${common[@]}" "run_dir=$out/sft" "model.name=$model" sft.data=solver sft.examples=600 \
+  sft.explore=0.3 sft.epochs=2 sft.batch_size=16 sft.micro_batch_size=16 "sft.lr=${SFT_LR:-2e-3}" logging.tensorboard=false
 echo "sft done after $(( $(date +%s) - start ))s"
 
 echo "== 2. GRPO from the SFT checkpoint (validation at step 0 = the SFT model)"
-.venv/bin/tether train "$cfg" "${common[@]}" "model.name=$out/sft" "run_dir=$out/grpo" \
+.venv/bin/tether train "$cfg" "${common[@]}" "model.name=$out/sft/checkpoint" "run_dir=$out/grpo" \
   "train.steps=${GRPO_STEPS:-20}" val.every=5 "optim.lr=${GRPO_LR:-3e-4}" logging.tensorboard=false logging.progress=false \
   "$@"
 echo "grpo done after $(( $(date +%s) - start ))s"

@@ -1,4 +1,4 @@
-"""``tether train | eval | plot | show | validate``."""
+"""``tether train | sft | eval | experiment | plot | show | validate | recipe``."""
 
 from __future__ import annotations
 
@@ -104,6 +104,32 @@ def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = N
     with _config_errors():
         result = run_two_stage(first, second)
     typer.echo(json.dumps(result, indent=2, default=str))
+
+
+@app.command()
+def sft(config: Path, overrides: Overrides = None) -> None:
+    """Supervised warm start (the config's sft: section): task demonstrations, a JSONL file or an env's solver."""
+    cfg = _load(config, overrides)
+    from tether.sft import run_sft
+
+    with _config_errors():
+        summary = run_sft(cfg)
+    typer.echo(json.dumps(summary, indent=2, default=str))
+
+
+@app.command()
+def experiment(protocol: Path,
+               report_only: Annotated[bool, typer.Option(help="only (re)write the report from finished runs")] = False
+               ) -> None:
+    """Run a pre-registered protocol (arms x seeds, separate processes, resumable) and write its report."""
+    from tether.lab.experiment import run_experiment
+
+    with _config_errors():
+        data = run_experiment(protocol, report_only=report_only)
+    root = Path(data["protocol"]["run_root"])
+    typer.echo((root / "report.md").read_text())
+    if data["failures"]:
+        raise typer.Exit(1)
 
 
 @app.command("seed-sft")

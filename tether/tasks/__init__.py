@@ -4,8 +4,9 @@
 >>> task = make_task("reasoning_gym", dataset="chain_sum", train_size=8, val_size=4)  # doctest: +SKIP
 """
 
-from tether.tasks import jsonl_task, parity, reasoning_gym_task  # noqa: F401  (registers the built-in tasks)
-from tether.tasks.base import RewardMap, Score, Task, TaskItem, fault_score, safe_score
+from tether.tasks import addition, jsonl_task, parity, reasoning_gym_task  # noqa: F401  (registers the built-in tasks)
+from tether.tasks.addition import AdditionTask
+from tether.tasks.base import RewardMap, Score, Task, TaskItem, fault_score, safe_score, task_split
 from tether.tasks.extract import (
     ANSWER_INSTRUCTION,
     DEFAULT_PROMPT_TEMPLATE,
@@ -24,6 +25,7 @@ __all__ = [
     "ANSWER_INSTRUCTION",
     "DEFAULT_PROMPT_TEMPLATE",
     "EXTRACT_MODES",
+    "AdditionTask",
     "JsonlTask",
     "ReasoningGymTask",
     "RewardMap",
@@ -43,5 +45,6 @@ __all__ = [
     "safe_score",
     "sample_metrics",
     "task_names",
+    "task_split",
     "unregister_task",
 ]

@@ -123,3 +123,16 @@ class RewardMap:
         if self.mode == "binary":
             return self.correct if correct else self.wrong
         return self.wrong + score * (self.correct - self.wrong)
+
+
+def task_split(task: Task, split: str) -> list[TaskItem]:
+    """Items of split ``split``: ``train`` and ``val`` for every task, more (``report``, ``sft``) where a task
+    has a ``splits`` mapping (e.g. :class:`~tether.tasks.addition.AdditionTask`).
+
+    Raises:
+        ValueError: the task has no such split (the message lists the ones it has).
+    """
+    splits = getattr(task, "splits", None) or {"train": task.train, "val": task.val}
+    if split not in splits:
+        raise ValueError(f"task {task.name!r} has no split {split!r}; it has: {', '.join(splits)}")
+    return splits[split]

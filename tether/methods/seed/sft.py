@@ -17,7 +17,6 @@ Run it with ``tether seed-sft CONFIG [key=value ...]``; settings are
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import random
@@ -29,8 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from tether.config import SFTSettings
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
+from tether.sft import Example, encode_examples, train_sft
 
 if TYPE_CHECKING:
     from tether.config import Config
@@ -50,10 +51,10 @@ class OpenAISettings(BaseModel):
     workers: int = Field(4, ge=1, description="concurrent requests")
 
 
-class SkillSFTSettings(BaseModel):
-    """``methods.seed.sft``: stage 1. Paper values in the descriptions (ALFWorld, Qwen2.5-3B, 8 GPUs)."""
+class SkillSFTSettings(SFTSettings):
+    """``methods.seed.sft``: stage 1. The SFT hyperparameters are tether's one SFT loop's (:mod:`tether.sft`), with
+    the paper's values as defaults (ALFWorld, Qwen2.5-3B, 8 GPUs)."""
 
-    model_config = ConfigDict(extra="forbid")
     tasks: int = Field(180, ge=1, description="training tasks rolled out (paper: 180), the first of env.train_tasks")
     rollouts_per_task: int = Field(8, ge=1, description="trajectories per task (paper: 8)")
     temperature: float | None = Field(None, gt=0, description="rollout temperature (default rollout.temperature; "
@@ -67,7 +68,6 @@ class SkillSFTSettings(BaseModel):
     lr: float = Field(5e-6, gt=0, description="paper: 5e-6 (text models)")
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="linear warm-up share, then cosine decay to 0")
-    grad_clip: float = Field(1.0, gt=0)
     max_length: int = Field(8192, ge=16, description="prompt + response tokens; longer examples are dropped "
                                                      "(paper: 8192 ALFWorld)")
     val_fraction: float = Field(0.1, ge=0, lt=1, description="held-out share of the records (paper: 0.1)")
@@ -75,9 +75,9 @@ class SkillSFTSettings(BaseModel):
     eval_examples: int = Field(16, ge=0, description="val prompts analysed greedily before and after SFT to "
                                                      "measure the parse rate (0: skip)")
     replay_data: str | None = Field(None, description="JSONL of {prompt, response} pairs mixed into the training "
-                                    "examples, e.g. the action warm start's (scripts/sft_warm_start.py "
-                                    "--pairs-out). Not in the paper: it keeps a small model acting while it "
-                                    "learns to analyse")
+                                    "examples, e.g. an action warm start's data (tether sft with data=solver "
+                                    "writes run_dir/data/train.jsonl). Not in the paper: it keeps a small model "
+                                    "acting while it learns to analyse")
     replay_examples: int | None = Field(None, ge=1, description="replay pairs drawn (seeded by data_seed; "
                                                                 "default: all of them)")
 
@@ -177,100 +177,9 @@ def load_replay(s: SkillSFTSettings) -> list[dict]:
     return pairs
 
 
-def encode_examples(records: list[dict], tokenizer: Any, max_length: int) -> tuple[list[tuple[list[int], list[int]]],
-                                                                                   int]:
-    """(chat-templated prompt ids, response ids + EOS) per record; drops those over ``max_length``."""
-    from tether.models import encode_chat
-
-    out, dropped = [], 0
-    for r in records:
-        prompt = encode_chat(tokenizer, r["prompt"])
-        response = [*tokenizer(r["response"], add_special_tokens=False).input_ids, tokenizer.eos_token_id]
-        if len(prompt) + len(response) > max_length:
-            dropped += 1
-            continue
-        out.append((prompt, response))
-    return out, dropped
-
-
-def _pad(responses: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in responses)
-    ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(responses), width)
-    for i, r in enumerate(responses):
-        ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1.0
-    return ids, mask
-
-
-def nll_sum(model: Any, examples: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Sum of ``-log p(response token | prompt, earlier response tokens)`` over the examples' response tokens."""
-    from tether.models import response_log_probs
-
-    ids, mask = _pad([r for _, r in examples], pad_id)
-    log_probs, _ = response_log_probs(model, [p for p, _ in examples], ids, mask)
-    return -(log_probs * mask.to(log_probs)).sum()
-
-
-def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SkillSFTSettings,
-              log: Path | None = None, bf16_autocast: bool = False) -> dict[str, float]:
-    """Response-only SFT: AdamW, warm-up then cosine, grad clip; token-mean NLL per optimiser batch.
-
-    ``bf16_autocast`` runs the forward passes under bfloat16 autocast (``model.bf16_autocast`` of the config).
-
-    Returns:
-        ``steps``, ``train_loss`` (last step), ``val_loss`` (after the last epoch, NaN without val data).
-    """
-    from transformers import get_cosine_schedule_with_warmup
-
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    per_epoch = math.ceil(len(train) / s.batch_size)
-    total = per_epoch * s.epochs
-    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
-    schedule = get_cosine_schedule_with_warmup(optimizer, int(s.warmup_ratio * total), total)
-    model.eval()  # no dropout, as in the RL stage
-    step, last = 0, {"train_loss": math.nan, "val_loss": math.nan}
-    for epoch in range(s.epochs):
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(s.data_seed + epoch)).tolist()
-        for b in range(0, len(order), s.batch_size):
-            batch = [train[i] for i in order[b:b + s.batch_size]]
-            tokens = sum(len(r) for _, r in batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss_value = 0.0
-            for m in range(0, len(batch), s.micro_batch_size):
-                with _autocast(model, bf16_autocast):
-                    loss = nll_sum(model, batch[m:m + s.micro_batch_size], pad) / tokens
-                loss.backward()
-                loss_value += loss.item()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-            optimizer.step()
-            schedule.step()
-            step += 1
-            last["train_loss"] = loss_value
-            _log(log, {"epoch": epoch, "step": step, "loss": loss_value, "grad_norm": float(grad_norm),
-                       "lr": schedule.get_last_lr()[0], "tokens": tokens})
-        if val:
-            last["val_loss"] = evaluate_nll(model, val, pad, s.micro_batch_size)
-            _log(log, {"epoch": epoch, "step": step, "val_loss": last["val_loss"]})
-    return {"steps": float(step), **last}
-
-
-@torch.no_grad()
-def evaluate_nll(model: Any, examples: list, pad_id: int, micro: int) -> float:
-    """Token-mean NLL of the responses."""
-    total = sum(nll_sum(model, examples[i:i + micro], pad_id).item() for i in range(0, len(examples), micro))
-    return total / max(sum(len(r) for _, r in examples), 1)
-
-
-def _autocast(model: Any, enabled: bool) -> contextlib.AbstractContextManager:
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
-
-
-def _log(path: Path | None, row: dict[str, Any]) -> None:
-    if path is not None:
-        with path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+def to_examples(records: list[dict]) -> list[Example]:
+    """``{prompt, response}`` records as examples of tether's SFT loop (the analyzer prompt is a user message)."""
+    return [Example(r["prompt"], r["response"]) for r in records]
 
 
 def parse_rate(model: Any, tokenizer: Any, records: list[dict], *, max_new_tokens: int, context_length: int,
@@ -309,12 +218,13 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
         train/val examples, dropped), losses, parse rates before/after, the checkpoint path.
 
     Files in ``run_dir``: ``config.yaml``, ``data/records.jsonl`` (every labelled trajectory),
-    ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response), ``sft_metrics.jsonl``, ``checkpoint/``.
+    ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response), ``metrics.jsonl`` (``sft/*``), ``checkpoint/``.
     """
     from tether.config import ConfigError, dump_config, load_config
     from tether.distributed import resolve_device
     from tether.methods import method_config
     from tether.models import load_policy
+    from tether.track import build_tracker
 
     cfg = config if not isinstance(config, (str, Path)) else load_config(config, overrides or [])
     if cfg.env is None:
@@ -329,7 +239,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     run_dir = Path(cfg.run_dir)
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
-    (run_dir / "sft_metrics.jsonl").unlink(missing_ok=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     if policy is None:
         policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
@@ -346,14 +256,15 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     if not train_records:
         raise RuntimeError(f"no parseable analyzer record among {len(records)} trajectories; see "
                            f"{run_dir / 'data' / 'records.jsonl'}")
-    train, dropped_train = encode_examples(train_records + replay, tokenizer, s.max_length)
-    val, dropped_val = encode_examples(val_records, tokenizer, s.max_length)
+    train, dropped_train = encode_examples(to_examples(train_records + replay), tokenizer, s.max_length)
+    val, dropped_val = encode_examples(to_examples(val_records), tokenizer, s.max_length)
     probe = val_records[:s.eval_examples] if val_records else train_records[:s.eval_examples]
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
                        include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
     before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
-    losses = train_sft(policy, tokenizer, train, val, s, log=run_dir / "sft_metrics.jsonl",
-                       bf16_autocast=cfg.model.bf16_autocast)
+    with build_tracker(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
+                       mlflow=cfg.logging.mlflow) as tracker:
+        losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast)
     after, answers = parse_rate(policy, tokenizer, probe, **rate_kwargs) if s.eval_examples else (math.nan, [])
     checkpoint = run_dir / "checkpoint"
     policy.save_pretrained(checkpoint)

@@ -1,0 +1,101 @@
+"""The lab's addition task: carries, scratchpad, splits that never overlap (tether/tasks/addition.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tether.tasks import make_task, task_split
+from tether.tasks.addition import carries_of, demonstration, extract_final, scratchpad
+
+
+def _direct_carries(a: int, b: int) -> int:
+    """Carries by comparing digit sums: a column carries when its digits plus the carry in reach 10."""
+    count = carry = 0
+    for x, y in zip(str(a).zfill(10)[::-1], str(b).zfill(10)[::-1], strict=True):
+        carry = int(int(x) + int(y) + carry >= 10)
+        count += carry
+    return count
+
+
+@pytest.mark.parametrize(("a", "b"), [(478, 356), (999, 999), (123, 456), (500, 500), (5, 95), (1, 9)])
+def test_carries_match_a_direct_count(a, b):
+    assert carries_of(a, b) == _direct_carries(a, b)
+
+
+def test_scratchpad_format_and_final_answer():
+    assert scratchpad(478, 356) == "8+6=14:4,7+5+1=13:34,4+3+1=8:834#834"
+    assert scratchpad(999, 999) == "9+9=18:8,9+9+1=19:98,9+9+1=19:1998#1998"
+    for a in range(100, 1000, 37):
+        for b in range(100, 1000, 53):
+            text = scratchpad(a, b)
+            assert extract_final(text) == str(a + b)
+            # the growing suffix of the last column is the answer
+            assert text.split("#")[0].rsplit(":", 1)[1] == str(a + b)
+    assert demonstration(12, 34, "direct") == "#46"
+    with pytest.raises(ValueError, match="mode"):
+        demonstration(1, 2, "verbose")
+
+
+@pytest.mark.parametrize(("text", "want"), [("#46", "46"), ("1+2=3:3#3 ", "3"), ("no answer", None),
+                                            ("#", None), ("#12x", "12"), ("#1#77", "77")])
+def test_extract_final(text, want):
+    assert extract_final(text) == want
+
+
+def test_splits_are_disjoint_deterministic_and_stable_under_resizing():
+    kwargs = dict(digits=3, train_size=64, val_size=64, report_size=128, sft_size=200, seed=3)
+    task = make_task("addition", **kwargs)
+    pairs = {name: {(i.meta["a"], i.meta["b"]) for i in task_split(task, name)} for name in task.splits}
+    names = list(pairs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not pairs[a] & pairs[b], (a, b)
+    again = make_task("addition", **kwargs)
+    assert [i.prompt for i in again.train] == [i.prompt for i in task.train]
+    bigger = make_task("addition", **{**kwargs, "train_size": 128, "sft_size": 10})
+    assert [i.prompt for i in bigger.splits["report"]] == [i.prompt for i in task.splits["report"]]
+    assert [i.prompt for i in bigger.val] == [i.prompt for i in task.val]
+
+
+def test_carry_mix_is_drawn_per_split_and_reported():
+    task = make_task("addition", digits=3, train_size=400, val_size=400, report_size=400, sft_size=400,
+                     carries={0: 0.5, 2: 0.5}, sft_carries={0: 0.9, 1: 0.1}, sft_scratchpad=0.25, seed=0)
+    features = task.features()
+    assert set(features["train"]) == {"carries=0", "carries=2"}
+    assert abs(features["train"]["carries=2"] - 0.5) < 0.08
+    assert set(features["sft"]) >= {"carries=0", "carries=1"} and features["sft"]["carries=1"] < 0.2
+    assert abs(features["sft"]["mode=direct"] - 0.75) < 0.08
+    assert all(carries_of(i.meta["a"], i.meta["b"]) in (0, 2) for i in task.train)
+
+
+def test_scoring_reads_only_the_final_answer():
+    task = make_task("addition", digits=2, train_size=4, val_size=4, report_size=0, seed=0)
+    item = task.train[0]
+    a, b = item.meta["a"], item.meta["b"]
+    assert task.score(item, scratchpad(a, b)).correct
+    assert task.score(item, f"#{a + b}").reward == 1.0
+    wrong = task.score(item, f"#{a + b + 1}")
+    assert not wrong.correct and wrong.reward == 0.0 and wrong.extracted == str(a + b + 1)
+    assert task.score(item, "I do not know").extracted is None
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"carries": {5: 1.0}}, "carry counts 0..3"),
+    ({"carries": {0: -1.0, 1: 1.0}}, "weights >= 0"),
+    ({"sft_scratchpad": 1.5}, "share"),
+    ({"digits": 0}, "1 to 9"),
+    ({"train_size": 0}, "at least one"),
+])
+def test_bad_arguments_are_one_clear_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_task("addition", **{"digits": 3, **kwargs})
+
+
+def test_unknown_split_names_the_ones_that_exist():
+    task = make_task("addition", digits=2, train_size=2, val_size=2, report_size=2)
+    with pytest.raises(ValueError, match="has: report, val, train, sft"):
+        task_split(task, "test")
+    reasoning = make_task("parity")
+    assert task_split(reasoning, "val") == reasoning.val
+    with pytest.raises(ValueError, match="has: train, val"):
+        task_split(reasoning, "report")

@@ -1,0 +1,132 @@
+"""``tether experiment``: checks before any run, a real run of arms x seeds, resume, the report (tether/lab)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tether.config import ConfigError
+from tether.lab.experiment import check_protocol, load_protocol, run_experiment
+from tether.tasks import TaskItem, register_task, unregister_task
+
+
+@pytest.fixture(autouse=True)
+def char_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TETHER_CACHE", str(tmp_path / "cache"))  # subprocesses inherit it
+
+
+def write_config(tmp_path, name="arm.yaml", **task_kwargs):
+    cfg = {"model": {"name": "char-64x1"},
+           "task": {"name": "addition", "kwargs": {"digits": 1, "train_size": 8, "val_size": 6, "report_size": 6,
+                                                   **task_kwargs}},
+           "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+           "optim": {"lr": 1e-3, "micro_batch_size": 4}, "val": {"every": 1, "samples": 1},
+           "train": {"steps": 2, "device": "cpu"}, "logging": {"tensorboard": False, "progress": False}}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def write_protocol(tmp_path, config, **changes):
+    protocol = {"name": "smoke", "question": "does a higher lr change accuracy?", "seeds": [0, 1],
+                "baseline": "low", "paper_effect": 0.1, "run_root": str(tmp_path / "study"), "parallel": 2,
+                "arms": {"low": {"config": str(config)},
+                         "high": {"config": str(config), "overrides": ["optim.lr=1e-2"]}},
+                "endpoint": {"metric": "val/avg@k", "split": "report", "at": "best"},
+                "secondary": ["val/response_length"], **changes}
+    path = tmp_path / "protocol.yaml"
+    path.write_text(yaml.safe_dump(protocol))
+    return path
+
+
+@pytest.fixture
+def overlapping_task():
+    @register_task("overlapping_test_task")
+    class Overlapping:
+        name, system_prompt = "overlapping", None
+
+        def __init__(self) -> None:
+            self.train = [TaskItem("1+1", "2"), TaskItem("2+2", "4")]
+            self.val = [TaskItem("2+2", "4")]
+
+        def score(self, item, text):  # pragma: no cover - never scored
+            raise AssertionError
+
+    yield
+    unregister_task("overlapping_test_task")
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"seeds": [0, 1, 0]}, r"seed\(s\) \[0\] appear more than once"),
+    ({"baseline": "nope"}, "baseline 'nope' is not an arm"),
+    ({"endpoint": {"metric": "val/accuracy", "split": "report"}}, "no run logs the metric 'val/accuracy'"),
+    ({"secondary": ["train/loss"]}, "no run logs the metric 'train/loss'"),
+    ({"endpoint": {"split": "val", "at": "best"}}, "would report on the split that chose the checkpoint"),
+    ({"endpoint": {"split": "test"}}, "has no split 'test'"),
+    ({"arms": {"low": {"config": "missing.yaml"}}},
+     "arm 'low' \\(missing.yaml\\): config file 'missing.yaml' does not exist"),
+    ({"arms": {"low": {"config": "ARM", "overrides": ["optim.lr=-1"]}}},
+     r"arm 'low' \(.*\): invalid configuration:\n  optim.lr"),
+])
+def test_bad_protocols_stop_before_any_run(tmp_path, change, match):
+    config = write_config(tmp_path)
+    if "arms" in change:
+        change["arms"]["low"]["config"] = change["arms"]["low"]["config"].replace("ARM", str(config))
+    path = write_protocol(tmp_path, config, **change)
+    with pytest.raises(ConfigError, match=match):
+        check_protocol(load_protocol(path))
+    assert not (tmp_path / "study").exists()
+
+
+def test_overlapping_splits_are_refused(tmp_path, overlapping_task):
+    config = tmp_path / "overlap.yaml"
+    config.write_text(yaml.safe_dump({"model": {"name": "char-64x1"}, "task": {"name": "overlapping_test_task"}}))
+    path = write_protocol(tmp_path, config, endpoint={"split": "val", "at": "final"},
+                          arms={"low": {"config": str(config)}})
+    with pytest.raises(ConfigError, match="splits 'train' and 'val' of task 'overlapping_test_task' share 1"):
+        check_protocol(load_protocol(path))
+
+
+def test_runs_arms_by_seeds_resumes_and_reports(tmp_path):
+    path = write_protocol(tmp_path, write_config(tmp_path))
+    data = run_experiment(path)
+    assert not data["failures"] and len(data["runs"]) == 4
+    root = tmp_path / "study"
+    for arm in ("low", "high"):
+        for seed in (0, 1):
+            record = json.loads((root / arm / f"seed{seed}" / "endpoint.json").read_text())
+            assert record["split"] == "report" and record["checkpoint"].endswith("checkpoints/best")
+            per_seed = data["summary"]["val/avg@k"]["arms"][arm]["per_seed"]
+            assert per_seed[seed] == record["metrics"]["val/avg@k"]
+            config = yaml.safe_load((root / arm / f"seed{seed}" / "config.yaml").read_text())
+            assert config["seed"] == seed and config["train"]["threads"] == 1
+    high = yaml.safe_load((root / "high" / "seed0" / "config.yaml").read_text())
+    assert high["optim"]["lr"] == 1e-2
+    comparison = data["summary"]["val/avg@k"]["versus_baseline"]["high"]
+    diffs = [data["summary"]["val/avg@k"]["arms"]["high"]["per_seed"][s]
+             - data["summary"]["val/avg@k"]["arms"]["low"]["per_seed"][s] for s in (0, 1)]
+    assert comparison["mean"] == pytest.approx(sum(diffs) / 2)
+    assert comparison["label"] in ("effect detected", "no effect of the paper's size", "inconclusive")
+    assert data["answers_per_run"] == 6
+    assert not data["registration"]["changed_after_first_run"]
+    report = (root / "report.md").read_text()
+    assert "| high | 2 |" in report and "MDE" in report and (root / "curves.png").stat().st_size > 1000
+
+    # a second invocation skips finished runs; a changed protocol is reported as changed
+    stamps = {p: p.stat().st_mtime_ns for p in root.glob("*/seed*/endpoint.json")}
+    path.write_text(path.read_text().replace("does a higher lr", "does a larger lr"))
+    again = run_experiment(path)
+    assert {p: p.stat().st_mtime_ns for p in root.glob("*/seed*/endpoint.json")} == stamps
+    assert again["registration"]["changed_after_first_run"]
+    assert "changed after the first run: **True**" in (root / "report.md").read_text()
+
+
+def test_cli_reports_a_bad_protocol_in_one_line(tmp_path):
+    path = write_protocol(tmp_path, write_config(tmp_path), seeds=[3, 3])
+    done = subprocess.run([sys.executable, "-m", "tether.cli", "experiment", str(path)], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 2 and "appear more than once" in done.stderr and "Traceback" not in done.stderr

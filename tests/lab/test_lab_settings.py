@@ -1,0 +1,45 @@
+"""Settings the lab added to training: rollout.partial_batches and val.split."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.helpers import tiny_config
+from tether.config import ConfigError
+from tether.trainer import Trainer
+
+
+def test_partial_batches_train_on_what_survived_instead_of_stopping(tmp_path, tiny_policy):
+    model, tok = tiny_policy
+    # group_size 1: every group has zero variance, so dynamic sampling drops all of them
+    strict = tiny_config(tmp_path, "rollout.group_size=1", "rollout.dynamic_sampling=true",
+                         "rollout.max_gen_batches=2", "algorithm.advantage=grpo")
+    with pytest.raises(RuntimeError, match="set rollout.partial_batches"):
+        Trainer(strict, policy=model, tokenizer=tok).train_step()
+    lenient = tiny_config(tmp_path, "rollout.group_size=1", "rollout.dynamic_sampling=true",
+                          "rollout.max_gen_batches=2", "rollout.partial_batches=true", f"run_dir={tmp_path / 'b'}")
+    metrics = Trainer(lenient, policy=model, tokenizer=tok).train_step()
+    assert metrics["rollout/short_batch"] == 1.0 and metrics["rollout/num_gen_batches"] == 2
+
+
+def test_validation_reads_the_configured_split(tmp_path, tiny_policy):
+    model, tok = tiny_policy
+    task = {"name": "addition", "kwargs": {"digits": 1, "train_size": 4, "val_size": 3, "report_size": 5}}
+    for split, prompts in (("val", 3), ("report", 5)):
+        cfg = tiny_config(tmp_path, f"val.split={split}", "val.samples=1", task=task)
+        trainer = Trainer(cfg, policy=model, tokenizer=tok)
+        seen = []
+        original = trainer.collector.generate
+
+        def spy(engine, items, *args, _original=original, _seen=seen, **kwargs):
+            _seen.extend(items)
+            return _original(engine, items, *args, **kwargs)
+
+        trainer.collector.generate = spy
+        trainer.validate()
+        assert [i.id for i in seen] == [f"addition/{split}/{k}" for k in range(prompts)]
+
+
+def test_val_split_of_an_agent_config_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="agent environments have one held-out split"):
+        tiny_config(tmp_path, "val.split=report", task=None, env={"name": "frozenlake", "kwargs": {"size": 3}})

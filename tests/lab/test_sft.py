@@ -1,0 +1,98 @@
+"""``tether sft``: the one SFT loop, its data sources and its checks (tether/sft.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tether.config import ConfigError, load_config
+from tether.models import load_policy
+from tether.sft import run_sft, sft_examples
+from tether.tasks import make_task
+
+
+@pytest.fixture(autouse=True)
+def char_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TETHER_CACHE", str(tmp_path / "cache"))
+
+
+def sft_config(tmp_path, sft: dict, task: dict | None = None, **extra):
+    data = {"run_dir": str(tmp_path / "sft"), "model": {"name": "char-64x1"},
+            "task": task or {"name": "addition", "kwargs": {"digits": 2, "train_size": 8, "val_size": 8,
+                                                           "report_size": 8, "sft_size": 64}},
+            "logging": {"tensorboard": False}, "train": {"device": "cpu"},
+            "sft": {"batch_size": 16, "micro_batch_size": 8, "lr": 3e-3, "epochs": 2, **sft}, **extra}
+    return load_config(data=data)
+
+
+def test_task_demonstrations_train_and_save_a_loadable_checkpoint(tmp_path):
+    cfg = sft_config(tmp_path, {"data": "task", "val_fraction": 0.25})
+    before, _ = load_policy("char-64x1")
+    summary = run_sft(cfg)
+    assert summary["train_examples"] == 48 and summary["val_examples"] == 16 and summary["steps"] == 6
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["sft/loss"] for r in rows if "sft/loss" in r]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    assert any("sft/val_loss" in r for r in rows)
+    after, _ = load_policy(summary["checkpoint"])
+    assert any(not torch.equal(a, b) for a, b in zip(before.state_dict().values(), after.state_dict().values(),
+                                                     strict=True))
+    written = [json.loads(line) for line in (tmp_path / "sft" / "data" / "train.jsonl").read_text().splitlines()]
+    assert len(written) == 48 and set(written[0]) == {"prompt", "response"}
+    assert summary["example"]["response"].endswith("#" + str(eval(summary["example"]["prompt"])))
+
+
+def test_task_examples_come_from_the_sft_split_only(tmp_path):
+    cfg = sft_config(tmp_path, {"data": "task", "examples": 10})
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    examples = sft_examples(cfg)
+    held = {i.prompt for i in [*task.train, *task.val, *task.splits["report"]]}
+    assert len(examples) == 10 and not {e.prompt for e in examples} & held
+
+
+def test_max_steps_stops_early(tmp_path):
+    summary = run_sft(sft_config(tmp_path, {"data": "task", "max_steps": 2, "val_fraction": 0.0}))
+    assert summary["steps"] == 2 and summary["val_examples"] == 0
+
+
+def test_jsonl_data_and_its_errors(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "1+1", "response": "#2"}\n\n{"prompt": "2+2", "response": "#4", "system": "s"}\n')
+    cfg = sft_config(tmp_path, {"data": "jsonl", "path": str(path)})
+    examples = sft_examples(cfg)
+    assert [(e.prompt, e.response, e.system) for e in examples] == [("1+1", "#2", None), ("2+2", "#4", "s")]
+    path.write_text('{"prompt": "1+1", "response": "#2"}\n{"prompt": "x"}\n')
+    with pytest.raises(ConfigError, match=r"pairs.jsonl:2 needs string fields"):
+        sft_examples(cfg)
+    path.write_text('{"prompt": \n')
+    with pytest.raises(ConfigError, match=r"pairs.jsonl:1 is not JSON"):
+        sft_examples(cfg)
+    with pytest.raises(ConfigError, match="no file"):
+        sft_examples(sft_config(tmp_path, {"data": "jsonl", "path": str(tmp_path / "missing.jsonl")}))
+
+
+def test_rejection_keeps_only_the_samplers_correct_answers(tmp_path):
+    cfg = sft_config(tmp_path, {"data": "rejection", "sampler": "char-64x1", "samples_per_prompt": 4},
+                     task={"name": "parity", "kwargs": {"train_size": 6}}, rollout={"max_new_tokens": 5})
+    examples = sft_examples(cfg)
+    task = make_task("parity", train_size=6)
+    assert 0 < len(examples) < 24  # a random model's response lengths are even about half the time
+    assert all(task.score(task.train[0], e.response).correct for e in examples)
+
+
+@pytest.mark.parametrize(("sft", "match"), [
+    ({"data": "jsonl"}, "sft.path is the file of data=jsonl"),
+    ({"data": "task", "sampler": "x"}, "sft.sampler is the model of data=rejection"),
+    ({"data": "task", "lr": -1}, "sft.lr"),
+])
+def test_bad_sft_settings_stop_before_any_work(tmp_path, sft, match):
+    with pytest.raises(ConfigError, match=match):
+        sft_config(tmp_path, sft)
+    assert not (tmp_path / "sft").exists()
+
+
+def test_solver_data_needs_an_env(tmp_path):
+    with pytest.raises(ConfigError, match="needs env"):
+        sft_examples(sft_config(tmp_path, {"data": "solver"}))

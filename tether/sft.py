@@ -1,0 +1,351 @@
+"""Supervised fine-tuning: the one SFT loop of tether (``tether sft CONFIG``, and SEED's skill SFT).
+
+Warm starts before RL come from three kinds of data, chosen by ``sft.data``:
+
+* ``task``: a task's demonstrations. A task with an ``sft`` split and a ``demonstration(item)`` method (the
+  lab's :class:`~tether.tasks.addition.AdditionTask`) gives its own; any other task (reasoning-gym) gives
+  questions outside its train and val splits, answered by ``sft.response`` with ``{answer}`` filled in.
+* ``jsonl``: ``{"prompt", "response"}`` lines of ``sft.path`` (optionally ``"system"``), e.g. replayed pairs.
+* ``solver``: an agent environment's scripted solver, played on training seeds; every state becomes the
+  agent loop's own prompt and the response ``<action>{solver action}</action>``.
+* ``rejection``: another model's (``sft.sampler``) correct samples on the task's train split (rejection-sampling
+  fine-tuning: the distillation a user tries before RL with a prior).
+
+The loss is the response-only NLL, token-mean over each optimiser batch, on the trainer's device and precision
+(``train.device``, ``model.bf16_autocast``), logged through the trainer's tracker (metrics.jsonl, TensorBoard,
+W&B/MLflow) under ``sft/``. The pairs used are written to ``run_dir/data/{train,val}.jsonl`` (SEED's
+``replay_data`` reads them). The result, ``run_dir/checkpoint``, is a plain Hugging Face directory:
+``tether train CONFIG model.name=RUN_DIR/checkpoint`` continues from it with RL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from tether.config import Config, SFTConfig, SFTSettings
+
+# reasoning-gym item i of seed s comes from Random(s + i): a seed this far from the task's (and from its val
+# seed, 2**30 away) draws other questions; any that still repeat one of the splits are dropped.
+SFT_SEED_OFFSET = 2**29
+
+
+@dataclass(frozen=True)
+class Example:
+    """One demonstration: a user prompt (chat-templated at encoding), an optional system message, a response."""
+
+    prompt: str
+    response: str
+    system: str | None = None
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+
+def task_examples(cfg: Config, s: SFTConfig) -> list[Example]:
+    """Demonstrations of ``cfg.task`` (module docstring), never from its train or val split."""
+    from tether.tasks import make_task
+
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    system = task.system_prompt
+    if hasattr(task, "demonstration") and getattr(task, "splits", {}).get("sft"):
+        items = task.splits["sft"][: s.examples]
+        return [Example(item.prompt, task.demonstration(item), system) for item in items]
+    want = s.examples or 1000
+    taken = {item.prompt for item in [*task.train, *task.val]}
+    seed = cfg.task.kwargs.get("seed", 0) + SFT_SEED_OFFSET
+    # Twice the questions asked for, so that dropping the ones the splits hold still leaves enough.
+    pool = make_task(cfg.task.name, **{**cfg.task.kwargs, "seed": seed, "train_size": 2 * want}).train
+    items = [item for item in pool if item.prompt not in taken and item.answer is not None][:want]
+    if len(items) < want:
+        from tether.config import ConfigError
+
+        raise ConfigError(f"sft.examples={want}: task {cfg.task.name!r} has only {len(items)} questions outside its "
+                          "train and val splits; lower sft.examples")
+    return [Example(item.prompt, s.response.replace("{answer}", item.answer), system) for item in items]
+
+
+def jsonl_examples(s: SFTConfig) -> list[Example]:
+    """``{prompt, response[, system]}`` lines of ``s.path``; the first bad line is named."""
+    from tether.config import ConfigError
+
+    path = Path(s.path or "")
+    if not path.is_file():
+        raise ConfigError(f"sft.path: no file {str(path)!r}")
+    out = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"sft.path: {path}:{number} is not JSON ({err.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or \
+                not isinstance(row.get("response"), str):
+            raise ConfigError(f"sft.path: {path}:{number} needs string fields 'prompt' and 'response'")
+        out.append(Example(row["prompt"], row["response"], row.get("system")))
+    if not out:
+        raise ConfigError(f"sft.path: {path} holds no examples")
+    if s.examples is not None and s.examples < len(out):
+        out = random.Random(s.data_seed).sample(out, s.examples)
+    return out
+
+
+def solver_examples(cfg: Config, s: SFTConfig) -> list[Example]:
+    """The env's scripted solver on the first ``s.examples`` (default 1000) training seeds, one example per state."""
+    from tether.envs import make_env
+    from tether.rollout.multi_turn import Episode, build_prompt
+
+    e = cfg.env
+    rng = random.Random(s.data_seed)
+    env = make_env(e.name, **e.kwargs)
+    out: list[Example] = []
+    try:
+        for seed in env.train_seeds(s.examples or 1000):
+            reset = env.reset(seed)
+            episode = Episode(env=env, task=reset.task, group_id=0, episode_id=0, seed=seed,
+                              observation=reset.observation, admissible=reset.admissible_actions)
+            for _ in range(e.max_turns):
+                plan = env.solution()
+                if not plan:
+                    break
+                out.append(Example(build_prompt(episode, e.history, env.action_format), f"<action>{plan[0]}</action>"))
+                action = plan[0]
+                if episode.admissible and rng.random() < s.explore:
+                    action = rng.choice(episode.admissible)
+                step = env.step(action)
+                episode.turns.append({"observation": episode.observation, "response": f"<action>{action}</action>",
+                                      "action": action, "valid": True, "reward": step.reward})
+                episode.observation = step.observation
+                episode.admissible = step.info.get("admissible_actions", episode.admissible)
+                if step.done:
+                    break
+    finally:
+        env.close()
+    return out
+
+
+def rejection_examples(cfg: Config, s: SFTConfig, device: torch.device) -> list[Example]:
+    """``s.samples_per_prompt`` samples of ``s.sampler`` per training prompt of ``cfg.task``; the correct ones."""
+    from tether.engine.hf import HFEngine
+    from tether.models import load_policy
+    from tether.rollout.single_turn import SingleTurnCollector
+    from tether.tasks import make_task
+
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    sampler, tokenizer = load_policy(s.sampler)
+    collector = SingleTurnCollector(task, tokenizer, cfg)
+    engine = HFEngine(sampler.to(device), tokenizer, bf16_autocast=cfg.model.bf16_autocast)
+    items = task.train[: s.examples] if s.examples else task.train
+    batch = collector.generate(engine, items, s.samples_per_prompt, collector.sampling(), seed=s.data_seed)
+    kept = [(item, text) for item, text, ok in zip(batch.info["item"], batch.info["text"], batch.correct.tolist(),
+                                                   strict=True) if ok]
+    if not kept:
+        from tether.config import ConfigError
+
+        raise ConfigError(f"sft.data=rejection: {s.sampler} answered none of {len(batch.info['text'])} samples "
+                          "correctly")
+    return [Example(item.prompt, text, task.system_prompt) for item, text in kept]
+
+
+def sft_examples(cfg: Config, device: torch.device | None = None) -> list[Example]:
+    """The examples ``cfg.sft.data`` names (checked before any model loads)."""
+    from tether.config import ConfigError
+
+    s = cfg.sft
+    if s.data == "jsonl":
+        return jsonl_examples(s)
+    if s.data == "rejection":
+        if cfg.task is None:
+            raise ConfigError("sft.data=rejection samples a task's train prompts: the config needs task: ...")
+        return rejection_examples(cfg, s, device or torch.device("cpu"))
+    if s.data == "solver":
+        if cfg.env is None:
+            raise ConfigError("sft.data=solver plays an environment's solver: the config needs env: ...")
+        return solver_examples(cfg, s)
+    if cfg.task is None:
+        raise ConfigError("sft.data=task needs task: ... (use data=solver for an env)")
+    return task_examples(cfg, s)
+
+
+def write_examples(path: Path, examples: list[Example]) -> None:
+    """``{prompt, response[, system]}`` lines: what ``sft.data=jsonl`` (and SEED's ``replay_data``) read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"prompt": e.prompt, "response": e.response, **({"system": e.system} if e.system else {})}
+            for e in examples]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def split_examples(examples: list[Any], val_fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
+    """A seeded shuffle, then the first ``round(val_fraction * n)`` (at least 1 when the fraction is > 0) are val."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_val = 0 if val_fraction == 0 else max(1, round(val_fraction * len(examples)))
+    n_val = min(n_val, len(examples) - 1)
+    return [examples[i] for i in order[n_val:]], [examples[i] for i in order[:n_val]]
+
+
+def encode_examples(examples: list[Example], tokenizer: Any,
+                    max_length: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(chat-templated prompt ids, response ids + EOS) per example; drops those over ``max_length``."""
+    from tether.models import encode_chat
+
+    out, dropped = [], 0
+    for ex in examples:
+        prompt = encode_chat(tokenizer, ex.prompt, system=ex.system)
+        response = [*tokenizer(ex.response, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+        if len(prompt) + len(response) > max_length:
+            dropped += 1
+            continue
+        out.append((prompt, response))
+    return out, dropped
+
+
+# -- the loop --------------------------------------------------------------------------------------
+
+
+def _pad(responses: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in responses)
+    ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(responses), width)
+    for i, r in enumerate(responses):
+        ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1.0
+    return ids.to(device), mask.to(device)
+
+
+def nll_sum(model: Any, examples: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+    """Sum of ``-log p(response token | prompt, earlier response tokens)`` over the examples' response tokens."""
+    from tether.models import response_log_probs
+
+    device = next(model.parameters()).device
+    ids, mask = _pad([r for _, r in examples], pad_id, device)
+    log_probs, _ = response_log_probs(model, [p for p, _ in examples], ids, mask)
+    return -(log_probs * mask.to(log_probs)).sum()
+
+
+def autocast(model: Any, enabled: bool) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast on the model's device type (``model.bf16_autocast``), or nothing."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def evaluate_nll(model: Any, examples: list, pad_id: int, micro: int, bf16_autocast: bool = False) -> float:
+    """Token-mean NLL of the responses."""
+    total = 0.0
+    for i in range(0, len(examples), micro):
+        with autocast(model, bf16_autocast):
+            total += nll_sum(model, examples[i:i + micro], pad_id).item()
+    return total / max(sum(len(r) for _, r in examples), 1)
+
+
+def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings, *,
+              log: Any = None, bf16_autocast: bool = False) -> dict[str, float]:
+    """Response-only SFT: AdamW, warm-up then cosine, grad clip; token-mean NLL per optimiser batch.
+
+    Args:
+        model: the policy, already on its device (kept in eval mode: no dropout, as in RL).
+        tokenizer: its tokenizer (the pad id).
+        train, val: encoded examples, :func:`encode_examples`.
+        s: hyperparameters (``sft`` of a config, or SEED's ``methods.seed.sft``).
+        log: ``log(metrics, step)``, e.g. a :class:`~tether.track.Tracker`'s ``log``; None for none.
+        bf16_autocast: forward passes under bfloat16 autocast.
+
+    Returns:
+        ``steps``, ``train_loss`` (last step), ``val_loss`` (after the last epoch; NaN without val data).
+    """
+    from transformers import get_cosine_schedule_with_warmup
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    per_epoch = math.ceil(len(train) / s.batch_size)
+    total = min(per_epoch * s.epochs, s.max_steps or per_epoch * s.epochs)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+    schedule = get_cosine_schedule_with_warmup(optimizer, int(s.warmup_ratio * total), total)
+    model.eval()
+    step, last = 0, {"train_loss": math.nan, "val_loss": math.nan}
+    for epoch in range(s.epochs):
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(s.data_seed + epoch)).tolist()
+        for b in range(0, len(order), s.batch_size):
+            if step == total:
+                break
+            batch = [train[i] for i in order[b:b + s.batch_size]]
+            tokens = sum(len(r) for _, r in batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = 0.0
+            for m in range(0, len(batch), s.micro_batch_size):
+                with autocast(model, bf16_autocast):
+                    loss = nll_sum(model, batch[m:m + s.micro_batch_size], pad) / tokens
+                loss.backward()
+                loss_value += loss.item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+            optimizer.step()
+            schedule.step()
+            step += 1
+            last["train_loss"] = loss_value
+            if log is not None:
+                log({"sft/loss": loss_value, "sft/grad_norm": float(grad_norm), "sft/lr": schedule.get_last_lr()[0],
+                     "sft/tokens": tokens, "sft/epoch": epoch}, step)
+        if val:
+            last["val_loss"] = evaluate_nll(model, val, pad, s.micro_batch_size, bf16_autocast)
+            if log is not None:
+                log({"sft/val_loss": last["val_loss"]}, step)
+    return {"steps": float(step), **last}
+
+
+def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """``tether sft``: examples, split, SFT, ``run_dir/checkpoint``; the data are read before any model loads.
+
+    Returns:
+        The summary also written to ``run_dir/sft_summary.json``.
+    """
+    from tether.config import ConfigError
+    from tether.distributed import resolve_device
+    from tether.models import load_policy
+    from tether.track import build_tracker
+
+    if cfg.sft is None:
+        raise ConfigError("tether sft needs an sft: section (data, epochs, lr, ...; docs/lab.md)")
+    s = cfg.sft
+    device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any model load
+    examples = sft_examples(cfg, device)
+    train_ex, val_ex = split_examples(examples, s.val_fraction, s.data_seed)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.seed)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # an SFT run is short: it restarts rather than resumes
+    for name, part in (("train", train_ex), ("val", val_ex)):  # the exact pairs, e.g. to replay them later
+        write_examples(run_dir / "data" / f"{name}.jsonl", part)
+    start = time.perf_counter()
+    if policy is None:
+        policy, tokenizer = load_policy(cfg.model.name)
+    policy.to(device)
+    train, dropped_train = encode_examples(train_ex, tokenizer, s.max_length)
+    val, dropped_val = encode_examples(val_ex, tokenizer, s.max_length)
+    if not train:
+        raise ConfigError(f"sft: no training example fits sft.max_length={s.max_length}")
+    with build_tracker(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
+                       mlflow=cfg.logging.mlflow) as tracker:
+        tracker.log_config(cfg.model_dump(mode="json"))
+        result = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast)
+        checkpoint = run_dir / "checkpoint"
+        policy.save_pretrained(checkpoint)
+        tokenizer.save_pretrained(checkpoint)
+        summary = {"checkpoint": str(checkpoint), "data": s.data, "train_examples": len(train),
+                   "val_examples": len(val), "dropped_too_long": dropped_train + dropped_val,
+                   "example": {"prompt": examples[0].prompt, "response": examples[0].response}, **result,
+                   "wall_s": round(time.perf_counter() - start, 1)}
+        tracker.write_summary(summary)
+    (run_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

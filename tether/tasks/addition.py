@@ -1,0 +1,163 @@
+"""Multi-digit addition whose structure is a parameter: carries and answer modes (the miniature lab, docs/lab.md).
+
+A prompt is ``"478+356"``. Two answer modes are scored alike (only the final answer after ``#`` counts):
+
+* ``direct``: ``#834``
+* ``scratchpad``: one column at a time from the right, the carry written as ``+1``, the answer growing leftwards::
+
+      8+6=14:4,7+5+1=13:34,4+3+1=8:834#834
+
+  The token after ``7+5`` (``+`` for a carry, ``=`` for none) is where a policy that never learned to carry
+  goes wrong; that is the decisive point EAPO's prior can fix (docs/methods/eapo.md).
+
+Splits never share a pair ``(a, b)``: ``report`` is drawn first, then ``val`` (the selection split, used to pick
+checkpoints and priors), ``train`` and ``sft`` (demonstrations for warm starts), each from its own seeded stream,
+so a split does not change when a later one is resized. Each split's items are drawn with the carry-count
+weights given for it; :meth:`AdditionTask.features` reports the realised fractions.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from tether.tasks.base import RewardMap, Score, TaskItem
+from tether.tasks.registry import register_task
+
+SPLIT_ORDER = ("report", "val", "train", "sft")  # draw order: earlier splits never change with later sizes
+MODES = ("scratchpad", "direct")
+_MAX_DRAWS = 200  # per item: a carry count the digits cannot produce fails fast instead of looping
+
+
+def carries_of(a: int, b: int) -> int:
+    """Number of columns that carry into the next one (the top column's carry included)."""
+    count = carry = 0
+    while a or b:
+        carry = int(a % 10 + b % 10 + carry >= 10)
+        count += carry
+        a, b = a // 10, b // 10
+    return count
+
+
+def scratchpad(a: int, b: int) -> str:
+    """The column-by-column working of ``a + b`` (module docstring), ending in ``#<sum>``."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    width = max(len(da), len(db))
+    parts, suffix, carry = [], "", 0
+    for i in range(width):
+        x, y = int(da[i]) if i < len(da) else 0, int(db[i]) if i < len(db) else 0
+        total = x + y + carry
+        lhs = f"{x}+{y}" + ("+1" if carry else "")
+        suffix = (str(total) if i == width - 1 else str(total % 10)) + suffix
+        parts.append(f"{lhs}={total}:{suffix}")
+        carry = int(total >= 10)
+    return ",".join(parts) + f"#{a + b}"
+
+
+def demonstration(a: int, b: int, mode: str) -> str:
+    """The response a demonstrator gives in ``mode`` (``scratchpad`` or ``direct``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    return scratchpad(a, b) if mode == "scratchpad" else f"#{a + b}"
+
+
+def extract_final(text: str) -> str | None:
+    """The digits after the last ``#`` (up to the first non-digit), or None when there is no ``#`` or no digit."""
+    if "#" not in text:
+        return None
+    tail = text.rsplit("#", 1)[1].strip()
+    digits = ""
+    for ch in tail:
+        if not ch.isdigit():
+            break
+        digits += ch
+    return digits or None
+
+
+def _weights(carries: dict[int, float] | None, digits: int, where: str) -> dict[int, float]:
+    """Carry-count weights, checked: keys in 0..digits, weights >= 0 with a positive sum."""
+    if carries is None:
+        return {}
+    weights = {int(k): float(v) for k, v in carries.items()}
+    bad = [k for k in weights if not 0 <= k <= digits]
+    if bad or any(v < 0 for v in weights.values()) or sum(weights.values()) <= 0:
+        raise ValueError(f"{where}={carries!r}: keys must be carry counts 0..{digits} and weights >= 0 with a "
+                         "positive sum")
+    return weights
+
+
+@register_task("addition")
+class AdditionTask:
+    """``digits``-digit addition with train / val (selection) / report / sft splits; see the module docstring."""
+
+    def __init__(self, *, digits: int = 3, train_size: int = 64, val_size: int = 256, report_size: int = 512,
+                 sft_size: int = 0, seed: int = 0, carries: dict[int, float] | None = None,
+                 sft_carries: dict[int, float] | None = None, sft_scratchpad: float = 1.0,
+                 correct_reward: float = 1.0, wrong_reward: float = 0.0, system_prompt: str | None = None) -> None:
+        if not 1 <= digits <= 9:
+            raise ValueError(f"digits={digits}: use 1 to 9")
+        if not 0 <= sft_scratchpad <= 1:
+            raise ValueError(f"sft_scratchpad={sft_scratchpad}: a share, 0 to 1")
+        sizes = {"train": train_size, "val": val_size, "report": report_size, "sft": sft_size}
+        if any(n < 0 for n in sizes.values()) or train_size == 0 or val_size == 0:
+            raise ValueError(f"split sizes {sizes}: train and val need at least one item, none may be negative")
+        self.digits, self.seed = digits, seed
+        self.name = f"addition/{digits}digit"
+        self.system_prompt = system_prompt
+        self.reward = RewardMap(mode="binary", correct=correct_reward, wrong=wrong_reward)
+        weights = _weights(carries, digits, "carries")
+        split_weights = {"train": weights, "val": weights, "report": weights,
+                         "sft": _weights(sft_carries, digits, "sft_carries") if sft_carries is not None else weights}
+        taken: set[tuple[int, int]] = set()
+        self.splits: dict[str, list[TaskItem]] = {}
+        for split in SPLIT_ORDER:
+            self.splits[split] = self._draw(split, sizes[split], split_weights[split], taken, sft_scratchpad)
+
+    @property
+    def train(self) -> list[TaskItem]:
+        return self.splits["train"]
+
+    @property
+    def val(self) -> list[TaskItem]:
+        return self.splits["val"]
+
+    def _draw(self, split: str, n: int, weights: dict[int, float], taken: set[tuple[int, int]],
+              scratchpad_share: float) -> list[TaskItem]:
+        rng = random.Random(f"addition/{self.seed}/{self.digits}/{split}")
+        low, high = 10 ** (self.digits - 1) if self.digits > 1 else 0, 10 ** self.digits - 1
+        items = []
+        for index in range(n):
+            want = rng.choices(list(weights), list(weights.values()))[0] if weights else None
+            for _ in range(_MAX_DRAWS):
+                a, b = rng.randint(low, high), rng.randint(low, high)
+                if (a, b) not in taken and (want is None or carries_of(a, b) == want):
+                    break
+            else:
+                raise ValueError(f"addition: could not draw a new {self.digits}-digit pair with {want} carries for "
+                                 f"split {split!r} in {_MAX_DRAWS} tries; lower that split's size or weight")
+            taken.add((a, b))
+            mode = "scratchpad" if rng.random() < scratchpad_share else "direct"
+            items.append(TaskItem(prompt=f"{a}+{b}", answer=str(a + b), id=f"addition/{split}/{index}",
+                                  meta={"a": a, "b": b, "carries": carries_of(a, b), "mode": mode}))
+        return items
+
+    def demonstration(self, item: TaskItem) -> str:
+        """The demonstrated response of an item (its ``meta["mode"]``; sft items draw it with ``sft_scratchpad``)."""
+        return demonstration(item.meta["a"], item.meta["b"], item.meta.get("mode", "scratchpad"))
+
+    def features(self) -> dict[str, dict[str, float]]:
+        """Per split, the fraction of items with each carry count (``carries=k``) and, for sft, each mode."""
+        out = {}
+        for split, items in self.splits.items():
+            if not items:
+                continue
+            counts = Counter(f"carries={item.meta['carries']}" for item in items)
+            if split == "sft":
+                counts.update(f"mode={item.meta['mode']}" for item in items)
+            out[split] = {key: counts[key] / len(items) for key in sorted(counts)}
+        return out
+
+    def score(self, item: TaskItem, response_text: str) -> Score:
+        extracted = extract_final(response_text)
+        correct = extracted is not None and extracted == item.answer
+        return Score(reward=self.reward(float(correct), correct), correct=correct, extracted=extracted)
