@@ -14,7 +14,7 @@ def test_partial_batches_train_on_what_survived_instead_of_stopping(tmp_path, ti
     # group_size 1: every group has zero variance, so dynamic sampling drops all of them
     strict = tiny_config(tmp_path, "rollout.group_size=1", "rollout.dynamic_sampling=true",
                          "rollout.max_gen_batches=2", "algorithm.advantage=grpo")
-    with pytest.raises(RuntimeError, match="set rollout.partial_batches"):
+    with pytest.raises(RuntimeError, match=r"set rollout\.partial_batches"):
         Trainer(strict, policy=model, tokenizer=tok).train_step()
     lenient = tiny_config(tmp_path, "rollout.group_size=1", "rollout.dynamic_sampling=true",
                           "rollout.max_gen_batches=2", "rollout.partial_batches=true", f"run_dir={tmp_path / 'b'}")
