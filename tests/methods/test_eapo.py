@@ -6,6 +6,7 @@ The loss itself is tested in tests/algos/test_eapo_on_cpu.py; here the rollout s
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import pytest
@@ -404,3 +405,19 @@ def test_settings_that_cannot_work_together_fail_or_warn(tmp_path, tiny_policy, 
                      advantage_grouping="non_injected")
     with pytest.warns(UserWarning, match="treated as on-policy"):
         make_trainer(tmp_path, tiny_policy, "ppo", loss="ppo", prior=str(prior_dir))
+
+
+def test_log_injections_writes_each_injected_token_with_its_context(tmp_path, tiny_policy, prior_dir):
+    trainer, batches = make_trainer(tmp_path, tiny_policy, "log", prior=str(prior_dir), threshold=-1.0, budget=2,
+                                    log_injections=3)
+    trainer.train_step()
+    batch, tok = batches[-1], trainer.tokenizer
+    rows = [json.loads(line) for line in (trainer.run_dir / "eapo_injections.jsonl").read_text().splitlines()]
+    injected = ((batch.token["injected_mask"] > 0) & (batch.response_mask > 0)).nonzero().tolist()
+    assert len(rows) == min(3, len(injected)) > 0
+    for r, (row, t) in zip(rows, injected, strict=False):
+        ids = batch.response_ids[row].tolist()
+        assert (r["row"], r["position"], r["step"]) == (row, t, 0)
+        assert r["token"] == tok.decode(ids[t:t + 1])
+        assert r["before"] == tok.decode(ids[:t], skip_special_tokens=True)
+        assert r["prompt"] == batch.info["item"][row].prompt

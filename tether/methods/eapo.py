@@ -22,8 +22,10 @@ still holds: docs/methods/eapo.md, "Why the weights are unbiased").
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -299,6 +301,9 @@ class EAPOSettings(MethodSettings):
         "all", description="group baseline over all rollouts, or over rollouts without injection")
     prior_temperature: float | None = Field(
         None, gt=0, description="temperature of the prior's distribution; default: rollout.temperature")
+    log_injections: int = Field(0, ge=0, description="write up to this many injected tokens per step, each with "
+                                "its prompt and the response text before it, to run_dir/eapo_injections.jsonl "
+                                "(to check where the gate lands)")
 
     @field_validator("threshold")
     @classmethod
@@ -381,6 +386,9 @@ class EAPO(Method):
             raise RuntimeError(f"eapo: the batch lacks {missing}; the engine must support interventions "
                                "(rollout.engine=hf does; vllm and ray cannot)")
         metrics = rollout_metrics(batch)
+        if self.settings.log_injections:
+            log_injections(batch, trainer.tokenizer, trainer.step, self.settings.log_injections,
+                           Path(trainer.run_dir) / "eapo_injections.jsonl")
         metrics["eapo/lambda"] = self.current_lambda(trainer.step)
         metrics["eapo/threshold"] = self.threshold
         if self.current_lambda(trainer.step) > 0 and self.settings.budget > 0:  # the prior ran this step
@@ -416,6 +424,21 @@ class EAPO(Method):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "threshold" in state:
             self.threshold = float(state["threshold"])
+
+
+def log_injections(batch: RolloutBatch, tokenizer: Any, step: int, limit: int, path: Path) -> None:
+    """Append up to ``limit`` injected tokens of ``batch`` as JSON lines: step, row, position, the prompt (the
+    task item's text where there is one), the response text before the token, the token, and the row's verdict."""
+    injected = ((batch.token["injected_mask"] > 0) & (batch.response_mask > 0)).nonzero().tolist()[:limit]
+    items = batch.info.get("item")
+    with path.open("a") as f:
+        for row, t in injected:
+            ids = batch.response_ids[row].tolist()
+            prompt = items[row].prompt if items else tokenizer.decode(batch.prompt_ids[row])
+            f.write(json.dumps({"step": step, "row": row, "position": t, "prompt": prompt,
+                                "before": tokenizer.decode(ids[:t], skip_special_tokens=True),
+                                "token": tokenizer.decode(ids[t:t + 1]), "correct": bool(batch.correct[row])})
+                    + "\n")
 
 
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:
