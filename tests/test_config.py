@@ -77,9 +77,20 @@ def test_overrides_parse_yaml_values():
     assert cfg.optim.lr == 3e-4 and cfg.rollout.stop == ["\n\n"] and cfg.task.kwargs["dataset"] == "chain_sum"
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT)))
+SHIPPED = sorted((ROOT / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem != "protocol"], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_shipped_config_validates(path):
     load_config(path)
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem == "protocol"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_protocol_passes_the_checks_made_before_any_run(path, monkeypatch):
+    from tether.lab.experiment import check_protocol, load_protocol
+
+    monkeypatch.chdir(ROOT)  # arm configs are named relative to the repository root
+    check_protocol(load_protocol(path))
 
 
 def test_fsdp2_precision_settings_need_the_fsdp2_strategy():

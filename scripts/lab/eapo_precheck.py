@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def accuracy_by_carries(model, tok, items, params: SamplingParams, seed: int) ->
 
 
 def position_class(prefix: str, gold: str) -> str:
-    """carry: on track and the gold scratchpad's next characters are '+1'; on_track; off_track."""
+    """carry: on track and the gold scratchpad's next characters are '+1'; on_track: the response so far is a prefix
+    of the gold scratchpad; off_track: it is not (an earlier token was wrong)."""
     if not gold.startswith(prefix):
         return "off_track"
     if gold[len(prefix):len(prefix) + 2] == "+1" and len(prefix) >= 3 and prefix[-2] == "+":
@@ -48,9 +50,9 @@ def position_class(prefix: str, gold: str) -> str:
     return "on_track"
 
 
-def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, seed: int) -> dict:
+def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, seed: int, budget: int = 4) -> dict:
     engine = HFEngine(base, tok)
-    injection = PriorInjection(prior, gate="js", threshold=tau, mix_lambda=1.0, budget=2, params=params,
+    injection = PriorInjection(prior, gate="js", threshold=tau, mix_lambda=1.0, budget=budget, params=params,
                                seed=seed, pad_id=tok.pad_token_id)
     gen = engine.generate([encode_chat(tok, i.prompt) for i in items], params, seed=seed, intervention=injection)
     stats: dict[str, list[float]] = {"carry": [], "on_track": [], "off_track": []}
@@ -68,14 +70,17 @@ def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, se
                 landed[cls] += 1
     tokens = int(gen.response_mask.sum())
     injected = int((gen.token["injected_mask"] * gen.response_mask).sum())
-    correct = sum(text.rsplit("#", 1)[-1].strip() == i.answer and "#" in text for i, text in zip(items, gen.texts,
-                                                                                                  strict=True))
+    verdicts = [text.rsplit("#", 1)[-1].strip() == i.answer and "#" in text for i, text in zip(items, gen.texts,
+                                                                                                strict=True)]
+    correct = sum(verdicts)
+    two_carry = [v for v, i in zip(verdicts, items, strict=True) if i.meta["carries"] == 2]
     quant = {k: [round(float(torch.quantile(torch.tensor(v), q)), 4) for q in (0.5, 0.9, 0.99)] if v else []
              for k, v in stats.items()}
     return {"tau": tau, "tokens": tokens, "injected_tokens": injected, "injected_token_frac": injected / tokens,
             "injected_rollouts_frac": float((gen.token["injected_mask"].sum(1) > 0).float().mean()),
             "landed": dict(landed), "landed_on_carry_frac": landed["carry"] / max(injected, 1),
-            "carry_positions_seen": carries_available, "accuracy_with_injection": correct / len(items),
+            "carry_positions_seen": carries_available, "budget": budget, "accuracy_with_injection": correct / len(items),
+            "accuracy_with_injection_2_carries": sum(two_carry) / max(len(two_carry), 1),
             "js_quantiles_50_90_99": quant, "raw": stats}
 
 
@@ -86,9 +91,11 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--tau-quantile", type=float, default=0.98,
                     help="tau = this quantile of JS over all tokens of the base's guided rollouts (lambda 0 pass)")
+    ap.add_argument("--tau", type=float, help="a fixed tau instead of the quantile rule (both are reported)")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[4], help="injection budgets to try (lambda = 1)")
     ap.add_argument("--prompts", type=int, default=256)
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = load_config(args.config)
     task = make_task(cfg.task.name, **cfg.task.kwargs)
     items = task.val[: args.prompts]  # the selection split: never the report split
@@ -106,9 +113,13 @@ def main() -> None:
     everything = torch.tensor([v for values in probe.pop("raw").values() for v in values])
     tau = round(float(torch.quantile(everything, args.tau_quantile)), 3)
     report["tau_rule"] = f"the {args.tau_quantile} quantile of JS over every token of the base's own rollouts"
-    landing = gate_landing(base, prior, tok, items, sampled, tau=tau, seed=3)
-    landing.pop("raw")
-    report["gate_at_tau"] = landing
+    for key, value in (("gate_at_quantile_tau", tau), ("gate_at_fixed_tau", args.tau)):
+        if value is None:
+            continue
+        for budget in args.budgets:
+            landing = gate_landing(base, prior, tok, items, sampled, tau=value, seed=3, budget=budget)
+            landing.pop("raw")
+            report[f"{key}_budget{budget}"] = landing
     print(json.dumps(report, indent=2), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
