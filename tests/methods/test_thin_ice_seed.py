@@ -18,7 +18,13 @@ from tether.methods.seed.rule_analyzers import (
     solve_from_observation,
     thin_ice_tiles,
 )
-from tether.methods.seed.skill_data import response_text, skill_following_records, solver_trajectory, write_jsonl
+from tether.methods.seed.skill_data import (
+    main,
+    response_text,
+    skill_following_records,
+    solver_trajectory,
+    write_jsonl,
+)
 
 TRAP_SEED = 5  # with trap_prob=1.0 every map is a trap; seed 5's naive route breaks through at its first move
 
@@ -166,3 +172,10 @@ def test_held_out_maps_are_refused_and_records_round_trip(tmp_path, records):
         skill_following_records(1, skill_share=1.5)
     path = write_jsonl(records[:3], tmp_path / "data" / "sft.jsonl")
     assert [json.loads(line) for line in path.read_text().splitlines()] == records[:3]
+
+
+def test_command_writes_the_records(tmp_path, capsys):
+    main([str(tmp_path / "sft.jsonl"), "--episodes", "4", "--skill-share", "0.5", "--seed", "7"])
+    written = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert written == skill_following_records(4, skill_share=0.5, seed=7)
+    assert json.loads(capsys.readouterr().out)["records"] == len(written)

@@ -163,3 +163,28 @@ def write_jsonl(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in records))
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m tether.methods.seed.skill_data OUT.jsonl [--episodes N] [--skill-share S] [--history H]
+    [--explore E] [--seed K]``: write the records and print their counts."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="thin-ice skill-following SFT records as JSONL")
+    ap.add_argument("out")
+    ap.add_argument("--episodes", type=int, default=300)
+    ap.add_argument("--skill-share", type=float, default=0.3)
+    ap.add_argument("--history", type=int, default=0, help="the RL config's env.history")
+    ap.add_argument("--explore", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    records = skill_following_records(args.episodes, skill_share=args.skill_share, history=args.history,
+                                      explore=args.explore, seed=args.seed)
+    path = write_jsonl(records, args.out)
+    skilled = sum(r["meta"]["skill"] is not None for r in records)
+    fatal = sum(r["meta"]["fatal"] for r in records)
+    print(json.dumps({"out": str(path), "records": len(records), "with_skill": skilled, "fatal_labels": fatal}))
+
+
+if __name__ == "__main__":
+    main()
