@@ -16,6 +16,7 @@ from tether.methods.seed.rule_analyzers import (
     analyze_thin_ice,
     rule_analysis,
     solve_from_observation,
+    thin_ice_fatal,
     thin_ice_tiles,
 )
 from tether.methods.seed.skill_data import (
@@ -101,6 +102,16 @@ def test_plan_from_any_observation_matches_the_env():
             assert solve_from_observation("thin_ice", obs) == env.solution()
             obs = env.step(action).observation
     assert thin_ice_tiles("no grid here") is None
+
+
+def test_fatal_moves_are_the_ones_onto_thin_ice():
+    obs = "P~_\n_O_\n__G"
+    assert thin_ice_fatal(obs, "right") and not thin_ice_fatal(obs, "down") and not thin_ice_fatal(obs, "up")
+    assert not thin_ice_fatal(obs, "jump") and not thin_ice_fatal("no grid", "right")
+    env = ThinIceEnv(trap_prob=1.0)
+    traj = solver_trajectory(env, TRAP_SEED, "naive")
+    assert [thin_ice_fatal(t["observation"], t["action"]) for t in traj.turns] == [False] * (len(traj.turns) - 1) + [
+        True]
 
 
 # -- skill-following SFT records ---------------------------------------------------------------

@@ -126,6 +126,19 @@ def thin_ice_plan(observation: str) -> list[str] | None:
     return safe_plan(parsed[0], *parsed[1])
 
 
+def thin_ice_fatal(observation: str, action: str) -> bool:
+    """Whether ``action`` from the state in ``observation`` steps on ``~`` (a fatal step, for splitting a teacher's
+    log-probability shift into fatal and safe steps); False for a non-move or without a grid."""
+    from tether.envs.thin_ice import MOVES, THIN, walk
+
+    parsed = thin_ice_tiles(observation)
+    if parsed is None or action not in MOVES:
+        return False
+    desc, cell = parsed
+    r, c = walk(cell, [action], len(desc))[-1]
+    return desc[r][c] == THIN
+
+
 def scripted_plan(task: str) -> list[str] | None:
     """The secret word, when the task reveals it."""
     match = re.search(r"secret word is '([^']+)'", task)

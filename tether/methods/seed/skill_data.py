@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from tether.envs.thin_ice import MOVES, THIN, ThinIceEnv, split_of
+from tether.envs.thin_ice import ThinIceEnv, split_of
 from tether.methods.seed.prompting import augment_with_skill
-from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, analyze_thin_ice
+from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, analyze_thin_ice, thin_ice_fatal
 from tether.rollout.multi_turn import Episode, build_prompt
 
 Solver = Literal["safe", "naive"]
@@ -57,12 +57,6 @@ def response_text(action: str) -> str:
 
 def _plan(env: ThinIceEnv, solver: Solver) -> list[str] | None:
     return env.solution() if solver == "safe" else env.naive_solution()
-
-
-def _lands_on_thin_ice(env: ThinIceEnv, action: str) -> bool:
-    (r, c), (dr, dc) = env.position, MOVES[action]
-    inside = 0 <= r + dr < env.size and 0 <= c + dc < env.size
-    return inside and env.desc[r + dr][c + dc] == THIN
 
 
 def solver_trajectory(env: ThinIceEnv, seed: int, solver: Solver) -> Trajectory:
@@ -95,7 +89,7 @@ def episode_records(env: ThinIceEnv, seed: int, *, skill: str | None, skill_kind
     while (plan := _plan(env, solver)) and len(ep.turns) < env.max_turns:
         prompt = build_prompt(ep, history, env.action_format)
         meta = {"seed": seed, "turn": len(ep.turns), "skill": skill, "skill_kind": skill_kind, "solver": solver,
-                "action": plan[0], "fatal": _lands_on_thin_ice(env, plan[0]), "trap": reset.info["trap"]}
+                "action": plan[0], "fatal": thin_ice_fatal(ep.observation, plan[0]), "trap": reset.info["trap"]}
         records.append({"prompt": augment_with_skill(prompt, skill) if skill else prompt,
                         "response": response_text(plan[0]), "meta": meta})
         action = rng.choice(env.admissible) if rng.random() < explore else plan[0]
