@@ -190,3 +190,20 @@ def test_command_writes_the_records(tmp_path, capsys):
     written = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
     assert written == skill_following_records(4, skill_share=0.5, seed=7)
     assert json.loads(capsys.readouterr().out)["records"] == len(written)
+
+
+def test_the_thin_ice_arms_differ_only_in_run_dir_and_method():
+    from pathlib import Path
+
+    from tether.config import load_config
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "seed" / "thin_ice"
+    dumps = {name: load_config(root / f"{name}.yaml").model_dump(mode="json") for name in ("grpo", "seed", "grpo_opsd")}
+    for dump in dumps.values():
+        assert dump["env"]["name"] == "thin_ice" and dump["env"]["val_tasks"] >= 256
+        dump.pop("run_dir")
+    assert set(dumps["seed"]["methods"]) == {"seed"} and set(dumps["grpo_opsd"]["methods"]) == {"opsd"}
+    assert not dumps["grpo"]["methods"]
+    for dump in dumps.values():
+        dump.pop("methods")
+    assert dumps["grpo"] == dumps["seed"] == dumps["grpo_opsd"]
