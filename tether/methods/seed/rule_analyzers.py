@@ -312,7 +312,8 @@ def analyze_thin_ice(traj: Trajectory, success: bool) -> tuple[str, str]:
         rules.insert(0, f"stepping into a hole O: the move '{last}' at step {ev.turns - 1} fell in")
     if ev.noops:
         rules.append(f"walking off the edge of the map: {ev.noops} moves did not move you")
-    reason = "broke through thin ice" if broke else "fell into a hole" if fell else traj.fault or "ran out of turns"
+    reason = ("broke through thin ice" if broke is not None else "fell into a hole" if fell
+              else traj.fault or "ran out of turns")
     avoid = "Avoid: " + "; ".join(rules[:2]) + ". " if rules else ""
     plan = f" Instead, the shortest path around every ~ and O from the start was: {_plan_text(start)}." if start else ""
     return _outcome_summary(traj, ev, reason), f"{avoid}{THIN_ICE_RULE}{plan}"
