@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import string
-
 import pytest
 
 from tether.envs import EVAL_SEED_OFFSET, make_env
@@ -22,8 +20,6 @@ from tether.envs.thin_ice import (
     walk,
 )
 
-# The character tokenizer of the miniature lab (tether.models.char) knows printable ASCII and newlines only.
-ASCII = set(string.digits + string.ascii_letters + string.punctuation + " \n")
 SEEDS = [*range(30), *split_seeds("selection", 15), *split_seeds("report", 15)]
 
 
@@ -44,7 +40,7 @@ def test_same_seed_same_map_and_seeds_differ():
     assert len({tuple(generate_map(6, s)) for s in range(20)}) == 20
 
 
-@pytest.mark.parametrize("size", [5, 6, 8])
+@pytest.mark.parametrize("size", [5, 8])  # 6, the default, is in every other test
 def test_every_map_has_thin_ice_and_a_safe_path_the_solution_walks(size):
     env = ThinIceEnv(size=size)
     for seed in SEEDS:
@@ -62,22 +58,21 @@ def test_every_map_has_thin_ice_and_a_safe_path_the_solution_walks(size):
 
 def test_trap_maps_put_thin_ice_on_every_shortest_route():
     env = ThinIceEnv(trap_prob=1.0)
-    for seed in range(40):
+    for seed in range(20):
         info = env.reset(seed).info
         assert info["trap"] and info["optimal_steps"] > info["naive_steps"]
         assert info["naive_falls"]
         steps = play(env, seed, env.naive_solution())
         assert steps[-1].done and steps[-1].info["fell_through_ice"] and not steps[-1].won
     no_traps = ThinIceEnv(trap_prob=0.0)
-    for seed in range(40):
+    for seed in range(20):
         info = no_traps.reset(seed).info
         assert not info["trap"] and info["optimal_steps"] == info["naive_steps"]
 
 
 def test_trap_share_follows_trap_prob():
     env = ThinIceEnv(trap_prob=0.5)
-    traps = sum(env.reset(s).info["trap"] for s in range(200))
-    assert 70 <= traps <= 130
+    assert 30 <= sum(env.reset(s).info["trap"] for s in range(100)) <= 70  # Binomial(100, 0.5) within 4 sd
 
 
 def test_naive_plan_ignores_thin_ice_and_safe_plan_avoids_it():
@@ -133,12 +128,17 @@ def test_hole_and_edge_behave_like_frozenlake():
     assert step.observation == first.observation and not step.done and not step.info["invalid_action"]
 
 
-def test_text_is_ascii_with_one_character_per_cell():
-    env = make_env("thin_ice")
+def test_the_character_tokenizer_sees_one_known_token_per_character():
+    from tether.models.char import char_tokenizer
+
+    tok = char_tokenizer()
+    env = make_env("thin_ice", trap_prob=1.0)
     first = env.reset(3)
-    steps = play(env, 3, env.naive_solution() or [])
+    steps = play(env, 3, env.naive_solution())
+    assert steps[-1].info["fell_through_ice"]
     for text in (first.task, first.observation, env.action_format, *(s.observation for s in steps)):
-        assert set(text) <= ASCII
+        ids = tok(text, add_special_tokens=False).input_ids
+        assert len(ids) == len(text) and tok.unk_token_id not in ids
     grid = first.observation.split("\n")
     assert len(grid) == 6 and all(len(row) == 6 and set(row) <= GRID_SYMBOLS for row in grid)
 

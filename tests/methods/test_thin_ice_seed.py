@@ -125,12 +125,12 @@ def current_tiles(prompt: str) -> tuple[list[str], tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def records() -> list[dict]:
-    return skill_following_records(40, skill_share=0.3, seed=1)
+    return skill_following_records(30, skill_share=0.3, seed=1)
 
 
 def test_records_are_deterministic_and_hit_the_skill_share(records):
-    assert skill_following_records(40, skill_share=0.3, seed=1) == records
-    assert skill_following_records(40, skill_share=0.3, seed=2) != records
+    assert skill_following_records(30, skill_share=0.3, seed=1) == records
+    assert skill_following_records(30, skill_share=0.3, seed=2) != records
     with_skill = sum(r["meta"]["skill"] is not None for r in records)
     longest = max(r["meta"]["turn"] for r in records) + 1
     assert abs(with_skill - 0.3 * len(records)) <= longest
