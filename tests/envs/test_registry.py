@@ -17,7 +17,7 @@ def restore_registry():
 
 
 def test_builtin_names():
-    assert {"scripted", "sokoban", "frozenlake", "textworld", "alfworld", "webshop"} <= set(ENVS)
+    assert {"scripted", "sokoban", "frozenlake", "thin_ice", "textworld", "alfworld", "webshop"} <= set(ENVS)
 
 
 def test_unknown_name_lists_registered_names():

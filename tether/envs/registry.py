@@ -20,6 +20,7 @@ ENVS: dict[str, str] = {
     "scripted": "tether.envs.scripted:ScriptedEnv",
     "sokoban": "tether.envs.sokoban:SokobanEnv",
     "frozenlake": "tether.envs.frozenlake:FrozenLakeEnv",
+    "thin_ice": "tether.envs.thin_ice:ThinIceEnv",
     "textworld": "tether.envs.textworld_env:TextWorldEnv",
     "alfworld": "tether.envs.alfworld_env:AlfWorldEnv",
     "webshop": "tether.envs.webshop_env:WebShopEnv",

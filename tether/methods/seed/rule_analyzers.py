@@ -5,11 +5,15 @@ tether's environments, so the whole pipeline runs offline on a CPU. Each reads a
 writes the same JSON the analyzer prompt asks for (``episode_summary``, ``episode_skill``), derived from
 
 * the environment's solver or walkthrough: the optimal plan from the start state (Sokoban: ``solve`` on the
-  board parsed back from the observation; FrozenLake: the shortest hole-free path; TextWorld: the walkthrough the
-  env reports; scripted: the secret word);
+  board parsed back from the observation; FrozenLake: the shortest hole-free path; thin ice: the shortest path
+  around holes and ``~``; TextWorld: the walkthrough the env reports; scripted: the secret word);
 * the trajectory's failure events: replies without a valid action, moves that changed nothing (walls, edges),
   boards seen before (loops), moves that did not bring the goal closer, a box pushed where it can never reach a
-  target (Sokoban), a hole (FrozenLake), an environment fault, running out of turns.
+  target (Sokoban), a hole (FrozenLake, thin ice), thin ice broken through (thin ice), an environment fault,
+  running out of turns.
+
+The thin-ice analyzer is an *oracle*: it knows that every ``~`` is thin ice and states it in every skill, success
+or failure, whether or not the trajectory stepped on one (the positive control of issue #21).
 
 A success gets a workflow skill (the decision rule plus the action order that won); a failure gets avoidance
 rules (the two most important mistakes, then the plan that would have won). They are templates, not an LLM: the
@@ -26,6 +30,7 @@ from typing import Any
 
 SOKOBAN_SYMBOLS = set("#_OX√PS")
 FROZENLAKE_SYMBOLS = set("P_OGX√")
+THIN_ICE_SYMBOLS = set("P_~OGX*")
 
 
 @dataclass
@@ -97,6 +102,43 @@ def frozenlake_plan(observation: str) -> list[str] | None:
     return shortest_path(desc, *where[0])
 
 
+def thin_ice_tiles(observation: str) -> tuple[list[str], tuple[int, int]] | None:
+    """The thin-ice map in ``observation`` as tile rows (:mod:`tether.envs.thin_ice` letters; the player's cell
+    is ice, ``H`` where they fell in, ``G`` on the goal) and the player's cell; None without one square grid."""
+    grid = grid_text(observation, THIN_ICE_SYMBOLS)
+    if grid is None:
+        return None
+    rows = grid.split("\n")
+    tiles = {"P": "F", "_": "F", "~": "T", "O": "H", "X": "H", "G": "G", "*": "G"}
+    where = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PX*"]
+    if len(where) != 1 or any(len(row) != len(rows) for row in rows):
+        return None
+    return ["".join(tiles[c] for c in row) for row in rows], where[0]
+
+
+def thin_ice_plan(observation: str) -> list[str] | None:
+    """The shortest path around every hole and every ``~`` from the player to the goal in ``observation``."""
+    from tether.envs.thin_ice import safe_plan
+
+    parsed = thin_ice_tiles(observation)
+    if parsed is None or parsed[0][parsed[1][0]][parsed[1][1]] == "H":
+        return None
+    return safe_plan(parsed[0], *parsed[1])
+
+
+def thin_ice_fatal(observation: str, action: str) -> bool:
+    """Whether ``action`` from the state in ``observation`` steps on ``~`` (a fatal step, for splitting a teacher's
+    log-probability shift into fatal and safe steps); False for a non-move or without a grid."""
+    from tether.envs.thin_ice import MOVES, THIN, walk
+
+    parsed = thin_ice_tiles(observation)
+    if parsed is None or action not in MOVES:
+        return False
+    desc, cell = parsed
+    r, c = walk(cell, [action], len(desc))[-1]
+    return desc[r][c] == THIN
+
+
 def scripted_plan(task: str) -> list[str] | None:
     """The secret word, when the task reveals it."""
     match = re.search(r"secret word is '([^']+)'", task)
@@ -110,6 +152,8 @@ def solve_from_observation(env_name: str, observation: str, task: str = "") -> l
         return sokoban_plan(observation)
     if env_name == "frozenlake":
         return frozenlake_plan(observation)
+    if env_name == "thin_ice":
+        return thin_ice_plan(observation)
     if env_name == "scripted":
         return scripted_plan(task)
     return None
@@ -231,6 +275,50 @@ def analyze_frozenlake(traj: Trajectory, success: bool) -> tuple[str, str]:
     return _outcome_summary(traj, ev, reason), _avoid(rules, start, "the shortest safe path from the start was")
 
 
+THIN_ICE_RULE = ("Every ~ (snowy ice) is thin ice that breaks under you: never step on ~ or O, walk only on _ "
+                 "and go around them.")
+
+
+def thin_ice_fall(traj: Trajectory) -> tuple[int, int] | None:
+    """The cell where the trajectory broke through thin ice, 0-based: its last move landed on a cell that showed
+    ``~`` in the observation before it; None if it did not."""
+    if len(traj.turns) == 0:
+        return None
+    before, after = thin_ice_tiles(traj.observations[-2]), thin_ice_tiles(traj.final_observation)
+    if before is None or after is None:
+        return None
+    (r, c) = after[1]
+    fell = after[0][r][c] == "H" and before[0][r][c] == "T"
+    return (r, c) if fell else None
+
+
+def analyze_thin_ice(traj: Trajectory, success: bool) -> tuple[str, str]:
+    """An oracle analyzer: it knows that every ``~`` is thin ice and says so in every skill, with the shortest
+    path around all hazards from the start (the positive control of SEED's mechanism on :mod:`tether.envs.thin_ice`)."""
+    start = traj.solution or thin_ice_plan(traj.observations[0])
+    ev = count_events(traj, THIN_ICE_SYMBOLS, thin_ice_plan)
+    if success:
+        skill = (f"{THIN_ICE_RULE} Trace a path from P to G on _ tiles only, then walk it one move per turn. "
+                 f"Path here: {_plan_text(_moves(traj))}.")
+        return _outcome_summary(traj, ev, None), skill
+    rules = _common_rules(ev, "move (left, down, right or up)")
+    broke = thin_ice_fall(traj)
+    fell = broke is None and "X" in (grid_text(traj.final_observation, THIN_ICE_SYMBOLS) or "")
+    last = _moves(traj)[-1] if _moves(traj) else "?"
+    if broke is not None:
+        rules.insert(0, f"stepping on ~: the move '{last}' at step {ev.turns - 1} broke through the ~ at row "
+                        f"{broke[0] + 1}, column {broke[1] + 1}")
+    elif fell:
+        rules.insert(0, f"stepping into a hole O: the move '{last}' at step {ev.turns - 1} fell in")
+    if ev.noops:
+        rules.append(f"walking off the edge of the map: {ev.noops} moves did not move you")
+    reason = ("broke through thin ice" if broke is not None else "fell into a hole" if fell
+              else traj.fault or "ran out of turns")
+    avoid = "Avoid: " + "; ".join(rules[:2]) + ". " if rules else ""
+    plan = f" Instead, the shortest path around every ~ and O from the start was: {_plan_text(start)}." if start else ""
+    return _outcome_summary(traj, ev, reason), f"{avoid}{THIN_ICE_RULE}{plan}"
+
+
 def analyze_scripted(traj: Trajectory, success: bool) -> tuple[str, str]:
     answer = traj.solution or scripted_plan(traj.task)
     ev = count_events(traj, None, None)
@@ -272,6 +360,7 @@ def analyze_generic(traj: Trajectory, success: bool) -> tuple[str, str]:
 RULE_ANALYZERS: dict[str, Callable[[Trajectory, bool], tuple[str, str]]] = {
     "sokoban": analyze_sokoban,
     "frozenlake": analyze_frozenlake,
+    "thin_ice": analyze_thin_ice,
     "scripted": analyze_scripted,
     "textworld": analyze_textworld,
 }

@@ -1,0 +1,149 @@
+"""Thin ice: seeded maps, solvability around every hazard, traps, splits, and a hazard only a fall reveals."""
+
+from __future__ import annotations
+
+import pytest
+
+from tether.envs import EVAL_SEED_OFFSET, make_env
+from tether.envs.thin_ice import (
+    GRID_SYMBOLS,
+    HOLE,
+    THIN,
+    ThinIceEnv,
+    crosses_thin_ice,
+    generate_map,
+    naive_plan,
+    render,
+    safe_plan,
+    split_of,
+    split_seeds,
+    walk,
+)
+
+SEEDS = [*range(30), *split_seeds("selection", 15), *split_seeds("report", 15)]
+
+
+def play(env: ThinIceEnv, seed: int, actions: list[str]) -> list:
+    """The steps of ``actions`` on ``seed``'s map, up to the end of the episode."""
+    env.reset(seed)
+    steps = []
+    for action in actions:
+        steps.append(env.step(action))
+        if steps[-1].done:
+            break
+    return steps
+
+
+def test_same_seed_same_map_and_seeds_differ():
+    assert generate_map(6, 17) == generate_map(6, 17)
+    assert ThinIceEnv().reset(17).info["map"] == ThinIceEnv().reset(17).info["map"]
+    assert len({tuple(generate_map(6, s)) for s in range(20)}) == 20
+
+
+@pytest.mark.parametrize("size", [5, 8])  # 6, the default, is in every other test
+def test_every_map_has_thin_ice_and_a_safe_path_the_solution_walks(size):
+    env = ThinIceEnv(size=size)
+    for seed in SEEDS:
+        first = env.reset(seed)
+        desc = first.info["map"]
+        assert len(desc) == size and all(len(row) == size for row in desc)
+        assert first.info["thin_ice"], f"seed {seed}: no thin ice"
+        plan = env.solution()
+        assert plan == safe_plan(desc, 0, 0) and len(plan) <= env.max_turns - 2
+        cells = walk((0, 0), plan, size)
+        assert all(desc[r][c] not in (HOLE, THIN) for r, c in cells)
+        steps = play(env, seed, plan)
+        assert steps[-1].done and steps[-1].won and steps[-1].reward == 1.0 and len(steps) == len(plan)
+
+
+def test_trap_maps_put_thin_ice_on_every_shortest_route():
+    env = ThinIceEnv(trap_prob=1.0)
+    for seed in range(20):
+        info = env.reset(seed).info
+        assert info["trap"] and info["optimal_steps"] > info["naive_steps"]
+        assert info["naive_falls"]
+        steps = play(env, seed, env.naive_solution())
+        assert steps[-1].done and steps[-1].info["fell_through_ice"] and not steps[-1].won
+    no_traps = ThinIceEnv(trap_prob=0.0)
+    for seed in range(20):
+        info = no_traps.reset(seed).info
+        assert not info["trap"] and info["optimal_steps"] == info["naive_steps"]
+
+
+def test_trap_share_follows_trap_prob():
+    env = ThinIceEnv(trap_prob=0.5)
+    assert 30 <= sum(env.reset(s).info["trap"] for s in range(100)) <= 70  # Binomial(100, 0.5) within 4 sd
+
+
+def test_naive_plan_ignores_thin_ice_and_safe_plan_avoids_it():
+    desc = ["SFF",
+            "TFF",
+            "FFG"]
+    assert naive_plan(desc, 0, 0) == ["down", "down", "right", "right"]  # BFS tries left, down, right, up
+    assert crosses_thin_ice(desc, naive_plan(desc, 0, 0))
+    assert safe_plan(desc, 0, 0) == ["right", "down", "down", "right"]
+    assert not crosses_thin_ice(desc, safe_plan(desc, 0, 0))
+    assert safe_plan(["STH", "TFF", "HFG"], 0, 0) is None
+
+
+def test_splits_never_overlap_and_eval_split_picks_one():
+    last_train, first_sel = split_seeds("train", 500_000)[-1], split_seeds("selection", 1)[0]
+    last_sel, first_report = split_seeds("selection", 500_000)[-1], split_seeds("report", 1)[0]
+    assert last_train < first_sel and last_sel < first_report == EVAL_SEED_OFFSET
+    assert [split_of(s) for s in (0, last_train, first_sel, last_sel, first_report)] == [
+        "train", "train", "selection", "selection", "report"]
+    with pytest.raises(ValueError, match="holds 500000 seeds"):
+        split_seeds("train", 500_001)
+    assert ThinIceEnv().eval_seeds(3) == split_seeds("selection", 3)
+    assert ThinIceEnv(eval_split="report").eval_seeds(3) == split_seeds("report", 3)
+    assert ThinIceEnv().reset(first_sel).info["split"] == "selection"
+
+
+def test_thin_ice_looks_harmless_until_stepped_on():
+    env = ThinIceEnv(trap_prob=1.0)
+    first = env.reset(5)
+    naive = env.naive_solution()
+    steps = play(env, 5, naive)
+    before = [first.task, first.observation, *(s.observation for s in steps[:-1])]
+    for text in before:  # nothing a policy reads before the fall says that ~ is dangerous
+        assert not any(word in text.lower() for word in ("thin", "break", "broke", "water"))
+    assert "~ snowy ice" in first.task
+    r, c = walk((0, 0), naive[:len(steps)], 6)[-1]
+    assert first.info["map"][r][c] == THIN and first.observation.split("\n")[r][c] == "~"
+    last = steps[-1]
+    assert last.done and not last.won and last.reward == 0.0
+    assert last.info["fell_through_ice"] and not last.info["fell_in_hole"]
+    message, *grid = last.observation.split("\n")
+    assert f"~ at row {r + 1}, column {c + 1} was thin ice" in message
+    assert grid[r][c] == "X" and "\n".join(grid) == render(first.info["map"], r, c)
+
+
+def test_hole_and_edge_behave_like_frozenlake():
+    env = ThinIceEnv()
+    seed = next(s for s in range(200) if generate_map(6, s)[0][1] == HOLE)
+    step = play(env, seed, ["right"])[0]
+    assert step.done and not step.won and step.info["fell_in_hole"] and not step.info["fell_through_ice"]
+    first = env.reset(0)
+    step = env.step("up")
+    assert step.observation == first.observation and not step.done and not step.info["invalid_action"]
+
+
+def test_the_character_tokenizer_sees_one_known_token_per_character():
+    from tether.models.char import char_tokenizer
+
+    tok = char_tokenizer()
+    env = make_env("thin_ice", trap_prob=1.0)
+    first = env.reset(3)
+    steps = play(env, 3, env.naive_solution())
+    assert steps[-1].info["fell_through_ice"]
+    for text in (first.task, first.observation, env.action_format, *(s.observation for s in steps)):
+        ids = tok(text, add_special_tokens=False).input_ids
+        assert len(ids) == len(text) and tok.unk_token_id not in ids
+    grid = first.observation.split("\n")
+    assert len(grid) == 6 and all(len(row) == 6 and set(row) <= GRID_SYMBOLS for row in grid)
+
+
+def test_bad_arguments_raise():
+    for kwargs in ({"size": 4}, {"hole_p": 0.5}, {"trap_prob": 1.5}, {"eval_split": "train"}):
+        with pytest.raises(ValueError):
+            ThinIceEnv(**kwargs)

@@ -1,0 +1,209 @@
+"""SEED on thin ice without a model: the oracle rule analyzer and the skill-following SFT records."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tether.envs.thin_ice import GOAL, HOLE, THIN, ThinIceEnv, generate_map, naive_plan, safe_plan, walk
+from tether.methods.seed.analyzer import parse_analysis
+from tether.methods.seed.prompting import augment_with_skill
+from tether.methods.seed.rule_analyzers import (
+    THIN_ICE_RULE,
+    Trajectory,
+    analyze_thin_ice,
+    rule_analysis,
+    solve_from_observation,
+    thin_ice_fatal,
+    thin_ice_tiles,
+)
+from tether.methods.seed.skill_data import (
+    main,
+    response_text,
+    skill_following_records,
+    solver_trajectory,
+    write_jsonl,
+)
+
+TRAP_SEED = 5  # with trap_prob=1.0 every map is a trap; seed 5's naive route breaks through at its first move
+
+
+def play(env: ThinIceEnv, seed: int, actions: list[str]) -> Trajectory:
+    reset = env.reset(seed)
+    obs, turns, won = reset.observation, [], False
+    for action in actions:
+        step = env.step(action)
+        turns.append({"observation": obs, "response": response_text(action), "action": action, "valid": True})
+        obs, won = step.observation, step.won
+        if step.done:
+            break
+    return Trajectory(task=reset.task, turns=turns, final_observation=obs, won=won, ret=float(won))
+
+
+def stated_plan(skill: str, intro: str) -> list[str]:
+    """The comma-separated moves after ``intro`` up to the final full stop."""
+    return re.search(re.escape(intro) + r" ([a-z, ]+)\.$", skill).group(1).split(", ")
+
+
+def assert_safe_route(desc: list[str], plan: list[str]) -> None:
+    cells = walk((0, 0), plan, len(desc))
+    assert desc[cells[-1][0]][cells[-1][1]] == GOAL
+    assert all(desc[r][c] not in (HOLE, THIN) for r, c in cells)
+
+
+# -- the oracle analyzer -----------------------------------------------------------------------
+
+
+def test_failure_through_thin_ice_names_the_cell_the_rule_and_the_safe_path():
+    env = ThinIceEnv(trap_prob=1.0)
+    traj = solver_trajectory(env, TRAP_SEED, "naive")
+    desc = env.reset(TRAP_SEED).info["map"]
+    r, c = walk((0, 0), [t["action"] for t in traj.turns], len(desc))[-1]
+    assert desc[r][c] == THIN and not traj.won
+    result = parse_analysis(rule_analysis(traj, "thin_ice", success=False))
+    assert result.ok and "broke through thin ice" in result.summary
+    assert result.skill.startswith(f"Avoid: stepping on ~: the move '{traj.turns[-1]['action']}' at step "
+                                   f"{len(traj.turns) - 1} broke through the ~ at row {r + 1}, column {c + 1}.")
+    assert THIN_ICE_RULE in result.skill
+    plan = stated_plan(result.skill, "the shortest path around every ~ and O from the start was:")
+    assert plan == safe_plan(desc, 0, 0)
+    assert_safe_route(desc, plan)
+
+
+def test_success_states_the_rule_and_the_path_walked():
+    env = ThinIceEnv(trap_prob=1.0)
+    traj = solver_trajectory(env, TRAP_SEED, "safe")
+    assert traj.won
+    summary, skill = analyze_thin_ice(traj, True)
+    moves = [t["action"] for t in traj.turns]
+    assert skill.startswith(THIN_ICE_RULE) and stated_plan(skill, "Path here:") == moves
+    assert summary.startswith(f"The agent succeeded in {len(moves)} turns")
+
+
+def test_a_hole_or_running_out_of_turns_still_teaches_the_rule():
+    env = ThinIceEnv()
+    seed = next(s for s in range(200) if generate_map(6, s)[0][1] == HOLE)
+    summary, skill = analyze_thin_ice(play(env, seed, ["right"]), False)
+    assert skill.startswith("Avoid: stepping into a hole O: the move 'right' at step 0 fell in.")
+    assert THIN_ICE_RULE in skill and "fell into a hole" in summary
+    summary, skill = analyze_thin_ice(play(env, 0, ["up", "left"]), False)
+    assert skill.startswith("Avoid: walking off the edge of the map: 2 moves did not move you.")
+    assert THIN_ICE_RULE in skill and "ran out of turns" in summary
+    assert stated_plan(skill, "from the start was:") == safe_plan(env.reset(0).info["map"], 0, 0)
+
+
+def test_plan_from_any_observation_matches_the_env():
+    env = ThinIceEnv()
+    for seed in range(5):
+        obs = env.reset(seed).observation
+        for action in env.solution()[:-1]:
+            assert solve_from_observation("thin_ice", obs) == env.solution()
+            obs = env.step(action).observation
+    assert thin_ice_tiles("no grid here") is None
+
+
+def test_fatal_moves_are_the_ones_onto_thin_ice():
+    obs = "P~_\n_O_\n__G"
+    assert thin_ice_fatal(obs, "right") and not thin_ice_fatal(obs, "down") and not thin_ice_fatal(obs, "up")
+    assert not thin_ice_fatal(obs, "jump") and not thin_ice_fatal("no grid", "right")
+    env = ThinIceEnv(trap_prob=1.0)
+    traj = solver_trajectory(env, TRAP_SEED, "naive")
+    assert [thin_ice_fatal(t["observation"], t["action"]) for t in traj.turns] == [False] * (len(traj.turns) - 1) + [
+        True]
+
+
+# -- skill-following SFT records ---------------------------------------------------------------
+
+
+def current_tiles(prompt: str) -> tuple[list[str], tuple[int, int]]:
+    """The map and player cell of a record's current observation (the last grid of the prompt)."""
+    current = prompt.split("Current observation (step ")[1].split("\n\n")[0]
+    return thin_ice_tiles(current.split("\n", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    return skill_following_records(30, skill_share=0.3, seed=1)
+
+
+def test_records_are_deterministic_and_hit_the_skill_share(records):
+    assert skill_following_records(30, skill_share=0.3, seed=1) == records
+    assert skill_following_records(30, skill_share=0.3, seed=2) != records
+    with_skill = sum(r["meta"]["skill"] is not None for r in records)
+    longest = max(r["meta"]["turn"] for r in records) + 1
+    assert abs(with_skill - 0.3 * len(records)) <= longest
+    assert {r["meta"]["skill_kind"] for r in records} == {None, "rule", "analysis"}
+    assert all(r["meta"]["skill"] is None for r in skill_following_records(5, skill_share=0.0))
+
+
+def test_the_action_follows_the_skill_when_present_and_the_naive_solver_otherwise(records):
+    env = ThinIceEnv()
+    for r in records:
+        tiles, (row, col) = current_tiles(r["prompt"])
+        meta, skill = r["meta"], r["meta"]["skill"]
+        plan = (safe_plan if skill else naive_plan)(tiles, row, col)
+        assert r["response"] == f"<action>{plan[0]}</action>" == response_text(meta["action"])
+        assert env.parse_action(r["response"]) == (meta["action"], True)
+        r2, c2 = walk((row, col), plan[:1], len(tiles))[-1]
+        assert meta["fatal"] == (tiles[r2][c2] == THIN)
+        if skill:
+            plain = r["prompt"].replace(f"\n\n{augment_with_skill('', skill)}", "", 1)
+            assert r["prompt"] == augment_with_skill(plain, skill) and not meta["fatal"]
+            assert THIN_ICE_RULE in skill and meta["solver"] == "safe"
+        else:
+            assert "Episode-Level Skill" not in r["prompt"] and meta["solver"] == "naive"
+    assert any(r["meta"]["fatal"] for r in records)  # the warm start does step on thin ice without a skill
+
+
+def test_analysis_skills_are_the_oracle_analysis_of_the_naive_route(records):
+    env = ThinIceEnv()
+    for r in records:
+        if r["meta"]["skill_kind"] == "analysis":
+            traj = solver_trajectory(env, r["meta"]["seed"], "naive")
+            assert r["meta"]["skill"] == analyze_thin_ice(traj, traj.won)[1]
+        elif r["meta"]["skill_kind"] == "rule":
+            assert r["meta"]["skill"] == THIN_ICE_RULE
+
+
+def test_history_and_exploration_keep_labels_from_the_state_reached():
+    recs = skill_following_records(6, skill_share=0.5, history=2, explore=0.5, seed=3)
+    assert any("Your last 2 steps:" in r["prompt"] for r in recs)
+    for r in recs:
+        tiles, cell = current_tiles(r["prompt"])
+        plan = (safe_plan if r["meta"]["skill"] else naive_plan)(tiles, *cell)
+        assert r["meta"]["action"] == plan[0]
+
+
+def test_held_out_maps_are_refused_and_records_round_trip(tmp_path, records):
+    with pytest.raises(ValueError, match="training maps"):
+        skill_following_records(1, seeds=[500_000])
+    with pytest.raises(ValueError, match="skill_share"):
+        skill_following_records(1, skill_share=1.5)
+    path = write_jsonl(records[:3], tmp_path / "data" / "sft.jsonl")
+    assert [json.loads(line) for line in path.read_text().splitlines()] == records[:3]
+
+
+def test_command_writes_the_records(tmp_path, capsys):
+    main([str(tmp_path / "sft.jsonl"), "--episodes", "4", "--skill-share", "0.5", "--seed", "7"])
+    written = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert written == skill_following_records(4, skill_share=0.5, seed=7)
+    assert json.loads(capsys.readouterr().out)["records"] == len(written)
+
+
+def test_the_thin_ice_arms_differ_only_in_run_dir_and_method():
+    from pathlib import Path
+
+    from tether.config import load_config
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "seed" / "thin_ice"
+    dumps = {name: load_config(root / f"{name}.yaml").model_dump(mode="json") for name in ("grpo", "seed", "grpo_opsd")}
+    for dump in dumps.values():
+        assert dump["env"]["name"] == "thin_ice" and dump["env"]["val_tasks"] >= 256
+        dump.pop("run_dir")
+    assert set(dumps["seed"]["methods"]) == {"seed"} and set(dumps["grpo_opsd"]["methods"]) == {"opsd"}
+    assert not dumps["grpo"]["methods"]
+    for dump in dumps.values():
+        dump.pop("methods")
+    assert dumps["grpo"] == dumps["seed"] == dumps["grpo_opsd"]

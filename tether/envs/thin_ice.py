@@ -1,0 +1,326 @@
+"""Thin ice: a FrozenLake-like grid where some tiles look harmless until you step on one.
+
+Why it exists: SEED's claim is that hindsight from a finished trajectory carries information the acting policy
+lacked. On FrozenLake every observation shows the whole map, so a failure reveals nothing new. Here a second kind
+of hazard, *thin ice*, is drawn as ``~``, which the legend calls "snowy ice" and never says is dangerous: only
+stepping on one reveals (in the final observation and in ``info``) that it breaks. Every ``~`` on every map is
+thin ice, so the lesson a failure teaches ("never step on ~") transfers to held-out maps.
+
+Design choice: a *distinct but innocuous-looking* symbol, not the safe-ice symbol itself. With ``_`` for both, the
+hazard would be truly invisible but its cells random per map, so no lesson could transfer; with ``~`` the symbol
+is visible, its meaning is not, and hindsight supplies the meaning.
+
+Maps (a pure function of ``size``, ``hole_p``, ``trap_prob`` and the seed; :func:`generate_map`): ``size x
+size``, start top-left, goal bottom-right, visible holes ``O`` with probability ``hole_p`` per tile, then thin ice:
+
+* a *trap* map (probability ``trap_prob``) gets thin ice on the shortest paths until *every* shortest path that
+  treats ``~`` as safe crosses one, so a policy that ignores the hazard falls on every shortest route;
+* any other map gets 1-3 thin-ice tiles placed so that some shortest path still avoids them all.
+
+Every map has at least one ``~`` and a path from start to goal that avoids holes and thin ice (BFS-checked), of
+at most ``max_turns - 2`` moves.
+
+Symbols (ASCII only, one character per cell, so a character-level tokenizer sees one token per cell):
+``P`` you, ``_`` ice, ``~`` snowy ice (thin ice), ``O`` hole, ``G`` goal, ``X`` you fallen in (a hole or through
+thin ice), ``*`` you on the goal.
+
+Actions, parsing and reward follow :mod:`tether.envs.frozenlake`: ``left``, ``down``, ``right``, ``up``; walking
+off the edge leaves you in place; 1.0 on reaching ``G``, else 0.0; a hole or thin ice ends the episode lost.
+
+Seed splits (never overlapping): train ``0 .. 499_999``, selection ``500_000 .. 999_999`` (choose checkpoints,
+peaks and settings here), report ``1_000_000 ..`` (:data:`tether.envs.base.EVAL_SEED_OFFSET`; report numbers
+here only). ``eval_seeds`` returns the split named by ``eval_split`` (default ``selection``, so the validation of
+a training run never touches the report maps unless asked to).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Literal
+
+from tether.envs.base import (
+    EVAL_SEED_OFFSET,
+    EnvReset,
+    EnvStep,
+    check_can_step,
+    normalize_action,
+    parse_tagged_action,
+)
+
+Cell = tuple[int, int]
+
+# The order BFS tries moves in, hence the tie-break between equally short paths (as in frozenlake.py).
+MOVES: dict[str, Cell] = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+
+# Tiles of a map (gymnasium-like letters, never shown to the policy) and their rendered symbols.
+START, ICE, THIN, HOLE, GOAL = "S", "F", "T", "H", "G"
+SYMBOLS = {START: "_", ICE: "_", THIN: "~", HOLE: "O", GOAL: "G"}
+PLAYER, FALLEN, ON_GOAL = "P", "X", "*"
+THIN_SYMBOL = SYMBOLS[THIN]
+GRID_SYMBOLS = frozenset("P_~OGX*")
+
+LEGEND = "Symbols: P you, _ ice, ~ snowy ice, O hole, G goal, X you fallen in, * you on the goal."
+
+SELECTION_SEED_OFFSET = 500_000
+Split = Literal["train", "selection", "report"]
+_SPLIT_START = {"train": 0, "selection": SELECTION_SEED_OFFSET, "report": EVAL_SEED_OFFSET}
+_SPLIT_SIZE = {"train": SELECTION_SEED_OFFSET, "selection": EVAL_SEED_OFFSET - SELECTION_SEED_OFFSET,
+               "report": EVAL_SEED_OFFSET}
+
+
+def split_seeds(split: Split, n: int) -> list[int]:
+    """The first ``n`` seeds of ``split`` (module docstring); more than the split holds raises ValueError."""
+    if not 0 <= n <= _SPLIT_SIZE[split]:
+        raise ValueError(f"the {split} split holds {_SPLIT_SIZE[split]} seeds, asked for {n}")
+    return list(range(_SPLIT_START[split], _SPLIT_START[split] + n))
+
+
+def split_of(seed: int) -> Split:
+    """Which split ``seed`` belongs to."""
+    if seed < 0:
+        raise ValueError(f"seeds are non-negative, got {seed}")
+    if seed >= EVAL_SEED_OFFSET:
+        return "report"
+    return "selection" if seed >= SELECTION_SEED_OFFSET else "train"
+
+
+# -- paths ---------------------------------------------------------------------------------------
+
+
+def shortest_path(desc: list[str], row: int, col: int, avoid: str) -> list[str] | None:
+    """Fewest moves from ``(row, col)`` to the goal stepping on no tile in ``avoid``, by BFS; None if none."""
+    size = len(desc)
+    parent: dict[Cell, tuple[Cell, str] | None] = {(row, col): None}
+    queue = deque([(row, col)])
+    while queue:
+        cell = queue.popleft()
+        if desc[cell[0]][cell[1]] == GOAL:
+            return _backtrack(parent, cell)
+        for name, (dr, dc) in MOVES.items():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if (0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in parent
+                    and desc[nxt[0]][nxt[1]] not in avoid):
+                parent[nxt] = (cell, name)
+                queue.append(nxt)
+    return None
+
+
+def _backtrack(parent: dict[Cell, tuple[Cell, str] | None], cell: Cell) -> list[str]:
+    actions = []
+    while (link := parent[cell]) is not None:
+        cell, name = link
+        actions.append(name)
+    return actions[::-1]
+
+
+def safe_plan(desc: list[str], row: int, col: int) -> list[str] | None:
+    """The scripted solver: the shortest path avoiding holes and thin ice."""
+    return shortest_path(desc, row, col, HOLE + THIN)
+
+
+def naive_plan(desc: list[str], row: int, col: int) -> list[str] | None:
+    """The naive solver: the shortest path avoiding holes only, treating thin ice as safe ice (as the warm start
+    does before it has any reason to distrust ``~``)."""
+    return shortest_path(desc, row, col, HOLE)
+
+
+def walk(cell: Cell, actions: list[str], size: int) -> list[Cell]:
+    """The cells visited from ``cell`` by ``actions`` (edges stop you), ``cell`` included."""
+    cells = [cell]
+    for action in actions:
+        dr, dc = MOVES[action]
+        r, c = cells[-1][0] + dr, cells[-1][1] + dc
+        cells.append((r, c) if 0 <= r < size and 0 <= c < size else cells[-1])
+    return cells
+
+
+def crosses_thin_ice(desc: list[str], actions: list[str]) -> bool:
+    """Whether walking ``actions`` from the start steps on thin ice."""
+    return any(desc[r][c] == THIN for r, c in walk((0, 0), actions, len(desc)))
+
+
+# -- maps ----------------------------------------------------------------------------------------
+
+
+def generate_map(size: int, seed: int, *, hole_p: float = 0.15, trap_prob: float = 0.5,
+                 max_steps: int = 18) -> list[str]:
+    """A solvable map for ``seed`` (module docstring). Rows are strings of tile letters S F T H G.
+
+    Raises:
+        RuntimeError: no valid map in 1000 draws (settings far outside the tested range, e.g. hole_p 0.6).
+    """
+    rng = random.Random(seed)
+    trap = rng.random() < trap_prob
+    for _ in range(1000):
+        grid = _holes(size, hole_p, rng)
+        naive = naive_plan(["".join(r) for r in grid], 0, 0)
+        if naive is None:
+            continue
+        placed = _cut_shortest_paths(grid, len(naive), rng) if trap else _sprinkle(grid, len(naive), rng)
+        desc = ["".join(r) for r in grid]
+        plan = safe_plan(desc, 0, 0)
+        if placed and plan is not None and len(plan) <= max_steps:
+            return desc
+    raise RuntimeError(f"no thin-ice map for size={size}, hole_p={hole_p}, seed={seed} in 1000 draws")
+
+
+def _holes(size: int, hole_p: float, rng: random.Random) -> list[list[str]]:
+    grid = [[HOLE if rng.random() < hole_p else ICE for _ in range(size)] for _ in range(size)]
+    grid[0][0], grid[-1][-1] = START, GOAL
+    return grid
+
+
+def _path_cells(grid: list[list[str]], plan: list[str]) -> list[Cell]:
+    """The cells strictly between start and goal on ``plan``."""
+    return walk((0, 0), plan, len(grid))[1:-1]
+
+
+def _cut_shortest_paths(grid: list[list[str]], naive_len: int, rng: random.Random) -> bool:
+    """Put thin ice on the current shortest safe path until every safe path is longer than ``naive_len`` (then
+    every shortest path through ``~`` crosses thin ice). False if that disconnects start from goal."""
+    while (plan := safe_plan(["".join(r) for r in grid], 0, 0)) is not None:
+        if len(plan) > naive_len:
+            return True
+        r, c = rng.choice(_path_cells(grid, plan))
+        grid[r][c] = THIN
+    return False
+
+
+def _sprinkle(grid: list[list[str]], naive_len: int, rng: random.Random) -> bool:
+    """1-3 thin-ice tiles on ice that keep a shortest path free of thin ice; False if none could be placed."""
+    ice = [(r, c) for r, row in enumerate(grid) for c, tile in enumerate(row) if tile == ICE]
+    rng.shuffle(ice)
+    placed, wanted = 0, rng.randint(1, 3)
+    for r, c in ice:
+        if placed == wanted:
+            break
+        grid[r][c] = THIN
+        plan = safe_plan(["".join(row) for row in grid], 0, 0)
+        if plan is None or len(plan) > naive_len:
+            grid[r][c] = ICE
+        else:
+            placed += 1
+    return placed > 0
+
+
+def render(desc: list[str], row: int, col: int) -> str:
+    """The map as text with the player at ``(row, col)``: one line per row, one character per cell."""
+    return "\n".join("".join(_symbol(tile, (r, c) == (row, col)) for c, tile in enumerate(line))
+                     for r, line in enumerate(desc))
+
+
+def _symbol(tile: str, player: bool) -> str:
+    if not player:
+        return SYMBOLS[tile]
+    if tile in (HOLE, THIN):
+        return FALLEN
+    return ON_GOAL if tile == GOAL else PLAYER
+
+
+def fall_message(row: int, col: int) -> str:
+    """The line the final observation starts with after stepping on thin ice: the hindsight that ``~`` breaks."""
+    return (f"The snowy ice ~ at row {row + 1}, column {col + 1} was thin ice: it broke and you fell into the "
+            "water. Every ~ is thin ice.")
+
+
+# -- the env -------------------------------------------------------------------------------------
+
+
+class ThinIceEnv:
+    """Thin ice as text (module docstring: maps, symbols, reward, splits).
+
+    Args:
+        size (int): the map is ``size x size``, at least 5 (on 4x4 maps the trap construction found no map in
+            100,000 draws: cutting every shortest route there cuts every route).
+        hole_p (float): probability that a tile is a visible hole ``O``.
+        trap_prob (float): probability that a map is a trap (every shortest route through ``~`` crosses it).
+        eval_split (str): the split ``eval_seeds`` draws from, ``selection`` or ``report``.
+    """
+
+    name = "thin_ice"
+    max_turns = 20
+    action_format = ("Reply with exactly one action inside <action> </action> tags: left, down, right or "
+                     "up, e.g. <action>down</action>.")
+
+    def __init__(self, *, size: int = 6, hole_p: float = 0.15, trap_prob: float = 0.5,
+                 eval_split: Literal["selection", "report"] = "selection") -> None:
+        if size < 5:
+            raise ValueError(f"size must be >= 5, got {size}")
+        if not 0.0 <= hole_p < 0.5:
+            raise ValueError(f"hole_p must be in [0, 0.5), got {hole_p}")
+        if not 0.0 <= trap_prob <= 1.0:
+            raise ValueError(f"trap_prob must be in [0, 1], got {trap_prob}")
+        if eval_split not in ("selection", "report"):
+            raise ValueError(f"eval_split must be 'selection' or 'report', got {eval_split!r}")
+        self.size, self.hole_p, self.trap_prob, self.eval_split = size, hole_p, trap_prob, eval_split
+        self.desc: list[str] = []
+        self.position: Cell = (0, 0)
+        self._started = False
+        self._done = False
+
+    @property
+    def admissible(self) -> list[str]:
+        return list(MOVES)
+
+    def train_seeds(self, n: int) -> list[int]:
+        return split_seeds("train", n)
+
+    def selection_seeds(self, n: int) -> list[int]:
+        return split_seeds("selection", n)
+
+    def report_seeds(self, n: int) -> list[int]:
+        return split_seeds("report", n)
+
+    def eval_seeds(self, n: int) -> list[int]:
+        """The first ``n`` seeds of ``eval_split``."""
+        return split_seeds(self.eval_split, n)
+
+    def reset(self, seed: int) -> EnvReset:
+        self.desc = generate_map(self.size, seed, hole_p=self.hole_p, trap_prob=self.trap_prob,
+                                 max_steps=self.max_turns - 2)
+        self.position, self._started, self._done = (0, 0), True, False
+        task = f"Walk from your position to the goal G without falling in. {LEGEND} Actions: left, down, right, up."
+        safe, naive = safe_plan(self.desc, 0, 0), naive_plan(self.desc, 0, 0)
+        info = {"map": list(self.desc), "split": split_of(seed), "optimal_steps": len(safe),
+                "naive_steps": len(naive), "trap": len(safe) > len(naive),
+                "naive_falls": crosses_thin_ice(self.desc, naive),
+                "thin_ice": [(r, c) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t == THIN]}
+        return EnvReset(observation=render(self.desc, 0, 0), task=task, admissible_actions=self.admissible,
+                        info=info)
+
+    def step(self, action: str) -> EnvStep:
+        check_can_step(self.name, self._started, self._done)
+        key = normalize_action(action)
+        invalid = key not in MOVES
+        if not invalid:
+            self.position = walk(self.position, [key], self.size)[-1]
+        row, col = self.position
+        tile = self.desc[row][col]
+        self._done = tile in (GOAL, HOLE, THIN)
+        obs = render(self.desc, row, col)
+        if invalid:
+            obs = f"Invalid action '{action}'; the valid actions are left, down, right, up.\n{obs}"
+        elif tile == THIN:
+            obs = f"{fall_message(row, col)}\n{obs}"
+        info = {"won": tile == GOAL, "admissible_actions": self.admissible, "invalid_action": invalid,
+                "fell_in_hole": tile == HOLE, "fell_through_ice": tile == THIN}
+        return EnvStep(observation=obs, reward=1.0 if tile == GOAL else 0.0, done=self._done, info=info)
+
+    def parse_action(self, response_text: str) -> tuple[str, bool]:
+        return parse_tagged_action(response_text, self.admissible)
+
+    def solution(self) -> list[str] | None:
+        """The shortest path avoiding holes and thin ice from the current state; None when not running."""
+        if not self._started or self._done:
+            return None
+        return safe_plan(self.desc, *self.position)
+
+    def naive_solution(self) -> list[str] | None:
+        """The shortest path that treats thin ice as safe (it may fall through); None when not running."""
+        if not self._started or self._done:
+            return None
+        return naive_plan(self.desc, *self.position)
+
+    def close(self) -> None:
+        self._started = False
