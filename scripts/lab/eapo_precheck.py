@@ -79,7 +79,8 @@ def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, se
     return {"tau": tau, "tokens": tokens, "injected_tokens": injected, "injected_token_frac": injected / tokens,
             "injected_rollouts_frac": float((gen.token["injected_mask"].sum(1) > 0).float().mean()),
             "landed": dict(landed), "landed_on_carry_frac": landed["carry"] / max(injected, 1),
-            "carry_positions_seen": carries_available, "budget": budget, "accuracy_with_injection": correct / len(items),
+            "carry_positions_seen": carries_available, "budget": budget,
+            "accuracy_with_injection": correct / len(items),
             "accuracy_with_injection_2_carries": sum(two_carry) / max(len(two_carry), 1),
             "js_quantiles_50_90_99": quant, "raw": stats}
 
