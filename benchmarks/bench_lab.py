@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--model", default="char-256x4")
-    ap.add_argument("--out", default="benchmarks/results/lab_step.json")
+    ap.add_argument("--out", default="benchmarks/results/lab_step.json", help="where the JSON goes")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
