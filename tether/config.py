@@ -228,6 +228,52 @@ class LoggingConfig(Section):
     progress: bool = True
 
 
+class ParityConfig(Section):
+    """Engine-trainer parity: the engine's recorded log-probs of the sampled tokens against the trainer's."""
+
+    enabled: bool = Field(True, description="compare every step (free: it reuses the old log-probs or the update's "
+                          "own forward pass)")
+    tolerance: float = Field(0.1, gt=0, description="a token mismatches when its log-prob gap exceeds this (nats)")
+    max_mismatch_frac: float = Field(0.05, ge=0, le=1, description="a step is bad when more than this share of "
+                                     "its compared tokens mismatch")
+    patience: int = Field(3, ge=0, description="consecutive bad steps that stop the run (0: only log)")
+
+
+class RoundTripConfig(Section):
+    """Token round trip: the trained (prompt, response) ids are exactly what the engine was given and sampled."""
+
+    enabled: bool = Field(True, description="refuse to train on a row whose ids or loss mask differ from what the "
+                          "engine saw and sampled")
+
+
+class RewardAuditConfig(Section):
+    """No answer extracted vs. a wrong answer vs. a scorer fault, per step (single-turn tasks)."""
+
+    enabled: bool = True
+    warn_no_answer_frac: float = Field(0.5, ge=0, le=1, description="warn (once per run) when at least this share "
+                                       "of rows has no extractable answer and they outnumber the wrong answers")
+    examples: int = Field(3, ge=0, description="rows without an answer written per step to "
+                          "run_dir/health/no_answer.jsonl")
+
+
+class CollapseConfig(Section):
+    """Over-optimisation guard: validation falls from its peak while the training reward rises."""
+
+    action: Literal["off", "warn", "stop"] = Field("warn", description="what to do on a collapse: off, warn, or "
+                                                   "stop the run (the peak's weights stay in checkpoints/best)")
+    drop: float = Field(0.05, ge=0, description="how far below its peak train.best_metric must be to count")
+    patience: int = Field(3, ge=1, description="consecutive validations below peak - drop that make a collapse")
+
+
+class HealthConfig(Section):
+    """Run health checks (docs/health.md)."""
+
+    parity: ParityConfig = Field(default_factory=ParityConfig)
+    round_trip: RoundTripConfig = Field(default_factory=RoundTripConfig)
+    reward_audit: RewardAuditConfig = Field(default_factory=RewardAuditConfig)
+    collapse: CollapseConfig = Field(default_factory=CollapseConfig)
+
+
 class Config(Section):
     seed: int = 0
     run_dir: str = "runs/default"
@@ -241,6 +287,7 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
     sft: SFTConfig | None = Field(None, description="settings of `tether sft` (ignored by `tether train`)")
 

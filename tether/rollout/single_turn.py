@@ -117,12 +117,14 @@ class SingleTurnCollector:
 
     def _score(self, rows: list, prompts: list[list[int]], gen: Any, source: int) -> RolloutBatch:
         gen = gen.to("cpu")  # the batch is built on the CPU, next to the rewards; the trainer moves it
-        rewards, correct = [], []
+        rewards, correct, extracted, faults = [], [], [], []
         for (item, _), text in zip(rows, gen.texts, strict=True):
             score = self.task.score(item, text)
-            self.reward_faults += int(getattr(score, "fault", False))
+            faults.append(bool(getattr(score, "fault", False)))
+            self.reward_faults += int(faults[-1])
             rewards.append(score.reward)
             correct.append(score.correct)
+            extracted.append(score.extracted)  # None: no answer found (the reward audit, docs/health.md)
         rewards_t = torch.tensor(rewards, dtype=torch.float32)
         if self.cfg.rollout.overlong.enabled:
             rewards_t = rewards_t + overlong_penalty(gen.response_mask.sum(1), self.cfg.rollout.max_new_tokens,
@@ -135,7 +137,7 @@ class SingleTurnCollector:
             rewards=rewards_t, correct=torch.tensor(correct, dtype=torch.bool),
             source=torch.full((n,), source, dtype=torch.long), token=dict(gen.token),
             info={"item": [item for item, _ in rows], "text": list(gen.texts),
-                  "truncated": gen.truncated.tolist()},
+                  "truncated": gen.truncated.tolist(), "extracted": extracted, "fault": faults},
         )
 
     # -- one RL step's batch -------------------------------------------------------------------

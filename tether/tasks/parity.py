@@ -26,4 +26,5 @@ class ParityTask:
 
     def score(self, item: TaskItem, response_text: str) -> Score:
         even = len(response_text) % 2 == 0
-        return Score(reward=float(even), correct=even, extracted=None)
+        # the scorer reads the whole response: that is the "answer" (never missing, for the reward audit)
+        return Score(reward=float(even), correct=even, extracted=response_text)

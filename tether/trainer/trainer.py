@@ -28,6 +28,7 @@ from tether.config import Config, ConfigError, dump_config
 from tether.distributed import build_strategy, resolve_device
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, check_engine_available
+from tether.health import HealthMonitor
 from tether.methods import Method, build_methods
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
@@ -102,6 +103,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         self.tracker = build_tracker(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                                      mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
+        self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main)  # docs/health.md
         for m in self.methods:
             m.setup(self)
         if cfg.train.resume and (latest := self.checkpoints.latest()) is not None:
@@ -178,7 +180,9 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()
-        batch, metrics = self.collector.collect(self)  # 1-2. generate, reward, method hooks, filters
+        with self.health.recording(self):              # 1-2. generate, reward, method hooks, filters
+            batch, metrics = self.collector.collect(self)  # (the engine records what it samples)
+        metrics.update(self.health.check_batch(batch, self.step))  # the token round trip; the reward audit
         batch = batch.to(self.device)                  #    the one move of the batch to the models' device
         t_rollout = time.perf_counter() - start
         metrics.update(self.score(batch))              # 3. old / ref / method log-probs
@@ -192,6 +196,7 @@ class Trainer:
         for m in self.methods:                         # 6. method bookkeeping (reference resets...)
             metrics.update(m.after_update(self))
         metrics.update(batch_metrics(batch))
+        metrics.update(self.health.end_step(metrics, self.dp))  # engine-trainer parity, from the update's pi_old
         n_tokens = float(batch.response_mask.sum())
         now = time.perf_counter()
         metrics.update({"perf/step_s": now - start, "perf/rollout_s": t_rollout,
@@ -200,6 +205,7 @@ class Trainer:
                         "perf/weight_sync_s": t_sync,
                         "actor/lr": self.scheduler.get_last_lr()[0]})
         self.tracker.log(metrics, self.step)
+        self.health.stop_if_unhealthy()                #    after logging: the failing step's numbers are kept
         return metrics
 
     # -- hooks the collector calls -----------------------------------------------------------
@@ -321,6 +327,7 @@ class Trainer:
                                                     micro.response_mask, temperature=self.cfg.rollout.temperature,
                                                     with_entropy=True)
         old = micro.token.get("old_log_probs", log_probs.detach())
+        self.health.observe(micro, old)  # pi_old under the weights the engine sampled with: parity, free
         inputs = LossInputs(
             log_probs=log_probs, old_log_probs=old, advantages=micro.token["advantages"],
             response_mask=micro.response_mask, behaviour_log_probs=micro.sample_log_probs, source=micro.source,
@@ -350,6 +357,7 @@ class Trainer:
 
     def validate(self) -> dict[str, float]:
         metrics = self.collector.validate(self)
+        metrics.update(self.health.on_validation(self.step, metrics))  # the over-optimisation guard
         self.tracker.log(metrics, self.step)
         self.val_history.append((self.step, metrics))
         value = metrics.get(self.cfg.train.best_metric)
@@ -360,6 +368,7 @@ class Trainer:
             if self.dp.is_main:
                 write_text_atomic(self.run_dir / "best.txt",
                                   f"{self.cfg.train.best_metric}={value} step={self.step}\n")
+        self.health.stop_if_unhealthy()
         return metrics
 
     def _best_writer(self, state: dict[str, Any]) -> Callable[[Path], None]:
@@ -377,6 +386,7 @@ class Trainer:
             "step": self.step, "best_value": self.best_value, "val_history": self.val_history, "rng": rng_state(),
             "scheduler": self.scheduler.state_dict(), "collector": self.collector.state_dict(),
             "methods": {m.name: m.state_dict() for m in self.methods}, "strategy": self.strategy.name,
+            "health": self.health.state_dict(),
         }
 
     def save(self) -> Path:
@@ -405,6 +415,7 @@ class Trainer:
         for m in self.methods:
             m.load_state_dict(state["methods"].get(m.name, {}))
         set_rng_state(state["rng"])
+        self.health.load_state_dict(state.get("health", {}))  # checkpoints from before the checks have none
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
         self.push_weights()
 

@@ -1,0 +1,113 @@
+"""The trainer's one handle on the health checks: where each check hooks into a step, and its verdict."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from tether.config import Config
+from tether.health.collapse import CollapseGuard
+from tether.health.errors import HealthError
+from tether.health.parity import ParityCheck
+from tether.health.reward_audit import reward_audit
+from tether.health.round_trip import RecordingEngine, Sample, check_round_trip
+
+
+class HealthMonitor:
+    """Runs the checks configured in ``cfg.health`` (docs/health.md).
+
+    The trainer calls, per step: :meth:`recording` around collection, :meth:`check_batch` before any training
+    work, :meth:`observe` with each micro-batch's pi_old log-probs, :meth:`end_step` with the step's metrics and
+    :meth:`stop_if_unhealthy` after logging them; per validation, :meth:`on_validation` and again
+    :meth:`stop_if_unhealthy`.
+    """
+
+    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Any, *, is_main: bool = True) -> None:
+        self.cfg, self.tokenizer, self.is_main = cfg.health, tokenizer, is_main
+        self.dir = Path(run_dir) / "health"
+        self.parity = ParityCheck(cfg.health.parity, cfg.rollout) if cfg.health.parity.enabled else None
+        self.collapse = CollapseGuard(cfg.health.collapse, cfg.train.best_metric,
+                                      Path(run_dir) / "checkpoints" / "best")
+        self.samples: set[Sample] = set()
+        self.warned_no_answer = False
+
+    @contextlib.contextmanager
+    def recording(self, trainer: Any) -> Iterator[None]:
+        """While the collector runs, ``trainer.engine`` records what it samples; the trainer's own engine object
+        is put back afterwards (so callers that replace or inspect it see their own)."""
+        if not self.cfg.round_trip.enabled:
+            yield
+            return
+        self.samples = set()
+        engine = trainer.engine
+        trainer.engine = RecordingEngine(engine, self.samples)
+        try:
+            yield
+        finally:
+            trainer.engine = engine
+
+    def check_batch(self, batch: Any, step: int) -> dict[str, float]:
+        """The round trip (raises on a mismatch) and the reward audit, on the collected batch."""
+        if self.cfg.round_trip.enabled:
+            check_round_trip(batch, self.samples, self.tokenizer)
+        if not self.cfg.reward_audit.enabled:
+            return {}
+        metrics, missing = reward_audit(batch)
+        self._report_no_answer(batch, missing, metrics, step)
+        return metrics
+
+    def observe(self, micro: Any, trainer_log_probs: Tensor) -> None:
+        """pi_old's log-probs of a micro-batch, before any optimiser step of this RL step."""
+        if self.parity is not None:
+            self.parity.observe(micro, trainer_log_probs)
+
+    def end_step(self, metrics: dict[str, float], dp: Any) -> dict[str, float]:
+        """Parity's metrics and verdict for the step; the training reward for the collapse guard."""
+        self.collapse.observe_train(metrics.get("train/reward_mean"))
+        return self.parity.finish(dp) if self.parity is not None else {}
+
+    def on_validation(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        return self.collapse.observe_val(step, metrics)
+
+    def stop_if_unhealthy(self) -> None:
+        failure = (self.parity.failure if self.parity is not None else None) or self.collapse.failure
+        if failure is not None:
+            raise HealthError(failure)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"parity_bad_steps": self.parity.bad_steps if self.parity is not None else 0,
+                "collapse": self.collapse.state_dict(), "warned_no_answer": self.warned_no_answer}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.parity is not None:
+            self.parity.bad_steps = state.get("parity_bad_steps", 0)
+        self.collapse.load_state_dict(state.get("collapse", {}))
+        self.warned_no_answer = state.get("warned_no_answer", False)
+
+    def _report_no_answer(self, batch: Any, missing: list[int], metrics: dict[str, float], step: int) -> None:
+        """A few rows without an answer to ``health/no_answer.jsonl``; one warning when they dominate."""
+        audit = self.cfg.reward_audit
+        if not missing or not self.is_main:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with (self.dir / "no_answer.jsonl").open("a") as f:
+            for i in missing[:audit.examples]:
+                item = batch.info["item"][i] if "item" in batch.info else None
+                f.write(json.dumps({"step": step, "item": getattr(item, "id", None),
+                                    "answer": getattr(item, "answer", None), "response": batch.info["text"][i],
+                                    "truncated": batch.info.get("truncated", [None] * len(batch))[i]}) + "\n")
+        share, wrong = metrics["reward/no_answer_frac"], metrics["reward/wrong_answer_frac"]
+        if share >= audit.warn_no_answer_frac and share > wrong and not self.warned_no_answer:
+            truncated = sum(bool(batch.info.get("truncated", [False] * len(batch))[i]) for i in missing)
+            warnings.warn(f"step {step}: no answer could be extracted from {share:.0%} of the responses (wrong "
+                          f"answers: {wrong:.0%}; {truncated} of the {len(missing)} hit rollout.max_new_tokens). "
+                          "They get the wrong-answer reward, so the reward curve reads as a model that cannot solve "
+                          "the task. Check the prompt's answer format and the task's extractor; examples in "
+                          f"{self.dir / 'no_answer.jsonl'} (docs/health.md)", stacklevel=2)
+            self.warned_no_answer = True
