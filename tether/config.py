@@ -249,7 +249,7 @@ class RoundTripConfig(Section):
 class RewardAuditConfig(Section):
     """No answer extracted vs. a wrong answer vs. a scorer fault, per step (single-turn tasks)."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="count the shares per step, write examples, warn")
     warn_no_answer_frac: float = Field(0.5, ge=0, le=1, description="warn (once per run) when at least this share "
                                        "of rows has no extractable answer and they outnumber the wrong answers")
     examples: int = Field(3, ge=0, description="rows without an answer written per step to "
@@ -268,10 +268,10 @@ class CollapseConfig(Section):
 class HealthConfig(Section):
     """Run health checks (docs/health.md)."""
 
-    parity: ParityConfig = Field(default_factory=ParityConfig)
-    round_trip: RoundTripConfig = Field(default_factory=RoundTripConfig)
-    reward_audit: RewardAuditConfig = Field(default_factory=RewardAuditConfig)
-    collapse: CollapseConfig = Field(default_factory=CollapseConfig)
+    parity: ParityConfig = Field(default_factory=ParityConfig, description="engine-trainer parity")
+    round_trip: RoundTripConfig = Field(default_factory=RoundTripConfig, description="token round trip")
+    reward_audit: RewardAuditConfig = Field(default_factory=RewardAuditConfig, description="reward audit")
+    collapse: CollapseConfig = Field(default_factory=CollapseConfig, description="over-optimisation guard")
 
 
 class Config(Section):

@@ -13,24 +13,29 @@ from tether.rollout.batch import RolloutBatch
 from tether.rollout.single_turn import zero_variance_groups
 
 
-def reward_audit(batch: RolloutBatch) -> tuple[dict[str, float], list[int]]:
-    """(metrics, positions of on-policy rows without an extracted answer).
+def answer_shares(batch: RolloutBatch) -> tuple[dict[str, float], list[int]]:
+    """(``no_answer_frac``, ``wrong_answer_frac``, ``fault_frac`` over on-policy rows, positions of the rows
+    without an answer); nothing for a batch without extraction records (agent turns).
 
     A row has *no answer* when the extractor found none and the verifier did not judge it correct anyway (a task
-    that needs no extraction, like ``parity``, leaves ``extracted`` empty on correct rows too); *wrong* when an
-    answer was extracted and judged wrong; a *fault* when the scorer itself failed.
+    that needs no extraction may leave ``extracted`` empty on correct rows); *wrong* when an answer was extracted and
+    judged wrong; a *fault* when the scorer itself failed.
     """
-    groups = batch.group_ids.unique()
-    metrics = {"reward/zero_adv_group_frac": len(zero_variance_groups(batch.rewards, batch.group_ids)) / len(groups)}
-    if "extracted" not in batch.info:
-        return metrics, []
     on_policy = [i for i, s in enumerate(batch.source.tolist()) if s == 0]
-    if not on_policy:
-        return metrics, []
+    if "extracted" not in batch.info or not on_policy:
+        return {}, []
     correct, extracted, fault = batch.correct.tolist(), batch.info["extracted"], batch.info["fault"]
     missing = [i for i in on_policy if extracted[i] is None and not fault[i] and not correct[i]]
     wrong = [i for i in on_policy if extracted[i] is not None and not fault[i] and not correct[i]]
     n = len(on_policy)
-    metrics.update({"reward/no_answer_frac": len(missing) / n, "reward/wrong_answer_frac": len(wrong) / n,
-                    "reward/fault_frac": sum(bool(fault[i]) for i in on_policy) / n})
+    return {"no_answer_frac": len(missing) / n, "wrong_answer_frac": len(wrong) / n,
+            "fault_frac": sum(bool(fault[i]) for i in on_policy) / n}, missing
+
+
+def reward_audit(batch: RolloutBatch) -> tuple[dict[str, float], list[int]]:
+    """(``reward/`` metrics of a training batch, positions of on-policy rows without an answer)."""
+    groups = batch.group_ids.unique()
+    metrics = {"reward/zero_adv_group_frac": len(zero_variance_groups(batch.rewards, batch.group_ids)) / len(groups)}
+    shares, missing = answer_shares(batch)
+    metrics.update({f"reward/{k}": v for k, v in shares.items()})
     return metrics, missing

@@ -201,7 +201,11 @@ class SingleTurnCollector:
                               group_ids=list(range(len(items))))
         correct = batch.correct.view(len(items), k).float()
         per_item = correct.sum(1)
+        from tether.health.reward_audit import answer_shares  # here: tether.health imports this module
+
+        shares, _ = answer_shares(batch)  # no answer vs. wrong answer, so `tether eval` tells them apart too
         return {
+            **{f"val/{key}": value for key, value in shares.items()},
             "val/avg@k": correct.mean().item(),
             "val/pass@k": sum(task_metrics.pass_at_k(k, int(c), k) for c in per_item.tolist()) / len(items),
             "val/reward_mean": batch.rewards.mean().item(),

@@ -30,6 +30,19 @@ METRICS: dict[str, str] = {
     "perf/train_tok_s": "tokens (prompt + response) per second through forward+backward",
     "perf/weight_sync_s": "seconds to give the rollout engine the updated weights",
     "reward/faults": "rows whose scorer raised or timed out (scored as wrong), counted since the run started",
+    "reward/no_answer_frac": "share of the step's on-policy rows with no extractable answer (not a wrong answer)",
+    "reward/wrong_answer_frac": "share of the step's on-policy rows with an extracted answer judged wrong",
+    "reward/fault_frac": "share of the step's on-policy rows whose scorer raised or timed out",
+    "reward/zero_adv_group_frac": "share of the step's groups whose rewards are all equal (zero advantage)",
+    "val/no_answer_frac": "share of the val samples with no extractable answer (single-turn tasks)",
+    "val/wrong_answer_frac": "share of the val samples with an extracted answer judged wrong",
+    "val/fault_frac": "share of the val samples whose scorer raised or timed out",
+    "health/logprob_diff_mean": "mean |log mu - log pi_old| over compared tokens: engine against trainer, same weights",
+    "health/logprob_diff_max": "largest such difference",
+    "health/logprob_mismatch_frac": "share of compared tokens outside what the sampling settings explain, by tolerance",
+    "health/val_peak": "highest train.best_metric so far",
+    "health/val_below_peak": "the peak minus the current validation value",
+    "health/val_drops": "validations in a row more than health.collapse.drop below the peak",
 }
 
 # Prefixes reserved for method-specific metrics (the methods own their names inside them).
