@@ -33,8 +33,8 @@ def test_parity_rewards_even_length_responses_and_keeps_splits_apart():
     task = make_task("parity", train_size=3, val_size=2)
     assert (len(task.train), len(task.val)) == (3, 2)
     assert not {i.prompt for i in task.train} & {i.prompt for i in task.val}
-    assert task.score(task.train[0], "ab") == Score(1.0, True, None)
-    assert task.score(task.train[0], "abc") == Score(0.0, False, None)
+    assert task.score(task.train[0], "ab") == Score(1.0, True, "ab")  # the whole response is the answer
+    assert task.score(task.train[0], "abc") == Score(0.0, False, "abc")
 
 
 def test_unknown_task_lists_known_ones():

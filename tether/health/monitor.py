@@ -53,7 +53,8 @@ class HealthMonitor:
             trainer.engine = engine
 
     def check_batch(self, batch: Any, step: int) -> dict[str, float]:
-        """The round trip (raises on a mismatch) and the reward audit, on the collected batch."""
+        """The round trip (raises on a mismatch) and the reward audit, on the collected batch of ``step`` (the step
+        under which its metrics are logged)."""
         if self.cfg.round_trip.enabled:
             check_round_trip(batch, self.samples, self.tokenizer)
         if not self.cfg.reward_audit.enabled:

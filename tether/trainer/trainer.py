@@ -182,7 +182,7 @@ class Trainer:
         start = time.perf_counter()
         with self.health.recording(self):              # 1-2. generate, reward, method hooks, filters
             batch, metrics = self.collector.collect(self)  # (the engine records what it samples)
-        metrics.update(self.health.check_batch(batch, self.step))  # the token round trip; the reward audit
+        metrics.update(self.health.check_batch(batch, self.step + 1))  # the token round trip; the reward audit
         batch = batch.to(self.device)                  #    the one move of the batch to the models' device
         t_rollout = time.perf_counter() - start
         metrics.update(self.score(batch))              # 3. old / ref / method log-probs
