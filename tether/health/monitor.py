@@ -7,7 +7,7 @@ import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -17,6 +17,10 @@ from tether.health.errors import HealthError
 from tether.health.parity import ParityCheck
 from tether.health.reward_audit import reward_audit
 from tether.health.round_trip import RecordingEngine, Sample, check_round_trip
+from tether.rollout.batch import RolloutBatch
+
+if TYPE_CHECKING:
+    from tether.distributed.data_parallel import DataParallel
 
 
 class HealthMonitor:
@@ -52,7 +56,7 @@ class HealthMonitor:
         finally:
             trainer.engine = engine
 
-    def check_batch(self, batch: Any, step: int) -> dict[str, float]:
+    def check_batch(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         """The round trip (raises on a mismatch) and the reward audit, on the collected batch of ``step`` (the step
         under which its metrics are logged)."""
         if self.cfg.round_trip.enabled:
@@ -63,12 +67,12 @@ class HealthMonitor:
         self._report_no_answer(batch, missing, metrics, step)
         return metrics
 
-    def observe(self, micro: Any, trainer_log_probs: Tensor) -> None:
+    def observe(self, micro: RolloutBatch, trainer_log_probs: Tensor) -> None:
         """pi_old's log-probs of a micro-batch, before any optimiser step of this RL step."""
         if self.parity is not None:
             self.parity.observe(micro, trainer_log_probs)
 
-    def end_step(self, metrics: dict[str, float], dp: Any) -> dict[str, float]:
+    def end_step(self, metrics: dict[str, float], dp: DataParallel) -> dict[str, float]:
         """Parity's metrics and verdict for the step; the training reward for the collapse guard."""
         self.collapse.observe_train(metrics.get("train/reward_mean"))
         return self.parity.finish(dp) if self.parity is not None else {}
@@ -91,7 +95,7 @@ class HealthMonitor:
         self.collapse.load_state_dict(state.get("collapse", {}))
         self.warned_no_answer = state.get("warned_no_answer", False)
 
-    def _report_no_answer(self, batch: Any, missing: list[int], metrics: dict[str, float], step: int) -> None:
+    def _report_no_answer(self, batch: RolloutBatch, missing: list[int], metrics: dict[str, float], step: int) -> None:
         """A few rows without an answer to ``health/no_answer.jsonl``; one warning when they dominate."""
         audit = self.cfg.reward_audit
         if not missing or not self.is_main:

@@ -20,12 +20,16 @@ log-prob of a mixture with the prior).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from tether.config import ParityConfig, RolloutConfig
 from tether.rollout.batch import RolloutBatch
+
+if TYPE_CHECKING:
+    from tether.distributed.data_parallel import DataParallel
 
 
 def allowed_gap(top_p: float, top_k: int) -> tuple[float, float]:
@@ -78,7 +82,7 @@ class ParityCheck:
         self._parts.append(torch.stack([diff.sum(), mask.sum().float(), (over & mask).sum().float(),
                                         diff.max() if diff.numel() else diff.new_zeros(())]))
 
-    def finish(self, dp: object) -> dict[str, float]:
+    def finish(self, dp: DataParallel) -> dict[str, float]:
         """The step's metrics (summed over data-parallel ranks; the max is this rank's); updates the verdict."""
         if not self._parts:
             return {}
