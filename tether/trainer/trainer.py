@@ -24,7 +24,7 @@ import torch
 
 from tether import algos
 from tether.algos import LossInputs
-from tether.config import Config, ConfigError, dump_config
+from tether.config import Config, ConfigError
 from tether.distributed import build_strategy, resolve_device
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, check_engine_available
@@ -35,6 +35,7 @@ from tether.models.layers import checkpoint_layers
 from tether.rollout.batch import RolloutBatch
 from tether.track import Tracker, build_tracker, write_text_atomic
 from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
+from tether.trainer.rundir import prepare_run_dir
 
 # RolloutBatch.token entries that LossInputs takes under the same name.
 LOSS_TOKEN_FIELDS = ("ref_log_probs", "gate_mask", "injected_mask", "teacher_log_probs")
@@ -66,8 +67,9 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.seed)
         self.run_dir = Path(cfg.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
+        # the lock, a crash's leftovers, the checkpoint to resume and its settings: settled before any model loads
+        resume_from = prepare_run_dir(cfg, self.checkpoints, self.dp)
         self.step = 0
         self.best_value = -math.inf
         self.val_history: list[tuple[int, dict[str, float]]] = []
@@ -99,13 +101,12 @@ class Trainer:
                                            weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         self.tracker = build_tracker(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                                      mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
         for m in self.methods:
             m.setup(self)
-        if cfg.train.resume and (latest := self.checkpoints.latest()) is not None:
-            self.resume(latest)
+        if resume_from is not None:
+            self.resume(resume_from)
 
     # -- construction helpers ----------------------------------------------------------------
 
