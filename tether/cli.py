@@ -38,10 +38,15 @@ def train(config: Path, overrides: Overrides = None) -> None:
     """Train with a YAML config; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
     cfg = _load(config, overrides)
     from tether.trainer import Trainer
+    from tether.trainer.stop import TrainingStopped
 
     with _config_errors():
         trainer = Trainer(cfg)
-    trainer.fit()
+    try:
+        trainer.fit()
+    except TrainingStopped as stop:  # a signal (after a checkpoint), or updates that stayed non-finite
+        typer.secho(str(stop), fg=typer.colors.RED, err=True)
+        raise typer.Exit(stop.exit_code) from None
     summary = trainer.summary()
     typer.echo(json.dumps(summary, indent=2))
 

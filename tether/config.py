@@ -133,7 +133,11 @@ DEVICE_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; tether.distri
 
 class TrainConfig(Section):
     steps: int = Field(100, ge=0)
-    save_every: int = Field(0, ge=0, description="0: only at the end (and for the best checkpoint)")
+    save_every: int = Field(0, ge=0, description="also save every N steps (0: by time only); always at the end")
+    save_every_s: float = Field(600.0, ge=0, description="save after the first step that ends this many seconds "
+                                "after the last save, so a crash costs minutes, not the run (0: off)")
+    max_skipped_updates: int = Field(5, ge=1, description="consecutive optimiser steps skipped for a non-finite "
+                                     "loss or gradient before the run stops (its checkpoints hold finite weights)")
     keep_last: int = Field(2, ge=1)
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
     resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")

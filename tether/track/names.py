@@ -17,6 +17,8 @@ METRICS: dict[str, str] = {
     "actor/ppo_kl": "mean of log pi_old - log pi_theta over response tokens (k1 estimate of KL(old||new))",
     "actor/entropy": "mean per-token entropy of pi_theta over response tokens",
     "actor/grad_norm": "global L2 norm of the gradient before clipping",
+    "actor/skipped_updates": "optimiser steps skipped for a non-finite loss or gradient, counted since the run "
+                             "started",
     "actor/kl_loss": "KL penalty to the reference policy, as added to the loss (before its coefficient)",
     "rollout/num_gen_batches": "generation rounds needed to fill the batch (dynamic sampling)",
     "rollout/kept_groups_frac": "fraction of prompt groups kept after filtering zero-variance groups",

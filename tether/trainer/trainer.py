@@ -14,6 +14,7 @@ import contextlib
 import copy
 import json
 import math
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ from tether.rollout.batch import RolloutBatch
 from tether.track import Tracker, build_tracker, write_text_atomic
 from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
 from tether.trainer.rundir import prepare_run_dir
+from tether.trainer.stop import StopSignals, TrainingStopped
 
 # RolloutBatch.token entries that LossInputs takes under the same name.
 LOSS_TOKEN_FIELDS = ("ref_log_probs", "gate_mask", "injected_mask", "teacher_log_probs")
@@ -73,6 +75,7 @@ class Trainer:
         self.step = 0
         self.best_value = -math.inf
         self.val_history: list[tuple[int, dict[str, float]]] = []
+        self.skipped_updates = self.skipped_in_a_row = 0  # optimiser steps skipped for a non-finite gradient
         self.ref_modified = False  # set by methods that move the reference (ARMOR resets): then it is saved
 
         # 0. a missing GPU or package for the configured engine fails now, not after the models load
@@ -148,26 +151,49 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
-        """Train until ``train.steps``; validate and checkpoint on schedule. Returns the last metrics."""
+        """Train until ``train.steps``; validate and checkpoint on schedule. Returns the last metrics.
+
+        Raises:
+            TrainingStopped: SIGTERM or SIGINT arrived (the step under way was finished and saved first), or
+                ``train.max_skipped_updates`` optimiser steps in a row were non-finite.
+        """
         t = self.cfg.train
         last: dict[str, float] = {}
         if self.step == 0 and self.cfg.val.every:
             last.update(self.validate())
         from tether.trainer.progress import Progress
 
-        with Progress(t.steps, start=self.step, enabled=self.cfg.logging.progress and self.dp.is_main) as bar:
+        with Progress(t.steps, start=self.step, enabled=self.cfg.logging.progress and self.dp.is_main) as bar, \
+                StopSignals() as signals:
+            saved_at = time.monotonic()
             while self.step < t.steps:
                 metrics = self.train_step()
                 if self.cfg.val.every and self.step % self.cfg.val.every == 0:
                     metrics.update(self.validate())
-                if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
-                    self.save()
+                save, stop = self._save_or_stop(saved_at, signals.signal is not None)
+                if save:
+                    path = self.save()
+                    saved_at = time.monotonic()
                 bar.update(self.step, metrics)
                 last.update(metrics)
+                if stop:
+                    self.tracker.close()
+                    signum = signals.signal or signal.SIGTERM  # under torchrun another rank may have had it
+                    raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {self.step}, saved "
+                                          f"in {path}; run the same command again to resume", 128 + signum)
         self.tracker.close()
         if self.dp.is_main:
             write_text_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
         return last
+
+    def _save_or_stop(self, saved_at: float, signalled: bool) -> tuple[bool, bool]:
+        """Whether to checkpoint now (the step schedule, ``train.save_every_s`` or a signal) and whether to stop.
+        Every rank takes part in a save, so one rank's clock or signal decides for all."""
+        t = self.cfg.train
+        scheduled = self.step == t.steps or bool(t.save_every and self.step % t.save_every == 0)
+        late = bool(t.save_every_s) and time.monotonic() - saved_at >= t.save_every_s
+        votes = self.dp.sum_metrics({"late": float(late), "signalled": float(signalled)})
+        return scheduled or votes["late"] > 0 or votes["signalled"] > 0, votes["signalled"] > 0
 
     def summary(self) -> dict[str, Any]:
         """First and last validation, the best value of ``train.best_metric``, steps done."""
@@ -280,7 +306,7 @@ class Trainer:
                 for key, value in self._mini_batch_step(mini).items():
                     sums[key] = sums.get(key, 0.0) + value
                     counts[key] = counts.get(key, 0) + 1
-        return {k: sums[k] / counts[k] for k in sums}
+        return {**{k: sums[k] / counts[k] for k in sums}, "actor/skipped_updates": float(self.skipped_updates)}
 
     def _mini_batch_step(self, mini: RolloutBatch) -> dict[str, float]:
         o = self.cfg.optim
@@ -302,9 +328,23 @@ class Trainer:
         grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
         if torch.isfinite(grad_norm):
             self.optimizer.step()
+            self.skipped_in_a_row = 0
+        else:
+            self._skip_update()
         self.scheduler.step()
         metrics["actor/grad_norm"] = grad_norm
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
+
+    def _skip_update(self) -> None:
+        """A non-finite loss or gradient: no optimiser step (weights and optimiser state stay finite); a run where
+        that keeps happening stops rather than spending its budget standing still."""
+        self.skipped_updates += 1
+        self.skipped_in_a_row += 1
+        limit = self.cfg.train.max_skipped_updates
+        if self.skipped_in_a_row >= limit:
+            raise TrainingStopped(f"{limit} optimiser steps in a row had a non-finite loss or gradient "
+                                  f"(train.max_skipped_updates={limit}) at step {self.step}; the checkpoints hold "
+                                  "finite weights; check the rewards or lower optim.lr", 1)
 
     def _lock_step_pass(self, micro: RolloutBatch) -> None:
         """A forward and backward that add nothing: a sharded model gathers and reduces inside them, so a rank
@@ -378,6 +418,7 @@ class Trainer:
             "step": self.step, "best_value": self.best_value, "val_history": self.val_history, "rng": rng_state(),
             "scheduler": self.scheduler.state_dict(), "collector": self.collector.state_dict(),
             "methods": {m.name: m.state_dict() for m in self.methods}, "strategy": self.strategy.name,
+            "skipped_updates": self.skipped_updates,
         }
 
     def save(self) -> Path:
@@ -407,6 +448,7 @@ class Trainer:
             m.load_state_dict(state["methods"].get(m.name, {}))
         set_rng_state(state["rng"])
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
+        self.skipped_updates = state.get("skipped_updates", 0)  # absent from checkpoints before it was counted
         self.push_weights()
 
 
