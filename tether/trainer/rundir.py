@@ -165,12 +165,12 @@ def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParalle
             check_resume_settings(cfg, run_dir / "config.yaml")
             truncate_metrics(run_dir / "metrics.jsonl", int(start.name[5:]))
             print(f"resuming {run_dir} from {start.name}", file=sys.stderr)
-        elif cfg.train.resume and (found := _earlier_run(run_dir, checkpoints)) is not None:
+        elif not cfg.train.resume:
+            _start_afresh(run_dir, checkpoints)
+        elif (found := _earlier_run(run_dir, checkpoints)) is not None:
             raise RunDirError(f"run_dir {run_dir} holds an earlier run with {found}: nothing to resume; start "
                               "afresh with train.resume=false (its checkpoints and metrics are removed), or set "
                               "another run_dir")
-        else:
-            _start_afresh(run_dir, checkpoints)
         write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     dp.barrier()
     return start

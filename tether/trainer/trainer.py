@@ -328,10 +328,10 @@ class Trainer:
         grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
         if torch.isfinite(grad_norm):
             self.optimizer.step()
+            self.scheduler.step()  # a skipped update does not advance the warm-up either
             self.skipped_in_a_row = 0
         else:
             self._skip_update()
-        self.scheduler.step()
         metrics["actor/grad_norm"] = grad_norm
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
 
