@@ -88,3 +88,27 @@ def test_a_finite_update_resets_the_run_of_skips(tmp_path):
 
     trainer.policy_loss_fn = nan_every_other_step
     assert trainer.fit()["actor/skipped_updates"] == 2
+
+
+def test_non_finite_rewards_are_faults_and_the_step_still_learns(tmp_path):
+    from tether.rollout.single_turn import replace_nonfinite
+    from tether.tasks import Score
+
+    nan, inf = float("nan"), float("inf")
+    rewards, bad = replace_nonfinite(torch.tensor([1.0, nan, 0.5, inf, -inf, nan]), torch.tensor([0, 0, 0, 1, 1, 2]))
+    assert rewards.tolist() == [1.0, 0.5, 0.5, 0.0, 0.0, 0.0] and bad.tolist() == [0, 1, 0, 1, 1, 1]
+
+    trainer = make_trainer(tiny_config(tmp_path))
+    calls = []
+
+    def every_third_is_nan(item, text):
+        calls.append(1)
+        return Score(reward=nan if len(calls) % 3 == 0 else float(len(calls) % 2), correct=True, extracted=None)
+
+    trainer.collector.task.score = every_third_is_nan
+    before = params(trainer.policy).clone()
+    with pytest.warns(UserWarning, match="non-finite rewards; each is counted in reward/faults"):
+        metrics = trainer.train_step()
+    assert metrics["reward/faults"] == 2  # rows 3 and 6 of 8 scored NaN
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    assert metrics["actor/skipped_updates"] == 0 and not torch.equal(params(trainer.policy), before)

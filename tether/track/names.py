@@ -31,7 +31,8 @@ METRICS: dict[str, str] = {
     "perf/rollout_tok_s": "generated tokens per second during rollout",
     "perf/train_tok_s": "tokens (prompt + response) per second through forward+backward",
     "perf/weight_sync_s": "seconds to give the rollout engine the updated weights",
-    "reward/faults": "rows whose scorer raised or timed out (scored as wrong), counted since the run started",
+    "reward/faults": "rows whose scorer raised or timed out (scored as wrong) or gave a non-finite reward (given "
+                     "the lowest finite reward of its group), counted since the run started",
 }
 
 # Prefixes reserved for method-specific metrics (the methods own their names inside them).
