@@ -142,16 +142,23 @@ def seed_sft(config: Path, overrides: Overrides = None) -> None:
     """SEED stage 1: roll out, label trajectories with an analyzer, response-only SFT -> a checkpoint."""
     cfg = _load(config, overrides)
     from tether.methods.seed import run_skill_sft
+    from tether.preflight import check_inputs
 
     with _config_errors():
+        check_inputs(cfg)
         summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
 
 @app.command()
 def validate(config: Path, overrides: Overrides = None) -> None:
-    """Check a config (names, types, ranges, component settings) without loading any model."""
+    """Check a config (names, types, ranges, component settings) and that the files, models and packages it names
+    are here, without loading any model."""
+    from tether.preflight import check_inputs
+
     cfg = _load(config, overrides)
+    with _config_errors():
+        check_inputs(cfg)
     typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name})")
 
 

@@ -33,6 +33,7 @@ from tether.methods import Method, build_methods
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
 from tether.models.layers import checkpoint_layers
+from tether.preflight import check_inputs
 from tether.rollout.batch import RolloutBatch
 from tether.track import Tracker, build_tracker, write_text_atomic
 from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
@@ -62,6 +63,7 @@ class Trainer:
     def __init__(self, cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> None:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
+        check_inputs(cfg, model=policy is None)  # files, models and packages the config names are here
         self.device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any model loads
         self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
@@ -465,6 +467,7 @@ def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
+    check_inputs(cfg)
     check_engine_available(cfg.rollout.engine)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
