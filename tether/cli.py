@@ -115,9 +115,11 @@ def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = N
 def sft(config: Path, overrides: Overrides = None) -> None:
     """Supervised warm start (the config's sft: section): task demonstrations, a JSONL file or an env's solver."""
     cfg = _load(config, overrides)
+    from tether.preflight import check_inputs
     from tether.sft import run_sft
 
     with _config_errors():
+        check_inputs(cfg)
         summary = run_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 

@@ -3,7 +3,7 @@
 :func:`tether.config.load_config` checks what a config says; these check that what it names is here. They are kept
 apart because a shipped config may name a checkpoint that an earlier stage will write, or a data file to fetch
 first: such a config is valid, and only a run of it needs the files. ``tether validate`` and the start of
-``train``, ``eval``, ``seed-sft`` and each stage of a recipe run them. Each failure is one :class:`ConfigError`
+``train``, ``eval``, ``sft``, ``seed-sft`` and each stage of a recipe run them. Each failure is one :class:`ConfigError`
 line naming the key, the value and what would be accepted.
 """
 
@@ -21,15 +21,17 @@ HUB_ID_PARTS = 2  # "org/name"
 def check_model(key: str, name: str) -> None:
     """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
     offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download)."""
-    from tether.models.loading import SMOLLM2
+    from tether.models.char import parse_char_alias
+    from tether.models.loading import SMOLLM2, TINY_ALIAS
 
-    if name == SMOLLM2 or Path(name).expanduser().is_dir():
+    is_alias = name == SMOLLM2 or parse_char_alias(name) is not None or TINY_ALIAS.fullmatch(name) is not None
+    if is_alias or Path(name).expanduser().is_dir():
         return
     parts = name.split("/")
     looks_like_hub_id = len(parts) == HUB_ID_PARTS and all(parts) and not name.startswith((".", "~"))
     if not looks_like_hub_id:
-        raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({SMOLLM2}), nor a Hub id "
-                          "(org/name)")
+        raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({SMOLLM2}, "
+                          "char-<hidden>x<layers>, tiny-<hidden>x<layers>), nor a Hub id (org/name)")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
         os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
     if offline and not _in_hub_cache(name):
