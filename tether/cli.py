@@ -143,10 +143,12 @@ def experiment(protocol: Path,
 def seed_sft(config: Path, overrides: Overrides = None) -> None:
     """SEED stage 1: roll out, label trajectories with an analyzer, response-only SFT -> a checkpoint."""
     cfg = _load(config, overrides)
+    from tether.distributed import resolve_device
     from tether.methods.seed import run_skill_sft
     from tether.preflight import check_inputs
 
     with _config_errors():
+        resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report
         check_inputs(cfg)
         summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))

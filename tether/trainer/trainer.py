@@ -63,8 +63,8 @@ class Trainer:
     def __init__(self, cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> None:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
-        check_inputs(cfg, model=policy is None)  # files, models and packages the config names are here
         self.device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any model loads
+        check_inputs(cfg, model=policy is None)  # files, models and packages the config names are here
         self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
         if cfg.train.threads:
@@ -467,11 +467,11 @@ def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
-    check_inputs(cfg)
     check_engine_available(cfg.rollout.engine)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
+    check_inputs(cfg)
     policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
