@@ -9,7 +9,7 @@ import pytest
 from tether.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = {"task": {"name": "reasoning_gym", "kwargs": {}}}
+BASE = {"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum"}}}
 
 
 def error_of(overrides=(), data=None) -> str:
@@ -128,3 +128,33 @@ def test_overrides_leave_the_callers_dict_unchanged():
     cfg = load_config(data=data, overrides=["task.kwargs.dataset=basic_arithmetic", "optim.lr=0.5"])
     assert cfg.task.kwargs["dataset"] == "basic_arithmetic" and cfg.optim.lr == 0.5
     assert data == {"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum"}}}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"task": {"name": "nope"}}, r"^task\.name: unknown task 'nope'; known: .*reasoning_gym"),
+    ({"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum", "bogus": 1}}},
+     r"^task\.kwargs: task 'reasoning_gym' got unknown argument\(s\) bogus; allowed: .*dataset"),
+    ({"task": {"name": "reasoning_gym"}}, r"^task\.kwargs: task 'reasoning_gym' is missing required .*dataset"),
+    ({"task": None, "env": {"name": "nope"}}, r"^env\.name: unknown environment 'nope'; known: .*scripted"),
+    ({"task": None, "env": {"name": "scripted", "kwargs": {"bogus": 1}}},
+     r"^env\.kwargs: env 'scripted' got unknown keyword\(s\) bogus; allowed: "),
+    ({"rollout": {"group_size": 1}}, r"^rollout\.group_size: 1 gives every row an advantage of 0 under "
+                                     r"algorithm\.advantage=grpo"),
+    ({"rollout": {"group_size": 1}, "algorithm": {"advantage": "rloo"}}, r"algorithm\.advantage=rloo"),
+    ({"train": {"best_metric": "train/reward_mean"}}, r"^train\.best_metric: 'train/reward_mean' is not a "
+                                                      r"validation metric"),
+])
+def test_workload_names_and_combinations_that_cannot_learn_stop_before_work(data, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(data={**BASE, **data})
+
+
+def test_a_group_of_one_is_fine_where_the_advantage_does_not_need_a_group():
+    load_config(data={**BASE, "rollout": {"group_size": 1}, "algorithm": {"advantage": "episode"}})
+
+
+def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("task:\n  name: parity\nrollout: {group_size: 4\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:4:1: YAML syntax error: expected ',' or '}}'"):
+        load_config(path)

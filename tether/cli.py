@@ -38,10 +38,15 @@ def train(config: Path, overrides: Overrides = None) -> None:
     """Train with a YAML config; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
     cfg = _load(config, overrides)
     from tether.trainer import Trainer
+    from tether.trainer.stop import TrainingStopped
 
     with _config_errors():
         trainer = Trainer(cfg)
-    trainer.fit()
+    try:
+        trainer.fit()
+    except TrainingStopped as stop:  # a signal (after a checkpoint), or updates that stayed non-finite
+        typer.secho(str(stop), fg=typer.colors.RED, err=True)
+        raise typer.Exit(stop.exit_code) from None
     summary = trainer.summary()
     typer.echo(json.dumps(summary, indent=2))
 
@@ -110,9 +115,11 @@ def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = N
 def sft(config: Path, overrides: Overrides = None) -> None:
     """Supervised warm start (the config's sft: section): task demonstrations, a JSONL file or an env's solver."""
     cfg = _load(config, overrides)
+    from tether.preflight import check_inputs
     from tether.sft import run_sft
 
     with _config_errors():
+        check_inputs(cfg)
         summary = run_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
@@ -136,17 +143,26 @@ def experiment(protocol: Path,
 def seed_sft(config: Path, overrides: Overrides = None) -> None:
     """SEED stage 1: roll out, label trajectories with an analyzer, response-only SFT -> a checkpoint."""
     cfg = _load(config, overrides)
+    from tether.distributed import resolve_device
     from tether.methods.seed import run_skill_sft
+    from tether.preflight import check_inputs
 
     with _config_errors():
+        resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report
+        check_inputs(cfg)
         summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
 
 @app.command()
 def validate(config: Path, overrides: Overrides = None) -> None:
-    """Check a config (names, types, ranges, component settings) without loading any model."""
+    """Check a config (names, types, ranges, component settings) and that the files, models and packages it names
+    are here, without loading any model."""
+    from tether.preflight import check_inputs
+
     cfg = _load(config, overrides)
+    with _config_errors():
+        check_inputs(cfg)
     typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name})")
 
 

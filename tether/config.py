@@ -133,7 +133,11 @@ DEVICE_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; tether.distri
 
 class TrainConfig(Section):
     steps: int = Field(100, ge=0)
-    save_every: int = Field(0, ge=0, description="0: only at the end (and for the best checkpoint)")
+    save_every: int = Field(0, ge=0, description="also save every N steps (0: by time only); always at the end")
+    save_every_s: float = Field(600.0, ge=0, description="save after the first step that ends this many seconds "
+                                "after the last save, so a crash costs minutes, not the run (0: off)")
+    max_skipped_updates: int = Field(5, ge=1, description="consecutive optimiser steps skipped for a non-finite "
+                                     "loss or gradient before the run stops (its checkpoints hold finite weights)")
     keep_last: int = Field(2, ge=1)
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
     resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")
@@ -340,6 +344,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    """``file:line:column: problem``, as compilers say it (the mark is 0-based)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    return f"{where}: YAML syntax error: {getattr(err, 'problem', None) or err}"
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict | None = None) -> Config:
     """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate everything.
@@ -351,7 +362,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(_yaml_error(path, err)) from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         data = {**loaded, **data}
@@ -392,6 +406,49 @@ def validate_components(cfg: Config) -> None:
     if cfg.env is not None and cfg.val.split != "val":
         raise ConfigError(f"val.split={cfg.val.split!r}: agent environments have one held-out split, val")
     validate_engine(cfg)
+    validate_workload(cfg)
+    _check_groups_can_learn(cfg, adv_fn)
+    if cfg.val.every and not cfg.train.best_metric.startswith("val/"):
+        raise ConfigError(f"train.best_metric: {cfg.train.best_metric!r} is not a validation metric, so no best "
+                          "checkpoint would ever be saved; use a val/ metric, e.g. val/avg@k")
+
+
+def validate_workload(cfg: Config) -> None:
+    """The task's or environment's name and keyword names, without building it or generating data."""
+    if cfg.task is not None:
+        from tether.tasks import registry
+
+        if cfg.task.name not in registry.task_names():
+            raise ConfigError(f"task.name: unknown task {cfg.task.name!r}; known: {', '.join(registry.task_names())}")
+        try:
+            registry._check_kwargs(cfg.task.name, registry._TASKS[cfg.task.name], cfg.task.kwargs)
+        except TypeError as err:
+            raise ConfigError(f"task.kwargs: {err}") from None
+        return
+    from tether.envs import registry as envs
+
+    if cfg.env.name not in envs.ENVS:
+        raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}; known: {', '.join(sorted(envs.ENVS))}")
+    try:
+        envs.check_env_kwargs(cfg.env.name, cfg.env.kwargs)
+    except ImportError:  # the env's own package is missing: said, with how to install it, when the run starts
+        pass
+    except TypeError as err:
+        raise ConfigError(f"env.kwargs: {err}") from None
+
+
+def _check_groups_can_learn(cfg: Config, adv_fn: Any) -> None:
+    """With groups of one, a group-relative advantage is 0 for every row and nothing trains. Asked of the
+    estimator itself (two rows, different rewards, a group each), so no estimator name is listed here."""
+    if cfg.rollout.group_size > 1:
+        return
+    import torch
+
+    adv = adv_fn(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]), **cfg.algorithm.advantage_kwargs)
+    if not adv.any():
+        raise ConfigError(f"rollout.group_size: 1 gives every row an advantage of 0 under algorithm.advantage="
+                          f"{cfg.algorithm.advantage} (a group of one has no baseline), so nothing trains; use 2 "
+                          "or more")
 
 
 def validate_engine(cfg: Config) -> None:

@@ -79,3 +79,68 @@ def test_call_with_timeout():
     assert call_with_timeout(lambda: 7, 1.0, "seven") == 7
     with pytest.raises(EnvFault, match="boom raised ZeroDivisionError"):
         call_with_timeout(lambda: 1 / 0, 1.0, "boom")
+
+
+def _flaky_make(fail_on: int, how: str):
+    """A make() whose ``fail_on``-th call raises or hangs."""
+    calls = []
+
+    def make() -> ScriptedEnv:
+        calls.append(1)
+        if len(calls) == fail_on and how == "raise":
+            raise RuntimeError("constructor broke")
+        if len(calls) == fail_on and how == "hang":
+            time.sleep(3.0)
+        return ScriptedEnv()
+
+    return make
+
+
+@pytest.mark.parametrize("how", ["raise", "hang"])
+def test_a_constructor_that_raises_or_hangs_fails_one_episode(how):
+    make = _flaky_make(fail_on=4, how=how)
+    envs = [SafeEnv(make, timeout_s=0.2) for _ in range(3)]
+    start = time.monotonic()
+    fourth = SafeEnv(make, timeout_s=0.2)
+    assert time.monotonic() - start < 2.0
+    assert fourth.faults == 1 and ("constructor broke" in fourth.last_fault or "timed out" in fourth.last_fault)
+    assert fourth.reset(0).info["fault"] == fourth.last_fault  # the first episode reports it ...
+    step = fourth.step("apple")
+    assert step.done and not step.won and step.info["fault"] == fourth.last_fault
+    assert _win(fourth) and fourth.faults == 1  # ... and the next one builds a working env
+    assert all(_win(env) for env in envs)
+
+
+class _Broken(ScriptedEnv):
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def parse_action(self, response_text: str):
+        if self.what == "parse_raise":
+            raise ValueError("cannot parse")
+        if self.what == "parse_none":
+            return None
+        return super().parse_action(response_text)
+
+    def step(self, action: str):
+        if self.what == "step_none":
+            return None
+        step = super().step(action)
+        if self.what == "step_nan":
+            step.reward = float("nan")
+        return step
+
+
+@pytest.mark.parametrize("what, message", [("parse_raise", "parse_action() raised ValueError: cannot parse"),
+                                           ("parse_none", "parse_action() returned None, not (action, valid)"),
+                                           ("step_none", "returned NoneType, not an EnvStep"),
+                                           ("step_nan", "returned the reward nan, not a finite number")])
+def test_a_parse_or_step_that_raises_or_returns_garbage_is_a_fault(what, message):
+    env = SafeEnv(_factory(_Broken(what), ScriptedEnv()), timeout_s=5.0)
+    env.reset(0)
+    action, _ = env.parse_action("apple")
+    step = env.step(action)
+    assert step.done and not step.won and step.reward == 0.0
+    assert message in step.info["fault"] and env.faults == 1
+    assert _win(env)

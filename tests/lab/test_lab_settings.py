@@ -6,19 +6,26 @@ import pytest
 
 from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
+from tether.tasks import Score
 from tether.trainer import Trainer
 
 
 def test_partial_batches_train_on_what_survived_instead_of_stopping(tmp_path, tiny_policy):
     model, tok = tiny_policy
-    # group_size 1: every group has zero variance, so dynamic sampling drops all of them
-    strict = tiny_config(tmp_path, "rollout.group_size=1", "rollout.dynamic_sampling=true",
-                         "rollout.max_gen_batches=2", "algorithm.advantage=grpo")
+    # one reward for every row: every group has zero variance, so dynamic sampling drops all of them
+    # (a group_size of 1 would too, but config validation refuses it under grpo: nothing could train)
+    def constant_trainer(cfg):
+        trainer = Trainer(cfg, policy=model, tokenizer=tok)
+        trainer.collector.task.score = lambda item, text: Score(reward=0.0, correct=False, extracted=None)
+        return trainer
+
+    strict = tiny_config(tmp_path, "rollout.dynamic_sampling=true", "rollout.max_gen_batches=2",
+                         "algorithm.advantage=grpo")
     with pytest.raises(RuntimeError, match=r"set rollout\.partial_batches"):
-        Trainer(strict, policy=model, tokenizer=tok).train_step()
-    lenient = tiny_config(tmp_path, "rollout.group_size=1", "rollout.dynamic_sampling=true",
-                          "rollout.max_gen_batches=2", "rollout.partial_batches=true", f"run_dir={tmp_path / 'b'}")
-    metrics = Trainer(lenient, policy=model, tokenizer=tok).train_step()
+        constant_trainer(strict).train_step()
+    lenient = tiny_config(tmp_path, "rollout.dynamic_sampling=true", "rollout.max_gen_batches=2",
+                          "rollout.partial_batches=true", f"run_dir={tmp_path / 'b'}")
+    metrics = constant_trainer(lenient).train_step()
     assert metrics["rollout/short_batch"] == 1.0 and metrics["rollout/num_gen_batches"] == 2
 
 
@@ -26,7 +33,7 @@ def test_validation_reads_the_configured_split(tmp_path, tiny_policy):
     model, tok = tiny_policy
     task = {"name": "addition", "kwargs": {"digits": 1, "train_size": 4, "val_size": 3, "report_size": 5}}
     for split, prompts in (("val", 3), ("report", 5)):
-        cfg = tiny_config(tmp_path, f"val.split={split}", "val.samples=1", task=task)
+        cfg = tiny_config(tmp_path, f"val.split={split}", "val.samples=1", f"run_dir={tmp_path / split}", task=task)
         trainer = Trainer(cfg, policy=model, tokenizer=tok)
         seen = []
         original = trainer.collector.generate

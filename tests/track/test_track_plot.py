@@ -49,6 +49,14 @@ def test_read_metrics_skips_torn_line(tmp_path):
     assert len(rows) == 4 and rows[-1]["step"] == 2
 
 
+def test_plot_skips_lines_that_are_not_metric_rows(tmp_path):
+    run = write_run(tmp_path / "run", steps=3)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('\n[1, 2]\n"text"\n\x00\x00\n{"step": "three", "x": 1}\n{"step": 3, "x": "y"}\n')
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [0, 0, 1, 2, "three", 3]
+    assert plot_run(run)
+
+
 def test_plot_compare(tmp_path):
     runs = {"grpo": write_run(tmp_path / "a"), "dapo": write_run(tmp_path / "b", reward_offset=0.1)}
     out = plot_compare(runs, "val/avg@k", tmp_path / "cmp" / "val.png")

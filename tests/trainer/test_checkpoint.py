@@ -9,7 +9,7 @@ from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
 from tether.models import tiny_model
 from tether.trainer import Trainer
-from tether.trainer.checkpoint import CheckpointManager, load_state
+from tether.trainer.checkpoint import CheckpointManager, load_state, write_manifest
 
 
 def write_marker(text: str):
@@ -46,6 +46,7 @@ def test_resume_refuses_a_checkpoint_written_by_another_strategy(tmp_path):
     state = load_state(path)
     assert state["strategy"] == "replicate"
     torch.save({**state, "strategy": "fsdp2"}, path / "trainer_state.pt")
+    write_manifest(path)  # a deliberate edit, not damage
     model, tok = tiny_model(seed=0)
     with pytest.raises(ConfigError, match=r"written with distributed\.strategy=fsdp2"):
         Trainer(tiny_config(tmp_path), policy=model, tokenizer=tok)

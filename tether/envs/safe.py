@@ -1,10 +1,12 @@
 """Fault containment: an env that crashes or hangs ends its episode as failed, not the run.
 
-:class:`SafeEnv` runs every ``reset`` / ``step`` of the wrapped env in a fresh daemon thread and waits
-at most ``timeout_s``. An exception or a timeout becomes a *fault*: the episode ends as failed
-(``done=True``, ``info["won"]=False``, ``info["fault"]=<message>``), ``faults`` goes up by one, and
-the env instance is discarded; the next ``reset`` builds a new one with the ``make`` factory. The
-caller never sees the exception and never waits longer than the timeout.
+:class:`SafeEnv` builds the env and runs every ``reset`` / ``step`` / ``parse_action`` of it in a fresh daemon
+thread and waits at most ``timeout_s`` (``reset_timeout_s`` for building and resetting). An exception, a timeout or a
+malformed result (a step that is not an :class:`EnvStep` or whose reward is not a finite number, a parse that is not
+``(action, valid)``) becomes a *fault*: the episode ends as failed (``done=True``, ``info["won"]=False``,
+``info["fault"]=<message>``), ``faults`` goes up by one, and the env instance is discarded; the next ``reset``
+builds a new one with the ``make`` factory. The caller never sees the exception and never waits longer than the
+timeout.
 
 Why threads and not processes: a thread costs ~0.1 ms per call and needs no pickling, so any env
 (including ones holding C handles, like TextWorld's game engine) works unchanged. The price: Python
@@ -18,6 +20,7 @@ is a caller bug and is re-raised, not contained.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -92,16 +95,23 @@ class SafeEnv:
     def __init__(self, make: Callable[[], TextEnv], timeout_s: float = 30.0,
                  reset_timeout_s: float | None = None) -> None:
         self._make = make
-        self._env: TextEnv | None = make()
         self.timeout_s = timeout_s
         self.reset_timeout_s = timeout_s if reset_timeout_s is None else reset_timeout_s
-        self.name: str = self._env.name
-        self.max_turns: int = self._env.max_turns
-        self.action_format: str = self._env.action_format
+        self.name: str = getattr(make, "__name__", "env")
         self.faults = 0
         self.last_fault: str | None = None
-        self._pending_fault: str | None = None  # a reset fault, reported by the next step
+        self._pending_fault: str | None = None  # a reset or parse fault, reported by the next step
+        self._construction_fault: str | None = None  # reported by the first reset
         self._episode_over = False
+        self._env: TextEnv | None = None
+        try:
+            self._adopt(call_with_timeout(make, self.reset_timeout_s, f"{self.name} make()"))
+        except EnvFault as fault:
+            self._construction_fault = self._record(fault)
+
+    def _adopt(self, env: TextEnv) -> None:
+        self._env = env
+        self.name, self.max_turns, self.action_format = env.name, env.max_turns, env.action_format
 
     def __getattr__(self, attr: str) -> Any:
         # Env-specific extras (train_seeds, level, desc...) read through to the current env.
@@ -116,9 +126,12 @@ class SafeEnv:
 
     def reset(self, seed: int) -> EnvReset:
         self._pending_fault, self._episode_over = None, False
+        if self._construction_fault is not None:  # this episode fails; the next reset builds the env again
+            self._pending_fault, self._construction_fault = self._construction_fault, None
+            return fault_reset(self._pending_fault)
         try:
             if self._env is None:
-                self._env = call_with_timeout(self._make, self.reset_timeout_s, f"{self.name} make()")
+                self._adopt(call_with_timeout(self._make, self.reset_timeout_s, f"{self.name} make()"))
             env = self._env
             return call_with_timeout(lambda: env.reset(seed), self.reset_timeout_s,
                                      f"{self.name} reset({seed})")
@@ -134,17 +147,31 @@ class SafeEnv:
         if self._episode_over or self._env is None:
             raise EpisodeOverError(f"{self.name}: step() after a faulted episode; call reset(seed) first")
         env = self._env
+        what = f"{self.name} step({action[:60]!r})"
         try:
-            return call_with_timeout(lambda: env.step(action), self.timeout_s,
-                                     f"{self.name} step({action[:60]!r})")
+            step = call_with_timeout(lambda: env.step(action), self.timeout_s, what)
+            if (problem := step_problem(step)) is not None:
+                raise EnvFault(f"{what} {problem}", timed_out=False)
+            return step
         except EnvFault as fault:
             self._episode_over = True
             return fault_step(self._record(fault))
 
     def parse_action(self, response_text: str) -> tuple[str, bool]:
-        if self._env is None:
+        """The env's parse; one that raises, hangs or returns something else than ``(str, bool)`` is a fault,
+        reported by the next ``step``."""
+        env = self._env
+        if env is None or self._pending_fault is not None:
             return "", False
-        return self._env.parse_action(response_text)
+        what = f"{self.name} parse_action()"
+        try:
+            parsed = call_with_timeout(lambda: env.parse_action(response_text), self.timeout_s, what)
+            if not (isinstance(parsed, tuple) and len(parsed) == 2 and isinstance(parsed[0], str)):
+                raise EnvFault(f"{what} returned {parsed!r}, not (action, valid)", timed_out=False)
+            return parsed[0], bool(parsed[1])
+        except EnvFault as fault:
+            self._pending_fault = self._record(fault)
+            return "", False
 
     def solution(self) -> list[str] | None:
         """The env's solution, or None if it faults (a solver fault does not end the episode)."""
@@ -174,6 +201,15 @@ class SafeEnv:
         if env is not None and not fault.timed_out:
             self._close_quietly(env)
         return self.last_fault
+
+
+def step_problem(step: Any) -> str | None:
+    """What makes ``step`` unusable (not an :class:`EnvStep`, or a reward that is not a finite number), or None."""
+    if not isinstance(step, EnvStep):
+        return f"returned {type(step).__name__}, not an EnvStep"
+    if isinstance(step.reward, bool) or not isinstance(step.reward, (int, float)) or not math.isfinite(step.reward):
+        return f"returned the reward {step.reward!r}, not a finite number"
+    return None
 
 
 def fault_reset(message: str) -> EnvReset:

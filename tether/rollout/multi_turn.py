@@ -31,7 +31,7 @@ from torch import Tensor
 
 from tether import algos
 from tether.engine.base import SamplingParams
-from tether.envs import make_env
+from tether.envs import call_with_timeout, make_env
 from tether.envs.workers import make_env_pool
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch
@@ -131,7 +131,10 @@ class AgentCollector:
         if cfg.env is None:
             raise ValueError("AgentCollector needs cfg.env")
         self.cfg, self.env_cfg, self.tokenizer = cfg, cfg.env, tokenizer
-        probe = make_env(cfg.env.name, **cfg.env.kwargs)
+        # the first env, built at start under the reset limit: one that hangs stops the run with a message
+        e = cfg.env
+        probe = call_with_timeout(lambda: make_env(e.name, **e.kwargs), e.reset_timeout_s or e.timeout_s,
+                                  f"env {e.name}: building the first environment")
         self.train_seeds = list(probe.train_seeds(cfg.env.train_tasks))
         self.val_seeds = list(probe.eval_seeds(cfg.env.val_tasks))
         self.action_format = probe.action_format

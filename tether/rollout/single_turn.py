@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -70,6 +71,24 @@ def zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> set[
     return out
 
 
+def replace_nonfinite(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Give each non-finite reward the lowest finite reward of its group (0 when the group has none): one NaN
+    would otherwise make every later loss and gradient NaN, and a worst-in-group row cannot be reinforced.
+
+    Returns:
+        (rewards, mask of the replaced rows).
+    """
+    bad = ~torch.isfinite(rewards)
+    if not bad.any():
+        return rewards, bad
+    out = rewards.clone()
+    for group in group_ids[bad].unique().tolist():
+        rows = group_ids == group
+        finite = rewards[rows & ~bad]
+        out[rows & bad] = finite.min() if len(finite) else 0.0
+    return out, bad
+
+
 class SingleTurnCollector:
     """Samples ``group_size`` responses per prompt of a :class:`~tether.tasks.Task` and scores them."""
 
@@ -113,7 +132,14 @@ class SingleTurnCollector:
             prompts = [self.prompt_ids(item) for item, _ in chunk]
             gen = engine.generate(prompts, params, seed=seed + start, intervention=intervention)
             parts.append(self._score(chunk, prompts, gen, source))
-        return RolloutBatch.concat(parts)
+        batch = RolloutBatch.concat(parts)
+        batch.rewards, bad = replace_nonfinite(batch.rewards, batch.group_ids)
+        if bad.any():
+            self.reward_faults += int(bad.sum())
+            batch.correct = batch.correct & ~bad
+            warnings.warn("the task gave non-finite rewards; each is counted in reward/faults and replaced by the "
+                          "lowest finite reward of its group", stacklevel=2)
+        return batch
 
     def _score(self, rows: list, prompts: list[list[int]], gen: Any, source: int) -> RolloutBatch:
         gen = gen.to("cpu")  # the batch is built on the CPU, next to the rewards; the trainer moves it

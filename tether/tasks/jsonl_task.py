@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
 import threading
@@ -42,6 +43,27 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     finally:
         if quiet:
             datasets.enable_progress_bars()
+
+
+def _check_jsonl(file: Path, key: str, fields: tuple[str, ...]) -> None:
+    rows = 0
+    with file.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{key}: {file} line {number} is not JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{key}: {file} line {number} is {type(row).__name__}, not an object")
+            missing = [field for field in fields if field not in row]
+            if missing:
+                raise ValueError(f"{key}: {file} line {number} has no {missing[0]!r} field (fields: "
+                                 f"{', '.join(row) or 'none'})")
+            rows += 1
+    if not rows:
+        raise ValueError(f"{key}: {file} holds no rows")
 
 
 def _math_text(answer: str) -> str:
@@ -132,6 +154,24 @@ class JsonlTask:
             raise ValueError(f"{self.name}: no training rows left after removing prompts that are in val")
         self.train = [self._item(r, source, "train", i) for i, r in enumerate(kept)]
         self.val = [self._item(r, source, "val", i) for i, r in enumerate(val_rows)]
+
+    @staticmethod
+    def check_inputs(*, path: str | None = None, train_path: str | None = None, val_path: str | None = None,
+                     prompt_field: str = "prompt", answer_field: str = "answer", **_: Any) -> None:
+        """Before any model loads: each data file exists, and each line of a ``.jsonl`` one is an object with the
+        prompt and answer fields (the first bad line is named).
+
+        Raises:
+            ValueError: the first problem, with the file and line.
+        """
+        for key, file in (("path", path), ("train_path", train_path), ("val_path", val_path)):
+            if file is None:
+                continue
+            file = Path(file)
+            if not file.is_file():
+                raise ValueError(f"{key}: data file {str(file)!r} does not exist")
+            if file.suffix.lower() == ".jsonl":
+                _check_jsonl(file, key, (prompt_field, answer_field))
 
     def _load(self, path: str | None, train_path: str | None, val_path: str | None, val_size: int,
               seed: int) -> tuple[list[dict], list[dict], str]:

@@ -17,6 +17,8 @@ METRICS: dict[str, str] = {
     "actor/ppo_kl": "mean of log pi_old - log pi_theta over response tokens (k1 estimate of KL(old||new))",
     "actor/entropy": "mean per-token entropy of pi_theta over response tokens",
     "actor/grad_norm": "global L2 norm of the gradient before clipping",
+    "actor/skipped_updates": "optimiser steps skipped for a non-finite loss or gradient, counted since the run "
+                             "started",
     "actor/kl_loss": "KL penalty to the reference policy, as added to the loss (before its coefficient)",
     "rollout/num_gen_batches": "generation rounds needed to fill the batch (dynamic sampling)",
     "rollout/kept_groups_frac": "fraction of prompt groups kept after filtering zero-variance groups",
@@ -29,7 +31,8 @@ METRICS: dict[str, str] = {
     "perf/rollout_tok_s": "generated tokens per second during rollout",
     "perf/train_tok_s": "tokens (prompt + response) per second through forward+backward",
     "perf/weight_sync_s": "seconds to give the rollout engine the updated weights",
-    "reward/faults": "rows whose scorer raised or timed out (scored as wrong), counted since the run started",
+    "reward/faults": "rows whose scorer raised or timed out (scored as wrong) or gave a non-finite reward (given "
+                     "the lowest finite reward of its group), counted since the run started",
     "reward/no_answer_frac": "share of the step's on-policy rows with no extractable answer (not a wrong answer)",
     "reward/wrong_answer_frac": "share of the step's on-policy rows with an extracted answer judged wrong",
     "reward/fault_frac": "share of the step's on-policy rows whose scorer raised or timed out",

@@ -21,15 +21,16 @@ _GRID_COLS = 3
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a ``metrics.jsonl``; a torn last line (a live run mid-write) is skipped."""
+    """Rows of a ``metrics.jsonl``; a line that is not a JSON object (torn by a kill or a live run mid-write,
+    or edited by hand) is skipped."""
     rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 

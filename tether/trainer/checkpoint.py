@@ -7,17 +7,25 @@ Layout of ``run_dir/checkpoints``::
     best/                  a plain Hugging Face model directory (from_pretrained), tokenizer, trainer_state.pt
     latest                 a text file holding the name of the newest complete step directory
 
-Each directory is written under a temporary name and renamed into place; ``latest`` is replaced
-with ``os.replace`` only after its directory is complete. Under ``torchrun`` every rank takes part
-(a sharded model writes one file per rank): rank 0 creates the temporary directory, every rank
-writes, and rank 0 renames it once all have finished.
+Each directory is written under a temporary name, given a ``manifest.json`` (size and SHA-256 of every
+file), and renamed into place; ``latest`` is replaced with ``os.replace`` only after its directory is
+complete. Under ``torchrun`` every rank takes part (a sharded model writes one file per rank): rank 0
+creates the temporary directory, every rank writes, and rank 0 hashes and renames it once all have finished.
+
+A resume takes the newest step directory whose manifest verifies, passing over damaged ones with a
+warning (:meth:`CheckpointManager.resumable`); :meth:`CheckpointManager.recover` undoes what a crash in
+the middle of a save left behind.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
+import re
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,54 @@ import torch
 
 from tether.distributed import DataParallel
 from tether.track import write_text_atomic
+
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"step_(\d+)")
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint can be resumed although the run directory says one should exist."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """Record the size and SHA-256 of every file under ``directory`` in ``directory/manifest.json``."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    write_text_atomic(directory / MANIFEST, json.dumps({"files": entries}, indent=1))
+
+
+def checkpoint_problem(directory: Path) -> str | None:
+    """Why ``directory`` cannot be resumed (a missing, truncated or altered file), or None when it can.
+
+    A directory without a manifest (written before manifests existed) is accepted when it has its
+    ``trainer_state.pt``.
+    """
+    if not (directory / "trainer_state.pt").is_file():
+        return "trainer_state.pt is missing"
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        entries = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is unreadable"
+    for name, entry in entries.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != entry["size"]:
+            return f"{name} has {path.stat().st_size} bytes, {entry['size']} were written"
+        if _sha256(path) != entry["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
 
 
 def rng_state() -> dict[str, Any]:
@@ -61,13 +117,25 @@ def publish_dir(target: Path, write: Callable[[Path], None], dp: DataParallel) -
     write(tmp)
     dp.barrier()
     if dp.is_main:
+        write_manifest(tmp)
         old = target.with_name(target.name + ".old")
+        _settle_old(target, old)  # a crash inside an earlier swap must not block this one
         if target.exists():
             os.replace(target, old)
         os.replace(tmp, target)
-        if old.exists():
-            shutil.rmtree(old)
+        shutil.rmtree(old, ignore_errors=True)
     dp.barrier()
+
+
+def _settle_old(target: Path, old: Path) -> None:
+    """After a crash between ``target -> old`` and the removal of ``old``: keep ``target`` if the new one made
+    it into place, else put the old one back."""
+    if not old.exists():
+        return
+    if target.exists():
+        shutil.rmtree(old)
+    else:
+        os.replace(old, target)
 
 
 class CheckpointManager:
@@ -94,15 +162,39 @@ class CheckpointManager:
         return target
 
     def latest(self) -> Path | None:
-        pointer = self.root / "latest"
-        if not pointer.is_file():
-            return None
-        path = self.root / pointer.read_text().strip()
-        return path if (path / "trainer_state.pt").is_file() else None
+        """The newest step directory that verifies (see :meth:`resumable`), or None."""
+        return self.resumable(warn=False)
+
+    def step_dirs(self) -> list[Path]:
+        """Complete-by-name step directories, newest first (``latest`` may lag behind a crash after a rename)."""
+        found = [p for p in self.root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name)]
+        return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+
+    def resumable(self, warn: bool = True) -> Path | None:
+        """The newest step directory whose files match their manifest; each damaged newer one is named in a
+        warning (``warn``) and passed over."""
+        for path in self.step_dirs():
+            problem = checkpoint_problem(path)
+            if problem is None:
+                return path
+            if warn:
+                warnings.warn(f"checkpoint {path} is damaged ({problem}); trying an older one",
+                              stacklevel=2)
+        return None
+
+    def recover(self) -> None:
+        """Rank 0, before anything is read: finish or undo a swap a crash interrupted, and drop temporaries."""
+        if not self.root.is_dir():
+            return
+        for old in self.root.glob("*.old"):
+            _settle_old(old.with_name(old.name[: -len(".old")]), old)
+        for tmp in self.root.glob("*.tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        for tmp in self.root.glob(".*.tmp.*"):  # write_text_atomic's, left by a kill between write and rename
+            tmp.unlink(missing_ok=True)
 
     def _prune(self) -> None:
-        steps = sorted(p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith((".tmp", ".old")))
-        for old in steps[: -self.keep_last]:
+        for old in self.step_dirs()[self.keep_last:]:
             shutil.rmtree(old)
 
 

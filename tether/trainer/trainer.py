@@ -14,6 +14,7 @@ import contextlib
 import copy
 import json
 import math
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 
 from tether import algos
 from tether.algos import LossInputs
-from tether.config import Config, ConfigError, dump_config
+from tether.config import Config, ConfigError
 from tether.distributed import build_strategy, resolve_device
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, check_engine_available
@@ -33,9 +34,12 @@ from tether.methods import Method, build_methods
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
 from tether.models.layers import checkpoint_layers
+from tether.preflight import check_inputs
 from tether.rollout.batch import RolloutBatch
 from tether.track import Tracker, build_tracker, write_text_atomic
 from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
+from tether.trainer.rundir import prepare_run_dir
+from tether.trainer.stop import StopSignals, TrainingStopped
 
 # RolloutBatch.token entries that LossInputs takes under the same name.
 LOSS_TOKEN_FIELDS = ("ref_log_probs", "gate_mask", "injected_mask", "teacher_log_probs")
@@ -61,17 +65,20 @@ class Trainer:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
         self.device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any model loads
+        check_inputs(cfg, model=policy is None)  # files, models and packages the config names are here
         self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.seed)
         self.run_dir = Path(cfg.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
+        # the lock, a crash's leftovers, the checkpoint to resume and its settings: settled before any model loads
+        resume_from = prepare_run_dir(cfg, self.checkpoints, self.dp)
         self.step = 0
         self.best_value = -math.inf
         self.val_history: list[tuple[int, dict[str, float]]] = []
+        self.skipped_updates = self.skipped_in_a_row = 0  # optimiser steps skipped for a non-finite gradient
         self.ref_modified = False  # set by methods that move the reference (ARMOR resets): then it is saved
 
         # 0. a missing GPU or package for the configured engine fails now, not after the models load
@@ -100,14 +107,13 @@ class Trainer:
                                            weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         self.tracker = build_tracker(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                                      mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
         self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main)  # docs/health.md
         for m in self.methods:
             m.setup(self)
-        if cfg.train.resume and (latest := self.checkpoints.latest()) is not None:
-            self.resume(latest)
+        if resume_from is not None:
+            self.resume(resume_from)
 
     # -- construction helpers ----------------------------------------------------------------
 
@@ -149,26 +155,49 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------
 
     def fit(self) -> dict[str, float]:
-        """Train until ``train.steps``; validate and checkpoint on schedule. Returns the last metrics."""
+        """Train until ``train.steps``; validate and checkpoint on schedule. Returns the last metrics.
+
+        Raises:
+            TrainingStopped: SIGTERM or SIGINT arrived (the step under way was finished and saved first), or
+                ``train.max_skipped_updates`` optimiser steps in a row were non-finite.
+        """
         t = self.cfg.train
         last: dict[str, float] = {}
         if self.step == 0 and self.cfg.val.every:
             last.update(self.validate())
         from tether.trainer.progress import Progress
 
-        with Progress(t.steps, start=self.step, enabled=self.cfg.logging.progress and self.dp.is_main) as bar:
+        with Progress(t.steps, start=self.step, enabled=self.cfg.logging.progress and self.dp.is_main) as bar, \
+                StopSignals() as signals:
+            saved_at = time.monotonic()
             while self.step < t.steps:
                 metrics = self.train_step()
                 if self.cfg.val.every and self.step % self.cfg.val.every == 0:
                     metrics.update(self.validate())
-                if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
-                    self.save()
+                save, stop = self._save_or_stop(saved_at, signals.signal is not None)
+                if save:
+                    path = self.save()
+                    saved_at = time.monotonic()
                 bar.update(self.step, metrics)
                 last.update(metrics)
+                if stop:
+                    self.tracker.close()
+                    signum = signals.signal or signal.SIGTERM  # under torchrun another rank may have had it
+                    raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {self.step}, saved "
+                                          f"in {path}; run the same command again to resume", 128 + signum)
         self.tracker.close()
         if self.dp.is_main:
             write_text_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
         return last
+
+    def _save_or_stop(self, saved_at: float, signalled: bool) -> tuple[bool, bool]:
+        """Whether to checkpoint now (the step schedule, ``train.save_every_s`` or a signal) and whether to stop.
+        Every rank takes part in a save, so one rank's clock or signal decides for all."""
+        t = self.cfg.train
+        scheduled = self.step == t.steps or bool(t.save_every and self.step % t.save_every == 0)
+        late = bool(t.save_every_s) and time.monotonic() - saved_at >= t.save_every_s
+        votes = self.dp.sum_metrics({"late": float(late), "signalled": float(signalled)})
+        return scheduled or votes["late"] > 0 or votes["signalled"] > 0, votes["signalled"] > 0
 
     def summary(self) -> dict[str, Any]:
         """First and last validation, the best value of ``train.best_metric``, steps done."""
@@ -285,7 +314,7 @@ class Trainer:
                 for key, value in self._mini_batch_step(mini).items():
                     sums[key] = sums.get(key, 0.0) + value
                     counts[key] = counts.get(key, 0) + 1
-        return {k: sums[k] / counts[k] for k in sums}
+        return {**{k: sums[k] / counts[k] for k in sums}, "actor/skipped_updates": float(self.skipped_updates)}
 
     def _mini_batch_step(self, mini: RolloutBatch) -> dict[str, float]:
         o = self.cfg.optim
@@ -307,9 +336,23 @@ class Trainer:
         grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
         if torch.isfinite(grad_norm):
             self.optimizer.step()
-        self.scheduler.step()
+            self.scheduler.step()  # a skipped update does not advance the warm-up either
+            self.skipped_in_a_row = 0
+        else:
+            self._skip_update()
         metrics["actor/grad_norm"] = grad_norm
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
+
+    def _skip_update(self) -> None:
+        """A non-finite loss or gradient: no optimiser step (weights and optimiser state stay finite); a run where
+        that keeps happening stops rather than spending its budget standing still."""
+        self.skipped_updates += 1
+        self.skipped_in_a_row += 1
+        limit = self.cfg.train.max_skipped_updates
+        if self.skipped_in_a_row >= limit:
+            raise TrainingStopped(f"{limit} optimiser steps in a row had a non-finite loss or gradient "
+                                  f"(train.max_skipped_updates={limit}) at step {self.step}; the checkpoints hold "
+                                  "finite weights; check the rewards or lower optim.lr", 1)
 
     def _lock_step_pass(self, micro: RolloutBatch) -> None:
         """A forward and backward that add nothing: a sharded model gathers and reduces inside them, so a rank
@@ -387,6 +430,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(), "collector": self.collector.state_dict(),
             "methods": {m.name: m.state_dict() for m in self.methods}, "strategy": self.strategy.name,
             "health": self.health.state_dict(),
+            "skipped_updates": self.skipped_updates,
         }
 
     def save(self) -> Path:
@@ -417,6 +461,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.health.load_state_dict(state.get("health", {}))  # checkpoints from before the checks have none
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
+        self.skipped_updates = state.get("skipped_updates", 0)  # absent from checkpoints before it was counted
         self.push_weights()
 
 
@@ -437,6 +482,7 @@ def evaluate(cfg: Config) -> dict[str, float]:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
+    check_inputs(cfg)
     policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)

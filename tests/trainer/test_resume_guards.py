@@ -1,0 +1,175 @@
+"""Resume never restarts silently: damaged checkpoints are passed over, crashes mid-save are settled, an earlier run
+that cannot be continued stops the start, changed settings are refused, and one process writes a run directory."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.helpers import tiny_config
+from tether.distributed import DataParallel
+from tether.trainer.checkpoint import CheckpointManager
+from tether.trainer.rundir import RunDirError, lock_run_dir, prepare_run_dir
+
+
+def write_marker(text: str):
+    def write(directory: Path) -> None:
+        (directory / "trainer_state.pt").write_text(text)
+        (directory / "model.safetensors").write_text(text * 100)
+
+    return write
+
+
+def manager(cfg) -> CheckpointManager:
+    return CheckpointManager(Path(cfg.run_dir), cfg.train.keep_last, DataParallel())
+
+
+def write_metrics(run_dir: Path, steps: list[int], torn: bool = False) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = "".join(json.dumps({"step": s, "train/reward_mean": 0.5}) + "\n" for s in steps)
+    (run_dir / "metrics.jsonl").write_text(rows + ('{"step": 9, "trai' if torn else ""))
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "zero", "delete_state"])
+def test_resume_passes_over_a_damaged_newest_checkpoint_and_says_so(tmp_path, damage):
+    cfg = tiny_config(tmp_path)
+    ckpts = manager(cfg)
+    ckpts.save(1, write_marker("one"))
+    newest = ckpts.save(2, write_marker("two"))
+    weights = newest / "model.safetensors"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:10])
+    elif damage == "zero":
+        weights.write_bytes(b"\0" * weights.stat().st_size)
+    else:
+        (newest / "trainer_state.pt").unlink()
+    with pytest.warns(UserWarning, match=r"step_000002 is damaged \((model\.safetensors|trainer_state\.pt)"):
+        assert prepare_run_dir(cfg, ckpts, DataParallel()) == ckpts.root / "step_000001"
+
+
+def test_resume_takes_a_complete_checkpoint_newer_than_the_latest_pointer(tmp_path):
+    """A kill between renaming step_2 into place and updating ``latest``: step_2 is complete and is used."""
+    cfg = tiny_config(tmp_path)
+    ckpts = manager(cfg)
+    ckpts.save(1, write_marker("one"))
+    ckpts.save(2, write_marker("two"))
+    (ckpts.root / "latest").write_text("step_000001")
+    assert prepare_run_dir(cfg, ckpts, DataParallel()) == ckpts.root / "step_000002"
+
+
+@pytest.mark.parametrize("new_best_in_place", [False, True])
+def test_a_kill_inside_the_best_swap_is_settled_at_the_next_start(tmp_path, new_best_in_place):
+    cfg = tiny_config(tmp_path)
+    ckpts = manager(cfg)
+    ckpts.save_best(write_marker("old best"))
+    best = ckpts.root / "best"
+    os.replace(best, ckpts.root / "best.old")  # killed after best -> best.old ...
+    if new_best_in_place:
+        ckpts.save_best(write_marker("new best"))  # ... or after the new one was renamed in, before the removal
+    (ckpts.root / "step_000003.tmp").mkdir()
+    (ckpts.root / ".latest.tmp.12345").write_text("step_000003")
+    (Path(cfg.run_dir) / ".config.yaml.tmp.12345").write_text("half")
+    prepare_run_dir(cfg, ckpts, DataParallel())
+    want = "new best" if new_best_in_place else "old best"
+    assert (best / "trainer_state.pt").read_text() == want
+    assert sorted(p.name for p in ckpts.root.iterdir()) == ["best"]
+    assert not list(Path(cfg.run_dir).glob(".*.tmp.*"))
+    ckpts.save_best(write_marker("newer best"))  # and the next swap works
+    assert (best / "trainer_state.pt").read_text() == "newer best"
+
+
+@pytest.mark.parametrize("leftover", ["metrics", "damaged_checkpoint"])
+def test_an_earlier_run_that_cannot_be_resumed_stops_the_start(tmp_path, leftover):
+    cfg = tiny_config(tmp_path)
+    run_dir, ckpts = Path(cfg.run_dir), manager(cfg)
+    write_metrics(run_dir, [0, 1, 2])
+    if leftover == "damaged_checkpoint":
+        (ckpts.save(2, write_marker("two")) / "trainer_state.pt").write_text("zz")
+    with pytest.raises(RunDirError, match=r"holds an earlier run .* start afresh with train\.resume=false"), \
+            pytest.warns(UserWarning) if leftover == "damaged_checkpoint" else contextlib.nullcontext():
+        prepare_run_dir(cfg, ckpts, DataParallel())
+    assert metric_steps(run_dir) == [0, 1, 2]  # nothing touched
+
+
+def test_resume_false_starts_afresh_and_removes_the_earlier_run(tmp_path):
+    cfg = tiny_config(tmp_path, "train.resume=false")
+    run_dir, ckpts = Path(cfg.run_dir), manager(cfg)
+    write_metrics(run_dir, [0, 1, 2])
+    ckpts.save(2, write_marker("two"))
+    ckpts.save_best(write_marker("best"))
+    assert prepare_run_dir(cfg, ckpts, DataParallel()) is None
+    assert (run_dir / "metrics.jsonl").read_text() == ""
+    assert not ckpts.step_dirs() and not (ckpts.root / "best").exists() and not (ckpts.root / "latest").exists()
+
+
+def test_metric_rows_after_the_resumed_step_are_dropped_not_duplicated(tmp_path):
+    cfg = tiny_config(tmp_path)
+    run_dir, ckpts = Path(cfg.run_dir), manager(cfg)
+    write_metrics(run_dir, [0, 1, 2, 3, 4, 5], torn=True)  # killed mid-line at step 6, after saving step 3
+    ckpts.save(3, write_marker("three"))
+    prepare_run_dir(cfg, ckpts, DataParallel())
+    assert metric_steps(run_dir) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("override", ["optim.lr=0.5", "seed=7", "rollout.group_size=2",
+                                      "algorithm.loss_kwargs={clip_low: 0.1}"])
+def test_resume_refuses_settings_that_change_the_run_and_keeps_its_config(tmp_path, override):
+    cfg = tiny_config(tmp_path)
+    ckpts = manager(cfg)
+    prepare_run_dir(cfg, ckpts, DataParallel())
+    ckpts.save(1, write_marker("one"))
+    saved = (Path(cfg.run_dir) / "config.yaml").read_text()
+    key = override.split("=")[0]
+    with pytest.raises(RunDirError, match=rf"^{key.replace('.', r'.')}.*: .* differs from .* in the run being resumed"):
+        prepare_run_dir(tiny_config(tmp_path, override), ckpts, DataParallel())
+    assert (Path(cfg.run_dir) / "config.yaml").read_text() == saved  # never claims what was not used
+
+
+def test_resume_applies_and_records_more_steps(tmp_path):
+    cfg = tiny_config(tmp_path)
+    ckpts = manager(cfg)
+    prepare_run_dir(cfg, ckpts, DataParallel())
+    ckpts.save(1, write_marker("one"))
+    assert prepare_run_dir(tiny_config(tmp_path, "train.steps=9"), ckpts, DataParallel()) is not None
+    assert "steps: 9" in (Path(cfg.run_dir) / "config.yaml").read_text()
+
+
+def _hold_lock(run_dir: Path, locked) -> None:
+    lock_run_dir(run_dir)
+    locked.set()
+    time.sleep(60)
+
+
+def test_one_process_per_run_directory_and_a_dead_holder_leaves_no_stale_lock(tmp_path):
+    cfg = tiny_config(tmp_path)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True)
+    fork = multiprocessing.get_context("fork")  # no second interpreter start: the test stays fast
+    locked = fork.Event()
+    holder = fork.Process(target=_hold_lock, args=(run_dir, locked), daemon=True)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        with pytest.raises(RunDirError, match=rf"is in use by process {holder.pid} on .*; wait for it"):
+            prepare_run_dir(cfg, manager(cfg), DataParallel())
+    finally:
+        holder.kill()
+        holder.join()
+    assert prepare_run_dir(cfg, manager(cfg), DataParallel()) is None  # the kernel released the dead one's lock
+
+
+def test_a_run_dir_that_is_a_file_is_one_line(tmp_path):
+    cfg = tiny_config(tmp_path)
+    Path(cfg.run_dir).write_text("not a directory")
+    with pytest.raises(RunDirError, match=r"^run_dir .*run: File exists"):
+        prepare_run_dir(cfg, manager(cfg), DataParallel())
