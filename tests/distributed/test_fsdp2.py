@@ -149,11 +149,12 @@ def two_ranks():
 
 
 def test_lock_step_micro_batches_pad_ranks_to_the_same_count_and_cover_every_row_once():
-    plans = [lock_step_micro_batches(DataParallel(r, 3), 7, 2) for r in range(3)]  # shares 3, 2, 2 rows
+    rows = [(1, 1)] * 7  # (prompt, response) lengths
+    plans = [lock_step_micro_batches(DataParallel(r, 3), rows, 2) for r in range(3)]  # shares 3, 2, 2 rows
     assert [len(p) for p in plans] == [2, 2, 2]
     assert sorted(r for p in plans for mb in p if not mb.padding for r in mb.rows) == list(range(7))
-    assert [mb.padding for mb in lock_step_micro_batches(DataParallel(1, 2), 1, 4)] == [True]  # no rows of its own
-    assert lock_step_micro_batches(DataParallel(0, 2), 0, 4) == []
+    assert [mb.padding for mb in lock_step_micro_batches(DataParallel(1, 2), rows[:1], 4)] == [True]  # no rows
+    assert lock_step_micro_batches(DataParallel(0, 2), [], 4) == []
 
 
 def test_sharded_update_equals_the_single_process_update_in_float64(two_ranks, tmp_path, monkeypatch):
