@@ -88,3 +88,15 @@ def test_to_moves_a_batch_only_partly_on_the_device():
     b.token["ref_log_probs"] = torch.zeros(2, 3)  # added on the wrong device
     moved = b.to(torch.device("meta"))
     assert moved is not b and {t.device.type for t in tensors_of(moved).values()} == {"meta"}
+
+
+def test_row_lengths_end_at_the_last_response_token_and_narrow_cuts_every_per_token_tensor():
+    batch = make(3, 5, 0, gate_mask=torch.ones(3, 5))
+    batch.prompt_ids[1] = [7, 8, 9]
+    batch.response_mask = torch.tensor([[1.0, 1, 0, 0, 0], [1, 0, 1, 0, 0], [0, 0, 0, 0, 0]])  # a hole, an empty row
+    assert batch.row_lengths() == [(1, 2), (3, 3), (1, 0)]
+    cut = batch.narrow(3)
+    for t in (cut.response_ids, cut.response_mask, cut.sample_log_probs, cut.token["gate_mask"]):
+        assert t.shape == (3, 3)
+    assert torch.equal(cut.response_ids, batch.response_ids[:, :3]) and cut.rewards is batch.rewards
+    assert batch.narrow(5) is batch

@@ -113,7 +113,13 @@ class OptimConfig(Section):
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per RL step (per epoch)")
-    micro_batch_size: int = Field(16, ge=1, description="rows per forward/backward")
+    micro_batch_size: int = Field(16, ge=1, description="rows per forward/backward (when "
+                                  "max_tokens_per_micro_batch is unset)")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="form micro-batches by a token budget instead of micro_batch_size: rows grouped "
+        "by length, each micro-batch at most this many padded tokens (rows x (longest prompt + longest "
+        "response)); a longer row runs alone. Bounds activation memory at any response length; the gradient is "
+        "the same (docs/design.md)")
     ppo_epochs: int = Field(1, ge=1)
 
 

@@ -14,6 +14,7 @@ import torch
 from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_ranks
 from tests.trainer.helpers import tiny_config
 from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
+from tether.distributed.data_parallel import pack_by_tokens
 from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
 from tether.models import tiny_model
@@ -64,6 +65,24 @@ def test_split_and_micro_batches_cover_every_row_once():
     rows = [r for rank in range(3) for mb in DataParallel(rank, 3).micro_batches(7, 2) for r in mb]
     assert rows == list(range(7))
     assert rank_seed(7, 0) == 7 and rank_seed(7, 1) != 7
+
+
+def test_token_budget_groups_cover_every_row_once_under_the_budget():
+    g = torch.Generator().manual_seed(0)
+    lengths = [(int(p), int(t)) for p, t in zip(torch.randint(1, 30, (40,), generator=g),
+                                                torch.randint(0, 60, (40,), generator=g), strict=True)]
+    lengths[7] = (50, 60)  # alone over the budget
+    groups = pack_by_tokens(range(40), lengths, 100)
+    assert sorted(r for mb in groups for r in mb) == list(range(40))
+    assert [7] in groups
+    for mb in groups:
+        if mb != [7]:
+            assert len(mb) * (max(lengths[r][0] for r in mb) + max(lengths[r][1] for r in mb)) <= 100
+    totals = [sum(lengths[r]) for mb in groups for r in mb]
+    assert totals == sorted(totals, reverse=True)  # longest first, so each group's rows have similar lengths
+    assert pack_by_tokens(range(3), [(1, 1)] * 3, 10**6) == [[0, 1, 2]]
+    per_rank = [r for rank in range(3) for mb in DataParallel(rank, 3).budget_micro_batches(lengths, 100) for r in mb]
+    assert sorted(per_rank) == list(range(40))
 
 
 def test_concat_generations_pads_to_the_widest():

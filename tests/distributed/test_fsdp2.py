@@ -30,6 +30,9 @@ from tether.trainer import Trainer
 from tether.trainer.checkpoint import load_state
 
 FSDP = ("distributed.strategy=fsdp2",)
+# optim.max_tokens_per_micro_batch: the fixed batch's rows are 2-9 padded tokens long, so in each mini-batch rank 0's
+# three rows run one by one and rank 1 pads its two micro-batches with a third
+BUDGET = 8
 # Resume runs: ARMOR's reference reset after step 2 moves the reference, which the KL term of step 3 then
 # reads, so an exact step 3 needs the reference restored from the sharded checkpoint as well.
 RESUME = (*FSDP, "algorithm.kl.coef=0.1", "methods.armor={anchors: false, reset: every, tau: 2}")
@@ -139,6 +142,9 @@ def _work(rank: int, out: Path) -> dict[str, Any]:
     return {"update": run_update(out / "update", *FSDP, "train.gradient_checkpointing=true"),
             # repeated prompts but no sharing under FSDP2: ranks would call the layers unequally often
             "update_no_checkpointing": run_update(out / "update_no_ckpt", *FSDP),
+            # micro-batches by tokens: rank 1 runs fewer and pads (BUDGET)
+            "update_token_budget": run_update(out / "update_budget", *FSDP,
+                                              f"optim.max_tokens_per_micro_batch={BUDGET}"),
             "rollouts": _rollouts(out), "resume": _resume(out), "bf16": _mixed_precision(out),
             "eapo": _eapo(out, rank), "seed": _seed(out)}
 
@@ -148,12 +154,20 @@ def two_ranks():
     yield from spawn_ranks(_work)
 
 
+def test_lock_step_token_budget_pads_ranks_to_the_same_count():
+    lengths = [(2, 5), (2, 5), (2, 5), (2, 1), (2, 1)]  # rank 0: three long rows, one per micro-batch
+    plans = [lock_step_micro_batches(DataParallel(r, 2), lengths, 5, BUDGET) for r in range(2)]
+    assert [[list(mb.rows) for mb in p if not mb.padding] for p in plans] == [[[0], [1], [2]], [[3, 4]]]
+    assert [mb.padding for mb in plans[1]] == [False, True, True]
+
+
 def test_lock_step_micro_batches_pad_ranks_to_the_same_count_and_cover_every_row_once():
-    plans = [lock_step_micro_batches(DataParallel(r, 3), 7, 2) for r in range(3)]  # shares 3, 2, 2 rows
+    rows = [(1, 1)] * 7  # (prompt, response) lengths
+    plans = [lock_step_micro_batches(DataParallel(r, 3), rows, 2) for r in range(3)]  # shares 3, 2, 2 rows
     assert [len(p) for p in plans] == [2, 2, 2]
     assert sorted(r for p in plans for mb in p if not mb.padding for r in mb.rows) == list(range(7))
-    assert [mb.padding for mb in lock_step_micro_batches(DataParallel(1, 2), 1, 4)] == [True]  # no rows of its own
-    assert lock_step_micro_batches(DataParallel(0, 2), 0, 4) == []
+    assert [mb.padding for mb in lock_step_micro_batches(DataParallel(1, 2), rows[:1], 4)] == [True]  # no rows
+    assert lock_step_micro_batches(DataParallel(0, 2), [], 4) == []
 
 
 def test_sharded_update_equals_the_single_process_update_in_float64(two_ranks, tmp_path, monkeypatch):
@@ -162,7 +176,7 @@ def test_sharded_update_equals_the_single_process_update_in_float64(two_ranks, t
     # two sums differ at 1e-8 even in float64 (tests/models/test_forward.py), so compare like with like.
     monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)
     single = run_update(tmp_path)  # replicated, one process, no gradient checkpointing
-    for got in [r[key] for r in results for key in ("update", "update_no_checkpointing")]:
+    for got in [r[key] for r in results for key in ("update", "update_no_checkpointing", "update_token_budget")]:
         torch.testing.assert_close(got["grads"], single["grads"], rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(got["params"], single["params"], rtol=1e-9, atol=1e-12)
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):  # summed in float32

@@ -24,7 +24,7 @@ overlapping the all-reduce with backward -- is left for the GPU path. Sharded tr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -48,6 +48,35 @@ def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((lo, hi))
         lo = hi
     return bounds
+
+
+def pack_by_tokens(rows: Iterable[int], lengths: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+    """Group ``rows`` by length into micro-batches of at most ``max_tokens`` padded tokens each.
+
+    A micro-batch of ``n`` rows is padded to its longest prompt plus its longest response, so it costs
+    ``n * (max prompt + max response)`` tokens of activations. Rows are taken longest first (prompt plus
+    response; equal lengths keep their order) and added to the current micro-batch while that cost stays
+    within the budget; a row that alone exceeds it gets a micro-batch of its own (a row is never split).
+
+    Args:
+        rows: the rows to group (indices into ``lengths``).
+        lengths: ``(prompt tokens, response tokens)`` of every row of the mini-batch.
+        max_tokens: the budget of padded tokens per micro-batch.
+
+    >>> pack_by_tokens(range(4), [(2, 1), (2, 6), (2, 2), (2, 5)], 16)
+    [[1, 3], [2, 0]]
+    """
+    groups: list[list[int]] = []
+    prompt_w = response_w = 0
+    for row in sorted(rows, key=lambda r: -sum(lengths[r])):
+        p, t = lengths[row]
+        if groups and (len(groups[-1]) + 1) * (max(prompt_w, p) + max(response_w, t)) <= max_tokens:
+            groups[-1].append(row)
+            prompt_w, response_w = max(prompt_w, p), max(response_w, t)
+        else:
+            groups.append([row])
+            prompt_w, response_w = p, t
+    return groups
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -113,6 +142,16 @@ class DataParallel:
         """
         lo, hi = split_evenly(n_rows, self.world_size)[self.rank]
         return [range(s, min(s + size, hi)) for s in range(lo, hi, size)]
+
+    def budget_micro_batches(self, lengths: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+        """This rank's share of the rows (as in :meth:`micro_batches`), grouped by :func:`pack_by_tokens`.
+
+        Args:
+            lengths: ``(prompt tokens, response tokens)`` of every row of the mini-batch.
+            max_tokens: padded tokens per micro-batch.
+        """
+        lo, hi = split_evenly(len(lengths), self.world_size)[self.rank]
+        return pack_by_tokens(range(lo, hi), lengths, max_tokens)
 
     def all_reduce_grads(self, params: Iterable[Tensor]) -> None:
         """Sum every parameter's gradient over ranks (missing gradients count as zeros), in place."""

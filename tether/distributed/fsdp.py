@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +149,9 @@ class FSDP2:
     def rollout_engine(self, engine: Any) -> Any:
         return GatheredEngine(self.dp.rollout_engine(engine), engine.model)
 
-    def micro_batches(self, n_rows: int, size: int) -> list[MicroBatch]:
-        return lock_step_micro_batches(self.dp, n_rows, size)
+    def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
+                      max_tokens: int | None) -> list[MicroBatch]:
+        return lock_step_micro_batches(self.dp, lengths, size, max_tokens)
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)

@@ -8,7 +8,8 @@ step                       :class:`Replicate`                    :class:`~tether
 ``prepare(model)``         the module, moved to this rank's      ``fully_shard`` per decoder layer, then root
                            device                                (the mesh puts the shards on the device)
 ``rollout_engine``         rows split by rank                    the same, over a model gathered per call
-``micro_batches``          this rank's share of the rows         the same, padded so every rank runs as many
+``micro_batches``          this rank's share of the rows, in     the same, padded so every rank runs as many
+                           fixed-size or token-budget groups
 ``clip_grad_norm``         all-reduce (sum), then clip           clip (FSDP2 already reduce-scattered)
 ``save/load_training``     HF weights + optimiser in             ``torch.distributed.checkpoint`` (DCP), one
                            ``trainer_state.pt`` (rank 0)         file per rank
@@ -18,6 +19,7 @@ step                       :class:`Replicate`                    :class:`~tether
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,18 +35,34 @@ from tether.distributed.data_parallel import DataParallel
 class MicroBatch:
     """Rows of a mini-batch for one forward/backward; a ``padding`` one only keeps ranks in step (weight 0)."""
 
-    rows: range
+    rows: Sequence[int]
     padding: bool = False
 
 
-def lock_step_micro_batches(dp: DataParallel, n_rows: int, size: int) -> list[MicroBatch]:
-    """This rank's micro-batches, padded to as many as any rank runs (rank 0 has the largest share).
+def own_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]], size: int,
+                      max_tokens: int | None) -> list[Sequence[int]]:
+    """This rank's rows of a mini-batch in micro-batches: ``size`` rows each, or, with ``max_tokens``, grouped by
+    length under that many padded tokens (:func:`~tether.distributed.data_parallel.pack_by_tokens`).
+
+    Args:
+        lengths: ``(prompt tokens, response tokens)`` of every row of the mini-batch.
+    """
+    if max_tokens is None:
+        return dp.micro_batches(len(lengths), size)
+    return dp.budget_micro_batches(lengths, max_tokens)
+
+
+def lock_step_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]], size: int,
+                            max_tokens: int | None = None) -> list[MicroBatch]:
+    """This rank's micro-batches, padded to as many as any rank runs.
 
     A sharded model all-gathers inside every forward and reduce-scatters inside every backward, so all
-    ranks must make the same number of calls; a padding micro-batch re-runs row 0 with weight 0.
+    ranks must make the same number of calls; a padding micro-batch re-runs row 0 with weight 0. Every
+    rank holds the whole mini-batch, so it plans the other ranks' micro-batches too, without a collective.
     """
-    own = [MicroBatch(rows) for rows in dp.micro_batches(n_rows, size)]
-    most = len(DataParallel(0, dp.world_size).micro_batches(n_rows, size))
+    own = [MicroBatch(rows) for rows in own_micro_batches(dp, lengths, size, max_tokens)]
+    most = max(len(own_micro_batches(DataParallel(r, dp.world_size), lengths, size, max_tokens))
+               for r in range(dp.world_size))
     return own + [MicroBatch(range(0, 1), padding=True)] * (most - len(own))
 
 
@@ -61,8 +79,11 @@ class Strategy(Protocol):
     def rollout_engine(self, engine: Any) -> Any:
         """Wrap an in-process engine so that every rank samples its share of the prompts."""
 
-    def micro_batches(self, n_rows: int, size: int) -> list[MicroBatch]:
-        """This rank's micro-batches of an ``n_rows`` mini-batch."""
+    def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
+                      max_tokens: int | None) -> list[MicroBatch]:
+        """This rank's micro-batches of a mini-batch whose rows have these ``(prompt, response)`` lengths:
+        ``size`` rows each, or grouped by length under ``max_tokens`` padded tokens (see
+        :func:`own_micro_batches`)."""
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         """Finish the gradient sum over ranks, clip it; returns the global norm before clipping (a plain tensor)."""
@@ -97,8 +118,9 @@ class Replicate:
     def rollout_engine(self, engine: Any) -> Any:
         return self.dp.rollout_engine(engine)
 
-    def micro_batches(self, n_rows: int, size: int) -> list[MicroBatch]:
-        return [MicroBatch(rows) for rows in self.dp.micro_batches(n_rows, size)]
+    def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
+                      max_tokens: int | None) -> list[MicroBatch]:
+        return [MicroBatch(rows) for rows in own_micro_batches(self.dp, lengths, size, max_tokens)]
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         self.dp.all_reduce_grads(model.parameters())

@@ -80,6 +80,22 @@ class RolloutBatch:
             info={k: [v[i] for i in rows] for k, v in self.info.items()},
         )
 
+    def row_lengths(self) -> list[tuple[int, int]]:
+        """``(prompt tokens, response columns)`` of each row; a row's response columns end at its last
+        masked-in token (0 for an empty response). One host sync."""
+        columns = torch.arange(1, self.width + 1, device=self.response_mask.device)
+        ends = ((self.response_mask != 0) * columns).amax(1) if self.width else self.response_mask.new_zeros(len(self))
+        return [(len(p), int(t)) for p, t in zip(self.prompt_ids, ends.tolist(), strict=True)]
+
+    def narrow(self, width: int) -> RolloutBatch:
+        """The same rows with every per-token tensor cut to its first ``width`` columns (dropping padding that
+        the batch only carries for its longer rows); the batch itself if it is no wider."""
+        if width >= self.width:
+            return self
+        return replace(self, response_ids=self.response_ids[:, :width], response_mask=self.response_mask[:, :width],
+                       sample_log_probs=self.sample_log_probs[:, :width],
+                       token={k: v[:, :width] for k, v in self.token.items()})
+
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The same rows with every tensor (``token`` entries included) on ``device``, Python fields shared; the
         batch itself when every tensor is there already, so whoever holds it sees what is added later."""

@@ -16,7 +16,7 @@ import json
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,7 +26,8 @@ import torch
 from tether import algos
 from tether.algos import LossInputs
 from tether.config import Config, ConfigError
-from tether.distributed import build_strategy, resolve_device
+from tether.distributed import DataParallel, build_strategy, resolve_device
+from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, check_engine_available
 from tether.health import HealthMonitor
@@ -258,14 +259,17 @@ class Trainer:
     def log_probs(self, model: Any, batch: RolloutBatch, prompt_ids: list[list[int]] | None = None) -> torch.Tensor:
         """log-probs of the batch's response tokens under ``model`` (optionally other prompts), no grad."""
         prompts = batch.prompt_ids if prompt_ids is None else prompt_ids
-        size = self.cfg.optim.micro_batch_size
-        out = []
-        for s in range(0, len(batch), size):
+        lengths = [(len(p), t) for p, (_, t) in zip(prompts, batch.row_lengths(), strict=True)]
+        o = self.cfg.optim
+        out = None
+        for rows in own_micro_batches(DataParallel(), lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
+            micro = narrowed(batch, rows, lengths)
             with self.autocast():
-                lp, _ = response_log_probs(model, prompts[s:s + size], batch.response_ids[s:s + size],
-                                           batch.response_mask[s:s + size], temperature=self.cfg.rollout.temperature)
-            out.append(lp)
-        return torch.cat(out) * batch.response_mask
+                lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids, micro.response_mask,
+                                           temperature=self.cfg.rollout.temperature)
+            out = lp.new_zeros(batch.response_mask.shape) if out is None else out
+            out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
+        return out * batch.response_mask
 
     def _updates_per_step(self) -> int:
         return self.cfg.optim.mini_batches * self.cfg.optim.ppo_epochs
@@ -319,10 +323,12 @@ class Trainer:
     def _mini_batch_step(self, mini: RolloutBatch) -> dict[str, float]:
         o = self.cfg.optim
         num_tokens = float(mini.response_mask.sum())
+        lengths = mini.row_lengths()
         metrics: dict[str, torch.Tensor] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for mb in self.strategy.micro_batches(len(mini), o.micro_batch_size):  # this rank's share of the rows
-            micro = mini.select(mb.rows)
+        # this rank's share of the rows, by count or by token budget; normalisers stay the mini-batch's
+        for mb in self.strategy.micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
+            micro = narrowed(mini, mb.rows, lengths)
             if mb.padding:
                 self._lock_step_pass(micro)
                 continue
@@ -463,6 +469,12 @@ class Trainer:
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
         self.skipped_updates = state.get("skipped_updates", 0)  # absent from checkpoints before it was counted
         self.push_weights()
+
+
+def narrowed(batch: RolloutBatch, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> RolloutBatch:
+    """``rows`` of ``batch``, cut to the longest response among them: a micro-batch of short rows does not run
+    the padding columns of the batch's longest one (masked out, they change no log-prob)."""
+    return batch.select(rows).narrow(max(1, *(lengths[r][1] for r in rows)))
 
 
 def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
