@@ -203,8 +203,11 @@ def run_one(protocol: Protocol, arm: str, seed: int, protocol_path: Path) -> dic
     a = protocol.arms[arm]
     log = directory / "experiment.log"
     start = time.perf_counter()
+    # A run killed before its first checkpoint has nothing to resume: start it afresh (train.resume=true would
+    # refuse to write over the earlier run's files, docs/reliability.md).
+    fresh = [] if (directory / "checkpoints" / "latest").is_file() else ["train.resume=false"]
     with log.open("a") as out:
-        train = subprocess.run(_tether("train", a.config, *a.overrides, *run_overrides(protocol, arm, seed)),
+        train = subprocess.run(_tether("train", a.config, *a.overrides, *run_overrides(protocol, arm, seed), *fresh),
                                stdout=out, stderr=subprocess.STDOUT, env=_one_thread_env(), check=False)
     if train.returncode != 0:
         raise RuntimeError(f"run {arm}/seed{seed} failed (exit {train.returncode}); see {log}")
