@@ -93,6 +93,9 @@ def test_overlapping_splits_are_refused(tmp_path, overlapping_task):
 
 def test_runs_arms_by_seeds_resumes_and_reports(tmp_path):
     path = write_protocol(tmp_path, write_config(tmp_path))
+    killed = tmp_path / "study" / "low" / "seed0"  # a run killed before its first checkpoint: started afresh
+    killed.mkdir(parents=True)
+    (killed / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.5}\n')
     data = run_experiment(path)
     assert not data["failures"] and len(data["runs"]) == 4
     root = tmp_path / "study"
