@@ -1,15 +1,19 @@
-"""Text environments for multi-turn RL: protocol, registry, fault containment (docs/environments.md)."""
+"""Text (and visual) environments for multi-turn RL: protocol, registry, fault containment (docs/environments.md)."""
 
 from tether.envs.base import (
     EVAL_SEED_OFFSET,
+    IMAGE_PLACEHOLDER,
     EnvReset,
     EnvStep,
     EnvUnavailableError,
     EpisodeOverError,
+    Observation,
     TextEnv,
     eval_seeds,
     is_eval_seed,
     normalize_action,
+    observation_key,
+    observation_text,
     parse_tagged_action,
     train_seeds,
 )
@@ -19,10 +23,12 @@ from tether.envs.safe import SafeEnv, call_with_timeout
 __all__ = [
     "ENVS",
     "EVAL_SEED_OFFSET",
+    "IMAGE_PLACEHOLDER",
     "EnvReset",
     "EnvStep",
     "EnvUnavailableError",
     "EpisodeOverError",
+    "Observation",
     "SafeEnv",
     "TextEnv",
     "call_with_timeout",
@@ -33,6 +39,8 @@ __all__ = [
     "make_env",
     "make_safe_env",
     "normalize_action",
+    "observation_key",
+    "observation_text",
     "parse_tagged_action",
     "register_env",
     "train_seeds",
