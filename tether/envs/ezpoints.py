@@ -155,6 +155,11 @@ class EZPointsEnv:
         self._done = False
 
     @property
+    def renders_images(self) -> bool:
+        """True when observations carry images (the collector then needs a vision-language processor)."""
+        return self.observation == "image"
+
+    @property
     def values(self) -> list[int]:
         return [card_value(rank) for rank, _ in self.cards]
 

@@ -93,6 +93,11 @@ class VisualSokobanEnv:
                                 min_solution_steps=min_solution_steps, max_solution_steps=max_solution_steps,
                                 reward_mode=reward_mode)
 
+    @property
+    def renders_images(self) -> bool:
+        """True when observations carry images (the collector then needs a vision-language processor)."""
+        return self.observation == "image"
+
     def reset(self, seed: int) -> EnvReset:
         first = self.inner.reset(seed)
         task = first.task.replace(TEXT_LEGEND, LEGEND) if self.observation == "image" else first.task

@@ -16,6 +16,11 @@ Environments run in this process or in Ray actors (``env.workers``, :mod:`tether
 envs of a batch are reset and stepped with one pool call, so actors step them in parallel. An environment
 that raises or hangs (or a worker that dies) ends its episode as failed, the fault is counted in
 ``env/faults`` and the step goes on. docs/agents.md has the whole picture.
+
+Visual envs (observations that are :class:`~tether.envs.Observation`) are prompted the same way: the
+observation's text, with an image placeholder where each image goes, and the prompt is encoded by the
+vision-language model's processor (:func:`tether.models.vision.encode_vision_chat`), so the prompt's
+images are those of the observations it shows (the history's, then the current one). docs/vision.md.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from torch import Tensor
 
 from tether import algos
 from tether.engine.base import SamplingParams
-from tether.envs import make_env
+from tether.envs import Observation, make_env, observation_key, observation_text
 from tether.envs.workers import make_env_pool
 from tether.models import encode_chat
+from tether.models.vision import encode_vision_chat, is_processor
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.single_turn import GENERATE_ROWS, PromptStream
 
@@ -49,7 +55,7 @@ class Episode:
     group_id: int
     episode_id: int
     seed: int
-    observation: str
+    observation: str | Observation
     admissible: list[str] | None
     turns: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
@@ -57,6 +63,7 @@ class Episode:
     ret: float = 0.0
     fault: str | None = None
     available: list[str] | None = None  # page actions of open action spaces (WebShop), for the prompt
+    seen: list[str | Observation] = field(default_factory=list)  # each turn's observation, images included
 
 
 def build_prompt(ep: Episode, history: int, action_format: str) -> str:
@@ -72,13 +79,19 @@ def build_prompt(ep: Episode, history: int, action_format: str) -> str:
         lines = [f"[Observation {start + i}: {t['observation']}]\n[Action {start + i}: {t['action']}]"
                  for i, t in enumerate(recent)]
         parts.append(f"Your last {len(recent)} steps:\n" + "\n".join(lines))
-    parts.append(f"Current observation (step {len(ep.turns) + 1}):\n{ep.observation}")
+    parts.append(f"Current observation (step {len(ep.turns) + 1}):\n{observation_text(ep.observation)}")
     if ep.admissible:
         parts.append("Admissible actions: " + ", ".join(f"'{a}'" for a in ep.admissible))
     elif ep.available:
         parts.append("Available actions: " + ", ".join(f"'{a}'" for a in ep.available))
     parts.append(action_format)
     return "\n\n".join(parts)
+
+
+def prompt_images(ep: Episode, history: int) -> list[Any]:
+    """The images of :func:`build_prompt`'s message, in order: the shown history's, then the current one's."""
+    shown = [*(ep.seen[-history:] if history else []), ep.observation]
+    return [image for obs in shown if isinstance(obs, Observation) for image in obs.images]
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -132,6 +145,10 @@ class AgentCollector:
             raise ValueError("AgentCollector needs cfg.env")
         self.cfg, self.env_cfg, self.tokenizer = cfg, cfg.env, tokenizer
         probe = make_env(cfg.env.name, **cfg.env.kwargs)
+        if getattr(probe, "renders_images", False) and not is_processor(tokenizer):
+            raise ValueError(f"env {cfg.env.name!r} observes images, but the policy {cfg.model.name!r} came with a "
+                             "text tokenizer, not a vision-language processor: use a vision-language model, or "
+                             "env.kwargs.observation: text")
         self.train_seeds = list(probe.train_seeds(cfg.env.train_tasks))
         self.val_seeds = list(probe.eval_seeds(cfg.env.val_tasks))
         self.action_format = probe.action_format
@@ -186,8 +203,7 @@ class AgentCollector:
                 live = [ep for ep in episodes if not ep.done]
                 if not live:
                     break
-                prompts = [encode_chat(self.tokenizer, build_prompt(ep, self.env_cfg.history, self.action_format))
-                           for ep in live]
+                prompts = [self.encode(ep) for ep in live]
                 for start in range(0, len(live), GENERATE_ROWS):
                     chunk = live[start:start + GENERATE_ROWS]
                     # on the CPU: rows are cut from it one by one, and the batch is built there
@@ -201,13 +217,20 @@ class AgentCollector:
             self.envs.close_all([ep.env for ep in episodes])
         return rows
 
+    def encode(self, ep: Episode) -> list[int]:
+        """The token ids of the episode's next prompt (a :class:`~tether.models.vision.VisionPrompt` with images)."""
+        text = build_prompt(ep, self.env_cfg.history, self.action_format)
+        images = prompt_images(ep, self.env_cfg.history)
+        return encode_vision_chat(self.tokenizer, text, images) if images else encode_chat(self.tokenizer, text)
+
     def _record(self, ep: Episode, turn: int, prompt: list[int], gen: Any, j: int,
                 outcome: tuple[str, bool, Any]) -> dict[str, Any]:
         """Apply one env step to its episode; the turn's training row."""
         text = gen.texts[j]
         action, valid, step = outcome
-        ep.turns.append({"observation": ep.observation, "response": text, "action": action, "valid": valid,
-                         "reward": step.reward})
+        ep.seen.append(ep.observation)
+        ep.turns.append({"observation": observation_text(ep.observation), "response": text, "action": action,
+                         "valid": valid, "reward": step.reward})
         ep.observation, ep.ret = step.observation, ep.ret + step.reward
         ep.admissible = step.info.get("admissible_actions", ep.admissible)
         ep.available = step.info.get("available_actions", ep.available)
@@ -242,7 +265,7 @@ class AgentCollector:
             correct=torch.tensor([e.won for e in eps]), source=torch.zeros(n, dtype=torch.long), token=token,
             info={"episode_id": [e.episode_id for e in eps], "turn": [r["turn"] for r in rows],
                   "valid": [r["valid"] for r in rows], "text": [r["text"] for r in rows], "episode": eps,
-                  "obs_key": [e.turns[r["turn"]]["observation"] for e, r in zip(eps, rows, strict=True)],
+                  "obs_key": [observation_key(e.seen[r["turn"]]) for e, r in zip(eps, rows, strict=True)],
                   "step_return": [returns[id(e)][r["turn"]] for e, r in zip(eps, rows, strict=True)]},
         )
 
