@@ -118,3 +118,20 @@ def test_images_for_a_text_model_are_a_clear_error(tiny_policy):
         response_log_probs(text_model, rows, torch.tensor([[5]]), torch.ones(1, 1))
     with pytest.raises(ValueError, match="has no vision tower"):
         HFEngine(text_model, tokenizer).generate(rows, SamplingParams(max_new_tokens=1), seed=0)
+
+
+def test_load_policy_reads_a_saved_vlm_through_the_auto_classes(tmp_path):
+    from tether.models import load_policy
+
+    model, processor = tiny_vlm("idefics3", seed=1)
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    loaded, loaded_processor = load_policy(str(tmp_path))
+    assert type(loaded) is type(model) and type(loaded_processor) is type(processor)
+    assert loaded_processor.tokenizer.padding_side == "left"
+    rows = [encode_vision_chat(loaded_processor, "Where? <image>", _frames()[:1])]
+    assert list(rows[0]) == list(encode_vision_chat(processor, "Where? <image>", _frames()[:1]))
+    response = torch.tensor([[5, 6, 7]])
+    ours, _ = response_log_probs(loaded, rows, response, torch.ones(1, 3))
+    theirs, _ = response_log_probs(model, rows, response, torch.ones(1, 3))
+    torch.testing.assert_close(ours, theirs)

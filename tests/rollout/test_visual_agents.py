@@ -1,0 +1,76 @@
+"""Agents on image observations: visual prompts through the collector, and RL steps with tiny VLMs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tests.rollout.helpers import agent_config
+from tether.envs import IMAGE_PLACEHOLDER, Observation, make_env
+from tether.models import load_policy
+from tether.models.vision import VisionPrompt
+from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt, prompt_images
+from tether.trainer import Trainer
+
+
+def test_prompt_images_follow_the_history_shown():
+    env = make_env("ezpoints")
+    first = env.reset(0)
+    ep = Episode(env=env, task=env.reset(0).task, group_id=0, episode_id=0, seed=0, observation=first.observation,
+                 admissible=first.admissible_actions)
+    second = env.step("+").observation
+    ep.seen.append(ep.observation)
+    ep.turns.append({"observation": ep.observation.text, "action": "+"})
+    ep.observation = second
+    text = build_prompt(ep, history=1, action_format="fmt")
+    assert text.count(IMAGE_PLACEHOLDER) == 2 and "Formula: +" in text
+    assert prompt_images(ep, 1) == [first.observation.images[0], second.images[0]]
+    assert prompt_images(ep, 0) == [second.images[0]]
+    assert build_prompt(ep, history=0, action_format="fmt").count(IMAGE_PLACEHOLDER) == 1
+
+
+def test_visual_env_with_a_text_model_fails_before_any_rollout(tmp_path, tiny_policy):
+    _, tokenizer = tiny_policy
+    cfg = agent_config(tmp_path, env={"name": "sokoban_visual", "kwargs": {}})
+    with pytest.raises(ValueError, match="observes images, but the policy"):
+        AgentCollector(cfg, tokenizer)
+    text_cfg = agent_config(tmp_path, env={"name": "sokoban_visual", "kwargs": {"observation": "text"}})
+    AgentCollector(text_cfg, tokenizer)  # the text fallback trains a text model
+
+
+@pytest.mark.parametrize(("model_name", "env_name", "kwargs"), [
+    ("tiny-qwen2.5-vl", "sokoban_visual", {"max_solution_steps": 4}),
+    ("tiny-idefics3", "ezpoints", {}),
+])
+def test_one_rl_step_with_a_tiny_vlm_on_a_visual_env(tmp_path, model_name, env_name, kwargs):
+    cfg = agent_config(tmp_path, "rollout.prompts_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=6",
+                       "algorithm.entropy_coef=0.01", "env.max_turns=2", "env.history=1",
+                       model={"name": model_name}, env={"name": env_name, "kwargs": kwargs})
+    policy, processor = load_policy(model_name)
+    trainer = Trainer(cfg, policy=policy, tokenizer=processor)
+    before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+    metrics = trainer.train_step()
+    moved = {n for n, p in trainer.policy.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert any("visual" in n or "vision" in n for n in moved)  # the image tower learns too
+    assert metrics["env/faults"] == 0.0 and metrics["train/rows"] == 2 * metrics["env/turns"]
+    assert all(math.isfinite(metrics[k]) for k in ("actor/pg_loss", "actor/entropy", "env/episode_return"))
+    line = json.loads((tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()[0])
+    assert line["turns"][0]["observation"].count(IMAGE_PLACEHOLDER) == 1  # frames show as placeholders
+
+
+def test_training_rows_carry_their_images(tmp_path):
+    cfg = agent_config(tmp_path, "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=4",
+                       "env.max_turns=2", "env.history=1", env={"name": "sokoban_visual", "kwargs": {}})
+    policy, processor = load_policy("tiny-qwen2.5-vl")
+    trainer = Trainer(cfg, policy=policy, tokenizer=processor)
+    batch, _ = trainer.collector.collect(trainer)
+    assert all(isinstance(p, VisionPrompt) for p in batch.prompt_ids)
+    for i, turn in enumerate(batch.info["turn"]):
+        grids = batch.prompt_ids[i].pixels["image_grid_thw"]
+        assert len(grids) == min(turn, 1) + 1  # history 1: the last frame, then the current one
+    episode = batch.info["episode"][0]
+    assert isinstance(episode.seen[0], Observation)
+    assert batch.select([1, 0]).prompt_ids[1] is batch.prompt_ids[0]  # selection keeps the pixels
