@@ -74,3 +74,13 @@ def test_training_rows_carry_their_images(tmp_path):
     episode = batch.info["episode"][0]
     assert isinstance(episode.seen[0], Observation)
     assert batch.select([1, 0]).prompt_ids[1] is batch.prompt_ids[0]  # selection keeps the pixels
+
+
+@pytest.mark.parametrize("method", ["seed", "opsd"])
+def test_seed_on_images_is_refused_before_any_rollout(tmp_path, method):
+    from tether.config import ConfigError
+
+    cfg = agent_config(tmp_path, env={"name": "sokoban_visual", "kwargs": {}}, methods={method: {}})
+    policy, processor = load_policy("tiny-idefics3")
+    with pytest.raises(ConfigError, match=f"methods.{method} on a vision-language policy is not built"):
+        Trainer(cfg, policy=policy, tokenizer=processor)

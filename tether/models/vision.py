@@ -21,9 +21,8 @@ use plain positions.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -244,17 +243,15 @@ def _text_fields(tokenizer: Any) -> dict[str, Any]:
 
 
 def _tiny_qwen2_5_vl(tokenizer: Any) -> tuple[Any, Any]:
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|vision_end|>",
                                                                 "<|image_pad|>", "<|video_pad|>"]})
     template = TINY_CHAT_TEMPLATE.replace("{{ image_slot }}", "<|vision_start|><|image_pad|><|vision_end|>")
-    with _video_processor_optional():
-        processor = Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4,
-                                                                                 max_pixels=28 * 28 * 16),
-                                        tokenizer=tokenizer, video_processor=_qwen_video_processor(),
-                                        chat_template=template)
+    processor = _image_only_qwen_processor()(image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4,
+                                                                                      max_pixels=28 * 28 * 16),
+                                             tokenizer=tokenizer, chat_template=template)
     text = _text_fields(tokenizer) | {"rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                   fullatt_block_indexes=[1], window_size=56, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
@@ -266,41 +263,22 @@ def _tiny_qwen2_5_vl(tokenizer: Any) -> tuple[Any, Any]:
     return Qwen2_5_VLForConditionalGeneration(config), processor
 
 
-def _qwen_video_processor() -> Any:
-    """Qwen2-VL's video processor where torchvision is installed, else None (images need none)."""
-    from transformers.utils import is_torchvision_available
+def _image_only_qwen_processor() -> type:
+    """Qwen2.5-VL's processor without its video processor.
 
-    if not is_torchvision_available():
-        return None
-    from transformers import Qwen2VLVideoProcessor
-
-    return Qwen2VLVideoProcessor()
-
-
-@contextlib.contextmanager
-def _video_processor_optional() -> Iterator[None]:
-    """Let a processor be built without its video processor where torchvision is missing.
-
-    transformers' Qwen2-VL processors require a video processor, whose class needs torchvision, and this
-    CPU machine's torchvision wheels are built for CUDA torch. Images never touch the video processor,
-    so for the tiny test models the constructor's class check skips that one argument.
+    transformers requires the video processor, whose class needs torchvision, and this CPU machine's
+    torchvision wheels are built for CUDA torch. Images never touch it: a processor whose constructor
+    does not take one (transformers reads a processor's parts from its ``__init__`` signature) encodes
+    images exactly as the full one, and saves without it.
     """
-    from transformers.processing_utils import ProcessorMixin
-    from transformers.utils import is_torchvision_available
+    from transformers import Qwen2_5_VLProcessor
 
-    if is_torchvision_available():
-        yield
-        return
-    check = ProcessorMixin.check_argument_for_proper_class
+    class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
+        def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
+                     **kwargs: Any) -> None:
+            super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
-    def lenient(self: Any, name: str, argument: Any) -> Any:
-        return None if name == "video_processor" and argument is None else check(self, name, argument)
-
-    ProcessorMixin.check_argument_for_proper_class = lenient
-    try:
-        yield
-    finally:
-        ProcessorMixin.check_argument_for_proper_class = check
+    return ImageOnlyQwen2_5_VLProcessor
 
 
 def _tiny_idefics3(tokenizer: Any) -> tuple[Any, Any]:

@@ -47,6 +47,7 @@ from tether.methods.seed.prompting import augment_with_skill, insert_after_task_
 from tether.methods.seed.rule_analyzers import solve_from_observation
 from tether.methods.seed.sft import SkillSFTSettings
 from tether.models import encode_chat
+from tether.models.vision import is_processor
 
 if TYPE_CHECKING:
     from tether.rollout.batch import RolloutBatch
@@ -183,6 +184,7 @@ class Seed(Method):
     def setup(self, trainer: Trainer) -> None:
         if trainer.cfg.env is None:
             raise ConfigError("methods.seed analyses multi-turn trajectories: it needs an env (env: ...), not a task")
+        _refuse_images("methods.seed", trainer)
         if any(m.name == "opsd" for m in trainer.methods):
             raise ConfigError("methods.seed and methods.opsd both set the teacher log-probs; use one of them")
 
@@ -329,6 +331,7 @@ class Opsd(Method):
     def setup(self, trainer: Trainer) -> None:
         if trainer.cfg.env is None:
             raise ConfigError("methods.opsd reads env observations: it needs an env (env: ...), not a task")
+        _refuse_images("methods.opsd", trainer)
         self.env_name = trainer.cfg.env.name
 
     def on_score(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
@@ -361,3 +364,11 @@ class Opsd(Method):
     def after_update(self, trainer: Trainer) -> dict[str, Any]:
         return self.accounting.flush({"loss": ("loss", "active"), "delta_mean": ("delta", "active"),
                                       "active_token_frac": ("active", "tokens")})
+
+
+def _refuse_images(method: str, trainer: Trainer) -> None:
+    """Skill insertion and teacher re-scoring rebuild prompts from text, which would drop a visual prompt's
+    images: refused until they carry them (docs/vision.md)."""
+    if is_processor(trainer.tokenizer):
+        raise ConfigError(f"{method} on a vision-language policy is not built yet (its teacher prompts are rebuilt "
+                          "from text and would lose the images; docs/vision.md): use GRPO, or a text model")
