@@ -3,10 +3,12 @@ log-prob forward, against transformers' own forward, on tiny random models of re
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
-from tether.engine.base import SamplingParams
+from tether.engine.base import InterventionStep, SamplingParams
 from tether.engine.hf import HFEngine
 from tether.envs import make_env
 from tether.models.forward import distinct_prompts, response_log_probs
@@ -135,3 +137,45 @@ def test_load_policy_reads_a_saved_vlm_through_the_auto_classes(tmp_path):
     ours, _ = response_log_probs(loaded, rows, response, torch.ones(1, 3))
     theirs, _ = response_log_probs(model, rows, response, torch.ones(1, 3))
     torch.testing.assert_close(ours, theirs)
+
+
+class ForceToken:
+    """Forces ``token`` in row 0 at step 1, drawn from the policy's own distribution (so mu = pi)."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def start(self, prompt_ids):
+        self.t, self.prompts = 0, prompt_ids
+
+    def step(self, policy_log_probs, active):
+        forced = torch.full((policy_log_probs.shape[0],), -1)
+        if self.t == 1:
+            forced[0] = self.token
+        return InterventionStep(behaviour_log_probs=policy_log_probs, forced_tokens=forced)
+
+    def advance(self, tokens):
+        self.t += 1
+
+    def finish(self):
+        return {}
+
+
+def test_intervention_hook_runs_unchanged_with_images(vlm):
+    model, processor = vlm
+    rows = _prompts(processor)[:2]
+    hook = ForceToken(token=42)
+    gen = HFEngine(model, processor, eos_token_ids=[]).generate(rows, SamplingParams(max_new_tokens=4), seed=1,
+                                                                intervention=hook)
+    assert hook.prompts is rows and gen.response_ids[0, 1] == 42
+    for i, prompt in enumerate(rows):  # the decoding after the forced token still sees the image
+        ref = _reference_log_probs(model, prompt, gen.response_ids[i].tolist())
+        torch.testing.assert_close(gen.sample_log_probs[i], ref, atol=2e-5, rtol=1e-4)
+
+
+def test_vision_prompt_survives_pickling():
+    _, processor = tiny_vlm("idefics3")
+    prompt = _prompts(processor)[0]
+    back = pickle.loads(pickle.dumps(prompt))  # Ray ships prompts to engine actors this way
+    assert list(back) == list(prompt) and back.pixels_key == prompt.pixels_key
+    assert torch.equal(back.pixels["pixel_values"], prompt.pixels["pixel_values"])
