@@ -7,12 +7,14 @@ import math
 
 import pytest
 import torch
+from PIL import Image
 
 from tests.rollout.helpers import agent_config
 from tether.envs import IMAGE_PLACEHOLDER, Observation, make_env
 from tether.models import load_policy
 from tether.models.vision import VisionPrompt
 from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt, prompt_images
+from tether.rollout.transcripts import show_transcripts
 from tether.trainer import Trainer
 
 
@@ -57,8 +59,16 @@ def test_one_rl_step_with_a_tiny_vlm_on_a_visual_env(tmp_path, model_name, env_n
     assert any("visual" in n or "vision" in n for n in moved)  # the image tower learns too
     assert metrics["env/faults"] == 0.0 and metrics["train/rows"] == 2 * metrics["env/turns"]
     assert all(math.isfinite(metrics[k]) for k in ("actor/pg_loss", "actor/entropy", "env/episode_return"))
-    line = json.loads((tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()[0])
-    assert line["turns"][0]["observation"].count(IMAGE_PLACEHOLDER) == 1  # frames show as placeholders
+    run = tmp_path / "run"
+    episode = json.loads((run / "transcripts.jsonl").read_text().splitlines()[0])
+    turn = episode["turns"][0]
+    assert turn["observation"].count(IMAGE_PLACEHOLDER) == 1 and len(turn["frames"]) == 1
+    seen = make_env(env_name, **kwargs).reset(episode["seed"]).observation.images[0]
+    with Image.open(run / turn["frames"][0]) as frame:  # the first frame the policy saw, as a PNG
+        assert frame.convert("RGB").tobytes() == seen.tobytes()
+    assert f"frames: {turn['frames'][0]}" in show_transcripts(run, limit=1)
+    show_transcripts(run, html=True, limit=1)
+    assert f'<img src="{turn["frames"][0]}"' in (run / "transcripts.html").read_text()
 
 
 def test_training_rows_carry_their_images(tmp_path):

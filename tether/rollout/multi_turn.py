@@ -335,9 +335,26 @@ class AgentCollector:
         out = Path(trainer.run_dir) / "transcripts.jsonl"
         with out.open("a") as f:
             for ep in episodes[:limit]:
+                turns = save_frames(Path(trainer.run_dir), ep, trainer.step)
                 f.write(json.dumps({"step": trainer.step, "episode": ep.episode_id, "group": ep.group_id,
                                     "seed": ep.seed, "task": ep.task, "won": ep.won, "return": ep.ret,
-                                    "fault": ep.fault, "turns": ep.turns, **ep_extra(ep)}) + "\n")
+                                    "fault": ep.fault, "turns": turns, **ep_extra(ep)}) + "\n")
+
+
+def save_frames(run_dir: Path, ep: Episode, step: int) -> list[dict[str, Any]]:
+    """The episode's turns for the transcript; a visual observation's images are saved as PNGs under
+    ``run_dir/frames`` and its turn lists them (paths relative to ``run_dir``) under ``frames``."""
+    turns = []
+    for t, (turn, obs) in enumerate(zip(ep.turns, ep.seen, strict=True)):
+        if not isinstance(obs, Observation):
+            turns.append(turn)
+            continue
+        paths = [f"frames/s{step}_e{ep.episode_id}_t{t}_{k}.png" for k in range(len(obs.images))]
+        (run_dir / "frames").mkdir(exist_ok=True)
+        for image, path in zip(obs.images, paths, strict=True):
+            image.save(run_dir / path)
+        turns.append({**turn, "frames": paths})
+    return turns
 
 
 def ep_extra(ep: Episode) -> dict[str, Any]:
