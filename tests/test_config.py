@@ -108,7 +108,7 @@ def test_gpu_presets_cover_the_papers_settings():
     assert {p.stem for p in GPU_PRESETS} == {
         "grpo_qwen2.5-math-7b", "eapo_qwen2.5-math-7b", "seed_sft_qwen2.5-3b_alfworld", "seed_qwen2.5-3b_alfworld",
         "seed_sft_qwen2.5-7b_alfworld", "seed_qwen2.5-7b_alfworld", "grpo_qwen2.5-vl-3b_sokoban",
-        "grpo_qwen2.5-vl-3b_ezpoints"}
+        "grpo_qwen2.5-vl-3b_ezpoints", "seed_qwen2.5-vl-3b_sokoban", "seed_qwen2.5-vl-3b_ezpoints"}
 
 
 @pytest.mark.parametrize("path", GPU_PRESETS, ids=lambda p: p.stem)

@@ -122,3 +122,12 @@ def test_ezpoints_image_observation_has_the_cards_and_the_formula_text():
     assert step.observation.text.endswith("Formula: 5")
     assert step.observation.images[0].tobytes() == first.observation.images[0].tobytes()  # the cards stay
     assert make_env("ezpoints").reset(4).observation != first.observation
+
+
+@pytest.mark.parametrize("name", ["sokoban_visual", "ezpoints"])
+def test_an_action_that_looks_like_a_placeholder_adds_no_image_slot(name):
+    env = make_env(name)
+    env.reset(0)
+    step = env.step(IMAGE_PLACEHOLDER)  # echoed in the "invalid action" note, escaped
+    assert step.info["invalid_action"] and "'[image]'" in step.observation.text
+    assert step.observation.text.count(IMAGE_PLACEHOLDER) == len(step.observation.images) == 1

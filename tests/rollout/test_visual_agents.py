@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.rollout.helpers import agent_config
 from tether.envs import IMAGE_PLACEHOLDER, Observation, make_env
-from tether.models import load_policy
+from tether.models import load_policy, response_log_probs
 from tether.models.vision import VisionPrompt
 from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt, prompt_images
 from tether.rollout.transcripts import show_transcripts
@@ -30,6 +30,8 @@ def test_prompt_images_follow_the_history_shown():
     text = build_prompt(ep, history=1, action_format="fmt")
     assert text.count(IMAGE_PLACEHOLDER) == 2 and "Formula: +" in text
     assert prompt_images(ep, 1) == [first.observation.images[0], second.images[0]]
+    ep.turns[-1]["action"] = IMAGE_PLACEHOLDER  # model text in the history is escaped
+    assert build_prompt(ep, history=1, action_format="fmt").count(IMAGE_PLACEHOLDER) == 2
     assert prompt_images(ep, 0) == [second.images[0]]
     assert build_prompt(ep, history=0, action_format="fmt").count(IMAGE_PLACEHOLDER) == 1
 
@@ -86,11 +88,42 @@ def test_training_rows_carry_their_images(tmp_path):
     assert batch.select([1, 0]).prompt_ids[1] is batch.prompt_ids[0]  # selection keeps the pixels
 
 
-@pytest.mark.parametrize("method", ["seed", "opsd"])
-def test_seed_on_images_is_refused_before_any_rollout(tmp_path, method):
+def test_opsd_on_images_is_refused_before_any_rollout(tmp_path):
     from tether.config import ConfigError
 
-    cfg = agent_config(tmp_path, env={"name": "sokoban_visual", "kwargs": {}}, methods={method: {}})
+    cfg = agent_config(tmp_path, env={"name": "sokoban_visual", "kwargs": {}}, methods={"opsd": {}})
     policy, processor = load_policy("tiny-idefics3")
-    with pytest.raises(ConfigError, match=f"methods.{method} on a vision-language policy is not built"):
+    with pytest.raises(ConfigError, match=r"methods\.opsd on a vision-language policy is not built"):
         Trainer(cfg, policy=policy, tokenizer=processor)
+
+
+def test_seed_analyses_with_the_frames_and_rescores_on_the_same_pixels(tmp_path):
+    from tether.methods.seed.plugin import teacher_prompts, teacher_scores
+    from tether.methods.seed.prompting import augment_with_skill
+
+    cfg = agent_config(tmp_path, "rollout.prompts_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=4",
+                       "env.max_turns=2", "env.history=1", env={"name": "sokoban_visual", "kwargs": {}},
+                       methods={"seed": {"analysis_max_new_tokens": 4}})
+    policy, processor = load_policy("tiny-qwen2.5-vl")
+    trainer = Trainer(cfg, policy=policy, tokenizer=processor)
+    calls = []
+    generate = trainer.engine.generate
+    trainer.engine.generate = lambda prompts, *a, **k: calls.append(prompts) or generate(prompts, *a, **k)
+    batch, metrics = trainer.collector.collect(trainer)
+    analysis = calls[-1]  # after the turns, one analysis prompt per trajectory
+    episodes = list({id(e): e for e in batch.info["episode"]}.values())
+    assert len(analysis) == len(episodes) and "seed/analysis_success_rate" in metrics
+    for prompt, ep in zip(analysis, episodes, strict=True):  # seed_visual: one frame per step
+        assert len(prompt.images) == len(ep.turns) and prompt.message.count(IMAGE_PLACEHOLDER) == len(ep.turns)
+    rows, prompts, lost = teacher_prompts(batch, processor, ["Push the box <image> left."] * len(batch),
+                                          augment_with_skill)
+    assert rows == list(range(len(batch))) and lost == 0
+    for i, prompt in zip(rows, prompts, strict=True):
+        assert prompt.pixels_key == batch.prompt_ids[i].pixels_key  # the same frames, processed the same way
+        assert "Push the box [image] left." in prompt.message and len(prompt) > len(batch.prompt_ids[i])
+    teacher, row_mask, _ = teacher_scores(trainer, batch, ["Push the box <image> left."] * len(batch),
+                                          augment_with_skill)
+    alone, _ = response_log_probs(trainer.policy, prompts[:1], batch.response_ids[:1], batch.response_mask[:1])
+    torch.testing.assert_close(teacher[:1], alone, atol=2e-5, rtol=1e-4)  # the teacher pass took the pixels
+    assert bool(row_mask.all())
+    assert math.isfinite(trainer.train_step()["actor/pg_loss"])

@@ -99,6 +99,16 @@ def observation_text(observation: str | Observation) -> str:
     return observation.text if isinstance(observation, Observation) else observation
 
 
+def escape_placeholders(text: str) -> str:
+    """Text a model or user wrote, made safe to put next to image placeholders: each :data:`IMAGE_PLACEHOLDER`
+    in it becomes ``[image]``, so the placeholders of a prompt are exactly its images'.
+
+    >>> escape_placeholders("<action><image></action>")
+    '<action>[image]</action>'
+    """
+    return text.replace(IMAGE_PLACEHOLDER, "[image]")
+
+
 def require_pillow() -> None:
     """Raise :class:`EnvUnavailableError` unless Pillow is installed: a visual env calls it when built, so a
     missing renderer fails before the run starts, not mid-rollout."""

@@ -35,6 +35,7 @@ from tether.envs.base import (
     EnvStep,
     Observation,
     check_can_step,
+    escape_placeholders,
     eval_seeds,
     normalize_action,
     parse_tagged_action,
@@ -177,7 +178,8 @@ class EZPointsEnv:
         check_can_step(self.name, bool(self.cards), self._done)
         symbol = normalize_action(action)
         if symbol not in ACTIONS:
-            obs = self._observe(f"Invalid action '{action}'; the valid actions are 1-10, +, * and =.")
+            note = f"Invalid action '{escape_placeholders(action)}'; the valid actions are 1-10, +, * and =."
+            obs = self._observe(note)
             return self._result(obs, 0.0, invalid=True)
         if len(self.formula) > MAX_FORMULA:
             self._done = True

@@ -22,6 +22,7 @@ from tether.envs.base import (
     EnvReset,
     EnvStep,
     Observation,
+    escape_placeholders,
     eval_seeds,
     require_pillow,
     train_seeds,
@@ -108,7 +109,7 @@ class VisualSokobanEnv:
         step = self.inner.step(action)
         obs = self._observe()
         if step.info["invalid_action"]:
-            note = f"Invalid action '{action}'; the valid actions are up, down, left, right."
+            note = f"Invalid action '{escape_placeholders(action)}'; the valid actions are up, down, left, right."
             obs = (Observation(f"{note}\n{obs.text}", obs.images) if isinstance(obs, Observation)
                    else f"{note}\n{obs}")
         return EnvStep(observation=obs, reward=step.reward, done=step.done, info=step.info)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tether.envs.base import IMAGE_PLACEHOLDER
+from tether.envs.base import IMAGE_PLACEHOLDER, Observation
 
 # Processor outputs that are not pixel inputs: the token ids are the prompt itself, and the mask and
 # Qwen's token types are rebuilt for whatever batch the prompt ends up in.
@@ -43,16 +43,34 @@ class VisionPrompt(list):
             ``image_grid_thw``.
         pixels_key: a digest of the pixels: two prompts with the same ids and key are the same prompt
             (a GRPO group's copies), which the engine and the forward run once.
+        message: the user message it encodes (with its image placeholders), or None.
+        images: the PIL images it was encoded with: a method that rewrites the message (SEED's skill
+            insertion) encodes the new message with the same images.
     """
 
-    def __init__(self, ids: Sequence[int], pixels: dict[str, Tensor]) -> None:
+    def __init__(self, ids: Sequence[int], pixels: dict[str, Tensor], *, message: str | None = None,
+                 images: Sequence[Any] = ()) -> None:
         super().__init__(int(i) for i in ids)
-        self.pixels = pixels
+        self.pixels, self.message, self.images = pixels, message, tuple(images)
         digest = hashlib.sha1()
         for name in sorted(pixels):
             digest.update(name.encode())
             digest.update(pixels[name].numpy().tobytes())
         self.pixels_key = digest.hexdigest()
+
+
+def observation_images(observations: Sequence[Any]) -> list[Any]:
+    """The images of a sequence of observations (text observations have none), in order."""
+    return [image for obs in observations if isinstance(obs, Observation) for image in obs.images]
+
+
+def encode_message(tokenizer_or_processor: Any, text: str, images: Sequence[Any] = ()) -> list[int]:
+    """:func:`encode_vision_chat` when there are images, else :func:`tether.models.encode_chat`."""
+    from tether.models.chat import encode_chat
+
+    if images:
+        return encode_vision_chat(tokenizer_or_processor, text, images)
+    return encode_chat(tokenizer_or_processor, text)
 
 
 def has_images(prompts: Sequence[Sequence[int]]) -> bool:
@@ -107,7 +125,7 @@ def encode_vision_chat(processor: Any, text: str, images: Sequence[Any]) -> Visi
     out = processor(text=[rendered], images=[list(images)] if images else None, add_special_tokens=False,
                     return_tensors="pt")
     pixels = {k: v for k, v in out.items() if k not in _TEXT_KEYS and isinstance(v, Tensor)}
-    return VisionPrompt(out["input_ids"][0].tolist(), pixels)
+    return VisionPrompt(out["input_ids"][0].tolist(), pixels, message=text, images=images)
 
 
 def pixel_inputs(prompts: Sequence[Sequence[int]], device: torch.device | str,

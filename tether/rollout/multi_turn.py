@@ -36,10 +36,9 @@ from torch import Tensor
 
 from tether import algos
 from tether.engine.base import SamplingParams
-from tether.envs import Observation, make_env, observation_key, observation_text
+from tether.envs import Observation, escape_placeholders, make_env, observation_key, observation_text
 from tether.envs.workers import make_env_pool
-from tether.models import encode_chat
-from tether.models.vision import encode_vision_chat, is_processor
+from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.single_turn import GENERATE_ROWS, PromptStream
 
@@ -76,8 +75,9 @@ def build_prompt(ep: Episode, history: int, action_format: str) -> str:
     recent = ep.turns[-history:] if history else []
     if recent:
         start = len(ep.turns) - len(recent) + 1
-        lines = [f"[Observation {start + i}: {t['observation']}]\n[Action {start + i}: {t['action']}]"
-                 for i, t in enumerate(recent)]
+        # the action is model text: escaped, so the prompt's image placeholders are exactly its images
+        lines = [f"[Observation {start + i}: {t['observation']}]\n"
+                 f"[Action {start + i}: {escape_placeholders(t['action'])}]" for i, t in enumerate(recent)]
         parts.append(f"Your last {len(recent)} steps:\n" + "\n".join(lines))
     parts.append(f"Current observation (step {len(ep.turns) + 1}):\n{observation_text(ep.observation)}")
     if ep.admissible:
@@ -90,8 +90,7 @@ def build_prompt(ep: Episode, history: int, action_format: str) -> str:
 
 def prompt_images(ep: Episode, history: int) -> list[Any]:
     """The images of :func:`build_prompt`'s message, in order: the shown history's, then the current one's."""
-    shown = [*(ep.seen[-history:] if history else []), ep.observation]
-    return [image for obs in shown if isinstance(obs, Observation) for image in obs.images]
+    return observation_images([*(ep.seen[-history:] if history else []), ep.observation])
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -220,8 +219,7 @@ class AgentCollector:
     def encode(self, ep: Episode) -> list[int]:
         """The token ids of the episode's next prompt (a :class:`~tether.models.vision.VisionPrompt` with images)."""
         text = build_prompt(ep, self.env_cfg.history, self.action_format)
-        images = prompt_images(ep, self.env_cfg.history)
-        return encode_vision_chat(self.tokenizer, text, images) if images else encode_chat(self.tokenizer, text)
+        return encode_message(self.tokenizer, text, prompt_images(ep, self.env_cfg.history))
 
     def _record(self, ep: Episode, turn: int, prompt: list[int], gen: Any, j: int,
                 outcome: tuple[str, bool, Any]) -> dict[str, Any]:
