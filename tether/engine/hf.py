@@ -15,6 +15,10 @@ Prompts are left-padded, with position ids counted from the attention mask, so a
 same tokens alone or in a batch. Finished rows are masked out; once at most half the rows are still
 going (``compact_below``), the finished ones are dropped from the forward batch and the KV cache. The
 loop ends when every row has finished or at ``max_new_tokens``.
+
+Visual prompts (:class:`~tether.models.vision.VisionPrompt`) add their pixel inputs to the prefill only (the
+image tokens' keys and values then sit in the cache) and, for multimodal-RoPE families, 3-D positions
+(:mod:`tether.models.vision`); decoding is otherwise the same.
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ from torch import Tensor
 
 from tether.engine.base import Generation, Intervention, SamplingParams
 from tether.models.forward import distinct_prompts, model_cache_kwarg, new_kv_cache, response_log_probs
+from tether.models.vision import (
+    check_vision_model,
+    has_images,
+    later_positions,
+    pixel_inputs,
+    prompt_positions,
+    text_tokenizer,
+    uses_multimodal_rope,
+)
 
 if TYPE_CHECKING:
     from tether.config import ModelConfig
@@ -126,20 +139,30 @@ class KVDecoder:
     def prefill(self, prompt_ids: list[list[int]], input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                 cache: Any) -> Tensor:
         """:meth:`next_logits` of the left-padded prompts, each distinct prompt run once: a prompt repeated
-        over rows (a GRPO group) has its KV cache indexed out to them."""
+        over rows (a GRPO group) has its KV cache indexed out to them. Visual prompts add their pixels;
+        ``position_ids`` may be ``[4, N, L]`` (multimodal RoPE)."""
         unique, inverse = distinct_prompts(prompt_ids)
         if len(unique) == len(prompt_ids) or not hasattr(cache, "batch_select_indices"):
-            return self.next_logits(input_ids, attention_mask, position_ids, cache)
+            return self.next_logits(input_ids, attention_mask, position_ids, cache,
+                                    **self._pixels(prompt_ids, input_ids.device))
         first_row = dict(zip(reversed(inverse), range(len(inverse) - 1, -1, -1), strict=True))  # prompt -> first row
         first = torch.tensor([first_row[u] for u in range(len(unique))], device=input_ids.device)
-        logits = self.next_logits(input_ids[first], attention_mask[first], position_ids[first], cache)
+        pixels = self._pixels([prompt_ids[i] for i in first.tolist()], input_ids.device)
+        logits = self.next_logits(input_ids[first], attention_mask[first], position_ids.index_select(-2, first),
+                                  cache, **pixels)
         rows = torch.tensor(inverse, device=input_ids.device)
         cache.batch_select_indices(rows)
         return logits[rows]
 
-    def next_logits(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Any) -> Tensor:
-        """Next-token logits ``[N, V]`` of the last position; appends to ``cache``."""
-        kwargs = {self._cache_arg: cache, "use_cache": True}
+    @staticmethod
+    def _pixels(prompt_ids: list[list[int]], device: torch.device) -> dict[str, Tensor]:
+        return pixel_inputs(prompt_ids, device) if has_images(prompt_ids) else {}
+
+    def next_logits(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cache: Any,
+                    **pixels: Tensor) -> Tensor:
+        """Next-token logits ``[N, V]`` of the last position; appends to ``cache``. ``pixels``: a visual
+        prompt's pixel inputs (prefill only)."""
+        kwargs = {self._cache_arg: cache, "use_cache": True, **pixels}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = 1
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.bf16_autocast):
@@ -156,7 +179,8 @@ class HFEngine:
 
     Args:
         model: a Hugging Face causal LM (``AutoModelForCausalLM``).
-        tokenizer: its tokenizer; ``pad_token_id`` (else EOS) pads responses.
+        tokenizer: its tokenizer (or a vision-language model's processor, whose tokenizer is used);
+            ``pad_token_id`` (else EOS) pads responses.
         eos_token_ids: tokens that end a response; default: the tokenizer's EOS and every EOS of the
             model's ``generation_config``.
         bf16_autocast: run the model's forward passes under bfloat16 autocast while generating. Faster
@@ -169,7 +193,8 @@ class HFEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, eos_token_ids: Iterable[int] | None = None,
                  bf16_autocast: bool = False, score_rows: int = 32, compact_below: float = 0.5) -> None:
-        self.model, self.tokenizer = model, tokenizer
+        self.model, self.tokenizer = model, text_tokenizer(tokenizer)
+        tokenizer = self.tokenizer
         self.bf16_autocast, self.score_rows, self.compact_below = bf16_autocast, score_rows, compact_below
         self.pad_id = pad_token_id(tokenizer)
         if eos_token_ids is None:
@@ -247,6 +272,11 @@ class HFEngine:
         device = next(self.model.parameters()).device
         n, max_new = len(prompt_ids), params.max_new_tokens
         input_ids, prompt_attention, position_ids = left_pad(prompt_ids, self.pad_id, device)
+        offsets = None  # a visual prompt's position offset of the tokens after it (multimodal RoPE)
+        if has_images(prompt_ids):
+            check_vision_model(self.model)
+            position_ids, offsets = prompt_positions(self.model, prompt_ids, input_ids, prompt_attention, position_ids)
+        mm_rope = uses_multimodal_rope(position_ids)
         p_len = input_ids.shape[1]
         # then one always-on column per new token
         attention = torch.cat([prompt_attention, prompt_attention.new_ones(n, max_new)], dim=1)
@@ -305,8 +335,8 @@ class HFEngine:
                 kept = keep.nonzero().squeeze(1)
                 cache.batch_select_indices(kept)
                 live = live[kept]
-            logits = self.decoder.next_logits(token[live, None], attention[live, :p_len + t + 1],
-                                              next_pos[live, None], cache)
+            positions = later_positions(next_pos[live, None], offsets[live]) if mm_rope else next_pos[live, None]
+            logits = self.decoder.next_logits(token[live, None], attention[live, :p_len + t + 1], positions, cache)
             next_pos += 1
 
         tokens, log_mu, mask = tokens[:, :steps], log_mu[:, :steps], mask[:, :steps]

@@ -17,6 +17,9 @@ CPU build (``tests/integrations/test_vllm_engine.py``, docs/engine.md).
 
 An ``intervention`` (EAPO's lock-step prior) needs the logits of every step before the token is drawn;
 vLLM gives no such hook, so it raises: use :class:`~tether.engine.hf.HFEngine` for EAPO.
+
+Visual prompts (:class:`~tether.models.vision.VisionPrompt`) are refused: passing their images to vLLM as
+multi-modal data is not built yet (docs/vision.md); the HF engine takes them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from tether.engine.base import (
     SamplingParams,
 )
 from tether.engine.hf import pad_token_id
+from tether.models.vision import has_images
 
 if TYPE_CHECKING:
     from tether.config import ModelConfig
@@ -122,6 +126,7 @@ class VLLMEngine:
             raise InterventionUnsupportedError(
                 "vLLM cannot run a per-step intervention (EAPO's lock-step prior needs each step's logits before "
                 "the token is drawn); use rollout.engine=hf (tether.engine.hf.HFEngine) for this method")
+        _refuse_images(prompt_ids)
         per_row = [self._params(params, row_seed, logprobs=0) for row_seed in row_seeds(seed, len(prompt_ids))]
         outs = self.llm.generate(self._prompts(prompt_ids), per_row, use_tqdm=False)
         width = max(1, max(len(o.outputs[0].token_ids) for o in outs))
@@ -142,6 +147,7 @@ class VLLMEngine:
     def score(self, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor, *,
               temperature: float = 1.0) -> Tensor:
         """log-probs of the response tokens (0 where masked) via ``prompt_logprobs`` over prompt + response."""
+        _refuse_images(prompt_ids)  # before the concatenation below drops them
         lengths = response_mask.sum(1).long().tolist()
         full = [p + response_ids[i, :lengths[i]].tolist() for i, p in enumerate(prompt_ids)]
         params = self._vllm.SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0)
@@ -205,3 +211,9 @@ class WeightLoader:
         from safetensors.torch import load_file
 
         self.reload_weights(weights_iterator=load_file(path).items())
+
+
+def _refuse_images(prompt_ids: list[list[int]]) -> None:
+    if has_images(prompt_ids):
+        raise NotImplementedError("the vLLM engine does not pass images yet (docs/vision.md): use "
+                                  "rollout.engine=hf for vision-language policies")

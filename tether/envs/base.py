@@ -1,7 +1,7 @@
 """The text-environment protocol every tether environment follows.
 
-An environment is text in, text out: ``reset(seed)`` starts an episode and returns the first
-observation plus the task (goal) text; ``step(action)`` applies one action string. The rollout loop
+An environment is text in, text (or text with images) out: ``reset(seed)`` starts an episode and returns
+the first observation plus the task (goal) text; ``step(action)`` applies one action string. The rollout loop
 turns a model response into that action string with the env's own ``parse_action``, which also
 says whether the response was a *valid* action (the trainer penalises invalid ones, verl-agent style).
 
@@ -20,6 +20,9 @@ Conventions shared by all envs (the tests in ``tests/envs`` check them for every
 * ``info`` of every step has ``won`` (bool), ``admissible_actions`` (list or None) and
   ``invalid_action`` (bool); envs add their own keys (events, scores, failure reasons).
 * Same seed and same actions give the same observations (all randomness is seeded by ``reset``).
+* An observation is a ``str``, or an :class:`Observation` (text with :data:`IMAGE_PLACEHOLDER` where
+  each of its images goes) for visual envs; text-only code can read any observation through
+  :func:`observation_text`.
 
 Action parsing (:func:`parse_tagged_action`, the default ``parse_action`` of every env):
 
@@ -35,15 +38,90 @@ Action parsing (:func:`parse_tagged_action`, the default ``parse_action`` of eve
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 #: Eval seeds start here; train seeds are ``0 .. EVAL_SEED_OFFSET - 1``. One offset for every env
 #: family keeps the two splits disjoint without per-env bookkeeping.
 EVAL_SEED_OFFSET = 1_000_000
 
 _ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
+
+
+#: Where an image of an :class:`Observation` sits in its text; the prompt builder turns each one into
+#: the chat template's image slot (SEED's ``seed_visual`` prompts write ``<image>`` the same way).
+IMAGE_PLACEHOLDER = "<image>"
+
+
+class Observation:
+    """A visual observation: text with one :data:`IMAGE_PLACEHOLDER` per image, and the images (PIL, RGB).
+
+    Equality and hashing go by the text and the pixels (a digest of mode, size and bytes), so
+    observations can be compared and grouped (GiGPO's step groups) like strings.
+
+    Args:
+        text: the observation's text, with a placeholder where each image goes, in order.
+        images: the images, as many as there are placeholders.
+
+    Raises:
+        ValueError: the number of placeholders differs from the number of images.
+    """
+
+    def __init__(self, text: str, images: tuple[Image, ...] | list[Image]) -> None:
+        if text.count(IMAGE_PLACEHOLDER) != len(images):
+            raise ValueError(f"an Observation needs one {IMAGE_PLACEHOLDER} per image: "
+                             f"{text.count(IMAGE_PLACEHOLDER)} in the text, {len(images)} images")
+        self.text, self.images = text, tuple(images)
+        digest = hashlib.sha1()
+        for image in self.images:
+            digest.update(f"{image.mode}{image.size}".encode())
+            digest.update(image.tobytes())
+        #: the text plus a digest of the pixels: equal iff text and images are equal
+        self.key = f"{text}\n[images {digest.hexdigest()[:16]}]" if self.images else text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Observation) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"Observation({self.text!r}, {len(self.images)} image(s))"
+
+
+def observation_text(observation: str | Observation) -> str:
+    """The text of an observation (a visual one keeps its image placeholders)."""
+    return observation.text if isinstance(observation, Observation) else observation
+
+
+def escape_placeholders(text: str) -> str:
+    """Text a model or user wrote, made safe to put next to image placeholders: each :data:`IMAGE_PLACEHOLDER`
+    in it becomes ``[image]``, so the placeholders of a prompt are exactly its images'.
+
+    >>> escape_placeholders("<action><image></action>")
+    '<action>[image]</action>'
+    """
+    return text.replace(IMAGE_PLACEHOLDER, "[image]")
+
+
+def require_pillow() -> None:
+    """Raise :class:`EnvUnavailableError` unless Pillow is installed: a visual env calls it when built, so a
+    missing renderer fails before the run starts, not mid-rollout."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise EnvUnavailableError("image observations need Pillow: pip install 'tether[vision]' "
+                                  "(or build the env with observation='text')") from None
+
+
+def observation_key(observation: str | Observation) -> str:
+    """A string equal for two observations iff they are equal (text and pixels)."""
+    return observation.key if isinstance(observation, Observation) else observation
 
 
 class EpisodeOverError(RuntimeError):
@@ -59,13 +137,13 @@ class EnvReset:
     """What ``reset`` returns.
 
     Attributes:
-        observation: the first observation text.
+        observation: the first observation: text, or an :class:`Observation` in a visual env.
         task: the goal of this episode in words (for the prompt's "Your task is to: ..." line).
         admissible_actions: the actions valid now, or None where the env does not enumerate them.
         info: env-specific extras (e.g. the optimal solution length, the game file).
     """
 
-    observation: str
+    observation: str | Observation
     task: str
     admissible_actions: list[str] | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -76,7 +154,7 @@ class EnvStep:
     """What ``step`` returns.
 
     Attributes:
-        observation: the observation after the action.
+        observation: the observation after the action (text or an :class:`Observation`).
         reward: the reward of this step.
         done: True when the episode reached a terminal state (won or lost).
         info: at least ``won`` (bool), ``admissible_actions`` (list[str] | None) and
@@ -84,7 +162,7 @@ class EnvStep:
             crashed or hung.
     """
 
-    observation: str
+    observation: str | Observation
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)

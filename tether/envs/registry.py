@@ -19,6 +19,8 @@ from tether.envs.safe import SafeEnv
 ENVS: dict[str, str] = {
     "scripted": "tether.envs.scripted:ScriptedEnv",
     "sokoban": "tether.envs.sokoban:SokobanEnv",
+    "sokoban_visual": "tether.envs.sokoban_visual:VisualSokobanEnv",
+    "ezpoints": "tether.envs.ezpoints:EZPointsEnv",
     "frozenlake": "tether.envs.frozenlake:FrozenLakeEnv",
     "thin_ice": "tether.envs.thin_ice:ThinIceEnv",
     "textworld": "tether.envs.textworld_env:TextWorldEnv",

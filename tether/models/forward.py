@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from tether.algos.logprobs import token_log_probs
+from tether.models.vision import check_vision_model, has_images, pixel_inputs, prompt_positions
 
 # Architectures whose logits are exactly ``lm_head(base_model(...).last_hidden_state)`` (no soft-capping,
 # logit scaling or extra head): for these the LM head runs on response positions only.
@@ -79,10 +80,21 @@ def new_kv_cache(config: Any) -> Any:
 
 
 def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
-    """(the distinct prompts in first-seen order, the index of each row's prompt among them)."""
-    first_seen: dict[tuple[int, ...], int] = {}
-    inverse = [first_seen.setdefault(tuple(p), len(first_seen)) for p in prompt_ids]
-    return [list(p) for p in first_seen], inverse
+    """(the distinct prompts in first-seen order, the index of each row's prompt among them).
+
+    Visual prompts are the same only with the same pixels (their ``pixels_key``): image tokens are
+    placeholders, equal for any two images of one size.
+    """
+    first_seen: dict[tuple[Any, ...], int] = {}
+    unique: list[list[int]] = []
+    inverse = []
+    for p in prompt_ids:
+        key = (tuple(p), getattr(p, "pixels_key", None))
+        if key not in first_seen:
+            first_seen[key] = len(unique)
+            unique.append(list(p))
+        inverse.append(first_seen[key])
+    return unique, inverse
 
 
 def _can_share_prompts(model: Any, base: Any) -> bool:
@@ -174,8 +186,9 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
 
     Args:
         model: a Hugging Face causal LM (any; architectures in :data:`PLAIN_HEAD_MODEL_TYPES` skip the
-            LM head on prompt positions).
-        prompt_ids: unpadded prompt ids per row.
+            LM head on prompt positions), or a vision-language model.
+        prompt_ids: unpadded prompt ids per row; :class:`~tether.models.vision.VisionPrompt` rows add their
+            pixel inputs (and a model without a vision tower is a ValueError).
         response_ids: ``[N, T]`` response tokens, right-padded.
         response_mask: ``[N, T]``, 1 on response tokens (a prefix of each row).
         temperature: divides the logits, so the log-probs are those of the sampling distribution.
@@ -198,7 +211,10 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         raise ValueError(f"{len(prompt_ids)} prompts for {response_ids.shape[0]} responses")
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings()
-    plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+    images = has_images(prompt_ids)
+    if images:
+        check_vision_model(model)
+    plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES and not images
     if plain and base is not None and head is not None:
         # A sharded model carries this pass as one of its registered forward methods (see
         # tether.distributed.fsdp): the root's gather and gradient-reduce hooks must wrap it as they wrap model(...).
@@ -208,11 +224,15 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         # only where a rank's rows repeat a prompt: off under sharding.
         log_probs, entropy = run(prompt_ids, response_ids, response_mask, temperature, with_entropy, chunk_size,
                                  share_prompts and sharded is None)
-    else:  # unknown architecture: full logits, whatever the model does after its head
+    else:  # unknown architecture, or images: full logits, whatever the model does after its head
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
                                                                               response_mask)
+        pixels = {}
+        if images:  # each row's pixels once, as the engine's prefill took them
+            position_ids, _ = prompt_positions(model, prompt_ids, input_ids, attention_mask, position_ids)
+            pixels = pixel_inputs(prompt_ids, device)
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).logits
+                       use_cache=False, **pixels).logits
         logits = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
         log_probs, entropy = token_log_probs(logits, response_ids.long(), temperature=temperature,
                                              chunk_size=chunk_size, with_entropy=with_entropy)

@@ -16,6 +16,11 @@ Environments run in this process or in Ray actors (``env.workers``, :mod:`tether
 envs of a batch are reset and stepped with one pool call, so actors step them in parallel. An environment
 that raises or hangs (or a worker that dies) ends its episode as failed, the fault is counted in
 ``env/faults`` and the step goes on. docs/agents.md has the whole picture.
+
+Visual envs (observations that are :class:`~tether.envs.Observation`) are prompted the same way: the
+observation's text, with an image placeholder where each image goes, and the prompt is encoded by the
+vision-language model's processor (:func:`tether.models.vision.encode_vision_chat`), so the prompt's
+images are those of the observations it shows (the history's, then the current one). docs/vision.md.
 """
 
 from __future__ import annotations
@@ -31,9 +36,16 @@ from torch import Tensor
 
 from tether import algos
 from tether.engine.base import SamplingParams
-from tether.envs import call_with_timeout, make_env
+from tether.envs import (
+    Observation,
+    call_with_timeout,
+    escape_placeholders,
+    make_env,
+    observation_key,
+    observation_text,
+)
 from tether.envs.workers import make_env_pool
-from tether.models import encode_chat
+from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.single_turn import GENERATE_ROWS, PromptStream
 
@@ -49,7 +61,7 @@ class Episode:
     group_id: int
     episode_id: int
     seed: int
-    observation: str
+    observation: str | Observation
     admissible: list[str] | None
     turns: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
@@ -57,6 +69,7 @@ class Episode:
     ret: float = 0.0
     fault: str | None = None
     available: list[str] | None = None  # page actions of open action spaces (WebShop), for the prompt
+    seen: list[str | Observation] = field(default_factory=list)  # each turn's observation, images included
 
 
 def build_prompt(ep: Episode, history: int, action_format: str) -> str:
@@ -69,16 +82,22 @@ def build_prompt(ep: Episode, history: int, action_format: str) -> str:
     recent = ep.turns[-history:] if history else []
     if recent:
         start = len(ep.turns) - len(recent) + 1
-        lines = [f"[Observation {start + i}: {t['observation']}]\n[Action {start + i}: {t['action']}]"
-                 for i, t in enumerate(recent)]
+        # the action is model text: escaped, so the prompt's image placeholders are exactly its images
+        lines = [f"[Observation {start + i}: {t['observation']}]\n"
+                 f"[Action {start + i}: {escape_placeholders(t['action'])}]" for i, t in enumerate(recent)]
         parts.append(f"Your last {len(recent)} steps:\n" + "\n".join(lines))
-    parts.append(f"Current observation (step {len(ep.turns) + 1}):\n{ep.observation}")
+    parts.append(f"Current observation (step {len(ep.turns) + 1}):\n{observation_text(ep.observation)}")
     if ep.admissible:
         parts.append("Admissible actions: " + ", ".join(f"'{a}'" for a in ep.admissible))
     elif ep.available:
         parts.append("Available actions: " + ", ".join(f"'{a}'" for a in ep.available))
     parts.append(action_format)
     return "\n\n".join(parts)
+
+
+def prompt_images(ep: Episode, history: int) -> list[Any]:
+    """The images of :func:`build_prompt`'s message, in order: the shown history's, then the current one's."""
+    return observation_images([*(ep.seen[-history:] if history else []), ep.observation])
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -135,6 +154,10 @@ class AgentCollector:
         e = cfg.env
         probe = call_with_timeout(lambda: make_env(e.name, **e.kwargs), e.reset_timeout_s or e.timeout_s,
                                   f"env {e.name}: building the first environment")
+        if getattr(probe, "renders_images", False) and not is_processor(tokenizer):
+            raise ValueError(f"env {cfg.env.name!r} observes images, but the policy {cfg.model.name!r} came with a "
+                             "text tokenizer, not a vision-language processor: use a vision-language model, or "
+                             "env.kwargs.observation: text")
         self.train_seeds = list(probe.train_seeds(cfg.env.train_tasks))
         self.val_seeds = list(probe.eval_seeds(cfg.env.val_tasks))
         self.action_format = probe.action_format
@@ -189,8 +212,7 @@ class AgentCollector:
                 live = [ep for ep in episodes if not ep.done]
                 if not live:
                     break
-                prompts = [encode_chat(self.tokenizer, build_prompt(ep, self.env_cfg.history, self.action_format))
-                           for ep in live]
+                prompts = [self.encode(ep) for ep in live]
                 for start in range(0, len(live), GENERATE_ROWS):
                     chunk = live[start:start + GENERATE_ROWS]
                     # on the CPU: rows are cut from it one by one, and the batch is built there
@@ -204,13 +226,19 @@ class AgentCollector:
             self.envs.close_all([ep.env for ep in episodes])
         return rows
 
+    def encode(self, ep: Episode) -> list[int]:
+        """The token ids of the episode's next prompt (a :class:`~tether.models.vision.VisionPrompt` with images)."""
+        text = build_prompt(ep, self.env_cfg.history, self.action_format)
+        return encode_message(self.tokenizer, text, prompt_images(ep, self.env_cfg.history))
+
     def _record(self, ep: Episode, turn: int, prompt: list[int], gen: Any, j: int,
                 outcome: tuple[str, bool, Any]) -> dict[str, Any]:
         """Apply one env step to its episode; the turn's training row."""
         text = gen.texts[j]
         action, valid, step = outcome
-        ep.turns.append({"observation": ep.observation, "response": text, "action": action, "valid": valid,
-                         "reward": step.reward})
+        ep.seen.append(ep.observation)
+        ep.turns.append({"observation": observation_text(ep.observation), "response": text, "action": action,
+                         "valid": valid, "reward": step.reward})
         ep.observation, ep.ret = step.observation, ep.ret + step.reward
         ep.admissible = step.info.get("admissible_actions", ep.admissible)
         ep.available = step.info.get("available_actions", ep.available)
@@ -245,7 +273,7 @@ class AgentCollector:
             correct=torch.tensor([e.won for e in eps]), source=torch.zeros(n, dtype=torch.long), token=token,
             info={"episode_id": [e.episode_id for e in eps], "turn": [r["turn"] for r in rows],
                   "valid": [r["valid"] for r in rows], "text": [r["text"] for r in rows], "episode": eps,
-                  "obs_key": [e.turns[r["turn"]]["observation"] for e, r in zip(eps, rows, strict=True)],
+                  "obs_key": [observation_key(e.seen[r["turn"]]) for e, r in zip(eps, rows, strict=True)],
                   "step_return": [returns[id(e)][r["turn"]] for e, r in zip(eps, rows, strict=True)]},
         )
 
@@ -315,9 +343,26 @@ class AgentCollector:
         out = Path(trainer.run_dir) / "transcripts.jsonl"
         with out.open("a") as f:
             for ep in episodes[:limit]:
+                turns = save_frames(Path(trainer.run_dir), ep, trainer.step)
                 f.write(json.dumps({"step": trainer.step, "episode": ep.episode_id, "group": ep.group_id,
                                     "seed": ep.seed, "task": ep.task, "won": ep.won, "return": ep.ret,
-                                    "fault": ep.fault, "turns": ep.turns, **ep_extra(ep)}) + "\n")
+                                    "fault": ep.fault, "turns": turns, **ep_extra(ep)}) + "\n")
+
+
+def save_frames(run_dir: Path, ep: Episode, step: int) -> list[dict[str, Any]]:
+    """The episode's turns for the transcript; a visual observation's images are saved as PNGs under
+    ``run_dir/frames`` and its turn lists them (paths relative to ``run_dir``) under ``frames``."""
+    turns = []
+    for t, (turn, obs) in enumerate(zip(ep.turns, ep.seen, strict=True)):
+        if not isinstance(obs, Observation):
+            turns.append(turn)
+            continue
+        paths = [f"frames/s{step}_e{ep.episode_id}_t{t}_{k}.png" for k in range(len(obs.images))]
+        (run_dir / "frames").mkdir(exist_ok=True)
+        for image, path in zip(obs.images, paths, strict=True):
+            image.save(run_dir / path)
+        turns.append({**turn, "frames": paths})
+    return turns
 
 
 def ep_extra(ep: Episode) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The agent loop appends one JSON line per sampled episode to ``RUN_DIR/transcripts.jsonl`` (the first
 clone of up to four task groups per step): step, episode and group ids, env seed, task, outcome,
 return, fault, and per turn the observation, the full response, the parsed action, its validity and
-the env reward.
+the env reward. A visual observation's images are PNG files under ``RUN_DIR/frames``, listed in the turn's
+``frames``; the HTML page shows them.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def format_episode(ep: dict[str, Any]) -> str:
         lines.append(f"skill: {ep['x_skill']}")
     for i, t in enumerate(ep["turns"], 1):
         reward = f", reward {t['reward']:g}" if "reward" in t else ""
-        lines += [f"  [{i}] observation: {t['observation']}",
-                  f"      response: {t['response']}",
+        lines.append(f"  [{i}] observation: {t['observation']}")
+        if t.get("frames"):
+            lines.append(f"      frames: {', '.join(t['frames'])}")
+        lines += [f"      response: {t['response']}",
                   f"      action: {t['action']!r} ({'valid' if t['valid'] else 'INVALID'}{reward})"]
     return "\n".join(lines)
 
@@ -50,12 +53,16 @@ def show_transcripts(run_dir: Path, *, html: bool = False, limit: int = 3) -> st
     return "\n\n".join(format_episode(ep) for ep in episodes)
 
 
+def _images(turn: dict[str, Any]) -> str:
+    return "".join(f'<img src="{html.escape(path)}" alt="frame">' for path in turn.get("frames", ()))
+
+
 def to_html(episodes: list[dict[str, Any]]) -> str:
     """A standalone page: one table per episode (turn, observation, response, action, reward)."""
     blocks = []
     for ep in episodes:
         rows = "".join(
-            f"<tr><td>{i}</td><td><pre>{html.escape(t['observation'])}</pre></td>"
+            f"<tr><td>{i}</td><td><pre>{html.escape(t['observation'])}</pre>{_images(t)}</td>"
             f"<td><pre>{html.escape(t['response'])}</pre></td>"
             f"<td class={'ok' if t['valid'] else 'bad'}>{html.escape(t['action'])}</td>"
             f"<td>{t.get('reward', '')}</td></tr>"

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tether.envs.base import escape_placeholders
+
 # Task-line patterns, in the code's order (seed/analysis.py ``_TASK_DESCRIPTION_PATTERNS``).
 TASK_PATTERNS = (
     re.compile(r"Your task is to:\s*(.+?)(?:\n|$)", re.IGNORECASE | re.DOTALL),
@@ -137,7 +139,8 @@ def analysis_prompt(task: str, steps: Sequence[Step], outcome: str, *, include_s
 
 def episode_analysis_prompt(episode: Any, *, threshold: float = 1.0, include_summary: bool = True) -> str:
     """:func:`analysis_prompt` of a :class:`tether.rollout.multi_turn.Episode` (task, turns, return)."""
-    steps = [Step(t["observation"], t["response"], t.get("valid")) for t in episode.turns]
+    # a response is model text: escaped, so a visual episode's placeholders are exactly its frames
+    steps = [Step(t["observation"], escape_placeholders(t["response"]), t.get("valid")) for t in episode.turns]
     return analysis_prompt(episode.task, steps, success_label(episode.ret, threshold), include_summary=include_summary)
 
 

@@ -41,12 +41,13 @@ from torch import Tensor
 from tether.algos import LossInputs, LossOutput, opd_loss, seed_opd_loss
 from tether.config import ConfigError
 from tether.engine.base import SamplingParams
+from tether.envs import escape_placeholders
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, skill_section, user_message
 from tether.methods.seed.rule_analyzers import solve_from_observation
 from tether.methods.seed.sft import SkillSFTSettings
-from tether.models import encode_chat
+from tether.models.vision import encode_message, has_images, is_processor, observation_images
 
 if TYPE_CHECKING:
     from tether.rollout.batch import RolloutBatch
@@ -85,16 +86,19 @@ def row_messages(batch: RolloutBatch, tokenizer: Any, rows: list[int]) -> list[s
     the prompt ids (None where that fails)."""
     if "prompt_text" in batch.info:
         return [batch.info["prompt_text"][i] for i in rows]
-    return [user_message(tokenizer, batch.prompt_ids[i]) for i in rows]
+    return [getattr(batch.prompt_ids[i], "message", None) or user_message(tokenizer, batch.prompt_ids[i])
+            for i in rows]
 
 
 def teacher_prompts(batch: RolloutBatch, tokenizer: Any, contexts: list[str | None],
                     insert: Callable[[str, str], str]) -> tuple[list[int], list[list[int]], int]:
     """The rows with a context, their prompt ids with the context inserted (chat template applied), and the
-    number of rows whose user message could not be recovered (they are left out)."""
+    number of rows whose user message could not be recovered (they are left out). A visual row's prompt is
+    encoded with its own images (the context is model text, escaped so it adds no image slot)."""
     wanted = [i for i, c in enumerate(contexts) if c]
     pairs = [(i, m) for i, m in zip(wanted, row_messages(batch, tokenizer, wanted), strict=True) if m is not None]
-    prompts = [encode_chat(tokenizer, insert(m, contexts[i])) for i, m in pairs]
+    prompts = [encode_message(tokenizer, insert(m, escape_placeholders(contexts[i])),
+                              getattr(batch.prompt_ids[i], "images", ())) for i, m in pairs]
     return [i for i, _ in pairs], prompts, len(wanted) - len(pairs)
 
 
@@ -197,11 +201,13 @@ class Seed(Method):
         start = time.perf_counter()
         episodes = list({id(ep): ep for ep in batch.info["episode"]}.values())  # trajectory order of the rows
         labels = [success_label(ep.ret, s.success_threshold) for ep in episodes]
-        prompts = [encode_chat(trainer.tokenizer, episode_analysis_prompt(ep, threshold=s.success_threshold,
-                                                                          include_summary=s.include_summary))
-                   for ep in episodes]
-        cut = [len(p) > s.analysis_context_length for p in prompts]
-        prompts = [p[-s.analysis_context_length:] for p in prompts]  # left truncation, as the code's prompt batch
+        # seed_visual: a visual episode's observations are <image> slots, filled with its frames
+        prompts = [encode_message(trainer.tokenizer, episode_analysis_prompt(ep, threshold=s.success_threshold,
+                                                                             include_summary=s.include_summary),
+                                  observation_images(ep.seen)) for ep in episodes]
+        cut = [len(p) > s.analysis_context_length and not has_images([p]) for p in prompts]
+        # left truncation, as the code's prompt batch; never through a visual prompt's image tokens
+        prompts = [p[-s.analysis_context_length:] if c else p for p, c in zip(prompts, cut, strict=True)]
         params = SamplingParams(max_new_tokens=s.analysis_max_new_tokens, greedy=True)
         results: list[Analysis] = []
         lengths, hit_limit = [], []
@@ -329,6 +335,7 @@ class Opsd(Method):
     def setup(self, trainer: Trainer) -> None:
         if trainer.cfg.env is None:
             raise ConfigError("methods.opsd reads env observations: it needs an env (env: ...), not a task")
+        _refuse_images("methods.opsd", trainer)
         self.env_name = trainer.cfg.env.name
 
     def on_score(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
@@ -361,3 +368,11 @@ class Opsd(Method):
     def after_update(self, trainer: Trainer) -> dict[str, Any]:
         return self.accounting.flush({"loss": ("loss", "active"), "delta_mean": ("delta", "active"),
                                       "active_token_frac": ("active", "tokens")})
+
+
+def _refuse_images(method: str, trainer: Trainer) -> None:
+    """OPSD's hint is the env solver's plan read back from the observation's text, which a visual
+    observation does not have (docs/vision.md)."""
+    if is_processor(trainer.tokenizer):
+        raise ConfigError(f"{method} on a vision-language policy is not built (its hints are solved from text "
+                          "observations; docs/vision.md): use methods.seed or GRPO")
