@@ -22,16 +22,18 @@ def check_model(key: str, name: str) -> None:
     """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
     offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download)."""
     from tether.models.char import parse_char_alias
-    from tether.models.loading import SMOLLM2, TINY_ALIAS
+    from tether.models.loading import SMOLLM2, TINY_ALIAS, TINY_VLMS
 
-    is_alias = name == SMOLLM2 or parse_char_alias(name) is not None or TINY_ALIAS.fullmatch(name) is not None
+    is_alias = (name == SMOLLM2 or name in TINY_VLMS or parse_char_alias(name) is not None
+                or TINY_ALIAS.fullmatch(name) is not None)
     if is_alias or Path(name).expanduser().is_dir():
         return
     parts = name.split("/")
     looks_like_hub_id = len(parts) == HUB_ID_PARTS and all(parts) and not name.startswith((".", "~"))
     if not looks_like_hub_id:
         raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({SMOLLM2}, "
-                          "char-<hidden>x<layers>, tiny-<hidden>x<layers>), nor a Hub id (org/name)")
+                          "char-<hidden>x<layers>, tiny-<hidden>x<layers>, tiny-qwen2.5-vl, tiny-idefics3), "
+                          "nor a Hub id (org/name)")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
         os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
     if offline and not _in_hub_cache(name):
