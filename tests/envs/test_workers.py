@@ -81,5 +81,5 @@ def test_a_stuck_worker_is_timed_out_killed_and_replaced(ray_session, tmp_path, 
     stuck = remote.envs.actors[0]
     rows, episodes = play(remote, tokenizer, tasks=1, copies=2)
     assert rows == [] and remote.faults == 2
-    assert all("env worker did not answer within 3s" in e[2] for e in episodes)
+    assert all("env worker did not answer within 3s" in e[2] for e in episodes), [e[2] for e in episodes]
     assert remote.envs.actors[0] != stuck

@@ -4,21 +4,22 @@ process that built the test, so running one in-process by mistake cannot kill py
 from __future__ import annotations
 
 import os
-import time
+import re
 
 from tether.envs.scripted import ScriptedEnv
 
 
 class ProcessFaultEnv(ScriptedEnv):
     """The scripted env, except that outside process ``safe_pid`` it ``os._exit``s on its first step
-    (``fault="exit"``: a native crash) or blocks its constructor for ``hang_s`` (``fault="block"``: a hang
-    in the worker's own thread, which SafeEnv cannot time out)."""
+    (``fault="exit"``: a native crash) or blocks its constructor (``fault="block"``: a regular expression that
+    backtracks for minutes inside C while holding the GIL, so the worker's process stops answering altogether:
+    a hang SafeEnv's thread timeouts cannot contain, unlike a ``time.sleep``)."""
 
     def __init__(self, *, process_fault: str, safe_pid: int, hang_s: float = 60.0, **kwargs) -> None:
         super().__init__(**kwargs)
         self.process_fault, self.armed = process_fault, os.getpid() != safe_pid
         if self.armed and process_fault == "block":
-            time.sleep(hang_s)
+            re.match(r"(a+)+$", "a" * int(hang_s) + "b")  # 2**hang_s steps in C, the GIL held throughout
 
     def step(self, action: str):
         if self.armed and self.process_fault == "exit":
