@@ -77,24 +77,19 @@ def task_examples(cfg: Config, s: SFTConfig) -> list[Example]:
 def jsonl_examples(s: SFTConfig) -> list[Example]:
     """``{prompt, response[, system]}`` lines of ``s.path``; the first bad line is named."""
     from tether.config import ConfigError
+    from tether.tasks.jsonl_task import read_jsonl
 
     path = Path(s.path or "")
     if not path.is_file():
         raise ConfigError(f"sft.path: no file {str(path)!r}")
-    out = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"sft.path: {path}:{number} is not JSON ({err.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or \
-                not isinstance(row.get("response"), str):
-            raise ConfigError(f"sft.path: {path}:{number} needs string fields 'prompt' and 'response'")
-        out.append(Example(row["prompt"], row["response"], row.get("system")))
-    if not out:
-        raise ConfigError(f"sft.path: {path} holds no examples")
+    try:
+        rows = read_jsonl(path, "sft.path", ("prompt", "response"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row["prompt"], str) or not isinstance(row["response"], str):
+            raise ConfigError(f"sft.path: {path} row {number}: 'prompt' and 'response' must be strings")
+    out = [Example(row["prompt"], row["response"], row.get("system")) for row in rows]
     if s.examples is not None and s.examples < len(out):
         out = random.Random(s.data_seed).sample(out, s.examples)
     return out

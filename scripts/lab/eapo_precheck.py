@@ -26,7 +26,7 @@ from tether.engine.hf import HFEngine
 from tether.methods.eapo import PriorInjection
 from tether.models import encode_chat, load_policy
 from tether.tasks import make_task
-from tether.tasks.addition import scratchpad
+from tether.tasks.addition import extract_final, scratchpad
 
 
 def accuracy_by_carries(model, tok, items, params: SamplingParams, seed: int) -> dict[str, float]:
@@ -34,7 +34,7 @@ def accuracy_by_carries(model, tok, items, params: SamplingParams, seed: int) ->
     gen = engine.generate([encode_chat(tok, i.prompt) for i in items], params, seed=seed)
     out: dict[str, list[int]] = {}
     for item, text in zip(items, gen.texts, strict=True):
-        ok = text.rsplit("#", 1)[-1].strip() == item.answer and "#" in text
+        ok = extract_final(text) == item.answer
         out.setdefault(f"carries={item.meta['carries']}", []).append(int(ok))
         out.setdefault("all", []).append(int(ok))
     return {k: sum(v) / len(v) for k, v in sorted(out.items())}
@@ -70,8 +70,7 @@ def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, se
                 landed[cls] += 1
     tokens = int(gen.response_mask.sum())
     injected = int((gen.token["injected_mask"] * gen.response_mask).sum())
-    verdicts = [text.rsplit("#", 1)[-1].strip() == i.answer and "#" in text for i, text in zip(items, gen.texts,
-                                                                                                strict=True)]
+    verdicts = [extract_final(text) == i.answer for i, text in zip(items, gen.texts, strict=True)]
     correct = sum(verdicts)
     two_carry = [v for v, i in zip(verdicts, items, strict=True) if i.meta["carries"] == 2]
     quant = {k: [round(float(torch.quantile(torch.tensor(v), q)), 4) for q in (0.5, 0.9, 0.99)] if v else []

@@ -64,10 +64,13 @@ def test_jsonl_data_and_its_errors(tmp_path):
     examples = sft_examples(cfg)
     assert [(e.prompt, e.response, e.system) for e in examples] == [("1+1", "#2", None), ("2+2", "#4", "s")]
     path.write_text('{"prompt": "1+1", "response": "#2"}\n{"prompt": "x"}\n')
-    with pytest.raises(ConfigError, match=r"pairs.jsonl:2 needs string fields"):
+    with pytest.raises(ConfigError, match=r"sft.path: .*pairs.jsonl line 2 has no 'response' field"):
+        sft_examples(cfg)
+    path.write_text('{"prompt": "1+1", "response": 2}\n')
+    with pytest.raises(ConfigError, match=r"pairs.jsonl row 1: 'prompt' and 'response' must be strings"):
         sft_examples(cfg)
     path.write_text('{"prompt": \n')
-    with pytest.raises(ConfigError, match=r"pairs.jsonl:1 is not JSON"):
+    with pytest.raises(ConfigError, match=r"pairs.jsonl line 1 is not JSON"):
         sft_examples(cfg)
     with pytest.raises(ConfigError, match="no file"):
         sft_examples(sft_config(tmp_path, {"data": "jsonl", "path": str(tmp_path / "missing.jsonl")}))

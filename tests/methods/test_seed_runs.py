@@ -292,7 +292,7 @@ def test_stage_one_mixes_in_replay_pairs(tiny_policy, tmp_path):
         run_skill_sft(agent_config(tmp_path, methods={"seed": {"sft": {"replay_data": str(tmp_path / "no")}}}),
                       policy=model, tokenizer=tok, engine=object())
     replay.write_text('{"prompt": "p"}\n')
-    with pytest.raises(ConfigError, match="line 1 is not one"):
+    with pytest.raises(ConfigError, match=r"replay_data: .*pairs.jsonl line 1 has no 'response' field"):
         stage_one(replay_data=str(replay))
 
 

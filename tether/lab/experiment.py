@@ -193,7 +193,7 @@ def endpoint_checkpoint(directory: Path, at: str) -> Path:
     return root / (root / "latest").read_text().strip()
 
 
-def run_one(protocol: Protocol, arm: str, seed: int, protocol_path: Path) -> dict[str, Any]:
+def run_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
     """Train (or resume) one run and evaluate its endpoint; ``endpoint.json`` marks it done."""
     directory = run_dir(protocol, arm, seed)
     done = directory / "endpoint.json"
@@ -270,7 +270,7 @@ def run_experiment(path: str | Path, *, report_only: bool = False) -> dict[str, 
     if not report_only:
         jobs = [(arm, seed) for seed in protocol.seeds for arm in protocol.arms]  # seed-major: early seeds finish
         with ThreadPoolExecutor(max_workers=protocol.parallel) as pool:
-            futures = {pool.submit(run_one, protocol, arm, seed, path): (arm, seed) for arm, seed in jobs}
+            futures = {pool.submit(run_one, protocol, arm, seed): (arm, seed) for arm, seed in jobs}
             for future, (arm, seed) in futures.items():
                 try:
                     records.append(future.result())

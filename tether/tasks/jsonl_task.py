@@ -45,8 +45,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
             datasets.enable_progress_bars()
 
 
-def _check_jsonl(file: Path, key: str, fields: tuple[str, ...]) -> None:
-    rows = 0
+def read_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The objects of a JSONL file, blank lines skipped; the first bad line is one error.
+
+    Raises:
+        ValueError: naming ``key``, the file and line, and what is wrong: not JSON, not an object, a missing field
+            of ``fields``; or no rows at all.
+    """
+    rows = []
     with file.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -61,9 +67,10 @@ def _check_jsonl(file: Path, key: str, fields: tuple[str, ...]) -> None:
             if missing:
                 raise ValueError(f"{key}: {file} line {number} has no {missing[0]!r} field (fields: "
                                  f"{', '.join(row) or 'none'})")
-            rows += 1
+            rows.append(row)
     if not rows:
         raise ValueError(f"{key}: {file} holds no rows")
+    return rows
 
 
 def _math_text(answer: str) -> str:
@@ -171,7 +178,7 @@ class JsonlTask:
             if not file.is_file():
                 raise ValueError(f"{key}: data file {str(file)!r} does not exist")
             if file.suffix.lower() == ".jsonl":
-                _check_jsonl(file, key, (prompt_field, answer_field))
+                read_jsonl(file, key, (prompt_field, answer_field))
 
     def _load(self, path: str | None, train_path: str | None, val_path: str | None, val_size: int,
               seed: int) -> tuple[list[dict], list[dict], str]:

@@ -161,17 +161,17 @@ def split_records(records: list[dict], val_fraction: float, seed: int) -> tuple[
 def load_replay(s: SkillSFTSettings) -> list[dict]:
     """The ``replay_data`` pairs (``replay_examples`` of them when set); checked before any model loads."""
     from tether.config import ConfigError
+    from tether.tasks.jsonl_task import read_jsonl
 
     if s.replay_data is None:
         return []
     path = Path(s.replay_data)
     if not path.is_file():
         raise ConfigError(f"methods.seed.sft.replay_data: no file {path}")
-    pairs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    bad = [i for i, r in enumerate(pairs) if not isinstance(r, dict) or {"prompt", "response"} - r.keys()]
-    if bad or not pairs:
-        raise ConfigError(f"methods.seed.sft.replay_data: {path} needs one {{prompt, response}} object per line "
-                         f"(line {bad[0] + 1 if bad else 1} is not one)")
+    try:
+        pairs = read_jsonl(path, "methods.seed.sft.replay_data", ("prompt", "response"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if s.replay_examples is not None and s.replay_examples < len(pairs):
         pairs = random.Random(s.data_seed).sample(pairs, s.replay_examples)
     return pairs
