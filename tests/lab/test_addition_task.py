@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tether.tasks import make_task, task_split
-from tether.tasks.addition import carries_of, demonstration, extract_final, scratchpad
+from tether.tasks.addition import carries_of, demonstration, extract_final, response_mode, scratchpad
+from tether.tasks.metrics import feature_metrics
 
 
 def _direct_carries(a: int, b: int) -> int:
@@ -99,3 +100,31 @@ def test_unknown_split_names_the_ones_that_exist():
     assert task_split(reasoning, "val") == reasoning.val
     with pytest.raises(ValueError, match="has: train, val"):
         task_split(reasoning, "report")
+
+
+@pytest.mark.parametrize("text, want", [
+    (scratchpad(478, 356), "scratchpad"), ("#834", "direct"), ("8+6=14:4#834", "scratchpad"),
+    ("834", "direct"), ("", "direct"), ("#8=3", "direct"),  # an '=' after the final '#' is not working
+])
+def test_response_mode(text, want):
+    assert response_mode(text) == want
+
+
+def test_feature_metrics_give_each_modes_share_and_accuracy():
+    task = make_task("addition", train_size=4, val_size=4, report_size=4, sft_size=0)
+    item = task.val[0]
+    a, b = item.meta["a"], item.meta["b"]
+    texts = [scratchpad(a, b), scratchpad(a, b)[:-1] + "0", f"#{a + b}", "#0"]
+    if texts[1] == texts[0]:  # the sum ends in 0: make the second one wrong another way
+        texts[1] = texts[0][:-1] + "1"
+    correct = [task.score(item, t).correct for t in texts]
+    assert correct == [True, False, True, False]
+    texts.append("#0")
+    correct.append(False)
+    got = feature_metrics(task, [item] * 5, texts, correct, "val")
+    assert got == pytest.approx({"val/mode/scratchpad/share": 2 / 5, "val/mode/scratchpad/accuracy": 1 / 2,
+                                 "val/mode/direct/share": 3 / 5, "val/mode/direct/accuracy": 1 / 3})
+    only_direct = feature_metrics(task, [item], ["#0"], [False], "rollout")
+    assert "rollout/mode/scratchpad/accuracy" not in only_direct  # no scratchpad answer: no accuracy to report
+    assert only_direct["rollout/mode/scratchpad/share"] == 0.0
+    assert feature_metrics(object(), [item], ["#0"], [False], "val") == {}  # a task without features

@@ -74,6 +74,11 @@ def extract_final(text: str) -> str | None:
     return digits or None
 
 
+def response_mode(text: str) -> str:
+    """``scratchpad`` when the text works a column (an ``=`` before the final ``#``), else ``direct``."""
+    return "scratchpad" if "=" in text.rsplit("#", 1)[0] else "direct"
+
+
 def _weights(carries: dict[int, float] | None, digits: int, where: str) -> dict[int, float]:
     """Carry-count weights, checked: keys in 0..digits, weights >= 0 with a positive sum."""
     if carries is None:
@@ -156,6 +161,11 @@ class AdditionTask:
                 counts.update(f"mode={item.meta['mode']}" for item in items)
             out[split] = {key: counts[key] / len(items) for key in sorted(counts)}
         return out
+
+    def response_features(self, item: TaskItem, response_text: str) -> dict[str, bool]:
+        """Which mode a response answers in (``mode/scratchpad``, ``mode/direct``), for validation metrics."""
+        mode = response_mode(response_text)
+        return {f"mode/{m}": mode == m for m in MODES}
 
     def score(self, item: TaskItem, response_text: str) -> Score:
         extracted = extract_final(response_text)
