@@ -84,6 +84,7 @@ def test_scoring_reads_only_the_final_answer():
     ({"carries": {5: 1.0}}, "carry counts 0..3"),
     ({"carries": {0: -1.0, 1: 1.0}}, "weights >= 0"),
     ({"sft_scratchpad": 1.5}, "share"),
+    ({"sft_recall": -1}, "0 or more"),
     ({"digits": 0}, "1 to 9"),
     ({"train_size": 0}, "at least one"),
 ])
@@ -128,3 +129,17 @@ def test_feature_metrics_give_each_modes_share_and_accuracy():
     assert "rollout/mode/scratchpad/accuracy" not in only_direct  # no scratchpad answer: no accuracy to report
     assert only_direct["rollout/mode/scratchpad/share"] == 0.0
     assert feature_metrics(object(), [item], ["#0"], [False], "val") == {}  # a task without features
+
+
+def test_sft_recall_adds_direct_answers_to_the_training_sums_only():
+    task = make_task("addition", train_size=5, val_size=4, report_size=4, sft_size=10, sft_scratchpad=1.0,
+                     sft_recall=2)
+    items = task.sft_items(limit=6)
+    assert len(items) == 6 + 2 * 5 and items[:6] == task.splits["sft"][:6]
+    recalled = items[6:]
+    assert [i.prompt for i in recalled] == [i.prompt for i in task.train] * 2
+    assert all(task.demonstration(i) == f"#{i.answer}" for i in recalled)
+    assert all("=" in task.demonstration(i) for i in items[:6])  # the sft split keeps its own (scratchpad) mode
+    assert not {i.prompt for i in task.val} & {i.prompt for i in items}  # nothing of the selection split
+    assert make_task("addition", train_size=5, val_size=4, sft_size=10).sft_items() == \
+        make_task("addition", train_size=5, val_size=4, sft_size=10).splits["sft"]

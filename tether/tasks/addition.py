@@ -97,16 +97,18 @@ class AdditionTask:
 
     def __init__(self, *, digits: int = 3, train_size: int = 64, val_size: int = 256, report_size: int = 512,
                  sft_size: int = 0, seed: int = 0, carries: dict[int, float] | None = None,
-                 sft_carries: dict[int, float] | None = None, sft_scratchpad: float = 1.0,
+                 sft_carries: dict[int, float] | None = None, sft_scratchpad: float = 1.0, sft_recall: int = 0,
                  correct_reward: float = 1.0, wrong_reward: float = 0.0, system_prompt: str | None = None) -> None:
         if not 1 <= digits <= 9:
             raise ValueError(f"digits={digits}: use 1 to 9")
         if not 0 <= sft_scratchpad <= 1:
             raise ValueError(f"sft_scratchpad={sft_scratchpad}: a share, 0 to 1")
+        if sft_recall < 0:
+            raise ValueError(f"sft_recall={sft_recall}: copies of each training sum, 0 or more")
         sizes = {"train": train_size, "val": val_size, "report": report_size, "sft": sft_size}
         if any(n < 0 for n in sizes.values()) or train_size == 0 or val_size == 0:
             raise ValueError(f"split sizes {sizes}: train and val need at least one item, none may be negative")
-        self.digits, self.seed = digits, seed
+        self.digits, self.seed, self.sft_recall = digits, seed, sft_recall
         self.name = f"addition/{digits}digit"
         self.system_prompt = system_prompt
         self.reward = RewardMap(mode="binary", correct=correct_reward, wrong=wrong_reward)
@@ -145,6 +147,14 @@ class AdditionTask:
             items.append(TaskItem(prompt=f"{a}+{b}", answer=str(a + b), id=f"addition/{split}/{index}",
                                   meta={"a": a, "b": b, "carries": carries_of(a, b), "mode": mode}))
         return items
+
+    def sft_items(self, limit: int | None = None) -> list[TaskItem]:
+        """What ``tether sft`` (data: task) demonstrates: the first ``limit`` sft items, then ``sft_recall``
+        copies of each training sum answered directly. The copies model a warm start that has seen its RL
+        prompts' answers (the ARMOR study, docs/methods/armor.md): it can recall some of them without working."""
+        recall = [TaskItem(item.prompt, item.answer, meta={**item.meta, "mode": "direct"}, id=f"{item.id}/recall{k}")
+                  for k in range(self.sft_recall) for item in self.train]
+        return self.splits["sft"][:limit] + recall
 
     def demonstration(self, item: TaskItem) -> str:
         """The demonstrated response of an item (its ``meta["mode"]``; sft items draw it with ``sft_scratchpad``)."""
