@@ -97,7 +97,8 @@ class AdditionTask:
 
     def __init__(self, *, digits: int = 3, train_size: int = 64, val_size: int = 256, report_size: int = 512,
                  sft_size: int = 0, seed: int = 0, carries: dict[int, float] | None = None,
-                 sft_carries: dict[int, float] | None = None, sft_scratchpad: float = 1.0, sft_recall: int = 0,
+                 sft_carries: dict[int, float] | None = None, train_carries: dict[int, float] | None = None,
+                 sft_scratchpad: float = 1.0, sft_recall: int = 0,
                  correct_reward: float = 1.0, wrong_reward: float = 0.0, system_prompt: str | None = None) -> None:
         if not 1 <= digits <= 9:
             raise ValueError(f"digits={digits}: use 1 to 9")
@@ -113,7 +114,8 @@ class AdditionTask:
         self.system_prompt = system_prompt
         self.reward = RewardMap(mode="binary", correct=correct_reward, wrong=wrong_reward)
         weights = _weights(carries, digits, "carries")
-        split_weights = {"train": weights, "val": weights, "report": weights,
+        split_weights = {"train": _weights(train_carries, digits, "train_carries") if train_carries is not None
+                         else weights, "val": weights, "report": weights,
                          "sft": _weights(sft_carries, digits, "sft_carries") if sft_carries is not None else weights}
         taken: set[tuple[int, int]] = set()
         self.splits: dict[str, list[TaskItem]] = {}
