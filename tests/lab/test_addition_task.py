@@ -69,6 +69,14 @@ def test_carry_mix_is_drawn_per_split_and_reported():
     assert all(carries_of(i.meta["a"], i.meta["b"]) in (0, 2) for i in task.train)
 
 
+def test_train_carries_change_the_training_split_only():
+    kwargs = {"digits": 3, "train_size": 50, "val_size": 50, "report_size": 50, "carries": {0: 0.5, 2: 0.5}}
+    plain = make_task("addition", **kwargs)
+    biased = make_task("addition", **kwargs, train_carries={1: 1.0})
+    assert all(i.meta["carries"] == 1 for i in biased.train)
+    assert biased.val == plain.val and biased.splits["report"] == plain.splits["report"]
+
+
 def test_scoring_reads_only_the_final_answer():
     task = make_task("addition", digits=2, train_size=4, val_size=4, report_size=0, seed=0)
     item = task.train[0]
