@@ -58,7 +58,7 @@ def task_examples(cfg: Config, s: SFTConfig) -> list[Example]:
     task = make_task(cfg.task.name, **cfg.task.kwargs)
     system = task.system_prompt
     if hasattr(task, "demonstration") and getattr(task, "splits", {}).get("sft"):
-        items = task.splits["sft"][: s.examples]
+        items = task.sft_items(s.examples) if hasattr(task, "sft_items") else task.splits["sft"][: s.examples]
         return [Example(item.prompt, task.demonstration(item), system) for item in items]
     want = s.examples or 1000
     taken = {item.prompt for item in [*task.train, *task.val]}

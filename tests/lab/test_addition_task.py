@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tether.tasks import make_task, task_split
-from tether.tasks.addition import carries_of, demonstration, extract_final, scratchpad
+from tether.tasks.addition import carries_of, demonstration, extract_final, response_mode, scratchpad
+from tether.tasks.metrics import feature_metrics
 
 
 def _direct_carries(a: int, b: int) -> int:
@@ -68,6 +69,14 @@ def test_carry_mix_is_drawn_per_split_and_reported():
     assert all(carries_of(i.meta["a"], i.meta["b"]) in (0, 2) for i in task.train)
 
 
+def test_train_carries_change_the_training_split_only():
+    kwargs = {"digits": 3, "train_size": 50, "val_size": 50, "report_size": 50, "carries": {0: 0.5, 2: 0.5}}
+    plain = make_task("addition", **kwargs)
+    biased = make_task("addition", **kwargs, train_carries={1: 1.0})
+    assert all(i.meta["carries"] == 1 for i in biased.train)
+    assert biased.val == plain.val and biased.splits["report"] == plain.splits["report"]
+
+
 def test_scoring_reads_only_the_final_answer():
     task = make_task("addition", digits=2, train_size=4, val_size=4, report_size=0, seed=0)
     item = task.train[0]
@@ -83,6 +92,7 @@ def test_scoring_reads_only_the_final_answer():
     ({"carries": {5: 1.0}}, "carry counts 0..3"),
     ({"carries": {0: -1.0, 1: 1.0}}, "weights >= 0"),
     ({"sft_scratchpad": 1.5}, "share"),
+    ({"sft_recall": -1}, "0 or more"),
     ({"digits": 0}, "1 to 9"),
     ({"train_size": 0}, "at least one"),
 ])
@@ -99,3 +109,45 @@ def test_unknown_split_names_the_ones_that_exist():
     assert task_split(reasoning, "val") == reasoning.val
     with pytest.raises(ValueError, match="has: train, val"):
         task_split(reasoning, "report")
+
+
+@pytest.mark.parametrize("text, want", [
+    (scratchpad(478, 356), "scratchpad"), ("#834", "direct"), ("8+6=14:4#834", "scratchpad"),
+    ("834", "direct"), ("", "direct"), ("#8=3", "direct"),  # an '=' after the final '#' is not working
+])
+def test_response_mode(text, want):
+    assert response_mode(text) == want
+
+
+def test_feature_metrics_give_each_modes_share_and_accuracy():
+    task = make_task("addition", train_size=4, val_size=4, report_size=4, sft_size=0)
+    item = task.val[0]
+    a, b = item.meta["a"], item.meta["b"]
+    texts = [scratchpad(a, b), scratchpad(a, b)[:-1] + "0", f"#{a + b}", "#0"]
+    if texts[1] == texts[0]:  # the sum ends in 0: make the second one wrong another way
+        texts[1] = texts[0][:-1] + "1"
+    correct = [task.score(item, t).correct for t in texts]
+    assert correct == [True, False, True, False]
+    texts.append("#0")
+    correct.append(False)
+    got = feature_metrics(task, [item] * 5, texts, correct, "val")
+    assert got == pytest.approx({"val/mode/scratchpad/share": 2 / 5, "val/mode/scratchpad/accuracy": 1 / 2,
+                                 "val/mode/direct/share": 3 / 5, "val/mode/direct/accuracy": 1 / 3})
+    only_direct = feature_metrics(task, [item], ["#0"], [False], "rollout")
+    assert "rollout/mode/scratchpad/accuracy" not in only_direct  # no scratchpad answer: no accuracy to report
+    assert only_direct["rollout/mode/scratchpad/share"] == 0.0
+    assert feature_metrics(object(), [item], ["#0"], [False], "val") == {}  # a task without features
+
+
+def test_sft_recall_adds_direct_answers_to_the_training_sums_only():
+    task = make_task("addition", train_size=5, val_size=4, report_size=4, sft_size=10, sft_scratchpad=1.0,
+                     sft_recall=2)
+    items = task.sft_items(limit=6)
+    assert len(items) == 6 + 2 * 5 and items[:6] == task.splits["sft"][:6]
+    recalled = items[6:]
+    assert [i.prompt for i in recalled] == [i.prompt for i in task.train] * 2
+    assert all(task.demonstration(i) == f"#{i.answer}" for i in recalled)
+    assert all("=" in task.demonstration(i) for i in items[:6])  # the sft split keeps its own (scratchpad) mode
+    assert not {i.prompt for i in task.val} & {i.prompt for i in items}  # nothing of the selection split
+    assert make_task("addition", train_size=5, val_size=4, sft_size=10).sft_items() == \
+        make_task("addition", train_size=5, val_size=4, sft_size=10).splits["sft"]

@@ -37,7 +37,7 @@ def write_protocol(tmp_path, config, **changes):
                 "arms": {"low": {"config": str(config)},
                          "high": {"config": str(config), "overrides": ["optim.lr=1e-2"]}},
                 "endpoint": {"metric": "val/avg@k", "split": "report", "at": "best"},
-                "secondary": ["val/response_length"], **changes}
+                "secondary": ["val/response_length", "val/mode/direct/share"], **changes}
     path = tmp_path / "protocol.yaml"
     path.write_text(yaml.safe_dump(protocol))
     return path
@@ -65,6 +65,7 @@ def overlapping_task():
     ({"baseline": "nope"}, "baseline 'nope' is not an arm"),
     ({"endpoint": {"metric": "val/accuracy", "split": "report"}}, "no run logs the metric 'val/accuracy'"),
     ({"secondary": ["train/loss"]}, "no run logs the metric 'train/loss'"),
+    ({"secondary": ["val/mode/other/share"]}, "no run logs the metric 'val/mode/other/share'"),
     ({"endpoint": {"split": "val", "at": "best"}}, "would report on the split that chose the checkpoint"),
     ({"endpoint": {"split": "test"}}, "has no split 'test'"),
     ({"arms": {"low": {"config": "missing.yaml"}}},
@@ -86,7 +87,7 @@ def test_overlapping_splits_are_refused(tmp_path, overlapping_task):
     config = tmp_path / "overlap.yaml"
     config.write_text(yaml.safe_dump({"model": {"name": "char-64x1"}, "task": {"name": "overlapping_test_task"}}))
     path = write_protocol(tmp_path, config, endpoint={"split": "val", "at": "final"},
-                          arms={"low": {"config": str(config)}})
+                          arms={"low": {"config": str(config)}}, secondary=["val/response_length"])
     with pytest.raises(ConfigError, match="splits 'train' and 'val' of task 'overlapping_test_task' share 1"):
         check_protocol(load_protocol(path))
 
@@ -105,6 +106,8 @@ def test_runs_arms_by_seeds_resumes_and_reports(tmp_path):
             assert record["split"] == "report" and record["checkpoint"].endswith("checkpoints/best")
             per_seed = data["summary"]["val/avg@k"]["arms"][arm]["per_seed"]
             assert per_seed[seed] == record["metrics"]["val/avg@k"]
+            modes = record["metrics"]["val/mode/direct/share"] + record["metrics"]["val/mode/scratchpad/share"]
+            assert modes == pytest.approx(1.0)  # the task's response features reach the endpoint
             config = yaml.safe_load((root / arm / f"seed{seed}" / "config.yaml").read_text())
             assert config["seed"] == seed and config["train"]["threads"] == 1
     high = yaml.safe_load((root / "high" / "seed0" / "config.yaml").read_text())

@@ -52,6 +52,20 @@ def test_task_examples_come_from_the_sft_split_only(tmp_path):
     assert len(examples) == 10 and not {e.prompt for e in examples} & held
 
 
+def test_a_warm_start_is_reproducible_bit_for_bit(tmp_path, monkeypatch):
+    """The same SFT config gives the same weights, from a model built afresh in another cache: the earlier
+    ARMOR study's two warm starts from the same commands differed (docs/methods/armor.md)."""
+    weights = []
+    for run in ("a", "b"):
+        monkeypatch.setenv("TETHER_CACHE", str(tmp_path / f"cache_{run}"))
+        cfg = sft_config(tmp_path / run, {"data": "task", "max_steps": 3, "val_fraction": 0.0})
+        weights.append(load_policy(run_sft(cfg)["checkpoint"])[0].state_dict())
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    moved, _ = load_policy("char-64x1")  # the freshly built base: training changed it
+    assert any(not torch.equal(moved.state_dict()[k], weights[0][k]) for k in weights[0])
+
+
 def test_max_steps_stops_early(tmp_path):
     summary = run_sft(sft_config(tmp_path, {"data": "task", "max_steps": 2, "val_fraction": 0.0}))
     assert summary["steps"] == 2 and summary["val_examples"] == 0

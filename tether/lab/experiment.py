@@ -136,7 +136,7 @@ def check_protocol(protocol: Protocol) -> None:
                           "use a separate split (e.g. report)")
     for arm in protocol.arms:
         cfg = arm_config(protocol, arm, protocol.seeds[0])
-        known = SINGLE_TURN_VAL_METRICS if cfg.task is not None else AGENT_VAL_METRICS
+        known = val_metric_names(cfg)
         for metric in metrics:
             if metric not in known:
                 raise ConfigError(f"arm {arm!r}: no run logs the metric {metric!r}; validation logs: "
@@ -152,6 +152,20 @@ def check_protocol(protocol: Protocol) -> None:
         elif protocol.endpoint.split != "val":
             raise ConfigError(f"arm {arm!r}: agent environments have one held-out split (val); "
                               f"endpoint.split={protocol.endpoint.split!r} is not one")
+
+
+def val_metric_names(cfg: Config) -> tuple[str, ...]:
+    """What validation logs for this config: the fixed metrics and the task's response features, if any."""
+    if cfg.task is None:
+        return AGENT_VAL_METRICS
+    from tether.tasks import make_task
+
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    describe = getattr(task, "response_features", None)
+    if describe is None or not task.val:
+        return SINGLE_TURN_VAL_METRICS
+    keys = describe(task.val[0], "")
+    return SINGLE_TURN_VAL_METRICS + tuple(f"val/{key}/{what}" for key in keys for what in ("share", "accuracy"))
 
 
 def check_splits(arm: str, cfg: Config, endpoint_split: str) -> None:

@@ -176,6 +176,7 @@ class SingleTurnCollector:
         metrics: dict[str, float] = {}
         n_kept = n_seen = 0
         generated: list[torch.Tensor] = []  # every row's verdict before any filter: the training accuracy DAPO hides
+        described: list[tuple[list, list]] = []  # every row's item and text, for the task's response features
         for gen_batch in range(r.max_gen_batches):
             items = [self.task.train[i] for i in self.stream.take(per_batch)]
             seed = trainer.seed_for("rollout", gen_batch)
@@ -183,6 +184,7 @@ class SingleTurnCollector:
                                   intervention=trainer.intervention())
             n_seen += per_batch
             generated.append(batch.correct)
+            described.append((batch.info["item"], batch.info["text"]))
             batch, hook_metrics = trainer.run_generation_hooks(batch)
             metrics.update(hook_metrics)
             unfiltered = batch
@@ -208,6 +210,9 @@ class SingleTurnCollector:
         metrics.update({"rollout/num_gen_batches": gen_batch + 1, "rollout/kept_groups_frac": n_kept / n_seen,
                         "rollout/accuracy_all": torch.cat(generated).float().mean().item(),
                         "reward/faults": float(self.reward_faults)})
+        metrics.update(task_metrics.feature_metrics(
+            self.task, [i for items, _ in described for i in items], [t for _, texts in described for t in texts],
+            torch.cat(generated).tolist(), "rollout"))
         return batch, metrics
 
     def post_advantages(self, batch: RolloutBatch) -> dict[str, float]:
@@ -236,4 +241,6 @@ class SingleTurnCollector:
             "val/pass@k": sum(task_metrics.pass_at_k(k, int(c), k) for c in per_item.tolist()) / len(items),
             "val/reward_mean": batch.rewards.mean().item(),
             "val/response_length": batch.response_mask.sum(1).mean().item(),
+            **task_metrics.feature_metrics(self.task, batch.info["item"], batch.info["text"],
+                                           batch.correct.tolist(), "val"),
         }

@@ -74,6 +74,11 @@ def extract_final(text: str) -> str | None:
     return digits or None
 
 
+def response_mode(text: str) -> str:
+    """``scratchpad`` when the text works a column (an ``=`` before the final ``#``), else ``direct``."""
+    return "scratchpad" if "=" in text.rsplit("#", 1)[0] else "direct"
+
+
 def _weights(carries: dict[int, float] | None, digits: int, where: str) -> dict[int, float]:
     """Carry-count weights, checked: keys in 0..digits, weights >= 0 with a positive sum."""
     if carries is None:
@@ -92,21 +97,25 @@ class AdditionTask:
 
     def __init__(self, *, digits: int = 3, train_size: int = 64, val_size: int = 256, report_size: int = 512,
                  sft_size: int = 0, seed: int = 0, carries: dict[int, float] | None = None,
-                 sft_carries: dict[int, float] | None = None, sft_scratchpad: float = 1.0,
+                 sft_carries: dict[int, float] | None = None, train_carries: dict[int, float] | None = None,
+                 sft_scratchpad: float = 1.0, sft_recall: int = 0,
                  correct_reward: float = 1.0, wrong_reward: float = 0.0, system_prompt: str | None = None) -> None:
         if not 1 <= digits <= 9:
             raise ValueError(f"digits={digits}: use 1 to 9")
         if not 0 <= sft_scratchpad <= 1:
             raise ValueError(f"sft_scratchpad={sft_scratchpad}: a share, 0 to 1")
+        if sft_recall < 0:
+            raise ValueError(f"sft_recall={sft_recall}: copies of each training sum, 0 or more")
         sizes = {"train": train_size, "val": val_size, "report": report_size, "sft": sft_size}
         if any(n < 0 for n in sizes.values()) or train_size == 0 or val_size == 0:
             raise ValueError(f"split sizes {sizes}: train and val need at least one item, none may be negative")
-        self.digits, self.seed = digits, seed
+        self.digits, self.seed, self.sft_recall = digits, seed, sft_recall
         self.name = f"addition/{digits}digit"
         self.system_prompt = system_prompt
         self.reward = RewardMap(mode="binary", correct=correct_reward, wrong=wrong_reward)
         weights = _weights(carries, digits, "carries")
-        split_weights = {"train": weights, "val": weights, "report": weights,
+        split_weights = {"train": _weights(train_carries, digits, "train_carries") if train_carries is not None
+                         else weights, "val": weights, "report": weights,
                          "sft": _weights(sft_carries, digits, "sft_carries") if sft_carries is not None else weights}
         taken: set[tuple[int, int]] = set()
         self.splits: dict[str, list[TaskItem]] = {}
@@ -141,6 +150,14 @@ class AdditionTask:
                                   meta={"a": a, "b": b, "carries": carries_of(a, b), "mode": mode}))
         return items
 
+    def sft_items(self, limit: int | None = None) -> list[TaskItem]:
+        """What ``tether sft`` (data: task) demonstrates: the first ``limit`` sft items, then ``sft_recall``
+        copies of each training sum answered directly. The copies model a warm start that has seen its RL
+        prompts' answers (the ARMOR study, docs/methods/armor.md): it can recall some of them without working."""
+        recall = [TaskItem(item.prompt, item.answer, meta={**item.meta, "mode": "direct"}, id=f"{item.id}/recall{k}")
+                  for k in range(self.sft_recall) for item in self.train]
+        return self.splits["sft"][:limit] + recall
+
     def demonstration(self, item: TaskItem) -> str:
         """The demonstrated response of an item (its ``meta["mode"]``; sft items draw it with ``sft_scratchpad``)."""
         return demonstration(item.meta["a"], item.meta["b"], item.meta.get("mode", "scratchpad"))
@@ -156,6 +173,11 @@ class AdditionTask:
                 counts.update(f"mode={item.meta['mode']}" for item in items)
             out[split] = {key: counts[key] / len(items) for key in sorted(counts)}
         return out
+
+    def response_features(self, item: TaskItem, response_text: str) -> dict[str, bool]:
+        """Which mode a response answers in (``mode/scratchpad``, ``mode/direct``), for validation metrics."""
+        mode = response_mode(response_text)
+        return {f"mode/{m}": mode == m for m in MODES}
 
     def score(self, item: TaskItem, response_text: str) -> Score:
         extracted = extract_final(response_text)

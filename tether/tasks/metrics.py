@@ -85,3 +85,25 @@ def sample_metrics(groups: Sequence[Sequence[bool]], ks: Sequence[int] = (),
         if j <= n:
             out[f"{prefix}pass@{j}"] = sum(pass_at_k(n, c, j) for c in counts) / len(groups)
     return out
+
+
+def feature_metrics(task: object, items: Sequence, texts: Sequence[str], correct: Sequence[bool],
+                    prefix: str) -> dict[str, float]:
+    """Share and accuracy of each response feature a task names, e.g. the answer mode of ``addition``.
+
+    A task may define ``response_features(item, text) -> dict[str, bool]`` with the same keys for every
+    response; for each key this gives ``<prefix>/<key>/share`` (the fraction of responses that have it) and,
+    when any does, ``<prefix>/<key>/accuracy`` (the fraction of those that are correct). The ARMOR study reads
+    them to see which way of answering a policy keeps (docs/methods/armor.md). Tasks without the method: ``{}``.
+    """
+    describe = getattr(task, "response_features", None)
+    if describe is None or not texts:
+        return {}
+    flags = [describe(item, text) for item, text in zip(items, texts, strict=True)]
+    out: dict[str, float] = {}
+    for key in flags[0]:
+        having = [ok for flag, ok in zip(flags, correct, strict=True) if flag[key]]
+        out[f"{prefix}/{key}/share"] = len(having) / len(flags)
+        if having:
+            out[f"{prefix}/{key}/accuracy"] = sum(having) / len(having)
+    return out
