@@ -148,6 +148,7 @@ def episode(inputs: AdvantageInputs, *, mode: str = "mean_std_norm", eps: float 
 
 
 def _episode(rewards: Tensor, group_ids: Tensor, *, mode: str, eps: float) -> Tensor:
+    """:func:`episode`'s math on tensors, shared with :func:`gigpo`."""
     if mode not in EPISODE_MODES:
         raise ValueError(f"episode mode must be 'mean_std_norm' or 'mean_norm', got '{mode}'")
     _, counts, mean, std = _group_stats(rewards, group_ids)

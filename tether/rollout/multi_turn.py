@@ -10,7 +10,7 @@ advantage estimator then normalises over all rows of a group.
 
 Every row also carries the tags of GiGPO's step advantage (``algorithm.advantage: gigpo``): the observation it
 acted on (``obs_key``) and the discounted env return from its turn on (``step_return``, :func:`discounted_returns`
-with ``env.step_gamma``). The trainer makes the advantages from them (:mod:`tether.trainer.advantages`).
+with ``env.step_gamma``). The trainer makes the advantages from them (:mod:`tether.advantage_inputs`).
 
 Environments run in this process or in Ray actors (``env.workers``, :mod:`tether.envs.workers`); the
 envs of a batch are reset and stepped with one pool call, so actors step them in parallel. An environment
