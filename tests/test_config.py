@@ -161,3 +161,60 @@ def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path):
     path.write_text("task:\n  name: parity\nrollout: {group_size: 4\n")
     with pytest.raises(ConfigError, match=rf"^{path}:4:1: YAML syntax error: expected ',' or '}}'"):
         load_config(path)
+
+
+AGENT = {"task": None, "env": {"name": "scripted"}, "algorithm": {"advantage": "episode"}}
+EAPO = {"methods": {"eapo": {"prior": "p"}}}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"algorithm": {"advantage": "gigpo"}}, r"^algorithm\.advantage=gigpo needs the per-row obs_keys and "
+     r"step_returns, which nothing in this config produces \(obs_keys comes from env; step_returns comes from env\); "
+     r"allowed here: dr_grpo, episode, grpo, qae, rloo$"),
+    ({"algorithm": {"advantage": "clean_baseline"}}, r"^algorithm\.advantage=clean_baseline needs the per-row "
+     r"injected, .*\(injected comes from methods\.eapo\); allowed here: dr_grpo, episode, grpo, qae, rloo$"),
+    ({**AGENT, "algorithm": {"advantage": "clean_baseline"}}, r"allowed here: dr_grpo, episode, gigpo, grpo, qae, "
+     r"rloo$"),
+])
+def test_an_estimator_needing_a_tag_nothing_produces_is_refused(data, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(data={**BASE, **data})
+
+
+def test_estimators_with_their_tags_producers_are_accepted():
+    assert load_config(data={**BASE, **AGENT, "algorithm": {"advantage": "gigpo"}}).algorithm.advantage == "gigpo"
+    cfg = load_config(data={**BASE, **EAPO, "algorithm": {"advantage": "clean_baseline", "policy_loss": "eapo"}})
+    assert cfg.algorithm.advantage == "clean_baseline"
+
+
+@pytest.mark.parametrize("old, new", [
+    ({**AGENT, "env": {"name": "scripted", "step_grouping": True, "step_advantage_w": 0.5},
+      "algorithm": {"advantage": "episode", "advantage_kwargs": {"mode": "mean_norm"}}},
+     {"advantage": "gigpo", "advantage_kwargs": {"mode": "mean_norm", "step_weight": 0.5}}),
+    ({**AGENT, "env": {"name": "scripted", "step_grouping": False, "step_advantage_w": 0.5}},
+     {"advantage": "episode", "advantage_kwargs": {}}),
+    ({"methods": {"eapo": {"prior": "p", "advantage_grouping": "non_injected"}},
+      "algorithm": {"advantage": "grpo", "advantage_kwargs": {"eps": 0.01}}},
+     {"advantage": "clean_baseline", "advantage_kwargs": {"eps": 0.01}}),
+    ({"methods": {"eapo": {"prior": "p", "advantage_grouping": "non_injected"}}, "algorithm": {"advantage": "dr_grpo"}},
+     {"advantage": "clean_baseline", "advantage_kwargs": {"scale": False}}),
+    ({"methods": {"eapo": {"prior": "p", "advantage_grouping": "all"}}}, {"advantage": "grpo", "advantage_kwargs": {}}),
+])
+def test_the_old_advantage_keys_are_read_as_the_estimator_with_a_warning(old, new):
+    with pytest.warns(FutureWarning, match="removed in tether 0.2.0"):
+        cfg = load_config(data={**BASE, **old})
+    assert {"advantage": cfg.algorithm.advantage, "advantage_kwargs": cfg.algorithm.advantage_kwargs} == new
+
+
+@pytest.mark.parametrize("data, message", [
+    ({**AGENT, "env": {"name": "scripted", "step_grouping": True}, "algorithm": {"advantage": "grpo"}},
+     r"^env\.step_grouping=true goes with algorithm\.advantage episode, got grpo; it now means "
+     r"algorithm\.advantage=gigpo"),
+    # EAPO's clean baseline used to overwrite the advantages after GiGPO's step term, dropping it
+    ({**AGENT, "env": {"name": "scripted", "step_grouping": True},
+      "methods": {"eapo": {"prior": "p", "advantage_grouping": "non_injected"}}},
+     r"^methods\.eapo\.advantage_grouping=non_injected goes with algorithm\.advantage grpo or dr_grpo, got gigpo"),
+])
+def test_old_advantage_keys_that_never_worked_together_are_refused(data, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(data={**BASE, **data})

@@ -103,7 +103,7 @@ StageOverrides = Annotated[list[str] | None, typer.Option(help="KEY=VALUE overri
 def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = None,
                  stage2_override: StageOverrides = None) -> None:
     """ARMOR's two stages: DAPO with validation, then ARMOR from its best checkpoint (policy = reference)."""
-    from tether.methods.armor import run_two_stage
+    from tether.recipes.armor import run_two_stage
 
     first, second = _load(stage1, stage1_override), _load(stage2, stage2_override)
     with _config_errors():
@@ -144,8 +144,8 @@ def seed_sft(config: Path, overrides: Overrides = None) -> None:
     """SEED stage 1: roll out, label trajectories with an analyzer, response-only SFT -> a checkpoint."""
     cfg = _load(config, overrides)
     from tether.distributed import resolve_device
-    from tether.methods.seed import run_skill_sft
     from tether.preflight import check_inputs
+    from tether.recipes.seed_sft import run_skill_sft
 
     with _config_errors():
         resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,10 +52,8 @@ class EnvConfig(Section):
     workers: int = Field(0, ge=0, description="0: envs step in this process (threads); N: in N Ray actors, "
                          "in parallel, where a crash or a hang kills only the actor (docs/agents.md)")
     worker_cpus: float = Field(0.5, gt=0, description="Ray CPUs each env worker reserves (env.workers > 0)")
-    step_grouping: bool = Field(False, description="GiGPO: add a step advantage over rows of a task group "
-                                "that act on the same observation (docs/agents.md)")
-    step_advantage_w: float = Field(1.0, ge=0, description="weight of the step advantage (GiGPO's w)")
-    step_gamma: float = Field(0.95, ge=0, le=1, description="discount of the step return (GiGPO's gamma)")
+    step_gamma: float = Field(0.95, ge=0, le=1, description="discount of the step return each row carries, read by "
+                              "algorithm.advantage=gigpo (GiGPO's gamma)")
 
 
 class OverlongConfig(Section):
@@ -376,12 +375,62 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         data = {**loaded, **data}
     data = apply_overrides(data, overrides or [])
+    migrate_advantage_keys(data)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
         _raise_validation(err)
     validate_components(cfg)
     return cfg
+
+
+def migrate_advantage_keys(data: dict[str, Any]) -> None:
+    """Rewrite, in place, the keys that chose advantages before there was one estimator per run, with a
+    FutureWarning (they are removed in tether 0.2.0); the advantages and the run are the same as before:
+
+    * ``env.step_grouping: true`` (with ``algorithm.advantage: episode``) -> ``algorithm.advantage: gigpo``, and
+      ``env.step_advantage_w`` -> ``algorithm.advantage_kwargs.step_weight``;
+    * ``methods.eapo.advantage_grouping: non_injected`` (with ``grpo`` or ``dr_grpo``) -> ``algorithm.advantage:
+      clean_baseline`` (``advantage_kwargs.scale: false`` for ``dr_grpo``); ``all`` -> nothing.
+
+    Raises:
+        ConfigError: an old key with an estimator it never worked with (each replaces the estimator).
+    """
+    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    eapo = (data.get("methods") or {}).get("eapo")
+    eapo = eapo if isinstance(eapo, dict) else {}
+    old = [f"env.{k}" for k in ("step_grouping", "step_advantage_w") if k in env]
+    old += ["methods.eapo.advantage_grouping"] if "advantage_grouping" in eapo else []
+    if not old:
+        return
+    algorithm = data.setdefault("algorithm", {})
+    kwargs = dict(algorithm.get("advantage_kwargs") or {})
+    weight = env.pop("step_advantage_w", None)
+    if env.pop("step_grouping", False):
+        _replace_estimator(algorithm, "env.step_grouping=true", "gigpo", ("episode",))
+        kwargs.update({} if weight is None else {"step_weight": weight})
+    grouping = eapo.pop("advantage_grouping", "all")
+    if grouping == "non_injected":
+        scale = algorithm.get("advantage", "grpo") == "grpo"
+        _replace_estimator(algorithm, "methods.eapo.advantage_grouping=non_injected", "clean_baseline",
+                           ("grpo", "dr_grpo"))
+        kwargs.update({} if scale else {"scale": False})
+    elif grouping != "all":
+        raise ConfigError(f"methods.eapo.advantage_grouping={grouping!r}: must be all or non_injected")
+    algorithm["advantage_kwargs"] = kwargs
+    warnings.warn(f"{', '.join(old)}: moved to algorithm.advantage (gigpo: the episode advantage plus GiGPO's step "
+                  "term, advantage_kwargs.step_weight; clean_baseline: EAPO's non-injected baseline); read as "
+                  f"algorithm.advantage={algorithm.get('advantage', 'grpo')}, advantage_kwargs={kwargs}; the old "
+                  "keys are removed in tether 0.2.0", FutureWarning, stacklevel=3)
+
+
+def _replace_estimator(algorithm: dict[str, Any], old: str, new: str, allowed: tuple[str, ...]) -> None:
+    """Set ``algorithm.advantage`` to ``new`` if the config's estimator is one ``old`` worked with."""
+    current = algorithm.get("advantage", "grpo")
+    if current not in allowed:
+        raise ConfigError(f"{old} goes with algorithm.advantage {' or '.join(allowed)}, got {current}; it now means "
+                          f"algorithm.advantage={new}, one estimator for the run, so set that instead")
+    algorithm["advantage"] = new
 
 
 def check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, ...] = ()) -> None:
@@ -396,6 +445,7 @@ def check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, .
 def validate_components(cfg: Config) -> None:
     """Names and keyword arguments of registered components, checked without loading a model."""
     from tether import algos, methods
+    from tether.advantage_inputs import check_advantage
 
     try:
         adv_fn = algos.get_advantage(cfg.algorithm.advantage)
@@ -409,6 +459,7 @@ def validate_components(cfg: Config) -> None:
     check_kwargs(loss_fn, cfg.algorithm.loss_kwargs, "algorithm.loss_kwargs", skip=("agg",))
     for name, settings in cfg.methods.items():
         methods.method_config(name, settings)
+    check_advantage(cfg)
     if cfg.env is not None and cfg.val.split != "val":
         raise ConfigError(f"val.split={cfg.val.split!r}: agent environments have one held-out split, val")
     validate_engine(cfg)
@@ -445,13 +496,18 @@ def validate_workload(cfg: Config) -> None:
 
 def _check_groups_can_learn(cfg: Config, adv_fn: Any) -> None:
     """With groups of one, a group-relative advantage is 0 for every row and nothing trains. Asked of the
-    estimator itself (two rows, different rewards, a group each), so no estimator name is listed here."""
+    estimator itself (two rows, different rewards, a group each, every tag set), so no estimator name is listed
+    here."""
     if cfg.rollout.group_size > 1:
         return
     import torch
 
-    adv = adv_fn(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]), **cfg.algorithm.advantage_kwargs)
-    if not adv.any():
+    from tether.algos import AdvantageInputs
+
+    probe = AdvantageInputs(rewards=torch.tensor([1.0, 0.0]), group_ids=torch.tensor([0, 1]),
+                            injected=torch.tensor([False, False]), step_returns=torch.tensor([1.0, 0.0]),
+                            obs_keys=["a", "b"])
+    if not adv_fn(probe, **cfg.algorithm.advantage_kwargs).advantages.any():
         raise ConfigError(f"rollout.group_size: 1 gives every row an advantage of 0 under algorithm.advantage="
                           f"{cfg.algorithm.advantage} (a group of one has no baseline), so nothing trains; use 2 "
                           "or more")

@@ -22,7 +22,8 @@ def check_model(key: str, name: str) -> None:
     """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
     offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download)."""
     from tether.models.char import parse_char_alias
-    from tether.models.loading import SMOLLM2, TINY_ALIAS, TINY_VLMS
+    from tether.models.loading import SMOLLM2, TINY_ALIAS
+    from tether.models.policy import TINY_VLMS
 
     is_alias = (name == SMOLLM2 or name in TINY_VLMS or parse_char_alias(name) is not None
                 or TINY_ALIAS.fullmatch(name) is not None)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tether.algos import LossInputs, armor, grpo, mix_log_probs, ppo, qae
+from tether.algos import AdvantageInputs, LossInputs, armor, grpo, mix_log_probs, ppo, qae
 
 DAPO = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 10.0}
 
@@ -148,8 +148,9 @@ def test_anchor_advantage_grpo_positive_qae_zero():
     # An easy group: 12 of 15 on-policy answers correct (+1), 3 wrong (-1), plus one correct anchor.
     rewards = torch.tensor([1.0] * 12 + [-1.0] * 3 + [1.0], dtype=torch.float64)
     groups = torch.zeros(16, dtype=torch.long)
-    assert grpo(rewards, groups)[-1] > 0
-    assert qae(rewards, groups)[-1] == 0.0  # the 0.45-quantile is +1: the anchor is masked (footnote 4)
+    inputs = AdvantageInputs(rewards, groups)
+    assert grpo(inputs).advantages[-1] > 0
+    assert qae(inputs).advantages[-1] == 0.0  # the 0.45-quantile is +1: the anchor is masked (footnote 4)
 
 
 def test_needs_reference_and_valid_alpha(make_inputs):

@@ -89,7 +89,8 @@ def test_advantage_adapter_equals_tether(core, name):
     rewards, mask, index, _, _ = batch()
     adv, returns = core.get_adv_estimator_fn(PREFIX + name)(token_level_rewards=rewards, response_mask=mask,
                                                            index=index, config=None)
-    want = algos.get_advantage(name)(rewards.sum(-1), torch.tensor([0, 0, 0, 1, 1, 1]))
+    want = algos.get_advantage(name)(algos.AdvantageInputs(rewards.sum(-1), torch.tensor([0, 0, 0, 1, 1, 1])))
+    want = want.advantages
     torch.testing.assert_close(adv, want[:, None] * mask)
     assert torch.equal(adv, returns)
 

@@ -17,7 +17,7 @@ import torch
 from tests.engine.helpers import COPY_ENGINE
 from tether.config import ConfigError, load_config
 from tether.engine import ENGINES
-from tether.methods.armor import run_two_stage
+from tether.recipes.armor import run_two_stage
 from tether.tasks.base import Score, TaskItem
 from tether.tasks.registry import register_task, unregister_task
 from tether.trainer import Trainer

@@ -23,7 +23,6 @@ from tether.methods.eapo import (
     gate_statistic,
     js_divergence,
     mixture_log_probs,
-    non_injected_advantages,
     scheduled_lambda,
 )
 from tether.models import tiny_model
@@ -111,33 +110,11 @@ def test_scheduled_lambda():
     assert scheduled_lambda(0.5, "cosine", 5, 10) == pytest.approx(0.25)
 
 
-def test_non_injected_advantages_hand_values():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0,   0.0, 0.0, 0.0, 1.0,   1.0, 0.0,   5.0])
-    groups = torch.tensor([0, 0, 0, 0,            1, 1, 1, 1,           2, 2,       3])
-    injected = torch.tensor([False, False, False, True,  False, False, False, True,  True, True,  False])
-    adv, clean = non_injected_advantages(rewards, groups, injected, eps=0.0)
-    # group 0: clean rewards [1, 0, 0]: mean 1/3, std sqrt(1/3); the injected success uses the same baseline
-    mean, std = 1 / 3, math.sqrt(1 / 3)
-    torch.testing.assert_close(adv[:4], (rewards[:4] - mean) / std)
-    # group 1: clean rewards all 0 (std 0) -> the whole group's std (0.5) scales; baseline stays 0
-    torch.testing.assert_close(adv[4:8], torch.tensor([0.0, 0.0, 0.0, 2.0]))
-    # group 2: no clean rollout -> plain GRPO over the group; group 3: a group of one -> 0
-    torch.testing.assert_close(adv[8:], torch.tensor([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), 0.0]))
-    assert clean.tolist() == [True] * 8 + [False, False, False]
-    dr, _ = non_injected_advantages(rewards, groups, injected, scale=False)
-    torch.testing.assert_close(dr[:4], rewards[:4] - mean)
-    # without any injection it is GRPO exactly
-    from tether.algos import grpo
-
-    none = torch.zeros_like(injected)
-    torch.testing.assert_close(non_injected_advantages(rewards, groups, none)[0], grpo(rewards, groups))
-
-
 def test_settings_are_validated():
     assert "eapo" in METHODS
     s = method_config("eapo", {"prior": "runs/x/checkpoints/best"})
     assert (s.gate, s.threshold_mode, s.mix_lambda, s.budget) == ("js", "fixed", 1.0, 4)
-    assert (s.schedule, s.advantage_grouping, s.prior_temperature) == ("constant", "all", None)
+    assert (s.schedule, s.prior_temperature) == ("constant", None)
     with pytest.raises(ConfigError, match=r"methods\.eapo\.budgt"):
         method_config("eapo", {"prior": "p", "budgt": 3})
     with pytest.raises(ConfigError, match=r"methods\.eapo\.threshold: .*ln 2"):
@@ -346,9 +323,8 @@ def test_cosine_schedule_switches_the_prior_off(tmp_path, tiny_policy, prior_dir
 
 
 def test_guided_training_step(tmp_path, tiny_policy, prior_dir):
-    trainer, batches = make_trainer(tmp_path, tiny_policy, "eapo", prior=str(prior_dir), budget=2,
-                                    threshold_mode="quantile", quantile=0.5, floor=0.0,
-                                    advantage_grouping="non_injected")
+    trainer, batches = make_trainer(tmp_path, tiny_policy, "eapo", advantage="clean_baseline", prior=str(prior_dir),
+                                    budget=2, threshold_mode="quantile", quantile=0.5, floor=0.0)
     method = trainer.methods[0]
     assert method.threshold == 0.0  # quantile mode starts at the floor
     metrics = trainer.train_step()
@@ -400,7 +376,11 @@ def test_weights_of_real_guided_rollouts_never_exceed_the_cap(tiny_policy):
 
 
 def test_settings_that_cannot_work_together_fail_or_warn(tmp_path, tiny_policy, prior_dir):
-    with pytest.raises(ValueError, match=r"advantage_grouping=non_injected needs algorithm\.advantage grpo"):
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage=clean_baseline needs the per-row injected.*"
+                                          r"methods\.eapo.*allowed here: dr_grpo, episode, grpo, qae, rloo$"):
+        make_trainer(tmp_path, tiny_policy, "clean", loss="ppo", advantage="clean_baseline")
+    with pytest.raises(ConfigError, match=r"advantage_grouping=non_injected goes with algorithm\.advantage grpo or "
+                                          r"dr_grpo, got rloo"):
         make_trainer(tmp_path, tiny_policy, "rloo", advantage="rloo", prior=str(prior_dir),
                      advantage_grouping="non_injected")
     with pytest.warns(UserWarning, match="treated as on-policy"):

@@ -21,10 +21,10 @@ from tether import algos
 from tether.algos import LossInputs
 from tether.config import ConfigError, load_config
 from tether.engine.base import Generation
-from tether.methods.seed import run_skill_sft
 from tether.methods.seed.plugin import teacher_prompts
 from tether.methods.seed.prompting import augment_with_skill
 from tether.models import encode_chat, load_policy, response_log_probs
+from tether.recipes.seed_sft import run_skill_sft
 from tether.trainer import Trainer
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "seed"

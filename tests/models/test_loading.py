@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tether.models import loading
-from tether.models.loading import ModelUnavailableError, load_policy, prepare_tokenizer, tiny_model
+from tether.models.loading import ModelUnavailableError, prepare_tokenizer, tiny_model
+from tether.models.policy import load_policy
 
 
 def _has_smollm2() -> bool:

@@ -13,7 +13,8 @@ import torch
 
 from tests.rollout.helpers import INVALID, ScriptedEngine, agent_config
 from tether import algos
-from tether.rollout.multi_turn import Episode, build_prompt, discounted_returns, step_advantages
+from tether.algos import AdvantageInputs, episode
+from tether.rollout.multi_turn import Episode, build_prompt, discounted_returns
 from tether.trainer import Trainer
 
 # The plan of ScriptedEngine with 2 tasks x 3 clones (win / invalid-then-win / always wrong, 3 guesses):
@@ -105,7 +106,7 @@ def test_a_training_step_uses_the_episode_advantage(tmp_path, agent_trainer):
     assert metrics["train/rows"] == 12.0 and torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
     # the advantage the update used, recomputed from the exact rewards
     batch, _ = collect(agent_trainer(agent_config(tmp_path / "again")))
-    adv = algos.get_advantage("episode")(batch.rewards, batch.group_ids)
+    adv = algos.get_advantage("episode")(AdvantageInputs(batch.rewards, batch.group_ids)).advantages
     assert (adv[torch.tensor(WON)] > 0).all() and (adv[~torch.tensor(WON)] < 0).all()
 
 
@@ -195,29 +196,15 @@ def test_discounted_returns():
     assert discounted_returns([], 0.9) == []
 
 
-def test_step_advantages_by_hand():
-    # group 0: rows 0,1,2 act on "A" (returns 1, 0, 0.5), row 3 on "B" alone; group 1: row 4 on "A" alone
-    returns = torch.tensor([1.0, 0.0, 0.5, 0.7, 0.3])
-    groups = torch.tensor([0, 0, 0, 0, 1])
-    keys = ["A", "A", "A", "B", "A"]
-    adv, sizes = step_advantages(returns, groups, keys)
-    # mean 0.5, unbiased std 0.5 -> (1, -1, 0); singletons get 0
-    torch.testing.assert_close(adv, torch.tensor([1.0, -1.0, 0.0, 0.0, 0.0]), atol=1e-5, rtol=0)
-    assert sizes.tolist() == [3, 3, 3, 1, 1]
-    adv, _ = step_advantages(returns, groups, keys, mode="mean_norm")
-    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.0, 0.0, 0.0]))
-    with pytest.raises(ValueError, match="mode"):
-        step_advantages(returns, groups, keys, mode="rank")
-
-
-def test_step_grouping_adds_the_weighted_step_advantage(tmp_path, agent_trainer):
-    cfg = agent_config(tmp_path, "env.step_grouping=true", "env.step_advantage_w=0.5", "env.step_gamma=0.5")
+def test_gigpo_adds_the_weighted_step_advantage(tmp_path, agent_trainer):
+    cfg = agent_config(tmp_path, "algorithm.advantage=gigpo", "algorithm.advantage_kwargs.step_weight=0.5",
+                       "env.step_gamma=0.5")
     trainer = agent_trainer(cfg)
     batch, _ = collect(trainer)
     # step returns: env rewards discounted from each turn on (no penalty); win row 1, invalid clone 0.5 then 1
     assert batch.info["step_return"] == [1.0, 0.5, 0.0, 1.0, 0.5, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
-    metrics = trainer.compute_advantages(batch)  # the episode advantage plus the collector's step term
-    episode_only = trainer.advantage_fn(batch.rewards, batch.group_ids, **cfg.algorithm.advantage_kwargs)
+    metrics = trainer.compute_advantages(batch)  # the episode advantage plus the step term, in one estimator
+    episode_only = episode(AdvantageInputs(batch.rewards, batch.group_ids)).advantages
     episode_only = episode_only[:, None] * batch.response_mask
     # turn 1: the three clones of a task see the same first observation -> one step group of 3
     # (returns 1, 0.5, 0: advantages 1, 0, -1); later observations differ per clone -> singletons, 0
@@ -245,9 +232,9 @@ def test_build_prompt_layout():
     assert "Available actions: 'search[<your query>]', 'click[next >]'" in build_prompt(ep, 0, "FORMAT")
 
 
-def test_step_grouping_trains_end_to_end(tmp_path, tiny_policy):
+def test_gigpo_trains_end_to_end(tmp_path, tiny_policy):
     model, tok = tiny_policy
-    trainer = Trainer(agent_config(tmp_path, "env.step_grouping=true", "train.steps=2"), policy=model,
+    trainer = Trainer(agent_config(tmp_path, "algorithm.advantage=gigpo", "train.steps=2"), policy=model,
                             tokenizer=tok)
     trainer.engine = ScriptedEngine(tok)
     for _ in range(2):

@@ -17,7 +17,7 @@ from tests.rollout.helpers import agent_config
 from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
 from tether.distributed import DataParallel, Replicate, resolve_device
-from tether.methods.seed import run_skill_sft
+from tether.recipes.seed_sft import run_skill_sft
 from tether.trainer import Trainer, evaluate
 
 

@@ -131,9 +131,9 @@ def test_eapo_prior_injection(tmp_path, tiny_policy, place):
     prior = tmp_path / "prior"
     model.save_pretrained(prior)
     tok.save_pretrained(prior)
-    eapo = (f"methods.eapo={{prior: {prior}, threshold_mode: quantile, floor: -1.0, mix_lambda: 0.5, budget: 2, "
-            "advantage_grouping: non_injected}")
-    trainer = Trainer(tiny_config(tmp_path, eapo, "algorithm.policy_loss=eapo", "optim.mini_batches=2",
+    eapo = f"methods.eapo={{prior: {prior}, threshold_mode: quantile, floor: -1.0, mix_lambda: 0.5, budget: 2}}"
+    trainer = Trainer(tiny_config(tmp_path, eapo, "algorithm.policy_loss=eapo", "algorithm.advantage=clean_baseline",
+                                  "optim.mini_batches=2",
                                   "train.steps=1"), policy=model, tokenizer=tok)
     (method,) = trainer.methods
     assert_models_on_the_device(place, trainer, method.prior)
@@ -143,7 +143,7 @@ def test_eapo_prior_injection(tmp_path, tiny_policy, place):
 
 def test_seed_on_an_env_with_step_advantages(tmp_path, tiny_policy, place):
     model, tok = tiny_policy
-    cfg = agent_config(tmp_path, "env.step_grouping=true", "algorithm.kl.coef=0.01", "optim.mini_batches=2",
+    cfg = agent_config(tmp_path, "algorithm.advantage=gigpo", "algorithm.kl.coef=0.01", "optim.mini_batches=2",
                        methods={"seed": SEED})
     trainer = Trainer(cfg, policy=model, tokenizer=tok)
     trainer.engine = CannedAnalyzer(ScriptedEngine(tok), tok)  # host tensors, as vLLM returns them

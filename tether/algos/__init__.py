@@ -1,11 +1,12 @@
 """Pure tensor math of RL for language models: advantages, policy losses, aggregation, KL, distillation.
 
-No I/O, no config objects, no device logic, no host syncs. Advantage estimators and policy losses
+No I/O, no config objects, no device logic, no host syncs (but in the two advantage estimators whose reference
+code groups rows in Python: ``gigpo`` and ``clean_baseline``). Advantage estimators and policy losses
 are looked up by name (``get_advantage``, ``get_policy_loss``); formulas and sources are listed in
 docs/algorithms.md.
 """
 
-from tether.algos.advantages import dr_grpo, episode, grpo, qae, rloo
+from tether.algos.advantages import clean_baseline, dr_grpo, episode, gigpo, grpo, qae, rloo, step_advantages
 from tether.algos.aggregation import AGG_MODES, aggregate, masked_max, masked_mean, masked_min, masked_sum
 from tether.algos.armor_loss import armor, mix_log_probs
 from tether.algos.distillation import opd_advantages, opd_loss, seed_opd_loss
@@ -25,14 +26,17 @@ from tether.algos.registry import (
     register_advantage,
     register_policy_loss,
 )
-from tether.algos.types import LossInputs, LossOutput
+from tether.algos.types import ADVANTAGE_TAGS, AdvantageInputs, AdvantageOutput, LossInputs, LossOutput
 
 __all__ = [
     "ADVANTAGES",
+    "ADVANTAGE_TAGS",
     "AGG_MODES",
     "KL_KINDS",
     "POLICY_LOSSES",
     "AdvantageFn",
+    "AdvantageInputs",
+    "AdvantageOutput",
     "LossInputs",
     "LossOutput",
     "PolicyLossFn",
@@ -40,6 +44,7 @@ __all__ = [
     "UnknownNameError",
     "aggregate",
     "armor",
+    "clean_baseline",
     "clipped_surrogate",
     "dr_grpo",
     "eapo",
@@ -47,6 +52,7 @@ __all__ = [
     "forward_kl_estimate",
     "get_advantage",
     "get_policy_loss",
+    "gigpo",
     "grpo",
     "gspo",
     "kl_estimate",
@@ -64,5 +70,6 @@ __all__ = [
     "reverse_kl_estimate",
     "rloo",
     "seed_opd_loss",
+    "step_advantages",
     "token_log_probs",
 ]

@@ -4,8 +4,11 @@ One :class:`Registry` per family, filled by a decorator at import time. The trai
 by the name in the config and binds the config's keyword arguments to the function's signature, so
 every entry must have the family's signature (checked when it is registered, and again in the tests):
 
-* advantage: ``fn(rewards, group_ids, *, <hparam>=<default>, ...) -> Tensor[N]``
+* advantage: ``fn(inputs, *, <hparam>=<default>, ...) -> AdvantageOutput`` (``inputs`` an :class:`AdvantageInputs`)
 * policy loss: ``fn(inputs, *, agg="token-mean", <hparam>=<default>, ...) -> LossOutput``
+
+An advantage estimator also declares the optional per-row tags of :class:`AdvantageInputs` it needs
+(``needs=("injected",)``), so a config that chooses it where nothing produces them is refused when it is read.
 
 Unlike verl's ``register_policy_loss``, a second registration under a taken name raises instead of
 silently replacing the first.
@@ -17,15 +20,13 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from torch import Tensor
-
-from tether.algos.types import LossInputs, LossOutput
+from tether.algos.types import ADVANTAGE_TAGS, AdvantageInputs, AdvantageOutput, LossInputs, LossOutput
 
 
 class AdvantageFn(Protocol):
-    """Per-row advantages from per-row rewards and group ids."""
+    """Per-row advantages, plus metrics, from per-row rewards, group ids and tags."""
 
-    def __call__(self, rewards: Tensor, group_ids: Tensor, **hparams: Any) -> Tensor: ...
+    def __call__(self, inputs: AdvantageInputs, **hparams: Any) -> AdvantageOutput: ...
 
 
 class PolicyLossFn(Protocol):
@@ -49,12 +50,11 @@ def _check_keyword_defaults(fn: Callable, params: list[inspect.Parameter], kind:
 
 
 def check_advantage_signature(fn: Callable) -> None:
-    """Raise TypeError unless ``fn`` is ``fn(rewards, group_ids, *, k=default, ...)``."""
+    """Raise TypeError unless ``fn`` is ``fn(inputs, *, k=default, ...)``."""
     params = list(inspect.signature(fn).parameters.values())
-    positional = [p.name for p in params[:2] if p.kind is p.POSITIONAL_OR_KEYWORD]
-    if positional != ["rewards", "group_ids"]:
-        raise TypeError(f"advantage '{fn.__name__}' must start with (rewards, group_ids), got {positional}")
-    _check_keyword_defaults(fn, params[2:], "advantage")
+    if not params or params[0].name != "inputs" or params[0].kind is not params[0].POSITIONAL_OR_KEYWORD:
+        raise TypeError(f"advantage '{fn.__name__}' must take (inputs, *, ...), inputs an AdvantageInputs")
+    _check_keyword_defaults(fn, params[1:], "advantage")
 
 
 def check_policy_loss_signature(fn: Callable) -> None:
@@ -73,29 +73,44 @@ class Registry(Mapping[str, Callable]):
     Args:
         kind: what the entries are, for error messages ("advantage", "policy loss").
         check: called on every function at registration; raises TypeError on a bad signature.
+        tags: the optional inputs an entry may declare it needs (``register(name, needs=...)``).
     """
 
-    def __init__(self, kind: str, check: Callable[[Callable], None]) -> None:
+    def __init__(self, kind: str, check: Callable[[Callable], None], tags: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self._check = check
+        self._tags = tags
         self._entries: dict[str, Callable] = {}
+        self._needs: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str) -> Callable[[Callable], Callable]:
-        """Decorator: ``@REGISTRY.register("name")``. Raises ValueError if the name is taken."""
+    def register(self, name: str, *, needs: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+        """Decorator: ``@REGISTRY.register("name")``. Raises ValueError if the name is taken, TypeError on a bad
+        signature or a need that is not one of the registry's tags."""
 
         def decorator(fn: Callable) -> Callable:
             if name in self._entries:
                 raise ValueError(f"{self.kind} '{name}' is already registered "
                                  f"(by {self._entries[name].__module__}.{self._entries[name].__qualname__})")
             self._check(fn)
+            unknown = sorted(set(needs) - set(self._tags))
+            if unknown:
+                raise TypeError(f"{self.kind} '{name}' needs {unknown}; an entry may need: "
+                                f"{', '.join(self._tags) or '(nothing)'}")
             self._entries[name] = fn
+            self._needs[name] = frozenset(needs)
             return fn
 
         return decorator
 
     def unregister(self, name: str) -> Callable:
         """Remove and return an entry (for plug-ins that replace one, and for tests)."""
+        self._needs.pop(name, None)
         return self._entries.pop(name)
+
+    def needs(self, name: str) -> frozenset[str]:
+        """The optional inputs the entry ``name`` needs (UnknownNameError for an unknown name)."""
+        self[name]  # an unknown name raises here, listing the known ones
+        return self._needs[name]
 
     def __getitem__(self, name: str) -> Callable:
         try:
@@ -114,13 +129,14 @@ class Registry(Mapping[str, Callable]):
         return f"Registry({self.kind!r}, {sorted(self._entries)})"
 
 
-ADVANTAGES = Registry("advantage", check_advantage_signature)
+ADVANTAGES = Registry("advantage", check_advantage_signature, tags=ADVANTAGE_TAGS)
 POLICY_LOSSES = Registry("policy loss", check_policy_loss_signature)
 
 
-def register_advantage(name: str) -> Callable[[Callable], Callable]:
-    """Decorator registering an advantage estimator under ``name``."""
-    return ADVANTAGES.register(name)
+def register_advantage(name: str, *, needs: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorator registering an advantage estimator under ``name``; ``needs`` names the optional fields of
+    :class:`AdvantageInputs` it reads."""
+    return ADVANTAGES.register(name, needs=needs)
 
 
 def register_policy_loss(name: str) -> Callable[[Callable], Callable]:

@@ -1,15 +1,65 @@
-"""The two value types every policy loss speaks: :class:`LossInputs` in, :class:`LossOutput` out.
+"""The value types of the two registered families: :class:`AdvantageInputs` in, :class:`AdvantageOutput` out for
+advantage estimators; :class:`LossInputs` in, :class:`LossOutput` out for policy losses.
 
-All per-token tensors are ``[B, T]`` over *response* tokens only (prompt positions never appear),
-aligned so that ``log_probs[i, t]`` is the log-probability of response token ``t`` of row ``i``.
+Advantage inputs are per row (``[N]``), one entry per training sequence of the whole RL step. Loss inputs are
+per token: ``[B, T]`` over *response* tokens only (prompt positions never appear), aligned so that
+``log_probs[i, t]`` is the log-probability of response token ``t`` of row ``i``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
+
+# The optional per-row fields of AdvantageInputs: an estimator declares which it needs when it is registered, and
+# a config whose collector and methods produce none of them cannot choose it.
+ADVANTAGE_TAGS = ("injected", "step_returns", "obs_keys")
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Per-row values of one RL step's batch, from which an estimator makes one advantage per row.
+
+    Attributes:
+        rewards: scalar reward per row, shaping included. [N] float
+        group_ids: rows with the same id share a baseline (the samples of one prompt, the rows of one task). [N]
+        injected: rows with at least one token drawn from a prior's branch (EAPO's intervention). [N] bool
+        step_returns: discounted env return from the row's turn on (the agent loop, ``env.step_gamma``). [N] float
+        obs_keys: the observation each row acted on (the agent loop); rows of a group with equal keys form a
+            GiGPO step group. N strings
+    """
+
+    rewards: Tensor
+    group_ids: Tensor
+    injected: Tensor | None = None
+    step_returns: Tensor | None = None
+    obs_keys: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        n = self.rewards.shape[0]
+        for name in ("group_ids", *ADVANTAGE_TAGS):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise ValueError(f"AdvantageInputs.{name} has {len(value)} rows, expected {n} (the rows of rewards)")
+
+    def require(self, name: str, estimator: str) -> Any:
+        """Return an optional tag, or raise naming the estimator that needs it."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"advantage '{estimator}' needs AdvantageInputs.{name}, which is None")
+        return value
+
+
+@dataclass
+class AdvantageOutput:
+    """One advantage per row, plus detached scalar metrics (tensors: no host sync happens here)."""
+
+    advantages: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
 @dataclass

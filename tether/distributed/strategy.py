@@ -27,7 +27,6 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from tether.config import DistributedConfig
 from tether.distributed.data_parallel import DataParallel
 
 
@@ -146,18 +145,3 @@ class Replicate:
     def save_pretrained(self, directory: Path, model: nn.Module) -> None:
         if self.dp.is_main:
             model.save_pretrained(directory, safe_serialization=True)
-
-
-def build_strategy(cfg: DistributedConfig, device: torch.device) -> Strategy:
-    """Join ``torchrun``'s process group (if any) and return the configured strategy, which places models on
-    ``device`` (this rank's, from :func:`~tether.distributed.device.resolve_device`).
-
-    Raises:
-        ConfigError: the strategy cannot run in this launch (e.g. fsdp2 without a process group).
-    """
-    if cfg.strategy == "fsdp2":
-        from tether.distributed.fsdp import FSDP2
-
-        return FSDP2(DataParallel.from_env(device, join_alone=True), device, param_dtype=cfg.param_dtype,
-                     reduce_dtype=cfg.reduce_dtype)
-    return Replicate(DataParallel.from_env(device), device)

@@ -9,8 +9,7 @@ counted for every workload.
 
 from __future__ import annotations
 
-from tether.rollout.batch import RolloutBatch
-from tether.rollout.single_turn import zero_variance_groups
+from tether.rollout.batch import RolloutBatch, zero_variance_groups
 
 
 def answer_shares(batch: RolloutBatch) -> tuple[dict[str, float], list[int]]:

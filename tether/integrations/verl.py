@@ -8,8 +8,9 @@ registry refuses a second function under a taken name).
 Signatures bridged (verl 0.9.1, ``verl/trainer/ppo/core_algos.py``):
 
 * advantage: ``fn(token_level_rewards [B, T], response_mask [B, T], index (uid per row), config=None,
-  **kw) -> (advantages [B, T], returns [B, T])`` -> tether ``fn(rewards [B], group_ids [B], **hparams)``
-  with ``rewards = token_level_rewards.sum(-1)`` and the advantage broadcast over response tokens;
+  **kw) -> (advantages [B, T], returns [B, T])`` -> tether ``fn(AdvantageInputs(rewards [B], group_ids [B]),
+  **hparams)`` with ``rewards = token_level_rewards.sum(-1)`` and the advantage broadcast over response tokens
+  (the estimators that need no per-row tag: verl passes none);
 * policy loss: ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
   rollout_is_weights) -> (loss, metrics)`` -> tether ``fn(LossInputs, agg=..., **hparams)``. verl's
   normalisers (``config.global_batch_info``: ``batch_num_tokens``, ``global_batch_size``, ``dp_size``,
@@ -57,8 +58,8 @@ def make_advantage_adapter(name: str, hparams: Mapping[str, Any] | None = None) 
     def adapter(token_level_rewards: Tensor, response_mask: Tensor, index: Any, config: Any = None,
                 **_: Any) -> tuple[Tensor, Tensor]:
         scores = token_level_rewards.sum(-1)
-        adv = fn(scores.float(), group_ids_from_index(index).to(scores.device), **kw)
-        adv = adv[:, None].to(token_level_rewards.dtype) * response_mask
+        inputs = algos.AdvantageInputs(scores.float(), group_ids_from_index(index).to(scores.device))
+        adv = fn(inputs, **kw).advantages[:, None].to(token_level_rewards.dtype) * response_mask
         return adv, adv
 
     adapter.__name__ = f"{PREFIX}{name}_advantage"

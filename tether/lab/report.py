@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tether.lab import stats
-
-if TYPE_CHECKING:
-    from tether.lab.experiment import Protocol
+from tether.lab.protocol import Protocol, arm_config, run_dir
 
 
 def endpoint_values(records: list[dict[str, Any]], metric: str) -> dict[str, dict[int, float]]:
@@ -25,7 +23,6 @@ def endpoint_values(records: list[dict[str, Any]], metric: str) -> dict[str, dic
 def evaluation_answers(protocol: Protocol) -> int | None:
     """Answers behind one run's endpoint value (prompts of the split x samples), for the evaluation-noise MDE."""
     from tether.config import load_config
-    from tether.lab.experiment import arm_config
     from tether.tasks import make_task, task_split
 
     cfg = arm_config(protocol, protocol.baseline, protocol.seeds[0])
@@ -107,8 +104,6 @@ def markdown(protocol: Protocol, summary: dict[str, Any], reg: dict[str, Any], f
 
 def training_curves(protocol: Protocol, metric: str) -> dict[str, dict[int, list[float]]]:
     """arm -> step -> the metric's values over seeds, on the selection split during training (metrics.jsonl)."""
-    from tether.lab.experiment import run_dir
-
     curves: dict[str, dict[int, list[float]]] = {}
     for arm in protocol.arms:
         for seed in protocol.seeds:

@@ -10,7 +10,7 @@ hook                   called
 ``intervention``       before each generation batch; may return a per-step sampling hook
 ``on_generation``      on each fresh generation batch (rewards known): add rows, drop groups
 ``on_score``           after old/ref log-probs: add per-token tensors (teacher log-probs...)
-``on_advantages``      after advantages: re-group or re-weight them
+``on_advantages``      after the trainer made the advantages: read them (metrics); never write them
 ``extra_loss``         per micro-batch: an extra term added to the policy loss
 ``after_update``       after the optimiser steps of an RL step (reference resets...)
 ``state_dict``         extra state to checkpoint; ``load_state_dict`` restores it
@@ -19,6 +19,11 @@ hook                   called
 Hooks return metrics (or the object plus metrics), which the trainer logs as given: a method names
 its keys under its own namespace (``armor/``, ``eapo/``, ``seed/``). Several methods may run together;
 at most one may intervene in sampling.
+
+Advantages are made in one place, by the trainer, with the estimator the config names (``algorithm.advantage``).
+A method that an estimator depends on produces per-row tags instead, and declares them in ``advantage_tags``
+(EAPO: ``injected``), so a config choosing an estimator whose tags nothing produces is refused when it is read
+(:mod:`tether.advantage_inputs`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Method:
     # True when ``intervention`` returns a per-step hook: then rollout.engine must support interventions
     # (checked when the config is read).
     needs_intervention: ClassVar[bool] = False
+    # Fields of tether.algos.AdvantageInputs this method's rows carry (tether.advantage_inputs reads them).
+    advantage_tags: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, settings: MethodSettings) -> None:
         self.settings = settings

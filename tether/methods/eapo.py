@@ -105,42 +105,6 @@ def scheduled_lambda(mix_lambda: float, schedule: str, step: int, decay_steps: i
     raise ValueError(f"eapo schedule must be 'constant' or 'cosine'; got '{schedule}'")
 
 
-def non_injected_advantages(rewards: Tensor, group_ids: Tensor, injected: Tensor, *, eps: float = 1e-6,
-                            scale: bool = True) -> tuple[Tensor, Tensor]:
-    """Group-relative advantages whose baseline comes from the rollouts without injection.
-
-    For each group with ``k`` non-injected ("clean") rollouts, every rollout (injected ones included,
-    unclipped) gets ``(R_i - mean_clean) / (s + eps)`` (``R_i - mean_clean`` without ``scale``, as
-    Dr.GRPO), where ``s`` is the unbiased std of the clean rewards, or of the whole group's rewards
-    when ``k < 2`` or the clean rewards are all equal (then the clean std is 0 and an injected success
-    would get ``1 / eps``). A group with ``k = 0`` is plain GRPO (mean over all rollouts).
-
-    Args:
-        rewards: ``[N]`` float.
-        group_ids: ``[N]`` long.
-        injected: ``[N]`` bool, rollouts with at least one injected token.
-        eps: added to the std.
-        scale: divide by the std (GRPO) or not (Dr.GRPO).
-
-    Returns:
-        (advantages ``[N]``, per row: True where its group's baseline came from clean rollouts only).
-    """
-    adv = torch.zeros_like(rewards)
-    clean_baseline = torch.zeros_like(injected)
-    for gid in group_ids.unique().tolist():
-        rows = group_ids == gid
-        r, clean = rewards[rows], ~injected[rows]
-        if int(rows.sum()) < 2:
-            continue  # a group of one has no baseline: advantage 0, as the registered estimators
-        mean = r[clean].mean() if bool(clean.any()) else r.mean()
-        std = r[clean].std() if int(clean.sum()) >= 2 else r.new_zeros(())
-        if not bool(std > 0):
-            std = r.std()
-        adv[rows] = (r - mean) / (std + eps) if scale else r - mean
-        clean_baseline[rows] = bool(clean.any())
-    return adv, clean_baseline
-
-
 def check_vocabulary(policy: Any, tokenizer: Any, prior: Any, prior_tokenizer: Any, prior_name: str) -> None:
     """Raise ValueError unless the prior's output layer and tokenizer match the policy's one for one."""
 
@@ -297,8 +261,6 @@ class EAPOSettings(MethodSettings):
     budget: int = Field(4, ge=0, description="most injected tokens per sequence")
     schedule: Literal["constant", "cosine"] = Field("constant", description="lambda over RL steps")
     decay_steps: int = Field(120, ge=1, description="schedule=cosine: lambda reaches 0 at this step")
-    advantage_grouping: Literal["all", "non_injected"] = Field(
-        "all", description="group baseline over all rollouts, or over rollouts without injection")
     prior_temperature: float | None = Field(
         None, gt=0, description="temperature of the prior's distribution; default: rollout.temperature")
     log_injections: int = Field(0, ge=0, description="write up to this many injected tokens per step, each with "
@@ -329,6 +291,8 @@ class EAPO(Method):
     name: ClassVar[str] = "eapo"
     Settings: ClassVar[type[MethodSettings]] = EAPOSettings
     needs_intervention: ClassVar[bool] = True  # the prior runs in lock-step with the policy's decoding loop
+    # injected_mask marks the rows whose group baseline algorithm.advantage=clean_baseline takes from the others
+    advantage_tags: ClassVar[frozenset[str]] = frozenset({"injected"})
     settings: EAPOSettings
 
     def __init__(self, settings: MethodSettings) -> None:
@@ -350,9 +314,6 @@ class EAPO(Method):
             warnings.warn(f"methods.eapo with algorithm.policy_loss='{cfg.algorithm.policy_loss}': injected "
                           "tokens are then treated as on-policy (biased); use policy_loss: eapo (with "
                           "correction: none for that ablation on purpose)", stacklevel=2)
-        if s.advantage_grouping == "non_injected" and cfg.algorithm.advantage not in ("grpo", "dr_grpo"):
-            raise ValueError("methods.eapo.advantage_grouping=non_injected needs algorithm.advantage grpo or "
-                             f"dr_grpo (got '{cfg.algorithm.advantage}'); or use advantage_grouping=all")
         prior, prior_tokenizer = load_policy(s.prior, dtype=next(trainer.policy.parameters()).dtype)
         check_vocabulary(trainer.policy, trainer.tokenizer, prior, prior_tokenizer, s.prior)
         # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine
@@ -395,17 +356,6 @@ class EAPO(Method):
             valid = (batch.response_mask > 0) & (batch.token["injected_mask"] == 0)
             self._recent_stats = batch.token["eapo_gate_stat"][valid].detach().float().cpu()
         return metrics
-
-    def on_advantages(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
-        if self.settings.advantage_grouping == "all":
-            return {}
-        a = trainer.cfg.algorithm
-        injected = (batch.token["injected_mask"] * batch.response_mask).sum(1) > 0
-        eps = a.advantage_kwargs.get("eps", 1e-6)
-        adv, clean = non_injected_advantages(batch.rewards, batch.group_ids, injected, eps=eps,
-                                             scale=a.advantage == "grpo")
-        batch.token["advantages"] = adv[:, None] * batch.response_mask
-        return {"eapo/clean_baseline_frac": clean.float().mean().item()}
 
     def after_update(self, trainer: Trainer) -> dict[str, Any]:
         """threshold_mode=quantile: tau = max(quantile of the last step's non-injected stats, floor)."""

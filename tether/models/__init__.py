@@ -6,13 +6,13 @@ from tether.models.loading import (
     SMOLLM2,
     ModelUnavailableError,
     cache_root,
-    load_policy,
     prepare_tokenizer,
     smollm2_dir,
     smollm2_gguf,
     smollm2_tokenizer,
     tiny_model,
 )
+from tether.models.policy import load_policy
 
 __all__ = [
     "SMOLLM2",

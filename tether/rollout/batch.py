@@ -136,3 +136,13 @@ class RolloutBatch:
                    for k in token_keys},
             info={k: [x for b in batches for x in b.info[k]] for k in info_keys},
         )
+
+
+def zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> set[int]:
+    """Group ids whose rewards are all equal: their GRPO advantage is 0, so they teach nothing."""
+    out = set()
+    for gid in group_ids.unique().tolist():
+        r = rewards[group_ids == gid]
+        if bool((r == r[0]).all()):
+            out.add(gid)
+    return out

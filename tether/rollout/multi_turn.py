@@ -8,9 +8,9 @@ the response, the environment steps, and the turn becomes a row. The episode's r
 every row of the episode, minus a penalty on rows whose action was invalid; the ``episode``
 advantage estimator then normalises over all rows of a group.
 
-Optionally (``env.step_grouping``) a GiGPO step advantage is added: rows of one task group that
-acted on the same observation form a step group, and their discounted returns are normalised
-within it (:func:`step_advantages`; the trainer calls :meth:`AgentCollector.post_advantages`).
+Every row also carries the tags of GiGPO's step advantage (``algorithm.advantage: gigpo``): the observation it
+acted on (``obs_key``) and the discounted env return from its turn on (``step_return``, :func:`discounted_returns`
+with ``env.step_gamma``). The trainer makes the advantages from them (:mod:`tether.advantage_inputs`).
 
 Environments run in this process or in Ray actors (``env.workers``, :mod:`tether.envs.workers`); the
 envs of a batch are reset and stepped with one pool call, so actors step them in parallel. An environment
@@ -29,12 +29,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torch import Tensor
 
-from tether import algos
 from tether.engine.base import SamplingParams
 from tether.envs import (
     Observation,
@@ -113,38 +111,11 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     return out
 
 
-def step_advantages(returns: Tensor, group_ids: Tensor, obs_keys: Sequence[str], *,
-                    mode: str = "mean_std_norm", eps: float = 1e-6) -> tuple[Tensor, Tensor]:
-    """GiGPO's step-level advantage: normalise returns over rows of a task group with the same observation.
-
-    Feng et al., "Group-in-Group Policy Optimization for LLM Agent Training", arXiv:2505.10978, Eq. 6-7;
-    verl-agent ``gigpo/core_gigpo.py::build_step_group`` (exact-match anchor observations within one
-    ``uid``) and ``step_norm_reward``. A step group of one row gets 0 (its own mean), as there.
-
-    Args:
-        returns: ``[N]`` discounted return of each row from its turn on (:func:`discounted_returns`).
-        group_ids: ``[N]`` the task group of each row (the episode advantage's groups).
-        obs_keys: the observation each row acted on (the raw env observation, not the prompt).
-        mode: ``mean_std_norm`` ``(G - mean) / (std + eps)`` (unbiased std) or ``mean_norm`` ``G - mean``.
-        eps: added to the std.
-
-    Returns:
-        (``[N]`` step advantages, ``[N]`` long size of each row's step group).
-    """
-    if mode not in ("mean_std_norm", "mean_norm"):
-        raise ValueError(f"step advantage mode must be 'mean_std_norm' or 'mean_norm', got '{mode}'")
-    ids: dict[tuple[int, str], int] = {}
-    step_ids = torch.tensor([ids.setdefault((g, k), len(ids)) for g, k in
-                             zip(group_ids.tolist(), obs_keys, strict=True)], dtype=torch.long,
-                            device=group_ids.device)
-    sizes = torch.bincount(step_ids)[step_ids]
-    if mode == "mean_norm":
-        return algos.get_advantage("dr_grpo")(returns, step_ids), sizes
-    return algos.get_advantage("grpo")(returns, step_ids, eps=eps), sizes
-
-
 class AgentCollector:
     """Collects multi-turn episodes of ``cfg.env`` with the trainer's engine; validates by success rate."""
+
+    # the per-row tags of tether.algos.AdvantageInputs its batches carry (info "step_return" and "obs_key")
+    advantage_tags: ClassVar[frozenset[str]] = frozenset({"step_returns", "obs_keys"})
 
     def __init__(self, cfg: Config, tokenizer: Any) -> None:
         if cfg.env is None:
@@ -298,24 +269,6 @@ class AgentCollector:
             "env/faults": float(self.faults),
         })
         return batch, metrics
-
-    def post_advantages(self, batch: RolloutBatch) -> dict[str, float]:
-        """Add ``step_advantage_w`` times the GiGPO step advantage to ``batch.token["advantages"]``.
-
-        Called by the trainer right after the episode advantage; a no-op unless ``env.step_grouping``.
-        The step return discounts the env rewards (no invalid-action penalty) with ``env.step_gamma``;
-        the normalisation ``mode`` is the episode estimator's (``algorithm.advantage_kwargs.mode``).
-        """
-        if not self.env_cfg.step_grouping:
-            return {}
-        mode = self.cfg.algorithm.advantage_kwargs.get("mode", "mean_std_norm")
-        returns = torch.tensor(batch.info["step_return"], dtype=torch.float32, device=batch.rewards.device)
-        adv, sizes = step_advantages(returns, batch.group_ids, batch.info["obs_key"], mode=mode)
-        batch.token["advantages"] = batch.token["advantages"] + self.env_cfg.step_advantage_w * (
-            adv[:, None] * batch.response_mask)
-        return {"train/step_adv_abs_mean": adv.abs().mean().item(),
-                "train/step_group_size": sizes.float().mean().item(),
-                "train/step_group_singleton_frac": (sizes == 1).float().mean().item()}
 
     def validate(self, trainer: Any) -> dict[str, float]:
         """Play each held-out seed ``val.samples`` times (once with ``val.greedy``): success rate, pass@k and more."""

