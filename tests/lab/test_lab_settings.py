@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
@@ -27,6 +28,24 @@ def test_partial_batches_train_on_what_survived_instead_of_stopping(tmp_path, ti
                           "rollout.partial_batches=true", f"run_dir={tmp_path / 'b'}")
     metrics = constant_trainer(lenient).train_step()
     assert metrics["rollout/short_batch"] == 1.0 and metrics["rollout/num_gen_batches"] == 2
+
+
+def test_a_method_filter_that_keeps_nothing_makes_a_step_that_teaches_nothing(tmp_path, tiny_policy):
+    """ARMOR's acceptance can drop every group of every generation batch; the step then trains on the rows as
+    generated with their group's mean reward (zero advantages) instead of failing on an empty batch."""
+    model, tok = tiny_policy
+    cfg = tiny_config(tmp_path, "rollout.dynamic_sampling=true", "rollout.max_gen_batches=2",
+                      "rollout.partial_batches=true", "algorithm.advantage=grpo")
+    trainer = Trainer(cfg, policy=model, tokenizer=tok)
+    trainer.collector.task.score = lambda item, text: Score(reward=float(len(text)), correct=False, extracted=None)
+    trainer.run_generation_hooks = lambda batch: (batch.select([]), {})
+    batch, metrics = trainer.collector.collect(trainer)
+    assert metrics["rollout/short_batch"] == 1.0 and len(batch) > 0
+    lengths = torch.tensor([float(len(text)) for text in batch.info["text"]])
+    for gid in batch.group_ids.unique():
+        rows = batch.group_ids == gid
+        assert torch.allclose(batch.rewards[rows], lengths[rows].mean().expand(int(rows.sum())))
+    assert trainer.train_step()["rollout/short_batch"] == 1.0
 
 
 def test_validation_reads_the_configured_split(tmp_path, tiny_policy):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -60,6 +61,15 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, cfg: OverlongCo
     """DAPO Eq. 13: 0 up to ``L_max - buffer``, then linear down to ``-penalty`` at ``L_max``."""
     start = max_new_tokens - cfg.buffer
     return (-(lengths.float() - start) / cfg.buffer * cfg.penalty).clamp(max=0.0)
+
+
+def with_group_mean_rewards(batch: RolloutBatch) -> RolloutBatch:
+    """``batch`` with each row's reward replaced by the mean of its group: a group baseline makes it all zeros."""
+    rewards = batch.rewards.clone()
+    for gid in batch.group_ids.unique():
+        rows = batch.group_ids == gid
+        rewards[rows] = batch.rewards[rows].mean()
+    return dataclasses.replace(batch, rewards=rewards)
 
 
 def replace_nonfinite(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,6 +188,7 @@ class SingleTurnCollector:
             n_seen += per_batch
             generated.append(batch.correct)
             described.append((batch.info["item"], batch.info["text"]))
+            generated_batch = batch
             batch, hook_metrics = trainer.run_generation_hooks(batch)
             metrics.update(hook_metrics)
             unfiltered = batch
@@ -195,7 +206,9 @@ class SingleTurnCollector:
                     f"rollout.max_gen_batches={r.max_gen_batches} generation batches; raise max_gen_batches, set "
                     "rollout.partial_batches, or the task is too easy/hard for the policy")
             if n_kept == 0:  # nothing survived: the last batch teaches nothing (zero advantages) but keeps the step
-                kept = [unfiltered]
+                # A method's filter (ARMOR's acceptance) may have left nothing at all: fall back to the rows as
+                # generated, each rewarded its group's mean so that every advantage is zero.
+                kept = [unfiltered if len(unfiltered) else with_group_mean_rewards(generated_batch)]
         metrics["rollout/short_batch"] = float(n_kept < r.prompts_per_step)
         batch = RolloutBatch.concat(kept)
         keep_groups = list(dict.fromkeys(batch.group_ids.tolist()))[: r.prompts_per_step]
