@@ -1,4 +1,4 @@
-"""``tether train | sft | eval | experiment | plot | show | validate | recipe``."""
+"""``tether train | sft | eval | experiment | plot | show | validate | recipe | config-docs``."""
 
 from __future__ import annotations
 
@@ -152,6 +152,20 @@ def seed_sft(config: Path, overrides: Overrides = None) -> None:
         check_inputs(cfg)
         summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
+
+
+@app.command("config-docs")
+def config_docs(check: Annotated[bool, typer.Option(help="only say whether docs/config.md is current (exit 1 if not)")]
+                = False) -> None:
+    """Write docs/config.md, the reference of every config key, from the schema."""
+    from tether.config_docs import DOC_PATH, render_config_docs
+
+    if not check:
+        DOC_PATH.write_text(render_config_docs(), encoding="utf-8")
+        typer.echo(str(DOC_PATH))
+    elif not DOC_PATH.is_file() or DOC_PATH.read_text(encoding="utf-8") != render_config_docs():
+        typer.secho(f"{DOC_PATH} is out of date: run `tether config-docs`", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -110,6 +110,8 @@ class Trainer:
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
         self.tracker = build_tracker(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                                      mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
+        if self.dp.is_main:  # W&B and MLflow record the run's settings (TensorBoard as text); config.yaml again
+            self.tracker.log_config(cfg.model_dump(mode="json"))
         self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main)  # docs/health.md
         for m in self.methods:
             m.setup(self)
