@@ -64,6 +64,11 @@ def evaluate(path: Path, overrides: Overrides = None,
         result = run_eval(cfg)
     if cfg.env is not None:  # agents: name the environment the success rate belongs to
         result = {"env": cfg.env.name, **result}
+    from tether.health.reward_audit import audit_summary
+
+    audit = audit_summary(result)
+    if audit is not None:  # to stderr: stdout stays one JSON object for scripts (tether experiment reads it)
+        typer.echo(audit, err=True)
     typer.echo(json.dumps(result, indent=2))
 
 
