@@ -37,18 +37,32 @@ def _load(config: Path | None, overrides: list[str] | None, data: dict | None = 
 def train(config: Path, overrides: Overrides = None) -> None:
     """Train with a YAML config; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
     cfg = _load(config, overrides)
-    from tether.trainer import Trainer
+    from tether.health import HealthError
     from tether.trainer.stop import TrainingStopped
 
-    with _config_errors():
-        trainer = Trainer(cfg)
     try:
-        trainer.fit()
+        with _config_errors():
+            summary = _train(cfg)
     except TrainingStopped as stop:  # a signal (after a checkpoint), or updates that stayed non-finite
         typer.secho(str(stop), fg=typer.colors.RED, err=True)
         raise typer.Exit(stop.exit_code) from None
-    summary = trainer.summary()
+    except HealthError as failure:  # a health check's verdict, with its causes: a message, not a traceback
+        typer.secho(str(failure), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
     typer.echo(json.dumps(summary, indent=2))
+
+
+def _train(cfg: Config) -> dict:
+    """One run's summary; under ``health.collapse.action=armor``, stage 1's and, after a collapse, stage 2's."""
+    if cfg.health.collapse.action == "armor":
+        from tether.armor_after_collapse import train_with_armor_after_collapse
+
+        return train_with_armor_after_collapse(cfg)
+    from tether.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    trainer.fit()
+    return trainer.summary()
 
 
 @app.command("eval")

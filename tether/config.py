@@ -281,8 +281,10 @@ class RewardAuditConfig(Section):
 class CollapseConfig(Section):
     """Over-optimisation guard: validation falls from its peak while the training reward rises."""
 
-    action: Literal["off", "warn", "stop"] = Field("warn", description="what to do on a collapse: off, warn, or "
-                                                   "stop the run (the peak's weights stay in checkpoints/best)")
+    action: Literal["off", "warn", "stop", "armor"] = Field(
+        "warn", description="what to do on a collapse: off; warn; stop the run (the peak's weights stay in "
+        "checkpoints/best); armor: stop, then continue from the peak with ARMOR as stage 2, the peak as reference, "
+        "for the steps left, in run_dir/armor (docs/health.md)")
     drop: float = Field(0.05, ge=0, description="how far below its peak train.best_metric must be to count")
     patience: int = Field(3, ge=1, description="consecutive validations below peak - drop that make a collapse")
 
