@@ -117,8 +117,8 @@ def _literal_args(annotation: Any) -> list[Any]:
 
 
 def _plain(docstring: str) -> str:
-    """A docstring's first paragraph on one line, in Markdown: ````x```` and Sphinx roles as ```x```
-    (``:class:`~.a.B``` as ```B```, as Sphinx shows it)."""
+    """A docstring's first paragraph on one line, as Markdown: RST literals and Sphinx roles become code spans (a
+    role's ``~`` keeps only the last name, as Sphinx shows it)."""
     first = " ".join(docstring.strip().split("\n\n")[0].split()).replace("``", "`")
     return re.sub(r":\w+:`(~?)\.?([^`]*)`", lambda m: f"`{m[2].rsplit('.', 1)[-1] if m[1] else m[2]}`", first)
 
