@@ -1,4 +1,4 @@
-"""``tether train | sft | eval | experiment | plot | show | validate | recipe``."""
+"""``tether train | sft | eval | experiment | plot | show | validate | recipe | config-docs``."""
 
 from __future__ import annotations
 
@@ -37,18 +37,32 @@ def _load(config: Path | None, overrides: list[str] | None, data: dict | None = 
 def train(config: Path, overrides: Overrides = None) -> None:
     """Train with a YAML config; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
     cfg = _load(config, overrides)
-    from tether.trainer import Trainer
+    from tether.health import HealthError
     from tether.trainer.stop import TrainingStopped
 
-    with _config_errors():
-        trainer = Trainer(cfg)
     try:
-        trainer.fit()
+        with _config_errors():
+            summary = _train(cfg)
     except TrainingStopped as stop:  # a signal (after a checkpoint), or updates that stayed non-finite
         typer.secho(str(stop), fg=typer.colors.RED, err=True)
         raise typer.Exit(stop.exit_code) from None
-    summary = trainer.summary()
+    except HealthError as failure:  # a health check's verdict, with its causes: a message, not a traceback
+        typer.secho(str(failure), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
     typer.echo(json.dumps(summary, indent=2))
+
+
+def _train(cfg: Config) -> dict:
+    """One run's summary; under ``health.collapse.action=armor``, stage 1's and, after a collapse, stage 2's."""
+    if cfg.health.collapse.action == "armor":
+        from tether.armor_after_collapse import train_with_armor_after_collapse
+
+        return train_with_armor_after_collapse(cfg)
+    from tether.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    trainer.fit()
+    return trainer.summary()
 
 
 @app.command("eval")
@@ -64,6 +78,11 @@ def evaluate(path: Path, overrides: Overrides = None,
         result = run_eval(cfg)
     if cfg.env is not None:  # agents: name the environment the success rate belongs to
         result = {"env": cfg.env.name, **result}
+    from tether.health.reward_audit import audit_summary
+
+    audit = audit_summary(result)
+    if audit is not None:  # to stderr: stdout stays one JSON object for scripts (tether experiment reads it)
+        typer.echo(audit, err=True)
     typer.echo(json.dumps(result, indent=2))
 
 
@@ -152,6 +171,20 @@ def seed_sft(config: Path, overrides: Overrides = None) -> None:
         check_inputs(cfg)
         summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
+
+
+@app.command("config-docs")
+def config_docs(check: Annotated[bool, typer.Option(help="only say whether docs/config.md is current (exit 1 if not)")]
+                = False) -> None:
+    """Write docs/config.md, the reference of every config key, from the schema."""
+    from tether.config_docs import DOC_PATH, render_config_docs
+
+    if not check:
+        DOC_PATH.write_text(render_config_docs(), encoding="utf-8")
+        typer.echo(str(DOC_PATH))
+    elif not DOC_PATH.is_file() or DOC_PATH.read_text(encoding="utf-8") != render_config_docs():
+        typer.secho(f"{DOC_PATH} is out of date: run `tether config-docs`", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
 
 
 @app.command()

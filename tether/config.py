@@ -40,12 +40,14 @@ class TaskConfig(Section):
 
 class EnvConfig(Section):
     name: str = Field(description="a registered multi-turn environment, e.g. sokoban")
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    max_turns: int = Field(10, ge=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's builder "
+                                   "(tether.envs.registry)")
+    max_turns: int = Field(10, ge=1, description="turns after which an episode ends unfinished")
     history: int = Field(2, ge=0, description="previous (observation, action) pairs shown in the prompt")
-    invalid_action_penalty: float = Field(0.1, ge=0)
-    train_tasks: int = Field(64, ge=1)
-    val_tasks: int = Field(32, ge=1)
+    invalid_action_penalty: float = Field(0.1, ge=0, description="subtracted from the reward of each turn "
+                                          "whose action was invalid (unparsable or not allowed)")
+    train_tasks: int = Field(64, ge=1, description="environment seeds (tasks) the training prompts come from")
+    val_tasks: int = Field(32, ge=1, description="held-out environment seeds that validation plays")
     timeout_s: float = Field(10.0, gt=0, description="limit for one env step; a longer step is a fault")
     reset_timeout_s: float | None = Field(None, gt=0, description="limit for reset (default timeout_s); "
                                           "TextWorld compiles a game on its first reset")
@@ -59,9 +61,9 @@ class EnvConfig(Section):
 class OverlongConfig(Section):
     """DAPO's soft overlong punishment: linear from (max_new_tokens - buffer) to max_new_tokens."""
 
-    enabled: bool = False
-    buffer: int = Field(16, ge=1)
-    penalty: float = Field(1.0, ge=0)
+    enabled: bool = Field(False, description="add the overlong penalty to the reward")
+    buffer: int = Field(16, ge=1, description="tokens before rollout.max_new_tokens where the penalty starts")
+    penalty: float = Field(1.0, ge=0, description="penalty at rollout.max_new_tokens (0 at the buffer's start)")
 
 
 class RolloutConfig(Section):
@@ -72,11 +74,12 @@ class RolloutConfig(Section):
                                           "arguments of its builder, e.g. {num_actors: 4} for ray (docs/engine.md)")
     prompts_per_step: int = Field(8, ge=1, description="groups in one RL step")
     group_size: int = Field(8, ge=1, description="samples per prompt")
-    max_new_tokens: int = Field(64, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    stop: list[str] = Field(default_factory=list)
+    max_new_tokens: int = Field(64, ge=1, description="response length limit in tokens")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; the trainer's log-probs use it too")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: keep the smallest set of tokens holding "
+                         "this much probability (1: off)")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: off)")
+    stop: list[str] = Field(default_factory=list, description="strings that end a response (besides EOS)")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, refill")
     max_gen_batches: int = Field(4, ge=1, description="refill limit when groups are dropped")
     partial_batches: bool = Field(False, description="dynamic sampling: when max_gen_batches is spent, train on the "
@@ -84,33 +87,39 @@ class RolloutConfig(Section):
                                   "stopping; caps a step's generation, e.g. to match another arm's compute")
     gen_batch_prompts: int | None = Field(None, ge=1,
                                           description="prompts per generation batch (default: prompts_per_step)")
-    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO's soft overlong "
+                                     "punishment")
 
 
 class KLConfig(Section):
-    coef: float = Field(0.0, ge=0)
-    estimator: Literal["k1", "k2", "k3"] = "k3"
+    coef: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no KL term)")
+    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator (Schulman's k1, k2, "
+                                                 "k3; tether.algos.kl)")
     in_reward: bool = Field(False, description="subtract coef * sum_t KL from the reward instead of a loss term")
 
 
 class AlgorithmConfig(Section):
-    advantage: str = "grpo"
-    advantage_kwargs: dict[str, Any] = Field(default_factory=dict)
-    policy_loss: str = "ppo"
-    loss_kwargs: dict[str, Any] = Field(default_factory=dict)
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = \
-        "token-mean"
-    kl: KLConfig = Field(default_factory=KLConfig)
-    entropy_coef: float = 0.0
+    advantage: str = Field("grpo", description="advantage estimator (tether.algos registry), e.g. grpo, dr_grpo, "
+                           "rloo, qae")
+    advantage_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the "
+                                             "estimator, e.g. {eps: 1e-6} for grpo")
+    policy_loss: str = Field("ppo", description="policy loss (tether.algos registry), e.g. ppo, gspo, armor, eapo")
+    loss_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the loss, e.g. "
+                                        "{clip_low: 0.2, clip_high: 0.28} for DAPO's clip-higher")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="how per-token losses become one number (tether.algos.aggregation; "
+        "seq-mean-token-sum-norm is Dr.GRPO's)")
+    kl: KLConfig = Field(default_factory=KLConfig, description="KL to the reference model")
+    entropy_coef: float = Field(0.0, description="weight of an entropy bonus subtracted from the loss (0: none)")
     use_ref: bool = Field(False, description="load a frozen reference model even when no KL term needs it")
 
 
 class OptimConfig(Section):
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(0, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    warmup_steps: int = Field(0, ge=0, description="optimiser steps of linear warm-up, then constant (0: none)")
+    grad_clip: float = Field(1.0, gt=0, description="largest gradient norm; larger gradients are scaled down")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per RL step (per epoch)")
     micro_batch_size: int = Field(16, ge=1, description="rows per forward/backward (when "
                                   "max_tokens_per_micro_batch is unset)")
@@ -119,7 +128,7 @@ class OptimConfig(Section):
         "by length, each micro-batch at most this many padded tokens (rows x (longest prompt + longest "
         "response)); a longer row runs alone. Bounds activation memory at any response length; the gradient is "
         "the same (docs/design.md)")
-    ppo_epochs: int = Field(1, ge=1)
+    ppo_epochs: int = Field(1, ge=1, description="passes over each RL step's batch")
 
 
 class ValConfig(Section):
@@ -127,23 +136,24 @@ class ValConfig(Section):
                        "checkpoints/best) or another split the task has, e.g. report for `tether eval`")
     every: int = Field(10, ge=0, description="validate every N steps (0: never), and before the first step")
     samples: int = Field(4, ge=1, description="k samples per held-out prompt (avg@k, pass@k)")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    greedy: bool = False
-    max_prompts: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of validation")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of validation (1: off)")
+    greedy: bool = Field(False, description="one greedy sample per prompt instead of val.samples")
+    max_prompts: int | None = Field(None, ge=1, description="validate on the first N held-out prompts (default: "
+                                    "all)")
 
 
 DEVICE_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; tether.distributed.device resolves it
 
 
 class TrainConfig(Section):
-    steps: int = Field(100, ge=0)
+    steps: int = Field(100, ge=0, description="RL steps of the run")
     save_every: int = Field(0, ge=0, description="also save every N steps (0: by time only); always at the end")
     save_every_s: float = Field(600.0, ge=0, description="save after the first step that ends this many seconds "
                                 "after the last save, so a crash costs minutes, not the run (0: off)")
     max_skipped_updates: int = Field(5, ge=1, description="consecutive optimiser steps skipped for a non-finite "
                                      "loss or gradient before the run stops (its checkpoints hold finite weights)")
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = Field(2, ge=1, description="step checkpoints kept (checkpoints/best is kept apart)")
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
     resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
@@ -194,9 +204,9 @@ class SFTSettings(Section):
     micro_batch_size: int = Field(32, ge=1, description="examples per forward/backward")
     lr: float = Field(1e-3, gt=0, description="peak learning rate of AdamW")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="linear warm-up share, then cosine decay to 0")
-    grad_clip: float = Field(1.0, gt=0)
+    grad_clip: float = Field(1.0, gt=0, description="largest gradient norm; larger gradients are scaled down")
     max_length: int = Field(1024, ge=16, description="prompt + response tokens; longer examples are dropped")
     val_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of the examples (token-mean NLL)")
     data_seed: int = Field(2026, description="seed of the train/val split and the batch order")
@@ -231,10 +241,12 @@ class SFTConfig(SFTSettings):
 
 
 class LoggingConfig(Section):
-    tensorboard: bool = True
-    wandb: dict[str, Any] | None = None
-    mlflow: dict[str, Any] | None = None
-    progress: bool = True
+    tensorboard: bool = Field(True, description="TensorBoard events in run_dir/tensorboard")
+    wandb: dict[str, Any] | None = Field(None, description="wandb.init settings (project, entity, name, mode, "
+                                         "tags...), {} for the defaults; unset: no W&B")
+    mlflow: dict[str, Any] | None = Field(None, description="MLflow settings (tracking_uri, experiment, run_name, "
+                                          "tags); unset: no MLflow")
+    progress: bool = Field(True, description="a progress bar on the terminal")
 
 
 class ParityConfig(Section):
@@ -268,8 +280,10 @@ class RewardAuditConfig(Section):
 class CollapseConfig(Section):
     """Over-optimisation guard: validation falls from its peak while the training reward rises."""
 
-    action: Literal["off", "warn", "stop"] = Field("warn", description="what to do on a collapse: off, warn, or "
-                                                   "stop the run (the peak's weights stay in checkpoints/best)")
+    action: Literal["off", "warn", "stop", "armor"] = Field(
+        "warn", description="what to do on a collapse: off; warn; stop the run (the peak's weights stay in "
+        "checkpoints/best); armor: stop, then continue from the peak with ARMOR as stage 2, the peak as reference, "
+        "for the steps left, in run_dir/armor (docs/health.md)")
     drop: float = Field(0.05, ge=0, description="how far below its peak train.best_metric must be to count")
     patience: int = Field(3, ge=1, description="consecutive validations below peak - drop that make a collapse")
 
@@ -284,19 +298,21 @@ class HealthConfig(Section):
 
 
 class Config(Section):
-    seed: int = 0
-    run_dir: str = "runs/default"
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig | None = None
-    env: EnvConfig | None = None
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    optim: OptimConfig = Field(default_factory=OptimConfig)
-    val: ValConfig = Field(default_factory=ValConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig)
+    seed: int = Field(0, description="run seed: sampling seeds are functions of (seed, step, purpose)")
+    run_dir: str = Field("runs/default", description="where config.yaml, metrics, checkpoints and logs go")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its reference")
+    task: TaskConfig | None = Field(None, description="single-turn workload (set this or env)")
+    env: EnvConfig | None = Field(None, description="multi-turn agent workload (set this or task)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="sampling of training batches")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantage, loss, KL, "
+                                       "entropy")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and batch cutting")
+    val: ValConfig = Field(default_factory=ValConfig, description="validation on held-out prompts")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="the run: steps, checkpoints, device")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="layout over the "
+                                           "ranks of a torchrun launch")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="run health checks (docs/health.md)")
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
     sft: SFTConfig | None = Field(None, description="settings of `tether sft` (ignored by `tether train`)")
 

@@ -7,11 +7,11 @@
 """
 
 from tether.health.collapse import CollapseGuard
-from tether.health.errors import HealthError
+from tether.health.errors import CollapseError, HealthError
 from tether.health.monitor import HealthMonitor
 from tether.health.parity import ParityCheck, allowed_gap, parity_excess
 from tether.health.reward_audit import reward_audit
 from tether.health.round_trip import RecordingEngine, RoundTripError, check_round_trip
 
-__all__ = ["CollapseGuard", "HealthError", "HealthMonitor", "ParityCheck", "RecordingEngine", "RoundTripError",
-           "allowed_gap", "check_round_trip", "parity_excess", "reward_audit"]
+__all__ = ["CollapseError", "CollapseGuard", "HealthError", "HealthMonitor", "ParityCheck", "RecordingEngine",
+           "RoundTripError", "allowed_gap", "check_round_trip", "parity_excess", "reward_audit"]

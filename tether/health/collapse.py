@@ -4,7 +4,9 @@ Small models trained with RL often climb on the training reward while the held-o
 (open-r1 #538: MATH-500 55.4 -> 18.2; open-rs #21), which is ARMOR's subject. The guard tracks
 ``train.best_metric``'s peak, which is also the validation that wrote ``checkpoints/best``, and the mean training
 reward over the steps before each validation. A *collapse* is ``patience`` validations in a row more than ``drop``
-below the peak while that mean reward is above its value at the peak.
+below the peak while that mean reward is above its value at the peak. Then, by ``action``: a warning, or
+:attr:`CollapseGuard.failure`, which stops the run (``stop``) or stage 1 of a run that continues from the peak with
+ARMOR (``armor``, :mod:`tether.health.armor_stage`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class CollapseGuard:
         self.window: list[float] = []  # training rewards since the last validation
         self.warned = False
         self.failure: str | None = None
+        self.failed_at: int | None = None  # the step whose validation completed the collapse
 
     def observe_train(self, reward: float | None) -> None:
         if reward is not None and math.isfinite(reward):
@@ -55,10 +58,15 @@ class CollapseGuard:
         text = (f"over-optimisation: {self.metric} peaked at {self.peak:.4g} at step {self.peak_step} and has been "
                 f"more than {self.cfg.drop} below it for {self.below} validations (now {value:.4g} at step {step}) "
                 f"while the mean training reward rose from {self.peak_reward:.4g} to {reward:.4g}. The peak's weights "
-                f"are in {self.best_dir}; continue from them with a lower learning rate, a KL term "
-                "(algorithm.kl.coef) or ARMOR (methods.armor). health.collapse.action sets warn/stop (docs/health.md).")
-        if self.cfg.action == "stop":
-            self.failure = text
+                f"are in {self.best_dir}; ")
+        if self.cfg.action == "armor":
+            text += "health.collapse.action=armor: ARMOR continues from them as stage 2 (docs/health.md)."
+        else:
+            text += ("continue from them with a lower learning rate, a KL term (algorithm.kl.coef) or ARMOR "
+                     "(health.collapse.action=armor, or methods.armor). health.collapse.action sets warn/stop/armor "
+                     "(docs/health.md).")
+        if self.cfg.action in ("stop", "armor"):
+            self.failure, self.failed_at = text, step
         elif not self.warned:
             warnings.warn(text, stacklevel=2)
             self.warned = True

@@ -1,5 +1,19 @@
-"""The one exception type a health check stops a run with."""
+"""What a health check stops a run with: :class:`HealthError`, or its subclass for a collapse."""
 
 
 class HealthError(RuntimeError):
-    """A health check stopped the run: engine-trainer parity, the token round trip, or a collapse with action=stop."""
+    """A health check stopped the run: engine-trainer parity, the token round trip, or a collapse (action stop or
+    armor)."""
+
+
+class CollapseError(HealthError):
+    """Validation collapsed from its peak while the training reward rose (``health.collapse.action`` stop or armor).
+
+    Attributes:
+        step: the step whose validation completed the collapse.
+        peak_step: the step of the peak, whose weights are in ``run_dir/checkpoints/best``.
+    """
+
+    def __init__(self, message: str, *, step: int, peak_step: int) -> None:
+        super().__init__(message)
+        self.step, self.peak_step = step, peak_step

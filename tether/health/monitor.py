@@ -13,7 +13,7 @@ from torch import Tensor
 
 from tether.config import Config
 from tether.health.collapse import CollapseGuard
-from tether.health.errors import HealthError
+from tether.health.errors import CollapseError, HealthError
 from tether.health.parity import ParityCheck
 from tether.health.reward_audit import reward_audit
 from tether.health.round_trip import RecordingEngine, Sample, check_round_trip
@@ -81,9 +81,10 @@ class HealthMonitor:
         return self.collapse.observe_val(step, metrics)
 
     def stop_if_unhealthy(self) -> None:
-        failure = (self.parity.failure if self.parity is not None else None) or self.collapse.failure
-        if failure is not None:
-            raise HealthError(failure)
+        if self.parity is not None and self.parity.failure is not None:
+            raise HealthError(self.parity.failure)
+        if self.collapse.failure is not None:
+            raise CollapseError(self.collapse.failure, step=self.collapse.failed_at, peak_step=self.collapse.peak_step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"parity_bad_steps": self.parity.bad_steps if self.parity is not None else 0,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from tether.engine.base import Intervention, RolloutEngine, SamplingParams
-from tether.health.reward_audit import answer_shares
+from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.tasks import metrics as task_metrics
@@ -146,7 +146,7 @@ class SingleTurnCollector:
 
     def _score(self, rows: list, prompts: list[list[int]], gen: Any, source: int) -> RolloutBatch:
         gen = gen.to("cpu")  # the batch is built on the CPU, next to the rewards; the trainer moves it
-        rewards, correct, extracted, faults = [], [], [], []
+        rewards, correct, extracted, faults, components = [], [], [], [], []
         for (item, _), text in zip(rows, gen.texts, strict=True):
             score = self.task.score(item, text)
             faults.append(bool(getattr(score, "fault", False)))
@@ -154,10 +154,14 @@ class SingleTurnCollector:
             rewards.append(score.reward)
             correct.append(score.correct)
             extracted.append(score.extracted)  # None: no answer found (the reward audit, docs/health.md)
+            components.append(dict(getattr(score, "components", None) or {"task": score.reward}))
         rewards_t = torch.tensor(rewards, dtype=torch.float32)
         if self.cfg.rollout.overlong.enabled:
-            rewards_t = rewards_t + overlong_penalty(gen.response_mask.sum(1), self.cfg.rollout.max_new_tokens,
-                                                     self.cfg.rollout.overlong)
+            penalty = overlong_penalty(gen.response_mask.sum(1), self.cfg.rollout.max_new_tokens,
+                                       self.cfg.rollout.overlong)
+            rewards_t = rewards_t + penalty
+            for terms, value in zip(components, penalty.tolist(), strict=True):
+                terms["overlong"] = value  # shaping is a term of the reward too: its share is audited
         n = len(rows)
         return RolloutBatch(
             prompt_ids=prompts, response_ids=gen.response_ids, response_mask=gen.response_mask,
@@ -166,7 +170,8 @@ class SingleTurnCollector:
             rewards=rewards_t, correct=torch.tensor(correct, dtype=torch.bool),
             source=torch.full((n,), source, dtype=torch.long), token=dict(gen.token),
             info={"item": [item for item, _ in rows], "text": list(gen.texts),
-                  "truncated": gen.truncated.tolist(), "extracted": extracted, "fault": faults},
+                  "truncated": gen.truncated.tolist(), "extracted": extracted, "fault": faults,
+                  "reward_components": components},
         )
 
     # -- one RL step's batch -------------------------------------------------------------------
@@ -236,6 +241,7 @@ class SingleTurnCollector:
         per_item = correct.sum(1)
 
         shares, _ = answer_shares(batch)  # no answer vs. wrong answer, so `tether eval` tells them apart too
+        shares.update(component_shares(batch))
         return {
             **{f"val/{key}": value for key, value in shares.items()},
             "val/avg@k": correct.mean().item(),

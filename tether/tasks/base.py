@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -35,6 +36,9 @@ class Score:
         fault: ``True`` when the scorer itself failed (raised or timed out); the row is then scored
             as wrong. The trainer counts these as ``reward/faults``.
         error: the failure's ``"ExceptionType: message"`` when ``fault``, else ``None``.
+        components: for a composite reward, its terms by name, summing to ``reward`` (e.g.
+            ``{"accuracy": 1.0, "format": 0.1}``); the reward audit logs each one's share
+            (``reward/component/<name>``, docs/health.md). ``None``: the reward is one term.
     """
 
     reward: float
@@ -42,6 +46,7 @@ class Score:
     extracted: str | None
     fault: bool = False
     error: str | None = None
+    components: Mapping[str, float] | None = None
 
 
 @runtime_checkable

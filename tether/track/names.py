@@ -37,9 +37,12 @@ METRICS: dict[str, str] = {
     "reward/wrong_answer_frac": "share of the step's on-policy rows with an extracted answer judged wrong",
     "reward/fault_frac": "share of the step's on-policy rows whose scorer raised or timed out",
     "reward/zero_adv_group_frac": "share of the step's groups whose rewards are all equal (zero advantage)",
+    "reward/component/<name>": "composite rewards: term <name>'s share of the reward's absolute mass over the "
+                               "step's on-policy rows (Score.components, the overlong penalty)",
     "val/no_answer_frac": "share of the val samples with no extractable answer (single-turn tasks)",
     "val/wrong_answer_frac": "share of the val samples with an extracted answer judged wrong",
     "val/fault_frac": "share of the val samples whose scorer raised or timed out",
+    "val/component/<name>": "reward/component/<name> over the val samples",
     "health/logprob_diff_mean": "mean |log mu - log pi_old| over compared tokens: engine against trainer, same weights",
     "health/logprob_diff_max": "largest such difference",
     "health/logprob_mismatch_frac": "share of compared tokens outside what the sampling settings explain, by tolerance",

@@ -31,7 +31,7 @@ from tether.distributed import DataParallel, build_strategy, resolve_device
 from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, check_engine_available
-from tether.health import HealthMonitor
+from tether.health import HealthError, HealthMonitor
 from tether.methods import Method, build_methods
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
@@ -110,6 +110,8 @@ class Trainer:
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
         self.tracker = build_tracker(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                                      mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
+        if self.dp.is_main:  # W&B and MLflow record the run's settings (TensorBoard as text); config.yaml again
+            self.tracker.log_config(cfg.model_dump(mode="json"))
         self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main)  # docs/health.md
         for m in self.methods:
             m.setup(self)
@@ -161,7 +163,22 @@ class Trainer:
         Raises:
             TrainingStopped: SIGTERM or SIGINT arrived (the step under way was finished and saved first), or
                 ``train.max_skipped_updates`` optimiser steps in a row were non-finite.
+            HealthError: a health check stopped the run (docs/health.md); its metrics and ``summary.json`` are
+                written first, and ``checkpoints/best`` keeps the validation peak.
         """
+        try:
+            return self._fit()
+        except HealthError:
+            self._finish()
+            raise
+
+    def _finish(self) -> None:
+        """Close the metric sinks and write ``summary.json``: at the end, and when a health check stops the run."""
+        self.tracker.close()
+        if self.dp.is_main:
+            write_text_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
+
+    def _fit(self) -> dict[str, float]:
         t = self.cfg.train
         last: dict[str, float] = {}
         if self.step == 0 and self.cfg.val.every:
@@ -186,9 +203,7 @@ class Trainer:
                     signum = signals.signal or signal.SIGTERM  # under torchrun another rank may have had it
                     raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {self.step}, saved "
                                           f"in {path}; run the same command again to resume", 128 + signum)
-        self.tracker.close()
-        if self.dp.is_main:
-            write_text_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
+        self._finish()
         return last
 
     def _save_or_stop(self, saved_at: float, signalled: bool) -> tuple[bool, bool]:

@@ -23,8 +23,8 @@ class OpenAISettings(BaseModel):
     api_key_env: str = Field("OPENAI_API_KEY", description="env var holding the key (may be unset)")
     max_completion_tokens: int = Field(1024, ge=1, description="the stage-1 scripts' SKILL_MAX_COMPLETION_TOKENS")
     parse_retries: int = Field(2, ge=1, description="attempts per trajectory (repair prompt after the first)")
-    api_retries: int = Field(5, ge=1)
-    timeout_s: float = Field(120.0, gt=0)
+    api_retries: int = Field(5, ge=1, description="attempts per request on HTTP or network errors")
+    timeout_s: float = Field(120.0, gt=0, description="seconds one request may take")
     workers: int = Field(4, ge=1, description="concurrent requests")
 
 
@@ -38,12 +38,12 @@ class SkillSFTSettings(SFTSettings):
                                                               "paper: 0.4 ALFWorld, 1.0 Sokoban)")
     rollout_batch_tasks: int = Field(8, ge=1, description="tasks played at once")
     analyzer: Literal["rule", "openai"] = Field("rule", description="who labels the trajectories")
-    openai: OpenAISettings = Field(default_factory=OpenAISettings)
+    openai: OpenAISettings = Field(default_factory=OpenAISettings, description="analyzer=openai: the endpoint")
     epochs: int = Field(3, ge=1, description="paper: 3")
     batch_size: int = Field(8, ge=1, description="examples per optimiser step (paper: 8)")
     micro_batch_size: int = Field(1, ge=1, description="examples per forward/backward (paper: 1)")
     lr: float = Field(5e-6, gt=0, description="paper: 5e-6 (text models)")
-    weight_decay: float = Field(0.01, ge=0)
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     warmup_ratio: float = Field(0.1, ge=0, le=1, description="linear warm-up share, then cosine decay to 0")
     max_length: int = Field(8192, ge=16, description="prompt + response tokens; longer examples are dropped "
                                                      "(paper: 8192 ALFWorld)")
