@@ -117,12 +117,13 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("--maps", type=int, default=32)
     ap.add_argument("--copies", type=int, default=4)
-    ap.add_argument("--analyses", type=int, default=16)
+    ap.add_argument("--analyses", type=int, default=16, help="0: skip check 3")
     ap.add_argument("--analysis-tokens", type=int, default=512, help="greedy analysis budget (characters)")
+    ap.add_argument("--model", default=None, help="another checkpoint than the config's model.name")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, [f"model.name={args.model}"] if args.model else [])
     model, tok = load_policy(cfg.model.name)
     model.eval()
     engine = HFEngine(model, tok)
@@ -136,8 +137,9 @@ def main() -> None:
     pc = result["positive_control"]
     result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]
     print(json.dumps(result, indent=2), flush=True)
-    result["self_analysis"] = self_analysis(engine, tok, plain, args.analyses, args.analysis_tokens)
-    print(json.dumps(result["self_analysis"], indent=2))
+    if args.analyses:  # a warm start without analysis records cannot write one; skip the generation then
+        result["self_analysis"] = self_analysis(engine, tok, plain, args.analyses, args.analysis_tokens)
+        print(json.dumps(result["self_analysis"], indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
