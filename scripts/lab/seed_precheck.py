@@ -27,6 +27,7 @@ import torch
 from tether.config import load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
+from tether.envs.thin_ice import HOLE, MOVES, walk
 from tether.methods.seed.analyzer import episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill
 from tether.methods.seed.rule_analyzers import (
@@ -34,7 +35,9 @@ from tether.methods.seed.rule_analyzers import (
     Trajectory,
     rule_analysis,
     thin_ice_fatal,
+    thin_ice_plan,
     thin_ice_skill_correct,
+    thin_ice_tiles,
 )
 from tether.models import encode_chat, load_policy
 from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt
@@ -68,6 +71,17 @@ def response_log_prob(model: Any, prompt: list[int], response: list[int]) -> flo
     return float(torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).sum())
 
 
+def safe_kind(observation: str, action: str) -> str:
+    """A safe row's kind: a move into a visible hole, the first move of the shortest safe plan, or another move."""
+    parsed = thin_ice_tiles(observation)
+    plan = thin_ice_plan(observation)
+    if parsed is not None and action in MOVES:
+        r, c = walk(parsed[1], [action], len(parsed[0]))[-1]
+        if parsed[0][r][c] == HOLE:
+            return "safe_into_hole"
+    return "safe_on_plan" if plan and plan[0] == action else "safe_other"
+
+
 def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict[str, Any]], history: int,
                   action_format: str) -> dict[str, Any]:
     """The positive control (module docstring, 2)."""
@@ -78,6 +92,8 @@ def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict
                                 include_summary=False)
         skills[id(ep)] = answer.skill
     split: dict[str, list[float]] = {"fatal": [], "safe": []}
+    # diagnostic split of the safe rows: into a hole, the first move of the safe plan, any other move
+    detail: dict[str, list[float]] = {"safe_into_hole": [], "safe_on_plan": [], "safe_other": []}
     for r in rows:
         ep, turn = r["episode"], r["turn"]
         t = ep.turns[turn]
@@ -90,9 +106,12 @@ def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict
         message = build_prompt(view, history, action_format)
         student = response_log_prob(model, list(r["prompt_ids"]), response)
         teacher = response_log_prob(model, encode_chat(tok, augment_with_skill(message, skills[id(ep)])), response)
-        split["fatal" if thin_ice_fatal(t["observation"], t["action"]) else "safe"].append(teacher - student)
+        fatal = thin_ice_fatal(t["observation"], t["action"])
+        split["fatal" if fatal else "safe"].append(teacher - student)
+        if not fatal:
+            detail[safe_kind(t["observation"], t["action"])].append(teacher - student)
     out: dict[str, Any] = {}
-    for kind, values in split.items():
+    for kind, values in {**split, **detail}.items():
         x = torch.tensor(values or [float("nan")])
         out[kind] = {"rows": len(values), "delta_mean": float(x.mean()),
                      "delta_se": float(x.std() / len(values) ** 0.5) if len(values) > 1 else float("nan"),
