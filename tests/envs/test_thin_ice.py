@@ -147,3 +147,50 @@ def test_bad_arguments_raise():
     for kwargs in ({"size": 4}, {"hole_p": 0.5}, {"trap_prob": 1.5}, {"eval_split": "train"}):
         with pytest.raises(ValueError):
             ThinIceEnv(**kwargs)
+
+
+def test_hazard_deaths_and_all_fail_groups_are_counted_from_the_last_step():
+    from tether.rollout.multi_turn import Episode, all_fail_share, hazard_deaths
+
+    def episode(won: bool, **flags: bool) -> Episode:
+        return Episode(env=None, task="", group_id=0, episode_id=0, seed=0, observation="", admissible=None,
+                       won=won, hazards={"fell_in_hole": False, "fell_through_ice": False, **flags})
+
+    eps = [episode(True), episode(False, fell_through_ice=True), episode(False, fell_in_hole=True), episode(False)]
+    assert hazard_deaths(eps, "val") == {"val/hazard_death_frac": 0.5, "val/fell_in_hole_frac": 0.25,
+                                         "val/fell_through_ice_frac": 0.25}
+    assert all_fail_share(eps, 2) == 0.5  # the first group has a win, the second none
+
+
+def test_fatal_and_safe_deltas_split_rows_by_a_step_onto_thin_ice():
+    from types import SimpleNamespace
+
+    import torch
+
+    from tether.methods.seed.plugin import fatal_safe_deltas
+    from tether.methods.seed.rule_analyzers import thin_ice_fatal
+
+    env = ThinIceEnv(size=6)
+    seed = next(s for s in range(200) if env.reset(s).info["trap"])
+    observation = env.reset(seed).observation
+    plan = env.naive_solution()
+    # walk the naive (ice-blind) route until its next move breaks through
+    while not thin_ice_fatal(observation, plan[0]):
+        observation = env.step(plan[0]).observation
+        plan = env.naive_solution()
+    fatal = plan[0]
+    safe = next(a for a in ("left", "down", "right", "up") if not thin_ice_fatal(observation, a))
+    turns = [{"observation": observation, "action": a, "valid": True} for a in (fatal, safe, safe)]
+    ep = SimpleNamespace(turns=turns)
+    batch = SimpleNamespace(info={"episode": [ep] * 3, "turn": [0, 1, 2]})
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # the last row has no teacher
+    teacher, student = torch.tensor([[-2.0, -1.0], [-0.5, -9.0], [5.0, 5.0]]), torch.full((3, 2), -1.0)
+    out = fatal_safe_deltas(batch, teacher, student, mask)
+    assert out == {"seed/delta_fatal": -1.0, "seed/delta_safe": 0.5, "seed/fatal_rows": 1.0}
+
+
+def test_skill_correctness_needs_the_lesson_about_thin_ice():
+    from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, thin_ice_skill_correct
+
+    assert thin_ice_skill_correct(THIN_ICE_RULE) and thin_ice_skill_correct("Avoid ~ tiles.")
+    assert not thin_ice_skill_correct("Walk right, then down to G.") and not thin_ice_skill_correct("Step on ~.")

@@ -136,3 +136,34 @@ def test_cli_reports_a_bad_protocol_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tether.cli", "experiment", str(path)], capture_output=True,
                           text=True, check=False)
     assert done.returncode == 2 and "appear more than once" in done.stderr and "Traceback" not in done.stderr
+
+
+def write_env_config(tmp_path, env_name, **kwargs):
+    cfg = {"model": {"name": "char-64x1"}, "env": {"name": env_name, "kwargs": kwargs, "max_turns": 4},
+           "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+           "optim": {"lr": 1e-3, "micro_batch_size": 4}, "val": {"every": 1, "samples": 1},
+           "train": {"steps": 2, "device": "cpu", "best_metric": "val/success_rate"},
+           "logging": {"tensorboard": False, "progress": False}}
+    path = tmp_path / f"{env_name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_an_env_with_a_report_split_is_evaluated_there_and_others_are_refused(tmp_path):
+    from tether.lab.experiment import endpoint_split_overrides
+
+    endpoint = {"metric": "val/success_rate", "split": "report", "at": "best"}
+    thin = write_protocol(tmp_path, write_env_config(tmp_path, "thin_ice", size=5), endpoint=endpoint,
+                          secondary=["val/hazard_death_frac", "val/fell_through_ice_frac"])
+    protocol = load_protocol(thin)
+    check_protocol(protocol)
+    from tether.lab.experiment import arm_config
+
+    assert endpoint_split_overrides(arm_config(protocol, "low", 0), "report") == ["env.kwargs.eval_split=report"]
+    validating_on_report = write_env_config(tmp_path, "thin_ice", size=5, eval_split="report")
+    with pytest.raises(ConfigError, match="validate on the endpoint split"):
+        check_protocol(load_protocol(write_protocol(tmp_path, validating_on_report, endpoint=endpoint,
+                                                    secondary=[])))
+    scripted = write_protocol(tmp_path, write_env_config(tmp_path, "scripted"), endpoint=endpoint, secondary=[])
+    with pytest.raises(ConfigError, match="one held-out split"):
+        check_protocol(load_protocol(scripted))

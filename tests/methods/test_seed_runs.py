@@ -311,3 +311,21 @@ def test_encode_chat_prompt_of_a_row_is_what_the_loop_sent(tiny_policy, tmp_path
 
     for ids in batch.prompt_ids:
         assert encode_chat(trainer.tokenizer, user_message(trainer.tokenizer, ids)) == list(ids)
+
+
+def test_rule_analyzer_writes_the_skills_and_the_policy_writes_none(tiny_policy, tmp_path):
+    from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
+
+    trainer = seed_trainer(tiny_policy, tmp_path, seed_settings={"analyzer": "rule"})
+    batch, metrics = scored_batch(trainer)
+    assert not any("Analyze the following agent episode" in p for p in trainer.engine.prompts)
+    assert metrics["seed/analysis_success_rate"] == 1.0  # the canned policy analyzer would fail on failures
+    for ep, skill in zip(batch.info["episode"], batch.info["seed_skill"], strict=True):
+        want = json.loads(rule_analysis(Trajectory.from_episode(ep), "scripted", success=ep.ret >= 1.0))
+        assert skill == want["episode_skill"]
+    assert (batch.token["seed_mask"].sum(1) > 0).all()  # every row has a teacher
+
+
+def test_unknown_analyzer_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="analyzer"):
+        agent_config(tmp_path, methods={"seed": {**SEED, "analyzer": "oracle"}})

@@ -18,8 +18,10 @@ metrics and the comparisons. The runner
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,7 +36,9 @@ from tether.lab.report import write_report
 
 SINGLE_TURN_VAL_METRICS = ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length")
 AGENT_VAL_METRICS = ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode_return", "val/turns",
-                     "val/invalid_action_frac")
+                     "val/invalid_action_frac", "val/hazard_death_frac")
+# per hazard flag an env reports (val/fell_in_hole_frac, val/fell_through_ice_frac): env-specific, so a pattern
+AGENT_FLAG_METRIC = re.compile(r"val/fell_\w+_frac")
 
 
 # -- checks before any run -----------------------------------------------------------------------
@@ -50,7 +54,7 @@ def check_protocol(protocol: Protocol) -> None:
         cfg = arm_config(protocol, arm, protocol.seeds[0])
         known = val_metric_names(cfg)
         for metric in metrics:
-            if metric not in known:
+            if metric not in known and not (cfg.env is not None and AGENT_FLAG_METRIC.fullmatch(metric)):
                 raise ConfigError(f"arm {arm!r}: no run logs the metric {metric!r}; validation logs: "
                                   f"{', '.join(known)}")
         if protocol.endpoint.at == "best" and cfg.train.best_metric not in known:
@@ -61,9 +65,35 @@ def check_protocol(protocol: Protocol) -> None:
                               "has no checkpoint to read; set val.every or endpoint.at=final")
         if cfg.task is not None:
             check_splits(arm, cfg, protocol.endpoint.split)
-        elif protocol.endpoint.split != "val":
-            raise ConfigError(f"arm {arm!r}: agent environments have one held-out split (val); "
-                              f"endpoint.split={protocol.endpoint.split!r} is not one")
+        else:
+            check_env_split(arm, cfg, protocol.endpoint.split)
+
+
+def check_env_split(arm: str, cfg: Config, split: str) -> None:
+    """An agent env's endpoint split: ``val`` (its held-out seeds), or a split its ``eval_split`` argument names
+    (thin ice: ``report``, seeds disjoint from the ``selection`` seeds validation reads during training)."""
+    if split == "val":
+        return
+    from tether.envs import env_class
+
+    cls = env_class(cfg.env.name)
+    if "eval_split" not in inspect.signature(cls).parameters:
+        raise ConfigError(f"arm {arm!r}: env {cfg.env.name!r} has one held-out split (val); "
+                          f"endpoint.split={split!r} is not one")
+    if cfg.env.kwargs.get("eval_split", "selection") == split:
+        raise ConfigError(f"arm {arm!r}: env.kwargs.eval_split={split!r} makes training validate on the endpoint "
+                          "split; leave validation on the selection split")
+    try:
+        cls(**{**cfg.env.kwargs, "eval_split": split}).close()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"arm {arm!r}: endpoint.split={split!r}: {err}") from None
+
+
+def endpoint_split_overrides(cfg: Config, split: str) -> list[str]:
+    """How ``tether eval`` reads ``split``: ``val.split`` for a task, ``env.kwargs.eval_split`` for an env."""
+    if cfg.env is not None and split != "val":
+        return [f"env.kwargs.eval_split={split}"]
+    return [f"val.split={split}"]
 
 
 def val_metric_names(cfg: Config) -> tuple[str, ...]:
@@ -140,8 +170,9 @@ def run_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
     e = protocol.endpoint
     checkpoint = endpoint_checkpoint(directory, e.at)
     evaluation = subprocess.run(
-        _tether("eval", str(checkpoint), "--config", str(directory / "config.yaml"), f"val.split={e.split}",
-                "train.threads=1", *e.overrides),
+        _tether("eval", str(checkpoint), "--config", str(directory / "config.yaml"),
+                *endpoint_split_overrides(arm_config(protocol, arm, seed), e.split), "train.threads=1",
+                *e.overrides),
         capture_output=True, text=True, env=_one_thread_env(), check=False)
     if evaluation.returncode != 0:
         raise RuntimeError(f"endpoint evaluation of {arm}/seed{seed} failed: {evaluation.stderr[-2000:]}")

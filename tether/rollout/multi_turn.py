@@ -68,6 +68,25 @@ class Episode:
     fault: str | None = None
     available: list[str] | None = None  # page actions of open action spaces (WebShop), for the prompt
     seen: list[str | Observation] = field(default_factory=list)  # each turn's observation, images included
+    hazards: dict[str, bool] = field(default_factory=dict)  # the ``fell_*`` flags of the env's last step info
+
+
+def all_fail_share(episodes: list[Episode], group_size: int) -> float:
+    """The share of task groups (``group_size`` consecutive episodes) in which no episode won."""
+    groups = [episodes[k:k + group_size] for k in range(0, len(episodes), group_size)]
+    return sum(not any(e.won for e in g) for g in groups) / max(len(groups), 1)
+
+
+def hazard_deaths(episodes: list[Episode], prefix: str) -> dict[str, float]:
+    """``{prefix}/hazard_death_frac``: the share of episodes a hazard ended (any ``fell_*`` flag of the env's
+    last step info: FrozenLake's holes, thin ice), and ``{prefix}/<flag>_frac`` for every flag the env reports.
+    Envs without such flags report a hazard-death share of 0."""
+    n = max(len(episodes), 1)
+    flags = sorted({k for e in episodes for k in e.hazards})
+    out = {f"{prefix}/hazard_death_frac": sum(any(e.hazards.values()) for e in episodes) / n}
+    for flag in flags:
+        out[f"{prefix}/{flag}_frac"] = sum(e.hazards.get(flag, False) for e in episodes) / n
+    return out
 
 
 def build_prompt(ep: Episode, history: int, action_format: str) -> str:
@@ -214,6 +233,7 @@ class AgentCollector:
         ep.admissible = step.info.get("admissible_actions", ep.admissible)
         ep.available = step.info.get("available_actions", ep.available)
         ep.done, ep.won = step.done, bool(step.info.get("won", False))
+        ep.hazards = {k: bool(v) for k, v in step.info.items() if k.startswith("fell_")}
         if step.info.get("fault"):
             ep.fault = step.info["fault"]
             self.faults += 1
@@ -266,6 +286,9 @@ class AgentCollector:
             "env/episode_return": sum(e.ret for e in episodes) / len(episodes),
             "env/turns": sum(len(e.turns) for e in episodes) / len(episodes),
             "env/invalid_action_frac": 1.0 - sum(batch.info["valid"]) / len(batch),
+            # groups where GRPO's advantage is zero for every row: SEED's distillation is their only signal
+            "env/all_fail_group_frac": all_fail_share(episodes, r.group_size),
+            **hazard_deaths(episodes, "env"),
             "env/faults": float(self.faults),
         })
         return batch, metrics
@@ -289,7 +312,7 @@ class AgentCollector:
                 "val/episode_return": sum(e.ret for e in episodes) / n,
                 "val/turns": sum(len(e.turns) for e in episodes) / n,
                 "val/invalid_action_frac": sum(not r["valid"] for r in rows) / max(1, len(rows)),
-                "val/episodes": float(n), "val/faults": float(self.faults - faults)}
+                "val/episodes": float(n), "val/faults": float(self.faults - faults), **hazard_deaths(episodes, "val")}
 
     def write_transcripts(self, trainer: Trainer, episodes: list[Episode], limit: int = 4) -> None:
         """The first ``limit`` of ``episodes`` (one per group) as JSON lines, for ``tether show``."""

@@ -45,7 +45,13 @@ from tether.envs import escape_placeholders
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, skill_section, user_message
-from tether.methods.seed.rule_analyzers import solve_from_observation
+from tether.methods.seed.rule_analyzers import (
+    Trajectory,
+    rule_analysis,
+    solve_from_observation,
+    thin_ice_fatal,
+    thin_ice_skill_correct,
+)
 from tether.methods.seed.sft import SkillSFTSettings
 from tether.models.vision import encode_message, has_images, is_processor, observation_images
 
@@ -63,6 +69,10 @@ class SeedSettings(MethodSettings):
     analysis_context_length: int = Field(16384, ge=16,
                                          description="analysis prompt tokens kept, from the end (paper: 16384)")
     analysis_batch_size: int = Field(16, ge=1, description="trajectories per analysis generate call")
+    analyzer: Literal["policy", "rule"] = Field(
+        "policy", description="who writes the hindsight skill: policy = the pre-update policy itself, greedily "
+                              "(paper); rule = the env's offline rule analyzer (rule_analyzers.py; for thin_ice an "
+                              "oracle that knows the hazards): the oracle-hindsight control of issue #21")
     include_summary: bool = Field(True, description="the analyzer also writes episode_summary (paper: true)")
     success_threshold: float = Field(1.0, description="a trajectory is labelled success iff its return >= this")
     global_token_mean: bool = Field(True, description="normalise OPD by the mini-batch's active tokens "
@@ -134,6 +144,25 @@ def mini_batch_counts(trainer: Trainer, active: Tensor) -> tuple[list[float], li
         for i in chunk.tolist():
             counts[i], ids[i] = total, k
     return counts, ids
+
+
+def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mask: Tensor) -> dict[str, float]:
+    """The skill's pre-update shift of each row's whole response, log pi_T(a|h~) - log pi(a|h) (the sum of the
+    token deltas), averaged separately over rows whose action steps onto thin ice (*fatal*) and over the
+    other valid rows (*safe*), on thin ice. The mechanism needs the first negative and the second positive.
+
+    ``student`` is pi_old's log-probs (the engine's sampled ones when the trainer skipped that pass: same weights,
+    temperature 1). Rows without a teacher (``mask`` 0) are left out; a split with no row reports nothing.
+    """
+    delta = ((teacher - student) * mask).sum(1)
+    kinds: dict[str, list[float]] = {"fatal": [], "safe": []}
+    for i, (ep, turn) in enumerate(zip(batch.info["episode"], batch.info["turn"], strict=True)):
+        row = ep.turns[turn]
+        if mask[i].sum() > 0 and row["valid"]:
+            kinds["fatal" if thin_ice_fatal(row["observation"], row["action"]) else "safe"].append(float(delta[i]))
+    out = {f"seed/delta_{k}": sum(v) / len(v) for k, v in kinds.items() if v}
+    out["seed/fatal_rows"] = float(len(kinds["fatal"]))
+    return out
 
 
 class _OpdAccounting:
@@ -208,22 +237,48 @@ class Seed(Method):
         cut = [len(p) > s.analysis_context_length and not has_images([p]) for p in prompts]
         # left truncation, as the code's prompt batch; never through a visual prompt's image tokens
         prompts = [p[-s.analysis_context_length:] if c else p for p, c in zip(prompts, cut, strict=True)]
-        params = SamplingParams(max_new_tokens=s.analysis_max_new_tokens, greedy=True)
-        results: list[Analysis] = []
-        lengths, hit_limit = [], []
-        for k in range(0, len(prompts), s.analysis_batch_size):
-            gen = trainer.engine.generate(prompts[k:k + s.analysis_batch_size], params,
-                                          seed=trainer.seed_for("seed/analysis", k))
-            results += [parse_analysis(text, include_summary=s.include_summary) for text in gen.texts]
-            lengths += gen.response_mask.sum(1).tolist()
-            hit_limit += gen.truncated.tolist()
+        if s.analyzer == "rule":
+            results, lengths, hit_limit = self._rule_answers(episodes, labels, trainer.cfg.env.name)
+        else:
+            results, lengths, hit_limit = self._policy_answers(prompts, trainer)
         skills = {}
         for ep, result in zip(episodes, results, strict=True):
             if result.ok:
                 ep.x_skill = skills[id(ep)] = result.skill.strip()
         batch.info["seed_skill"] = [skills.get(id(ep)) for ep in batch.info["episode"]]
         self._write_skills(trainer, episodes, labels, results, prompts, cut)
-        return self._analysis_metrics(episodes, labels, results, lengths, hit_limit, cut, time.perf_counter() - start)
+        metrics = self._analysis_metrics(episodes, labels, results, lengths, hit_limit, cut,
+                                         time.perf_counter() - start)
+        if trainer.cfg.env.name == "thin_ice":
+            written = [r.skill for r in results if r.ok]
+            metrics["seed/skill_correct_rate"] = sum(map(thin_ice_skill_correct, written)) / max(len(written), 1)
+        return metrics
+
+    def _policy_answers(self, prompts: list[list[int]], trainer: Trainer
+                        ) -> tuple[list[Analysis], list[float], list[bool]]:
+        """Greedy answers of the pre-update policy: the analyses, their token counts, whether each hit the limit."""
+        s = self.settings
+        params = SamplingParams(max_new_tokens=s.analysis_max_new_tokens, greedy=True)
+        results: list[Analysis] = []
+        lengths: list[float] = []
+        hit_limit: list[bool] = []
+        for k in range(0, len(prompts), s.analysis_batch_size):
+            gen = trainer.engine.generate(prompts[k:k + s.analysis_batch_size], params,
+                                          seed=trainer.seed_for("seed/analysis", k))
+            results += [parse_analysis(text, include_summary=s.include_summary) for text in gen.texts]
+            lengths += gen.response_mask.sum(1).tolist()
+            hit_limit += gen.truncated.tolist()
+        return results, lengths, hit_limit
+
+    def _rule_answers(self, episodes: list, labels: list[str], env_name: str
+                      ) -> tuple[list[Analysis], list[float], list[bool]]:
+        """The rule analyzer's answers (``analyzer: rule``), parsed like the policy's; no tokens are generated.
+        The label is the analyzer prompt's (return >= success_threshold), as the policy would read it."""
+        s = self.settings
+        texts = [rule_analysis(Trajectory.from_episode(ep), env_name, success=label == "success",
+                               include_summary=s.include_summary) for ep, label in zip(episodes, labels, strict=True)]
+        results = [parse_analysis(t, include_summary=s.include_summary) for t in texts]
+        return results, [0.0] * len(results), [False] * len(results)
 
     def _write_skills(self, trainer: Trainer, episodes: list, labels: list[str], results: list[Analysis],
                       prompts: list[list[int]], cut: list[bool]) -> None:
@@ -273,6 +328,9 @@ class Seed(Method):
             rows = [i for i, lab in enumerate(labels) if lab == label]
             if rows:
                 metrics[f"seed/row_reward_{label}"] = batch.rewards[rows].mean().item()
+        if trainer.cfg.env.name == "thin_ice":
+            student = batch.token.get("old_log_probs", batch.sample_log_probs)
+            metrics.update(fatal_safe_deltas(batch, teacher, student, mask))
         metrics.update({"seed/opd_enabled": float(active), "seed/teacher_rows_frac": row_mask.mean().item(),
                         "seed/prompt_recovery_failures": float(lost),
                         "seed/teacher_s": time.perf_counter() - start})

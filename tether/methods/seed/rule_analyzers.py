@@ -279,6 +279,14 @@ THIN_ICE_RULE = ("Every ~ (snowy ice) is thin ice that breaks under you: never s
                  "and go around them.")
 
 
+def thin_ice_skill_correct(skill: str) -> bool:
+    """Whether a written skill states the hidden lesson of thin ice: it warns against stepping on ``~`` (the
+    oracle's rule, or a paraphrase that names ``~`` with never/avoid/do not). A skill-correctness proxy for the
+    self-analysis arm: it checks the lesson, not the path."""
+    text = skill.lower()
+    return "~" in text and any(w in text for w in ("never step on ~", "avoid", "never", "do not", "don't"))
+
+
 def thin_ice_fall(traj: Trajectory) -> tuple[int, int] | None:
     """The cell where the trajectory broke through thin ice, 0-based: its last move landed on a cell that showed
     ``~`` in the observation before it; None if it did not."""

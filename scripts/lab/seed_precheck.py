@@ -1,0 +1,168 @@
+"""SEED lab study, precondition checks (issue #21; docs/methods/seed.md, "Evidence, second design"), on selection maps.
+
+1. **Skill-following**: success and thin-ice deaths of the warm start on selection maps, sampled at the rollout
+   temperature, without a skill and with the oracle rule (:data:`THIN_ICE_RULE`) in every prompt. The skill must
+   cut thin-ice deaths, or the teacher has nothing to distil.
+2. **Positive control**: the policy's own rollouts (the stage-2 rollout settings) analysed by the oracle rule
+   analyzer, exactly as ``methods.seed.analyzer=rule`` does; per row, the skill's shift of the sampled response's
+   log-probability, delta = log pi(a | h + skill) - log pi(a | h), split into *fatal* rows (the action steps on
+   ``~``) and *safe* rows. The mechanism needs delta < 0 on fatal rows and delta > 0 on safe ones; if not, the
+   comparison is not run.
+3. **Self-analysis**: greedy analyses by the policy of some of those trajectories: parse rate and how many state
+   the hidden lesson (:func:`thin_ice_skill_correct`).
+
+Usage: python scripts/lab/seed_precheck.py CONFIG [--maps 32] [--copies 4] [--analyses 16] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.config import load_config
+from tether.engine.base import SamplingParams
+from tether.engine.hf import HFEngine
+from tether.envs.thin_ice import HOLE, MOVES, walk
+from tether.methods.seed.analyzer import episode_analysis_prompt, parse_analysis, success_label
+from tether.methods.seed.prompting import augment_with_skill
+from tether.methods.seed.rule_analyzers import (
+    THIN_ICE_RULE,
+    Trajectory,
+    rule_analysis,
+    thin_ice_fatal,
+    thin_ice_plan,
+    thin_ice_skill_correct,
+    thin_ice_tiles,
+)
+from tether.models import encode_chat, load_policy
+from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt
+
+
+def play(collector: AgentCollector, engine: HFEngine, seeds: list[int], copies: int, skill: str | None,
+         seed: int) -> tuple[list[Episode], list[dict[str, Any]]]:
+    """``copies`` sampled episodes per map, with ``skill`` in every prompt when given."""
+    tok = collector.tokenizer
+    if skill:
+        collector.encode = lambda ep: encode_chat(tok, augment_with_skill(  # type: ignore[method-assign]
+            build_prompt(ep, collector.env_cfg.history, collector.action_format), skill))
+    episodes = collector._start(seeds, copies)
+    rows = collector.run_episodes(engine, episodes, collector.sampling(), seed)
+    collector.__dict__.pop("encode", None)
+    return episodes, rows
+
+
+def outcome(episodes: list[Episode]) -> dict[str, float]:
+    n = len(episodes)
+    return {"success": sum(e.won for e in episodes) / n,
+            "thin_ice_death": sum(e.hazards.get("fell_through_ice", False) for e in episodes) / n,
+            "hole_death": sum(e.hazards.get("fell_in_hole", False) for e in episodes) / n, "episodes": n}
+
+
+@torch.no_grad()
+def response_log_prob(model: Any, prompt: list[int], response: list[int]) -> float:
+    """log pi(response | prompt), summed over the response tokens."""
+    ids = torch.tensor([prompt + response])
+    logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    return float(torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).sum())
+
+
+def safe_kind(observation: str, action: str) -> str:
+    """A safe row's kind: a move into a visible hole, the first move of the shortest safe plan, or another move."""
+    parsed = thin_ice_tiles(observation)
+    plan = thin_ice_plan(observation)
+    if parsed is not None and action in MOVES:
+        r, c = walk(parsed[1], [action], len(parsed[0]))[-1]
+        if parsed[0][r][c] == HOLE:
+            return "safe_into_hole"
+    return "safe_on_plan" if plan and plan[0] == action else "safe_other"
+
+
+def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict[str, Any]], history: int,
+                  action_format: str) -> dict[str, Any]:
+    """The positive control (module docstring, 2)."""
+    skills = {}
+    for ep in episodes:
+        answer = parse_analysis(rule_analysis(Trajectory.from_episode(ep), "thin_ice",
+                                              success=success_label(ep.ret) == "success", include_summary=False),
+                                include_summary=False)
+        skills[id(ep)] = answer.skill
+    split: dict[str, list[float]] = {"fatal": [], "safe": []}
+    # diagnostic split of the safe rows: into a hole, the first move of the safe plan, any other move
+    detail: dict[str, list[float]] = {"safe_into_hole": [], "safe_on_plan": [], "safe_other": []}
+    for r in rows:
+        ep, turn = r["episode"], r["turn"]
+        t = ep.turns[turn]
+        if not t["valid"]:
+            continue
+        response = r["response_ids"].tolist()
+        # the row's prompt as the agent loop built it: the turns before this one, this turn's observation
+        view = Episode(env=None, task=ep.task, group_id=0, episode_id=0, seed=ep.seed, observation=t["observation"],
+                       admissible=ep.admissible, turns=ep.turns[:turn])
+        message = build_prompt(view, history, action_format)
+        student = response_log_prob(model, list(r["prompt_ids"]), response)
+        teacher = response_log_prob(model, encode_chat(tok, augment_with_skill(message, skills[id(ep)])), response)
+        fatal = thin_ice_fatal(t["observation"], t["action"])
+        split["fatal" if fatal else "safe"].append(teacher - student)
+        if not fatal:
+            detail[safe_kind(t["observation"], t["action"])].append(teacher - student)
+    out: dict[str, Any] = {}
+    for kind, values in {**split, **detail}.items():
+        x = torch.tensor(values or [float("nan")])
+        out[kind] = {"rows": len(values), "delta_mean": float(x.mean()),
+                     "delta_se": float(x.std() / len(values) ** 0.5) if len(values) > 1 else float("nan"),
+                     "frac_positive": float((x > 0).float().mean())}
+    return out
+
+
+def self_analysis(engine: HFEngine, tok: Any, episodes: list[Episode], n: int, max_new_tokens: int) -> dict:
+    """The module docstring's check 3 on the first ``n`` episodes, failures first."""
+    picked = sorted(episodes, key=lambda e: e.won)[:n]
+    prompts = [encode_chat(tok, episode_analysis_prompt(e, include_summary=False)) for e in picked]
+    gen = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), seed=0)
+    parsed = [parse_analysis(t, include_summary=False) for t in gen.texts]
+    ok = [p for p in parsed if p.ok]
+    return {"analyses": len(parsed), "parse_rate": len(ok) / max(len(parsed), 1),
+            "correct_rate": sum(thin_ice_skill_correct(p.skill) for p in ok) / max(len(parsed), 1),
+            "failures_analysed": sum(not e.won for e in picked), "example": ok[0].skill if ok else gen.texts[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config")
+    ap.add_argument("--maps", type=int, default=32)
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--analyses", type=int, default=16, help="0: skip check 3")
+    ap.add_argument("--analysis-tokens", type=int, default=512, help="greedy analysis budget (characters)")
+    ap.add_argument("--model", default=None, help="another checkpoint than the config's model.name")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    cfg = load_config(args.config, [f"model.name={args.model}"] if args.model else [])
+    model, tok = load_policy(cfg.model.name)
+    model.eval()
+    engine = HFEngine(model, tok)
+    collector = AgentCollector(cfg, tok)
+    seeds = collector.val_seeds[: args.maps]  # the selection split
+    plain, rows = play(collector, engine, seeds, args.copies, None, seed=1)
+    skilled, _ = play(collector, engine, seeds, args.copies, THIN_ICE_RULE, seed=1)
+    result = {"config": args.config, "model": cfg.model.name, "maps": len(seeds), "copies": args.copies,
+              "no_skill": outcome(plain), "oracle_rule_in_prompt": outcome(skilled),
+              "positive_control": oracle_deltas(model, tok, plain, rows, cfg.env.history, collector.action_format)}
+    pc = result["positive_control"]
+    result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]
+    print(json.dumps(result, indent=2), flush=True)
+    if args.analyses:  # a warm start without analysis records cannot write one; skip the generation then
+        result["self_analysis"] = self_analysis(engine, tok, plain, args.analyses, args.analysis_tokens)
+        print(json.dumps(result["self_analysis"], indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
