@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -32,11 +31,13 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor
 
+from tether.config import ConfigError
 from tether.engine.base import InterventionStep, SamplingParams
 from tether.engine.hf import KVDecoder, left_pad, process_logits, sample_tokens
 from tether.methods.base import Method, MethodSettings, register_method
 
 if TYPE_CHECKING:
+    from tether.config import Config
     from tether.rollout.batch import RolloutBatch
     from tether.trainer.trainer import Trainer
 
@@ -341,18 +342,27 @@ class EAPO(Method):
 
     # -- setup ------------------------------------------------------------------------------------
 
+    @classmethod
+    def check_config(cls, settings: EAPOSettings, cfg: Config) -> list[str]:
+        """The advantage its grouping can re-group, and a warning when injected tokens would count as on-policy."""
+        if settings.advantage_grouping == "non_injected" and cfg.algorithm.advantage not in ("grpo", "dr_grpo"):
+            raise ConfigError("methods.eapo.advantage_grouping=non_injected needs algorithm.advantage grpo or "
+                              f"dr_grpo (got '{cfg.algorithm.advantage}'); or use advantage_grouping=all")
+        if cfg.algorithm.policy_loss != "eapo":
+            return [f"methods.eapo with algorithm.policy_loss='{cfg.algorithm.policy_loss}': injected tokens are "
+                    "then treated as on-policy (biased); use policy_loss: eapo (with correction: none for that "
+                    "ablation on purpose)"]
+        return []
+
+    @classmethod
+    def named_models(cls, settings: EAPOSettings) -> dict[str, str]:
+        return {"methods.eapo.prior": settings.prior}
+
     def setup(self, trainer: Trainer) -> None:
-        """Load the prior (frozen, on the policy's device) and check everything it must match."""
+        """Load the prior (frozen, on the policy's device) and check that its vocabulary is the policy's."""
         from tether.models import load_policy
 
-        s, cfg = self.settings, trainer.cfg
-        if cfg.algorithm.policy_loss != "eapo":
-            warnings.warn(f"methods.eapo with algorithm.policy_loss='{cfg.algorithm.policy_loss}': injected "
-                          "tokens are then treated as on-policy (biased); use policy_loss: eapo (with "
-                          "correction: none for that ablation on purpose)", stacklevel=2)
-        if s.advantage_grouping == "non_injected" and cfg.algorithm.advantage not in ("grpo", "dr_grpo"):
-            raise ValueError("methods.eapo.advantage_grouping=non_injected needs algorithm.advantage grpo or "
-                             f"dr_grpo (got '{cfg.algorithm.advantage}'); or use advantage_grouping=all")
+        s = self.settings
         prior, prior_tokenizer = load_policy(s.prior, dtype=next(trainer.policy.parameters()).dtype)
         check_vocabulary(trainer.policy, trainer.tokenizer, prior, prior_tokenizer, s.prior)
         # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine
