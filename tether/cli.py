@@ -43,7 +43,8 @@ def train(config: Path, overrides: Overrides = None) -> None:
     with _config_errors():
         trainer = Trainer(cfg)
     try:
-        trainer.fit()
+        with _config_errors():  # e.g. a checkpoint the disk has no room for: one line naming path and cause
+            trainer.fit()
     except TrainingStopped as stop:  # a signal (after a checkpoint), or updates that stayed non-finite
         typer.secho(str(stop), fg=typer.colors.RED, err=True)
         raise typer.Exit(stop.exit_code) from None
