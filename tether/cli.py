@@ -123,7 +123,7 @@ def sft(config: Path, overrides: Overrides = None) -> None:
     from tether.sft import run_sft
 
     with _config_errors():
-        run_checks(cfg)
+        run_checks(cfg, sft=True)
         summary = run_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
@@ -166,7 +166,7 @@ def validate(config: Path, overrides: Overrides = None) -> None:
 
     cfg = _load(config, overrides)
     with _config_errors():
-        run_checks(cfg)
+        run_checks(cfg, sft=True)
     typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name})")
 
 

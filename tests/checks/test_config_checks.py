@@ -72,6 +72,8 @@ def warnings_of(data: dict) -> list[str]:
     # the environment's own check
     ({**ENV, "env": {"name": "scripted", "kwargs": {"turns": 0}}}, r"^env\.kwargs: turns must be >= 1, got 0$"),
     ({**ENV, "env": {"name": "sokoban", "kwargs": {"num_boxes": 0}}}, r"^env\.kwargs: num_boxes must be >= 1"),
+    ({**ENV, "env": {"name": "frozenlake", "kwargs": {"p": 0}}}, r"^env\.kwargs: p must be in \(0, 1\], got 0$"),
+    ({**ENV, "env": {"name": "thin_ice", "kwargs": {"hole_p": 0.7}}}, r"^env\.kwargs: hole_p must be in \[0, 0\.5\)"),
     ({**ENV, "env": {"name": "scripted", "kwargs": {"turns": 2.5}}}, r"^env\.kwargs\.turns: 2\.5 is not a valid int"),
     # methods' class-level checks, which ran in setup after the policy had loaded
     ({**ENV, "methods": {"armor": {}}}, r"^methods\.armor\.anchors=true needs a single-turn task"),
@@ -112,6 +114,7 @@ def test_a_bad_setting_stops_the_trainer_before_the_run_directory_is_written(tmp
     ({"optim": {"mini_batches": 100}}, r"^optim\.mini_batches=100 exceeds the 64 rows a step has at most"),
     ({**ENV, "optim": {"mini_batches": 1000}}, r"exceeds the 640 rows .* x env\.max_turns\)"),
     ({"model": {"ref_name": "org/ref"}}, r"^model\.ref_name='org/ref' is never loaded: nothing uses a reference"),
+    ({"optim": {"lr": 1000.0}}, r"^optim\.lr=1000\.0 is far above the rates that fine-tune a language model"),
     ({"val": {"every": 200}}, r"^val\.every=200 exceeds train\.steps=100: validation runs only before the first step"),
     ({"methods": {"armor": {"reset": "every", "tau": 500}}}, r"^methods\.armor\.tau=500 exceeds train\.steps=100: the "
                                                              r"reference is never reset"),

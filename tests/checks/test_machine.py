@@ -114,6 +114,7 @@ def test_the_eapo_prior_must_be_here_before_any_model_loads(tmp_path, monkeypatc
     (["logging.mlflow={}"], "mlflow", r"^logging\.mlflow is set but the package 'mlflow' is not installed"),
     (["task=null", "env={name: scripted, workers: 2}"], "ray", r"^env\.workers is set but the package 'ray'"),
     (["task=null", "env={name: textworld}"], "textworld", r"^env\.kwargs: textworld env needs textworld: pip install"),
+    (["task=null", "env={name: frozenlake}"], "gymnasium", r"^env\.kwargs: frozenlake needs gymnasium: pip install"),
 ])
 def test_an_optional_package_the_config_needs_is_one_line(tmp_path, monkeypatch, overrides, package, message):
     find_spec = importlib.util.find_spec
@@ -147,4 +148,18 @@ def test_validate_prints_each_error_and_each_warning_on_one_line(tmp_path):
         f"ok: {config} (task parity)",
         "warning: model.ref_name='char-16x1' is never loaded: nothing uses a reference (algorithm.kl.coef is 0, "
         "algorithm.use_ref is false, and no method needs one)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_sft_data_is_checked_by_validate_and_sft_but_not_by_train(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: char-16x1}}\n"
+                      f"logging: {{tensorboard: false}}\nsft: {{data: jsonl, path: {tmp_path / 'pairs.jsonl'}}}\n")
+    for command in ("validate", "sft"):
+        result = CliRunner().invoke(app, [command, str(config)])
+        assert result.exit_code == 2 and result.output.startswith("sft.path: no file"), result.output
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "1+1?"}) + "\n")
+    result = CliRunner().invoke(app, ["validate", str(config)])
+    assert result.exit_code == 2 and "pairs.jsonl line 1 has no 'response' field" in result.output, result.output
+    assert check_config(load_config(config), policy=False) == []  # tether train ignores the sft: section
     assert not (tmp_path / "run").exists()

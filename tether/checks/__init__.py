@@ -37,7 +37,7 @@ def _run(checks: tuple, cfg: Config, found: Findings) -> list[str]:
     return errors
 
 
-def check_config(cfg: Config, *, machine: bool = True, policy: bool = True) -> list[str]:
+def check_config(cfg: Config, *, machine: bool = True, policy: bool = True, sft: bool = False) -> list[str]:
     """Run the checks; return the warning lines.
 
     Args:
@@ -45,6 +45,7 @@ def check_config(cfg: Config, *, machine: bool = True, policy: bool = True) -> l
         machine: also check that what it names is on this machine (after the config checks pass, since those
             say whether the names mean anything).
         policy: check ``model.name`` too (False when the caller brings the policy).
+        sft: check the data of the ``sft:`` section too (``tether sft``, ``tether validate``).
 
     Raises:
         ConfigError: one line per failed check.
@@ -52,15 +53,15 @@ def check_config(cfg: Config, *, machine: bool = True, policy: bool = True) -> l
     found = Findings()
     errors = _run((*CONFIG_CHECKS, check_workload), cfg, found)
     if machine and not errors:
-        errors = _run(machine_checks(policy=policy), cfg, found)
+        errors = _run(machine_checks(policy=policy, sft=sft), cfg, found)
     if errors:
         raise ConfigError("\n".join(errors))
     return found.warnings
 
 
-def run_checks(cfg: Config, *, policy: bool = True) -> None:
+def run_checks(cfg: Config, *, policy: bool = True, sft: bool = False) -> None:
     """:func:`check_config` with the machine checks, its warnings printed to stderr (by the first rank only)."""
-    warnings = check_config(cfg, policy=policy)
+    warnings = check_config(cfg, policy=policy, sft=sft)
     if os.environ.get("RANK", "0") == "0":
         for line in warnings:
             print(f"warning: {line}", file=sys.stderr)

@@ -25,6 +25,9 @@ VALIDATION_METRICS = {
 }
 
 
+SUSPICIOUS_LR = 0.1  # the issue's 1e3 flattened a policy to uniform in two steps; the lab's largest rate is 3e-3
+
+
 def needs_reference(cfg: Config) -> bool:
     """Whether a run of ``cfg`` loads a frozen reference model (the trainer asks this too)."""
     from tether.methods import METHODS
@@ -147,6 +150,9 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
         found.warn(f"optim.mini_batches={cfg.optim.mini_batches} exceeds the {most_rows} rows a step has at most "
                    "(rollout.prompts_per_step x rollout.group_size" + (" x env.max_turns" if cfg.env else "") +
                    "), so a step makes fewer optimiser steps than asked: one per row")
+    if cfg.optim.lr > SUSPICIOUS_LR:
+        found.warn(f"optim.lr={cfg.optim.lr} is far above the rates that fine-tune a language model (1e-7 to 1e-2); "
+                   "steps this large collapse the policy")
     if cfg.train.steps and cfg.val.every > cfg.train.steps:
         found.warn(f"val.every={cfg.val.every} exceeds train.steps={cfg.train.steps}: validation runs only before "
                    "the first step, so checkpoints/best stays the initial policy")

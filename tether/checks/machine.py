@@ -105,6 +105,15 @@ def check_workload_inputs(cfg: Config, found: Findings) -> None:
         raise ConfigError(f"{section}.kwargs: {err}") from None
 
 
+def check_sft_data(cfg: Config, found: Findings) -> None:
+    """``sft.data: jsonl``: the file exists and every line has a prompt and a response (the first bad line named)."""
+    if cfg.sft is None or cfg.sft.data != "jsonl":
+        return
+    from tether.sft import jsonl_examples
+
+    jsonl_examples(cfg.sft)
+
+
 def warn_context(cfg: Config, found: Findings) -> None:
     """Responses longer than the policy's context, where its ``config.json`` says the context without loading it."""
     context = _context_length(cfg.model.name)
@@ -125,10 +134,11 @@ def _context_length(name: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def machine_checks(*, policy: bool = True) -> tuple:
-    """The checks of this module; ``policy=False`` when the caller brings the policy itself."""
+def machine_checks(*, policy: bool = True, sft: bool = False) -> tuple:
+    """The checks of this module; ``policy=False`` when the caller brings the policy itself, ``sft=True`` for the
+    data of the ``sft:`` section (``tether sft`` and ``tether validate``; ``tether train`` ignores that section)."""
     def models(cfg: Config, found: Findings) -> None:
         check_models(cfg, found, policy=policy)
 
-    context = (warn_context,) if policy else ()
-    return (models, check_packages, check_engine_here, check_workload_inputs, *context)
+    optional = ((warn_context,) if policy else ()) + ((check_sft_data,) if sft else ())
+    return (models, check_packages, check_engine_here, check_workload_inputs, *optional)
