@@ -4,6 +4,7 @@ allowed; suspicious legal settings are one warning line each."""
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from pathlib import Path
 
@@ -184,3 +185,15 @@ def test_config_module_imports_nothing_of_tethers():
     imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert not [name for name in imported if name.split(".")[0] == "tether"]
+
+
+def test_the_metrics_best_metric_may_name_are_what_validation_logs(tmp_path, tiny_policy):
+    from tests.rollout.helpers import agent_config
+    from tether.checks.components import VALIDATION_METRICS
+
+    model, tok = tiny_policy
+    for kind, cfg in (("task", tiny_config(tmp_path / "task", "val.max_prompts=2")),
+                      ("env", agent_config(tmp_path / "env", "env.val_tasks=1"))):
+        trainer = Trainer(cfg, policy=copy.deepcopy(model), tokenizer=tok)
+        logged = [key for key in trainer.collector.validate(trainer) if key.startswith("val/")]
+        assert sorted(logged) == sorted(VALIDATION_METRICS[kind])

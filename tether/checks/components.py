@@ -23,8 +23,6 @@ VALIDATION_METRICS = {
     "env": ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode_return", "val/turns",
             "val/invalid_action_frac", "val/episodes", "val/faults"),
 }
-
-
 SUSPICIOUS_LR = 0.1  # the 1e3 flattened a policy to uniform in two steps; the lab's largest rate is 3e-3
 
 
