@@ -1,4 +1,5 @@
-"""Bad configuration stops before any work with one message: key path, value, what is allowed."""
+"""Bad configuration stops before any work with one message: key path, value, what is allowed (tether.config reads
+the schema; tether.checks checks the rest)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tether.config import ConfigError, load_config
+from tether.checks import load_checked_config
+from tether.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum"}}}
@@ -14,7 +16,7 @@ BASE = {"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum"}}}
 
 def error_of(overrides=(), data=None) -> str:
     with pytest.raises(ConfigError) as info:
-        load_config(data={**BASE, **(data or {})}, overrides=list(overrides))
+        load_checked_config(data={**BASE, **(data or {})}, overrides=list(overrides))
     return str(info.value)
 
 
@@ -41,8 +43,8 @@ def test_train_device_names_the_allowed_forms(value):
 
 @pytest.mark.parametrize("value", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
 def test_train_device_takes_every_form_without_looking_at_the_machine(value):
-    assert load_config(data={**BASE}, overrides=[f"train.device={value}"]).train.device == value
-    assert load_config(data={**BASE}).train.device == "auto"
+    assert load_checked_config(data={**BASE}, overrides=[f"train.device={value}"]).train.device == value
+    assert load_checked_config(data={**BASE}).train.device == "auto"
 
 
 def test_literal_choices_are_listed():
@@ -68,11 +70,11 @@ def test_unknown_method_and_workload_rules():
 def test_override_syntax_errors():
     for bad in ("optim.lr", "optim..lr=1", "=3"):
         with pytest.raises(ConfigError):
-            load_config(data=dict(BASE), overrides=[bad])
+            load_checked_config(data=dict(BASE), overrides=[bad])
 
 
 def test_overrides_parse_yaml_values():
-    cfg = load_config(data=dict(BASE), overrides=["optim.lr=3e-4", 'rollout.stop=["\\n\\n"]',
+    cfg = load_checked_config(data=dict(BASE), overrides=["optim.lr=3e-4", 'rollout.stop=["\\n\\n"]',
                                                   "task.kwargs.dataset=chain_sum"])
     assert cfg.optim.lr == 3e-4 and cfg.rollout.stop == ["\n\n"] and cfg.task.kwargs["dataset"] == "chain_sum"
 
@@ -82,7 +84,7 @@ SHIPPED = sorted((ROOT / "configs").rglob("*.yaml"))
 
 @pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem != "protocol"], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_shipped_config_validates(path):
-    load_config(path)
+    load_checked_config(path)
 
 
 @pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem == "protocol"], ids=lambda p: str(p.relative_to(ROOT)))
@@ -97,7 +99,8 @@ def test_fsdp2_precision_settings_need_the_fsdp2_strategy():
     msg = error_of(["distributed.param_dtype=bfloat16"])
     assert "distributed.param_dtype needs distributed.strategy=fsdp2" in msg
     assert "distributed.strategy" in error_of(["distributed.strategy=fsdp"])
-    cfg = load_config(data=dict(BASE), overrides=["distributed.strategy=fsdp2", "distributed.param_dtype=bfloat16"])
+    cfg = load_checked_config(data=dict(BASE),
+                              overrides=["distributed.strategy=fsdp2", "distributed.param_dtype=bfloat16"])
     assert cfg.distributed.param_dtype == "bfloat16" and cfg.distributed.reduce_dtype is None
 
 
@@ -113,7 +116,7 @@ def test_gpu_presets_cover_the_papers_settings():
 
 @pytest.mark.parametrize("path", GPU_PRESETS, ids=lambda p: p.stem)
 def test_gpu_preset_uses_vllm_unless_its_method_intervenes(path):
-    cfg = load_config(path)
+    cfg = load_checked_config(path)
     command = "tether seed-sft" if path.stem.startswith("seed_sft") else "tether train"
     assert path.read_text().startswith(f"# {command} configs/gpu/{path.name}\n")
     if path.stem.startswith("eapo"):
@@ -128,7 +131,7 @@ def test_gpu_preset_uses_vllm_unless_its_method_intervenes(path):
 
 def test_overrides_leave_the_callers_dict_unchanged():
     data = {"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum"}}}
-    cfg = load_config(data=data, overrides=["task.kwargs.dataset=basic_arithmetic", "optim.lr=0.5"])
+    cfg = load_checked_config(data=data, overrides=["task.kwargs.dataset=basic_arithmetic", "optim.lr=0.5"])
     assert cfg.task.kwargs["dataset"] == "basic_arithmetic" and cfg.optim.lr == 0.5
     assert data == {"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum"}}}
 
@@ -149,18 +152,18 @@ def test_overrides_leave_the_callers_dict_unchanged():
 ])
 def test_workload_names_and_combinations_that_cannot_learn_stop_before_work(data, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(data={**BASE, **data})
+        load_checked_config(data={**BASE, **data})
 
 
 def test_a_group_of_one_is_fine_where_the_advantage_does_not_need_a_group():
-    load_config(data={**BASE, "rollout": {"group_size": 1}, "algorithm": {"advantage": "episode"}})
+    load_checked_config(data={**BASE, "rollout": {"group_size": 1}, "algorithm": {"advantage": "episode"}})
 
 
 def test_a_yaml_syntax_error_names_file_line_and_column(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("task:\n  name: parity\nrollout: {group_size: 4\n")
     with pytest.raises(ConfigError, match=rf"^{path}:4:1: YAML syntax error: expected ',' or '}}'"):
-        load_config(path)
+        load_checked_config(path)
 
 
 AGENT = {"task": None, "env": {"name": "scripted"}, "algorithm": {"advantage": "episode"}}
@@ -178,12 +181,14 @@ EAPO = {"methods": {"eapo": {"prior": "p"}}}
 ])
 def test_an_estimator_needing_a_tag_nothing_produces_is_refused(data, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(data={**BASE, **data})
+        load_checked_config(data={**BASE, **data})
 
 
 def test_estimators_with_their_tags_producers_are_accepted():
-    assert load_config(data={**BASE, **AGENT, "algorithm": {"advantage": "gigpo"}}).algorithm.advantage == "gigpo"
-    cfg = load_config(data={**BASE, **EAPO, "algorithm": {"advantage": "clean_baseline", "policy_loss": "eapo"}})
+    gigpo = load_checked_config(data={**BASE, **AGENT, "algorithm": {"advantage": "gigpo"}})
+    assert gigpo.algorithm.advantage == "gigpo"
+    eapo = {"advantage": "clean_baseline", "policy_loss": "eapo"}
+    cfg = load_checked_config(data={**BASE, **EAPO, "algorithm": eapo})
     assert cfg.algorithm.advantage == "clean_baseline"
 
 
@@ -202,7 +207,7 @@ def test_estimators_with_their_tags_producers_are_accepted():
 ])
 def test_the_old_advantage_keys_are_read_as_the_estimator_with_a_warning(old, new):
     with pytest.warns(FutureWarning, match="removed in tether 0.2.0"):
-        cfg = load_config(data={**BASE, **old})
+        cfg = load_checked_config(data={**BASE, **old})
     assert {"advantage": cfg.algorithm.advantage, "advantage_kwargs": cfg.algorithm.advantage_kwargs} == new
 
 
@@ -217,4 +222,4 @@ def test_the_old_advantage_keys_are_read_as_the_estimator_with_a_warning(old, ne
 ])
 def test_old_advantage_keys_that_never_worked_together_are_refused(data, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(data={**BASE, **data})
+        load_checked_config(data={**BASE, **data})

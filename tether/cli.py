@@ -41,7 +41,7 @@ def train(config: Path, overrides: Overrides = None) -> None:
     from tether.trainer.stop import TrainingStopped
 
     try:
-        with _config_errors():
+        with _config_errors():  # e.g. a checkpoint the disk has no room for: one line naming path and cause
             summary = _train(cfg)
     except TrainingStopped as stop:  # a signal (after a checkpoint), or updates that stayed non-finite
         typer.secho(str(stop), fg=typer.colors.RED, err=True)
@@ -122,10 +122,13 @@ StageOverrides = Annotated[list[str] | None, typer.Option(help="KEY=VALUE overri
 def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = None,
                  stage2_override: StageOverrides = None) -> None:
     """ARMOR's two stages: DAPO with validation, then ARMOR from its best checkpoint (policy = reference)."""
+    from tether.checks import run_checks
     from tether.recipes.armor import run_two_stage
 
     first, second = _load(stage1, stage1_override), _load(stage2, stage2_override)
     with _config_errors():
+        run_checks(first)
+        run_checks(second, policy=False)  # its policy is the checkpoint stage 1 will write
         result = run_two_stage(first, second)
     typer.echo(json.dumps(result, indent=2, default=str))
 
@@ -134,11 +137,11 @@ def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = N
 def sft(config: Path, overrides: Overrides = None) -> None:
     """Supervised warm start (the config's sft: section): task demonstrations, a JSONL file or an env's solver."""
     cfg = _load(config, overrides)
-    from tether.preflight import check_inputs
+    from tether.checks import run_checks
     from tether.sft import run_sft
 
     with _config_errors():
-        check_inputs(cfg)
+        run_checks(cfg, sft=True)
         summary = run_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
@@ -162,13 +165,13 @@ def experiment(protocol: Path,
 def seed_sft(config: Path, overrides: Overrides = None) -> None:
     """SEED stage 1: roll out, label trajectories with an analyzer, response-only SFT -> a checkpoint."""
     cfg = _load(config, overrides)
+    from tether.checks import run_checks
     from tether.distributed import resolve_device
-    from tether.preflight import check_inputs
     from tether.recipes.seed_sft import run_skill_sft
 
     with _config_errors():
         resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report
-        check_inputs(cfg)
+        run_checks(cfg)
         summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
@@ -191,11 +194,11 @@ def config_docs(check: Annotated[bool, typer.Option(help="only say whether docs/
 def validate(config: Path, overrides: Overrides = None) -> None:
     """Check a config (names, types, ranges, component settings) and that the files, models and packages it names
     are here, without loading any model."""
-    from tether.preflight import check_inputs
+    from tether.checks import run_checks
 
     cfg = _load(config, overrides)
     with _config_errors():
-        check_inputs(cfg)
+        run_checks(cfg, sft=True)
     typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name})")
 
 

@@ -2,13 +2,13 @@
 
 Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an
 out-of-range value stops the run with one :class:`ConfigError` naming the key path, the value and
-what is allowed. Method plug-ins bring their own section class (see :mod:`tether.methods`).
+what is allowed. Method plug-ins bring their own section class (see :mod:`tether.methods`). This module
+imports nothing of tether's: the checks that need the registries or the machine are :mod:`tether.checks`.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import re
 import warnings
 from pathlib import Path
@@ -374,9 +374,10 @@ def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict | None = None) -> Config:
-    """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate everything.
+    """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate the schema.
 
-    ``data`` is copied first: the overrides never change the caller's dict.
+    ``data`` is copied first: the overrides never change the caller's dict. What needs tether's registries
+    (component names and settings, methods, the workload) and the machine is :mod:`tether.checks`.
     """
     data = copy.deepcopy(data) if data is not None else {}
     if path is not None:
@@ -396,7 +397,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = Config.model_validate(data)
     except ValidationError as err:
         _raise_validation(err)
-    validate_components(cfg)
     return cfg
 
 
@@ -447,111 +447,6 @@ def _replace_estimator(algorithm: dict[str, Any], old: str, new: str, allowed: t
         raise ConfigError(f"{old} goes with algorithm.advantage {' or '.join(allowed)}, got {current}; it now means "
                           f"algorithm.advantage={new}, one estimator for the run, so set that instead")
     algorithm["advantage"] = new
-
-
-def check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, ...] = ()) -> None:
-    """Fail if ``kwargs`` are not keyword arguments ``fn`` accepts (names the key and the allowed ones)."""
-    params = inspect.signature(fn).parameters
-    allowed = [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY and n not in skip]
-    for key in kwargs:
-        if key not in allowed:
-            raise ConfigError(f"{where}.{key}: unknown setting; allowed: {', '.join(allowed) or '(none)'}")
-
-
-def validate_components(cfg: Config) -> None:
-    """Names and keyword arguments of registered components, checked without loading a model."""
-    from tether import algos, methods
-    from tether.advantage_inputs import check_advantage
-
-    try:
-        adv_fn = algos.get_advantage(cfg.algorithm.advantage)
-    except KeyError as err:
-        raise ConfigError(f"algorithm.advantage: {err.args[0]}") from None
-    check_kwargs(adv_fn, cfg.algorithm.advantage_kwargs, "algorithm.advantage_kwargs")
-    try:
-        loss_fn = algos.get_policy_loss(cfg.algorithm.policy_loss)
-    except KeyError as err:
-        raise ConfigError(f"algorithm.policy_loss: {err.args[0]}") from None
-    check_kwargs(loss_fn, cfg.algorithm.loss_kwargs, "algorithm.loss_kwargs", skip=("agg",))
-    for name, settings in cfg.methods.items():
-        methods.method_config(name, settings)
-    check_advantage(cfg)
-    if cfg.env is not None and cfg.val.split != "val":
-        raise ConfigError(f"val.split={cfg.val.split!r}: agent environments have one held-out split, val")
-    validate_engine(cfg)
-    validate_workload(cfg)
-    _check_groups_can_learn(cfg, adv_fn)
-    if cfg.val.every and not cfg.train.best_metric.startswith("val/"):
-        raise ConfigError(f"train.best_metric: {cfg.train.best_metric!r} is not a validation metric, so no best "
-                          "checkpoint would ever be saved; use a val/ metric, e.g. val/avg@k")
-
-
-def validate_workload(cfg: Config) -> None:
-    """The task's or environment's name and keyword names, without building it or generating data."""
-    if cfg.task is not None:
-        from tether.tasks import registry
-
-        if cfg.task.name not in registry.task_names():
-            raise ConfigError(f"task.name: unknown task {cfg.task.name!r}; known: {', '.join(registry.task_names())}")
-        try:
-            registry._check_kwargs(cfg.task.name, registry._TASKS[cfg.task.name], cfg.task.kwargs)
-        except TypeError as err:
-            raise ConfigError(f"task.kwargs: {err}") from None
-        return
-    from tether.envs import registry as envs
-
-    if cfg.env.name not in envs.ENVS:
-        raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}; known: {', '.join(sorted(envs.ENVS))}")
-    try:
-        envs.check_env_kwargs(cfg.env.name, cfg.env.kwargs)
-    except ImportError:  # the env's own package is missing: said, with how to install it, when the run starts
-        pass
-    except TypeError as err:
-        raise ConfigError(f"env.kwargs: {err}") from None
-
-
-def _check_groups_can_learn(cfg: Config, adv_fn: Any) -> None:
-    """With groups of one, a group-relative advantage is 0 for every row and nothing trains. Asked of the
-    estimator itself (two rows, different rewards, a group each, every tag set), so no estimator name is listed
-    here."""
-    if cfg.rollout.group_size > 1:
-        return
-    import torch
-
-    from tether.algos import AdvantageInputs
-
-    probe = AdvantageInputs(rewards=torch.tensor([1.0, 0.0]), group_ids=torch.tensor([0, 1]),
-                            injected=torch.tensor([False, False]), step_returns=torch.tensor([1.0, 0.0]),
-                            obs_keys=["a", "b"])
-    if not adv_fn(probe, **cfg.algorithm.advantage_kwargs).advantages.any():
-        raise ConfigError(f"rollout.group_size: 1 gives every row an advantage of 0 under algorithm.advantage="
-                          f"{cfg.algorithm.advantage} (a group of one has no baseline), so nothing trains; use 2 "
-                          "or more")
-
-
-def validate_engine(cfg: Config) -> None:
-    """``rollout.engine`` is registered, its ``engine_kwargs`` are its builder's, and it can run every method and the
-    distributed strategy."""
-    from tether.engine.registry import ENGINES, engine_builder, engine_entry
-    from tether.methods import METHODS
-
-    r = cfg.rollout
-    try:
-        entry = engine_entry(r.engine)
-    except KeyError as err:
-        raise ConfigError(f"rollout.engine: {err.args[0]}") from None
-    check_kwargs(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
-    if cfg.distributed.strategy == "fsdp2" and not entry.shares_policy:
-        sharing = ", ".join(n for n, e in ENGINES.items() if e.shares_policy)
-        raise ConfigError(f"rollout.engine={r.engine} keeps its own copy of the weights, and pushing a sharded policy "
-                          f"to it is not built; with distributed.strategy=fsdp2 use rollout.engine: {sharing}")
-    if entry.interventions:
-        return
-    able = ", ".join(n for n, e in ENGINES.items() if e.interventions)
-    for name in cfg.methods:
-        if METHODS[name].needs_intervention:
-            raise ConfigError(f"methods.{name} intervenes in sampling at every decoding step, which "
-                              f"rollout.engine={r.engine} cannot do; set rollout.engine to one of: {able}")
 
 
 def dump_config(cfg: Config) -> str:

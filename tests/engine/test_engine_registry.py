@@ -91,8 +91,9 @@ def test_vllm_is_refused_before_any_model_loads(tmp_path, monkeypatch):
         raise AssertionError("the policy was loaded before the engine check")
 
     monkeypatch.setattr("tether.trainer.trainer.load_policy", no_load)
-    with pytest.raises(EngineUnavailableError, match=r"rollout\.engine=vllm needs"):
+    with pytest.raises(ConfigError, match=r"^rollout\.engine=vllm needs"):
         Trainer(tiny_config(tmp_path, "rollout.engine=vllm"))
+    assert not (tmp_path / "run").exists()
 
 
 def test_vllm_builder_loads_the_policys_checkpoint_in_its_dtype(monkeypatch, tiny_policy):

@@ -375,7 +375,7 @@ def test_weights_of_real_guided_rollouts_never_exceed_the_cap(tiny_policy):
     assert torch.isfinite(eapo(inputs, correction="none").loss) and torch.isfinite(ppo(inputs).loss)
 
 
-def test_settings_that_cannot_work_together_fail_or_warn(tmp_path, tiny_policy, prior_dir):
+def test_settings_that_cannot_work_together_fail_or_warn(tmp_path, tiny_policy, prior_dir, capsys):
     with pytest.raises(ConfigError, match=r"algorithm\.advantage=clean_baseline needs the per-row injected.*"
                                           r"methods\.eapo.*allowed here: dr_grpo, episode, grpo, qae, rloo$"):
         make_trainer(tmp_path, tiny_policy, "clean", loss="ppo", advantage="clean_baseline")
@@ -383,8 +383,9 @@ def test_settings_that_cannot_work_together_fail_or_warn(tmp_path, tiny_policy, 
                                           r"dr_grpo, got rloo"):
         make_trainer(tmp_path, tiny_policy, "rloo", advantage="rloo", prior=str(prior_dir),
                      advantage_grouping="non_injected")
-    with pytest.warns(UserWarning, match="treated as on-policy"):
-        make_trainer(tmp_path, tiny_policy, "ppo", loss="ppo", prior=str(prior_dir))
+    make_trainer(tmp_path, tiny_policy, "ppo", loss="ppo", prior=str(prior_dir))
+    assert "warning: methods.eapo with algorithm.policy_loss='ppo': injected tokens are then treated as on-policy" \
+        in capsys.readouterr().err
 
 
 def test_log_injections_writes_each_injected_token_with_its_context(tmp_path, tiny_policy, prior_dir):

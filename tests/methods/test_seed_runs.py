@@ -202,10 +202,12 @@ def test_seed_needs_an_env(tmp_path):
     from tests.trainer.helpers import tiny_config
     from tether.models import tiny_model
 
-    cfg = tiny_config(tmp_path, methods={"seed": {}})
+    cfg = tiny_config(tmp_path)
+    cfg.methods = {"seed": {}}  # after tiny_config's checks, so the trainer's own are what refuses it
     model, tok = tiny_model()
     with pytest.raises(ConfigError, match="needs an env"):
         Trainer(cfg, policy=model, tokenizer=tok)
+    assert not (tmp_path / "run").exists()  # a class-level check: before the run directory, unlike setup
 
 
 def test_opsd_baseline_scores_under_the_solution_hint(tiny_policy, tmp_path):

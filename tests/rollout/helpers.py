@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from tether.config import Config, load_config
+from tether.checks import load_checked_config
+from tether.config import Config
 from tether.engine.base import Generation, SamplingParams
 
 WORDS = ("apple", "banana", "cherry", "grape", "lemon")  # the scripted env's default words
@@ -81,4 +82,4 @@ def agent_config(tmp_path: Any, *overrides: str, **sections: Any) -> Config:
     }
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
-    return load_config(data=base, overrides=list(overrides))
+    return load_checked_config(data=base, overrides=list(overrides))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.config import Config, load_config
+from tether.checks import load_checked_config
+from tether.config import Config
 
 TOY_TASK = "parity"  # the built-in smoke task (tether/tasks/parity.py): reward varies on random weights
 
@@ -21,4 +22,4 @@ def tiny_config(tmp_path: Any, *overrides: str, **data: Any) -> Config:
     }
     for key, value in data.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
-    return load_config(data=base, overrides=list(overrides))
+    return load_checked_config(data=base, overrides=list(overrides))

@@ -69,3 +69,109 @@ def test_a_run_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path)
     want_weights, got_weights = load_file(Path(straight.cfg.run_dir) / final), load_file(run_dir / final)
     for name, tensor in want_weights.items():
         torch.testing.assert_close(got_weights[name], tensor, rtol=0, atol=1e-6)
+
+
+# A ``tether train`` that SIGKILLs itself at the n-th time it reaches a point of the save path; a test double makes
+# every validation a new best, so every step swaps ``best/`` (the same double runs in the uninterrupted run).
+KILLING_TRAIN = """
+import os, runpy, signal, sys
+from pathlib import Path
+
+import tether.rollout.single_turn as single_turn
+import tether.trainer.checkpoint as checkpoint
+import tether.trainer.trainer as trainer
+
+PHASE, AT = sys.argv.pop(1), 2
+seen = {}
+
+
+def reached(phase):
+    seen[phase] = seen.get(phase, 0) + 1
+    if phase == PHASE and seen[phase] == AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+validate = single_turn.SingleTurnCollector.validate
+single_turn.SingleTurnCollector.validate = lambda self, tr: {**validate(self, tr), "val/avg@k": float(tr.step)}
+train_step = trainer.Trainer.train_step
+trainer.Trainer.train_step = lambda self: (reached("start_of_a_step"), train_step(self))[1]
+replace = os.replace
+
+
+def replace_at_phases(src, dst):
+    src, dst = Path(src), Path(dst)
+    if dst.name.startswith("step_"):
+        reached("before_step_dir_rename")
+    moving_best_aside = dst.name == "best.old"
+    replace(src, dst)
+    if dst.name.startswith("step_"):
+        reached("before_latest_pointer")
+    if moving_best_aside:
+        reached("inside_best_swap")
+    if dst.name == "best" and dst.with_name("best.old").exists():
+        reached("before_old_best_removed")
+
+
+checkpoint.os.replace = replace_at_phases
+sys.argv = ["tether", "train", *sys.argv[1:]]
+runpy.run_module("tether.cli", run_name="__main__")
+"""
+PHASES = ("start_of_a_step", "before_step_dir_rename", "before_latest_pointer", "inside_best_swap",
+          "before_old_best_removed")
+
+
+def killing_train(config: Path, phase: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", KILLING_TRAIN, phase, str(config)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+
+
+def run_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference run (no kill), and a function writing the same config for another run directory."""
+    root = tmp_path_factory.mktemp("phases")
+    model, tok = tiny_model(seed=0)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+
+    def config(name: str) -> Path:
+        cfg = tiny_config(root / name, f"model.name={root / 'model'}", "train.steps=3", "train.save_every=1",
+                          "train.save_every_s=0", "train.keep_last=4", "val.every=1", "val.max_prompts=4")
+        path = root / f"{name}.yaml"
+        path.write_text(dump_config(cfg))
+        return path
+
+    done = killing_train(config("straight"), "none")
+    assert done.returncode == 0, done.stderr
+    return root / "straight" / "run", config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_sigkill_at_each_phase_of_a_save_resumes_to_the_uninterrupted_result(uninterrupted, phase):
+    straight, config = uninterrupted
+    path = config(phase)
+    run_dir = path.with_suffix("") / "run"
+    killed = killing_train(path, phase)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = killing_train(path, "none")  # the same command again
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+
+    want, got = run_rows(straight), run_rows(run_dir)
+    assert [row["step"] for row in got] == [row["step"] for row in want]  # nothing lost, nothing logged twice
+    for w, g in zip(want, got, strict=True):
+        shared = [k for k in (*COMPARED, "val/avg@k") if k in w]
+        assert {k: g.get(k) for k in shared} == pytest.approx({k: w[k] for k in shared}, abs=1e-5)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
+        sorted(p.name for p in (straight / "checkpoints").iterdir())  # no .old, .tmp or temporaries left
+    for directory in ("step_000003", "best"):
+        want_weights = load_file(straight / "checkpoints" / directory / "model.safetensors")
+        got_weights = load_file(run_dir / "checkpoints" / directory / "model.safetensors")
+        for name, tensor in want_weights.items():
+            torch.testing.assert_close(got_weights[name], tensor, rtol=0, atol=1e-6)
+    assert torch.load(run_dir / "checkpoints" / "best" / "trainer_state.pt")["step"] == 3

@@ -83,6 +83,8 @@ def eapo(inputs: LossInputs, *, agg: str = "token-mean", correction: str = "seq_
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"eapo correction must be one of {', '.join(CORRECTIONS)}; got '{correction}'")
+    if cap <= 0:
+        raise ValueError(f"eapo cap must be > 0 (it truncates importance weights), got {cap}")
     mask = inputs.response_mask
     log_ratio = inputs.log_probs - inputs.old_log_probs
     s = clipped_surrogate(log_ratio, inputs.advantages, clip_low=clip_low, clip_high=clip_high,

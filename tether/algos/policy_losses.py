@@ -57,6 +57,10 @@ def clipped_surrogate(log_ratio: Tensor, advantages: Tensor, *, clip_low: float,
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    if not 0.0 <= clip_low <= 1.0:  # the ratio's lower bound 1 - clip_low must lie in [0, 1]
+        raise ValueError(f"clip_low must be in [0, 1], got {clip_low}")
+    if clip_high < 0.0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
     ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

@@ -13,6 +13,7 @@ Reward: 1.0 on reaching the goal (gymnasium's), else 0.0. Falling into a hole en
 
 from __future__ import annotations
 
+import importlib.util
 from collections import deque
 
 from tether.envs.base import (
@@ -27,6 +28,7 @@ from tether.envs.base import (
 )
 
 # gymnasium's action ids.
+NEEDS_GYMNASIUM = "frozenlake needs gymnasium: pip install gymnasium (or pip install 'tether[agents]')"
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}
 _MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 
@@ -94,17 +96,27 @@ class FrozenLakeEnv:
     train_seeds = staticmethod(train_seeds)
     eval_seeds = staticmethod(eval_seeds)
 
-    def __init__(self, *, size: int = 4, p: float = 0.8, is_slippery: bool = False,
-                 success_rate: float = 1.0 / 3.0) -> None:
+    @staticmethod
+    def check_config(*, size: int = 4, p: float = 0.8, **_: object) -> None:
+        """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
         if size < 2:
             raise ValueError(f"size must be >= 2, got {size}")
         if not 0.0 < p <= 1.0:
             raise ValueError(f"p must be in (0, 1], got {p}")
+
+    @staticmethod
+    def check_inputs(**_: object) -> None:
+        """The gymnasium package is here (``tether validate`` and the start of a run ask)."""
+        if importlib.util.find_spec("gymnasium") is None:
+            raise ValueError(NEEDS_GYMNASIUM)
+
+    def __init__(self, *, size: int = 4, p: float = 0.8, is_slippery: bool = False,
+                 success_rate: float = 1.0 / 3.0) -> None:
+        self.check_config(size=size, p=p)
         try:
             from gymnasium.envs.toy_text import frozen_lake
         except ImportError as e:
-            raise EnvUnavailableError("frozenlake needs gymnasium: pip install gymnasium "
-                                      "(or pip install 'tether[agents]')") from e
+            raise EnvUnavailableError(NEEDS_GYMNASIUM) from e
         self._lib = frozen_lake
         self.size, self.p, self.is_slippery, self.success_rate = size, p, is_slippery, success_rate
         self.desc: list[str] = []

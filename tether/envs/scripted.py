@@ -48,15 +48,21 @@ class ScriptedEnv:
     train_seeds = staticmethod(train_seeds)
     eval_seeds = staticmethod(eval_seeds)
 
-    def __init__(self, *, words: tuple[str, ...] = ("apple", "banana", "cherry", "grape", "lemon"),
-                 turns: int = 3, reveal: bool = True, list_words: bool = True, fault: str | None = None,
-                 fault_turn: int = 1, hang_s: float = 60.0) -> None:
+    @staticmethod
+    def check_config(*, words: tuple[str, ...] = ("apple",), turns: int = 3, fault: str | None = None,
+                     **_: object) -> None:
+        """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
         if not words:
             raise ValueError("words must not be empty")
         if turns < 1:
             raise ValueError(f"turns must be >= 1, got {turns}")
         if fault not in _FAULTS:
             raise ValueError(f"fault must be one of {_FAULTS}, got {fault!r}")
+
+    def __init__(self, *, words: tuple[str, ...] = ("apple", "banana", "cherry", "grape", "lemon"),
+                 turns: int = 3, reveal: bool = True, list_words: bool = True, fault: str | None = None,
+                 fault_turn: int = 1, hang_s: float = 60.0) -> None:
+        self.check_config(words=words, turns=turns, fault=fault)
         self.words = tuple(normalize_action(w) for w in words)  # guesses are compared normalised
         self.turns = turns
         self.reveal = reveal

@@ -316,8 +316,10 @@ class SokobanEnv:
     train_seeds = staticmethod(train_seeds)
     eval_seeds = staticmethod(eval_seeds)
 
-    def __init__(self, *, height: int = 6, width: int = 6, num_boxes: int = 1, min_solution_steps: int = 2,
-                 max_solution_steps: int = 10, reward_mode: str = "sparse") -> None:
+    @staticmethod
+    def check_config(*, height: int = 6, width: int = 6, num_boxes: int = 1, min_solution_steps: int = 2,
+                     max_solution_steps: int = 10, reward_mode: str = "sparse", **_: object) -> None:
+        """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
         if min(height, width) < 4:
             raise ValueError(f"height and width must be >= 4, got {height}x{width}")
         if num_boxes < 1:
@@ -327,6 +329,11 @@ class SokobanEnv:
                              f"{min_solution_steps}, {max_solution_steps}")
         if reward_mode not in ("sparse", "shaped"):
             raise ValueError(f"reward_mode must be 'sparse' or 'shaped', got {reward_mode!r}")
+
+    def __init__(self, *, height: int = 6, width: int = 6, num_boxes: int = 1, min_solution_steps: int = 2,
+                 max_solution_steps: int = 10, reward_mode: str = "sparse") -> None:
+        self.check_config(height=height, width=width, num_boxes=num_boxes, min_solution_steps=min_solution_steps,
+                          max_solution_steps=max_solution_steps, reward_mode=reward_mode)
         self.height, self.width, self.num_boxes = height, width, num_boxes
         self.min_solution_steps, self.max_solution_steps = min_solution_steps, max_solution_steps
         self.reward_mode = reward_mode

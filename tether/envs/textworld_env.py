@@ -23,6 +23,7 @@ Commands outside the admissible list are not sent to the game: they are no-ops (
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ from tether.envs.base import (
     train_seeds,
 )
 
+NEEDS_TEXTWORLD = "textworld env needs textworld: pip install textworld (or pip install 'tether[agents]')"
 PRESETS: dict[str, dict[str, Any]] = {
     "easy": {"kind": "custom", "world_size": 1, "nb_objects": 3, "quest_length": 1},
     "medium": {"kind": "custom", "world_size": 3, "nb_objects": 6, "quest_length": 3},
@@ -147,6 +149,12 @@ class TextWorldEnv:
     train_seeds = staticmethod(train_seeds)
     eval_seeds = staticmethod(eval_seeds)
 
+    @staticmethod
+    def check_inputs(**_: Any) -> None:
+        """The textworld package is here (``tether validate`` and the start of a run ask, before any model loads)."""
+        if importlib.util.find_spec("textworld") is None:
+            raise ValueError(NEEDS_TEXTWORLD)
+
     def __init__(self, *, preset: str = "easy", world_size: int | None = None, nb_objects: int | None = None,
                  quest_length: int | None = None, cache_dir: str | None = None,
                  reward_mode: str = "sparse") -> None:
@@ -157,8 +165,7 @@ class TextWorldEnv:
         try:
             import textworld
         except ImportError as e:
-            raise EnvUnavailableError("textworld env needs textworld: pip install textworld "
-                                      "(or pip install 'tether[agents]')") from e
+            raise EnvUnavailableError(NEEDS_TEXTWORLD) from e
         self._textworld = textworld
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.reward_mode = reward_mode

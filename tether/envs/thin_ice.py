@@ -243,8 +243,10 @@ class ThinIceEnv:
     action_format = ("Reply with exactly one action inside <action> </action> tags: left, down, right or "
                      "up, e.g. <action>down</action>.")
 
-    def __init__(self, *, size: int = 6, hole_p: float = 0.15, trap_prob: float = 0.5,
-                 eval_split: Literal["selection", "report"] = "selection") -> None:
+    @staticmethod
+    def check_config(*, size: int = 6, hole_p: float = 0.15, trap_prob: float = 0.5, eval_split: str = "selection",
+                     **_: object) -> None:
+        """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
         if size < 5:
             raise ValueError(f"size must be >= 5, got {size}")
         if not 0.0 <= hole_p < 0.5:
@@ -253,6 +255,10 @@ class ThinIceEnv:
             raise ValueError(f"trap_prob must be in [0, 1], got {trap_prob}")
         if eval_split not in ("selection", "report"):
             raise ValueError(f"eval_split must be 'selection' or 'report', got {eval_split!r}")
+
+    def __init__(self, *, size: int = 6, hole_p: float = 0.15, trap_prob: float = 0.5,
+                 eval_split: Literal["selection", "report"] = "selection") -> None:
+        self.check_config(size=size, hole_p=hole_p, trap_prob=trap_prob, eval_split=eval_split)
         self.size, self.hole_p, self.trap_prob, self.eval_split = size, hole_p, trap_prob, eval_split
         self.desc: list[str] = []
         self.position: Cell = (0, 0)

@@ -122,7 +122,7 @@ def register_into_verl(core_algos: Any = None, *, hparams: Mapping[str, Mapping[
     """
     if core_algos is None:
         from verl.trainer.ppo import core_algos
-    from tether.config import check_kwargs
+    from tether.checks import check_kwargs
 
     hparams = dict(hparams or {})
     for name, kw in hparams.items():

@@ -11,7 +11,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tether.config import Config, ConfigError, load_config
+from tether.checks import load_checked_config
+from tether.config import Config, ConfigError
 
 
 class _Strict(BaseModel):
@@ -88,7 +89,7 @@ def arm_config(protocol: Protocol, arm: str, seed: int) -> Config:
     """The validated config of one run; a bad arm is one error naming the arm."""
     a = protocol.arms[arm]
     try:
-        return load_config(a.config, [*a.overrides, *run_overrides(protocol, arm, seed)])
+        return load_checked_config(a.config, [*a.overrides, *run_overrides(protocol, arm, seed)])
     except ConfigError as err:
         raise ConfigError(f"arm {arm!r} ({a.config}): {err}") from None
 

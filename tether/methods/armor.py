@@ -34,6 +34,7 @@ from tether.methods.base import Method, MethodSettings, register_method
 from tether.rollout.batch import RolloutBatch
 
 if TYPE_CHECKING:
+    from tether.config import Config
     from tether.trainer.trainer import Trainer
 
 ON_POLICY, ANCHOR = 0, 1  # RolloutBatch.source tags
@@ -175,15 +176,30 @@ class Armor(Method):
         self.resets, self.last_reset = 0, 0
         self._step, self._counts = -1, Counter()  # acceptance counts over the generation batches of a step
 
+    @classmethod
+    def check_config(cls, settings: ArmorSettings, cfg: Config) -> list[str]:
+        """Anchor Rollout needs a task's verifier and groups that have a correct and a wrong answer; the reference
+        is the checkpoint the policy starts from (the paper's footnote 1), and resets must fall within the run."""
+        warnings = []
+        if cfg.model.ref_name not in (None, cfg.model.name):
+            warnings.append(f"methods.armor with model.ref_name={cfg.model.ref_name!r}: ARMOR's reference is the "
+                            f"checkpoint the policy starts from ({cfg.model.name!r}, the default), not another model")
+        if settings.reset != "none" and (settings.tau or 1) > cfg.train.steps:
+            warnings.append(f"methods.armor.tau={settings.tau} exceeds train.steps={cfg.train.steps}: the reference "
+                            f"is never reset (reset: {settings.reset})")
+        if not settings.anchors:
+            return warnings
+        if cfg.task is None:
+            raise ConfigError("methods.armor.anchors=true needs a single-turn task (task: ...), not an env; "
+                              "set methods.armor.anchors=false to keep only resets and metrics")
+        if cfg.rollout.group_size < 2:
+            raise ConfigError(f"methods.armor.anchors: rollout.group_size={cfg.rollout.group_size}; it must be >= 2, "
+                              "or no group has 1 <= #correct <= group_size - 1 (the paper uses 15)")
+        return warnings
+
     def setup(self, trainer: Trainer) -> None:
         if not self.settings.anchors:
             return
-        if trainer.cfg.task is None:
-            raise ConfigError("methods.armor.anchors needs a single-turn task (task: ...), not an env; "
-                              "set methods.armor.anchors=false to keep only resets and metrics")
-        if trainer.cfg.rollout.group_size < 2:
-            raise ConfigError("methods.armor.anchors: rollout.group_size must be >= 2, or no group has "
-                              "1 <= #correct <= group_size - 1 (the paper uses 15)")
         self.ref_engine = trainer.make_engine(trainer.ref_policy)  # same sampler, reference weights
         self._ref_policy = trainer.ref_policy
 

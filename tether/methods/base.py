@@ -6,6 +6,8 @@ The trainer calls every hook of every configured method at fixed points of the s
 =====================  ======================================================================
 hook                   called
 =====================  ======================================================================
+``check_config``       (class method) by ``tether validate`` and before any model loads
+``named_models``       (class method) the models it loads, checked to be on the machine then
 ``setup``              once, after the policy, engine, task and optimiser exist
 ``intervention``       before each generation batch; may return a per-step sampling hook
 ``on_generation``      on each fresh generation batch (rewards known): add rows, drop groups
@@ -36,6 +38,7 @@ from tether.config import ConfigError
 
 if TYPE_CHECKING:
     from tether.algos import LossInputs, LossOutput
+    from tether.config import Config
     from tether.engine.base import Intervention
     from tether.rollout.batch import RolloutBatch
     from tether.trainer.trainer import Trainer
@@ -59,6 +62,24 @@ class Method:
 
     def __init__(self, settings: MethodSettings) -> None:
         self.settings = settings
+
+    @classmethod
+    def check_config(cls, settings: MethodSettings, cfg: Config) -> list[str]:
+        """Check the method's settings against the rest of the config, before any model loads.
+
+        Returns:
+            Warning lines, for legal settings that are most likely a mistake.
+
+        Raises:
+            ConfigError: one line naming the key, its value and what is allowed.
+        """
+        return []
+
+    @classmethod
+    def named_models(cls, settings: MethodSettings) -> dict[str, str]:
+        """Config key -> model name or path that the method loads, so it is found on the machine before any
+        model loads (``tether.checks.machine.check_model``)."""
+        return {}
 
     def setup(self, trainer: Trainer) -> None:
         """Called once; keep a reference to what the hooks need."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -37,6 +36,7 @@ from tether.engine.hf import KVDecoder, left_pad, process_logits, sample_tokens
 from tether.methods.base import Method, MethodSettings, register_method
 
 if TYPE_CHECKING:
+    from tether.config import Config
     from tether.rollout.batch import RolloutBatch
     from tether.trainer.trainer import Trainer
 
@@ -305,15 +305,25 @@ class EAPO(Method):
 
     # -- setup ------------------------------------------------------------------------------------
 
+    @classmethod
+    def check_config(cls, settings: EAPOSettings, cfg: Config) -> list[str]:
+        """A warning when injected tokens would count as on-policy (the advantage's tags are checked with the
+        estimator, tether/advantage_inputs.py)."""
+        if cfg.algorithm.policy_loss != "eapo":
+            return [f"methods.eapo with algorithm.policy_loss='{cfg.algorithm.policy_loss}': injected tokens are "
+                    "then treated as on-policy (biased); use policy_loss: eapo (with correction: none for that "
+                    "ablation on purpose)"]
+        return []
+
+    @classmethod
+    def named_models(cls, settings: EAPOSettings) -> dict[str, str]:
+        return {"methods.eapo.prior": settings.prior}
+
     def setup(self, trainer: Trainer) -> None:
-        """Load the prior (frozen, on the policy's device) and check everything it must match."""
+        """Load the prior (frozen, on the policy's device) and check that its vocabulary is the policy's."""
         from tether.models import load_policy
 
-        s, cfg = self.settings, trainer.cfg
-        if cfg.algorithm.policy_loss != "eapo":
-            warnings.warn(f"methods.eapo with algorithm.policy_loss='{cfg.algorithm.policy_loss}': injected "
-                          "tokens are then treated as on-policy (biased); use policy_loss: eapo (with "
-                          "correction: none for that ablation on purpose)", stacklevel=2)
+        s = self.settings
         prior, prior_tokenizer = load_policy(s.prior, dtype=next(trainer.policy.parameters()).dtype)
         check_vocabulary(trainer.policy, trainer.tokenizer, prior, prior_tokenizer, s.prior)
         # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine

@@ -163,14 +163,37 @@ class JsonlTask:
         self.val = [self._item(r, source, "val", i) for i, r in enumerate(val_rows)]
 
     @staticmethod
+    def check_config(*, path: str | None = None, train_path: str | None = None, val_path: str | None = None,
+                     extract: str = "auto", prompt_template: str = DEFAULT_PROMPT_TEMPLATE, **_: Any) -> None:
+        """The settings, checked without reading the files: which files, the extraction rule, the template.
+
+        Raises:
+            ValueError: the first problem.
+        """
+        one_file = path is not None and train_path is None and val_path is None
+        two_files = path is None and train_path is not None and val_path is not None
+        if not (one_file or two_files):
+            raise ValueError("the jsonl task needs either path=... (split into train/val) or both train_path=... "
+                             "and val_path=...")
+        for key, file in (("path", path), ("train_path", train_path), ("val_path", val_path)):
+            if file is not None and Path(file).suffix.lower() not in _FORMATS:
+                raise ValueError(f"{key}: {file!r} is not one of {', '.join(_FORMATS)}")
+        check_extract_mode(extract)
+        check_template(prompt_template)
+
+    @staticmethod
     def check_inputs(*, path: str | None = None, train_path: str | None = None, val_path: str | None = None,
-                     prompt_field: str = "prompt", answer_field: str = "answer", **_: Any) -> None:
+                     prompt_field: str = "prompt", answer_field: str = "answer", **_: Any) -> list[str]:
         """Before any model loads: each data file exists, and each line of a ``.jsonl`` one is an object with the
         prompt and answer fields (the first bad line is named).
+
+        Returns:
+            Warning lines: rows whose answer is empty (they can never be scored correct).
 
         Raises:
             ValueError: the first problem, with the file and line.
         """
+        warnings = []
         for key, file in (("path", path), ("train_path", train_path), ("val_path", val_path)):
             if file is None:
                 continue
@@ -178,7 +201,12 @@ class JsonlTask:
             if not file.is_file():
                 raise ValueError(f"{key}: data file {str(file)!r} does not exist")
             if file.suffix.lower() == ".jsonl":
-                read_jsonl(file, key, (prompt_field, answer_field))
+                rows = read_jsonl(file, key, (prompt_field, answer_field))
+                empty = [i for i, row in enumerate(rows, 1) if row[answer_field] in (None, "")]
+                if empty:
+                    warnings.append(f"{key}: {len(empty)} of {len(rows)} rows of {file} have an empty "
+                                    f"{answer_field!r} (the first: row {empty[0]}); they are never scored correct")
+        return warnings
 
     def _load(self, path: str | None, train_path: str | None, val_path: str | None, val_size: int,
               seed: int) -> tuple[list[dict], list[dict], str]:

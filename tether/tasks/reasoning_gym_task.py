@@ -32,6 +32,19 @@ _RESERVED_KWARGS = {"seed": "seed / val_seed", "size": "train_size / val_size"}
 def _create(dataset: str, kwargs: dict[str, Any], seed: int, size: int) -> Any:
     """``reasoning_gym.create_dataset`` with errors that name the bad setting."""
     import reasoning_gym
+
+    _check_dataset(dataset, kwargs)
+    return reasoning_gym.create_dataset(dataset, seed=seed, size=size, **kwargs)
+
+
+def _check_dataset(dataset: str, kwargs: dict[str, Any]) -> None:
+    """The dataset is registered in reasoning-gym and ``kwargs`` make a valid config of it, checked the way
+    ``create_dataset`` checks them but without generating anything.
+
+    Raises:
+        ValueError: unknown dataset (with close names), or a value its config's ``validate`` refuses.
+        TypeError: a setting that is not a field of its config (with the allowed ones).
+    """
     from reasoning_gym.factory import DATASETS
 
     if dataset not in DATASETS:
@@ -39,12 +52,16 @@ def _create(dataset: str, kwargs: dict[str, Any], seed: int, size: int) -> Any:
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown reasoning-gym dataset {dataset!r}.{hint} "
                          f"Known: {', '.join(sorted(DATASETS))}")
+    config_cls = DATASETS[dataset][1]
     try:
-        return reasoning_gym.create_dataset(dataset, seed=seed, size=size, **kwargs)
+        config = config_cls(**kwargs)
     except TypeError as error:
-        fields = [f.name for f in dataclasses.fields(DATASETS[dataset][1]) if f.name not in _RESERVED_KWARGS]
+        fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in _RESERVED_KWARGS]
         raise TypeError(f"bad dataset_kwargs for reasoning-gym {dataset!r}: {error}. "
                         f"Allowed: {', '.join(fields)}") from error
+    try:
+        if hasattr(config, "validate"):
+            config.validate()
     except AssertionError as error:  # reasoning-gym validates configs with assert
         raise ValueError(f"invalid dataset_kwargs for reasoning-gym {dataset!r}: {error}") from error
 
@@ -105,14 +122,9 @@ class ReasoningGymTask:
                  val_size: int = 100, seed: int = 0, val_seed: int | None = None, extract: str = "auto",
                  prompt_template: str = DEFAULT_PROMPT_TEMPLATE, system_prompt: str | None = None,
                  reward: str = "score", reward_correct: float = 1.0, reward_wrong: float = 0.0) -> None:
+        self.check_config(dataset=dataset, dataset_kwargs=dataset_kwargs, train_size=train_size,
+                          val_size=val_size, extract=extract, prompt_template=prompt_template)
         kwargs = dict(dataset_kwargs or {})
-        for key, use in _RESERVED_KWARGS.items():
-            if key in kwargs:
-                raise ValueError(f"dataset_kwargs must not set {key!r}; use the task's {use} instead")
-        if train_size < 1 or val_size < 1:
-            raise ValueError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}")
-        check_extract_mode(extract)
-        check_template(prompt_template)
         self.name = f"reasoning_gym/{dataset}"
         self.dataset = dataset
         self.extract = extract
@@ -127,6 +139,27 @@ class ReasoningGymTask:
                                                unique=False)
         self.val = [self._item(e, "val", i) for i, e in enumerate(val_entries)]
         self.train = [self._item(e, "train", i) for i, e in enumerate(train_entries)]
+
+    @staticmethod
+    def check_config(*, dataset: str, dataset_kwargs: dict[str, Any] | None = None, train_size: int = 1000,
+                     val_size: int = 100, extract: str = "auto", prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+                     **_: Any) -> None:
+        """The settings, checked without generating a question (``tether validate`` calls this too).
+
+        Raises:
+            ValueError: an unknown dataset, a reserved or invalid ``dataset_kwargs`` value, a size below 1, an
+                unknown extraction rule, a template without ``{question}``.
+            TypeError: a ``dataset_kwargs`` key that is not a field of the dataset's config.
+        """
+        kwargs = dict(dataset_kwargs or {})
+        for key, use in _RESERVED_KWARGS.items():
+            if key in kwargs:
+                raise ValueError(f"dataset_kwargs must not set {key!r}; use the task's {use} instead")
+        if train_size < 1 or val_size < 1:
+            raise ValueError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}")
+        check_extract_mode(extract)
+        check_template(prompt_template)
+        _check_dataset(dataset, kwargs)
 
     def _item(self, entry: dict[str, Any], split: str, index: int) -> TaskItem:
         answer = entry.get("answer")

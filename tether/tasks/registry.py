@@ -39,7 +39,7 @@ def task_names() -> list[str]:
     return sorted(_TASKS)
 
 
-def _check_kwargs(name: str, factory: Callable[..., Task], kwargs: dict[str, Any]) -> None:
+def check_task_kwargs(name: str, factory: Callable[..., Task], kwargs: dict[str, Any]) -> None:
     """Fail with the offending and the allowed keyword names, before any data is generated."""
     params = inspect.signature(factory).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -71,5 +71,5 @@ def make_task(name: str, **kwargs: Any) -> Task:
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
     factory = _TASKS[name]
-    _check_kwargs(name, factory, kwargs)
+    check_task_kwargs(name, factory, kwargs)
     return factory(**kwargs)

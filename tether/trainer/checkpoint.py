@@ -33,11 +33,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from tether.config import ConfigError
 from tether.distributed import DataParallel
 from tether.track import write_text_atomic
 
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"step_(\d+)")
+# torch.save on a full disk raises RuntimeError ("unexpected pos ..."), not OSError: with less free space than this
+# left, such an error is taken for a full disk.
+FULL_DISK_BYTES = 64 * 2**20
+
+
+class CheckpointWriteError(ConfigError):
+    """A checkpoint could not be written (a full disk, no permission): one line naming the path and the cause."""
 
 
 class CheckpointError(RuntimeError):
@@ -109,22 +117,43 @@ def publish_dir(target: Path, write: Callable[[Path], None], dp: DataParallel) -
     and that every rank has finished before rank 0 renames.
     """
     tmp = target.with_name(target.name + ".tmp")
-    if dp.is_main:
-        if tmp.exists():
-            shutil.rmtree(tmp)  # left by a crash during an earlier save
-        tmp.mkdir(parents=True)
+    try:
+        if dp.is_main:
+            if tmp.exists():
+                shutil.rmtree(tmp)  # left by a crash during an earlier save
+            tmp.mkdir(parents=True)
+        dp.barrier()
+        write(tmp)
+        dp.barrier()
+        if dp.is_main:
+            write_manifest(tmp)
+            old = target.with_name(target.name + ".old")
+            _settle_old(target, old)  # a crash inside an earlier swap must not block this one
+            if target.exists():
+                os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+    except (OSError, RuntimeError) as err:
+        error = write_error(target, err)
+        if error is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # what fits of a partial checkpoint is never read; free its space
+        raise error from None
     dp.barrier()
-    write(tmp)
-    dp.barrier()
-    if dp.is_main:
-        write_manifest(tmp)
-        old = target.with_name(target.name + ".old")
-        _settle_old(target, old)  # a crash inside an earlier swap must not block this one
-        if target.exists():
-            os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    dp.barrier()
+
+
+def write_error(target: Path, err: OSError | RuntimeError) -> CheckpointWriteError | None:
+    """One line for a failed write of ``target``: the path and the cause; None for a RuntimeError that is not a
+    full disk (a bug, whose traceback is wanted)."""
+    if isinstance(err, OSError):
+        where, cause = err.filename or target, err.strerror or str(err)
+    else:
+        free = shutil.disk_usage(target.parent if target.parent.exists() else Path.cwd()).free
+        if free >= FULL_DISK_BYTES:
+            return None
+        where, cause = target, f"no space left on the device ({free // 2**20} MiB free)"
+    return CheckpointWriteError(f"cannot write checkpoint {where}: {cause}; the checkpoints written before are "
+                                "intact (free space or fix permissions, then run again to resume)")
 
 
 def _settle_old(target: Path, old: Path) -> None:

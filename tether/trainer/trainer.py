@@ -26,17 +26,18 @@ import torch
 from tether import algos
 from tether.advantage_inputs import advantage_inputs
 from tether.algos import LossInputs
+from tether.checks import run_checks
+from tether.checks.components import needs_reference
 from tether.config import Config, ConfigError
 from tether.distributed import DataParallel, build_strategy, resolve_device
 from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Intervention
-from tether.engine.registry import build_engine, check_engine_available
+from tether.engine.registry import build_engine
 from tether.health import HealthError, HealthMonitor
 from tether.methods import Method, build_methods
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
 from tether.models.layers import checkpoint_layers
-from tether.preflight import check_inputs
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.collectors import collector_class
 from tether.track import Tracker, build_tracker, write_text_atomic
@@ -66,7 +67,7 @@ class Trainer:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
         self.device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any model loads
-        check_inputs(cfg, model=policy is None)  # files, models and packages the config names are here
+        run_checks(cfg, policy=policy is None)  # tether.checks: the config, and what it names is here
         self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
         if cfg.train.threads:
@@ -82,8 +83,6 @@ class Trainer:
         self.skipped_updates = self.skipped_in_a_row = 0  # optimiser steps skipped for a non-finite gradient
         self.ref_modified = False  # set by methods that move the reference (ARMOR resets): then it is saved
 
-        # 0. a missing GPU or package for the configured engine fails now, not after the models load
-        check_engine_available(cfg.rollout.engine)
         # 1. methods first: they may need a reference model
         self.methods: list[Method] = build_methods(cfg.methods)
         # 2. models
@@ -91,7 +90,7 @@ class Trainer:
             policy, tokenizer = load_policy(cfg.model.name)
         self.tokenizer = tokenizer
         policy.eval()  # no dropout: old and new log-probs must come from the same function
-        ref = self._build_ref(policy) if self._needs_ref() else None  # copied before sharding changes the module
+        ref = self._build_ref(policy) if needs_reference(cfg) else None  # copied before sharding changes the module
         if cfg.train.gradient_checkpointing:
             checkpoint_layers(policy)
         self.policy = self.strategy.prepare(policy)  # on self.device from here on
@@ -119,10 +118,6 @@ class Trainer:
             self.resume(resume_from)
 
     # -- construction helpers ----------------------------------------------------------------
-
-    def _needs_ref(self) -> bool:
-        a = self.cfg.algorithm
-        return a.kl.coef > 0 or a.use_ref or any(m.needs_ref for m in self.methods)
 
     def _build_ref(self, policy: Any) -> Any:
         if self.cfg.model.ref_name:
@@ -511,11 +506,10 @@ def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
-    check_engine_available(cfg.rollout.engine)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
-    check_inputs(cfg)
+    run_checks(cfg)
     policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)

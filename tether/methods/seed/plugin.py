@@ -56,6 +56,7 @@ from tether.methods.seed.sft import SkillSFTSettings
 from tether.models.vision import encode_message, has_images, is_processor, observation_images
 
 if TYPE_CHECKING:
+    from tether.config import Config
     from tether.rollout.batch import RolloutBatch
     from tether.trainer.trainer import Trainer
 
@@ -213,11 +214,13 @@ class Seed(Method):
         self.settings: SeedSettings = settings
         self.accounting = _OpdAccounting("seed/", "seed_mini_active")
 
-    def setup(self, trainer: Trainer) -> None:
-        if trainer.cfg.env is None:
+    @classmethod
+    def check_config(cls, settings: SeedSettings, cfg: Config) -> list[str]:
+        if cfg.env is None:
             raise ConfigError("methods.seed analyses multi-turn trajectories: it needs an env (env: ...), not a task")
-        if any(m.name == "opsd" for m in trainer.methods):
+        if "opsd" in cfg.methods:
             raise ConfigError("methods.seed and methods.opsd both set the teacher log-probs; use one of them")
+        return []
 
     # -- 1. analysis ---------------------------------------------------------------------------
 
@@ -390,10 +393,14 @@ class Opsd(Method):
         self.settings: OpsdSettings = settings
         self.accounting = _OpdAccounting("seed/opsd_", "opsd_mini_active")
 
-    def setup(self, trainer: Trainer) -> None:
-        if trainer.cfg.env is None:
+    @classmethod
+    def check_config(cls, settings: OpsdSettings, cfg: Config) -> list[str]:
+        if cfg.env is None:
             raise ConfigError("methods.opsd reads env observations: it needs an env (env: ...), not a task")
-        _refuse_images("methods.opsd", trainer)
+        return []
+
+    def setup(self, trainer: Trainer) -> None:
+        _refuse_images("methods.opsd", trainer)  # whether the policy sees images is known once it is loaded
         self.env_name = trainer.cfg.env.name
 
     def on_score(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:

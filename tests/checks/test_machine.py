@@ -1,0 +1,165 @@
+"""What a config names must be on this machine: checked before any model loads, one line each, exit code 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.trainer.helpers import tiny_config
+from tether.checks import check_config
+from tether.cli import app
+from tether.config import ConfigError, load_config
+from tether.trainer import Trainer
+
+
+def jsonl_config(tmp_path: Path, lines: list[str] | None, **kwargs) -> object:
+    path = tmp_path / "data.jsonl"
+    if lines is not None:
+        path.write_text("".join(line + "\n" for line in lines))
+    return load_config(data={"run_dir": str(tmp_path / "run"),
+                             "task": {"name": "jsonl", "kwargs": {"path": str(path), **kwargs}}})
+
+
+GOOD = json.dumps({"prompt": "1+1?", "answer": "2"})
+
+
+@pytest.mark.parametrize("lines, message", [
+    (None, r"^task\.kwargs: path: data file '.*data\.jsonl' does not exist"),
+    ([], r"data\.jsonl holds no rows"),
+    ([GOOD, "{not json"], r"data\.jsonl line 2 is not JSON"),
+    ([GOOD, "", "[1, 2]"], r"data\.jsonl line 3 is list, not an object"),
+    ([GOOD, json.dumps({"prompt": "3+3?"})], r"data\.jsonl line 2 has no 'answer' field \(fields: prompt\)"),
+])
+def test_jsonl_data_is_checked_to_the_first_bad_line(tmp_path, lines, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(jsonl_config(tmp_path, lines), policy=False)
+
+
+def test_jsonl_fields_can_be_renamed(tmp_path):
+    check_config(jsonl_config(tmp_path, [json.dumps({"q": "1+1?", "a": "2"})], prompt_field="q", answer_field="a"),
+                 policy=False)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("./no/such/checkpoint", r"^model\.name: './no/such/checkpoint' is not a directory here, nor a tether alias"),
+    ("org/never-downloaded", r"^model\.name: 'org/never-downloaded' is not in the local Hugging Face cache and "
+                             r"HF_HUB_OFFLINE is set"),
+])
+def test_a_model_that_is_not_here_is_one_line(tmp_path, monkeypatch, name, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ConfigError, match=message):
+        check_config(tiny_config(tmp_path, f"model.name={name}"))
+    check_config(tiny_config(tmp_path, f"model.name={tmp_path}"))  # a local directory
+    for alias in ("smollm2-135m-instruct", "char-64x2", "tiny-64x2"):  # tether's aliases, never built here
+        check_config(tiny_config(tmp_path, f"model.name={alias}"))
+
+
+def test_a_reference_that_is_not_here_is_one_line_even_when_the_policy_is_given(tmp_path):
+    with pytest.raises(ConfigError, match=r"^model\.ref_name: 'a/b/c' is not a directory here"):
+        check_config(tiny_config(tmp_path, "model.ref_name=a/b/c"), policy=False)
+
+
+def test_a_tracker_that_is_not_installed_is_one_line(tmp_path, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"^logging\.wandb is set but the package 'wandb' is not installed"):
+        check_config(tiny_config(tmp_path, "logging.wandb={}"))
+
+
+def test_train_checks_inputs_before_the_run_directory_is_written(tmp_path):
+    cfg = tiny_config(tmp_path, "model.name=./missing-checkpoint")
+    with pytest.raises(ConfigError, match=r"^model\.name"):
+        Trainer(cfg)
+    assert not Path(cfg.run_dir).exists()
+
+
+def test_validate_and_train_end_with_one_line_and_exit_code_2(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: jsonl, kwargs: {{path: {tmp_path}/x.jsonl}}}}\n")
+    for command in ("validate", "train"):
+        result = CliRunner().invoke(app, [command, str(config)])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().count("\n") == 0 and "x.jsonl' does not exist" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_rows_with_an_empty_answer_are_one_warning(tmp_path):
+    lines = [GOOD, json.dumps({"prompt": "2+2?", "answer": ""}), json.dumps({"prompt": "3+3?", "answer": None})]
+    warnings = check_config(jsonl_config(tmp_path, lines), policy=False)
+    assert warnings == [f"task.kwargs: path: 2 of 3 rows of {tmp_path / 'data.jsonl'} have an empty 'answer' (the "
+                        "first: row 2); they are never scored correct"]
+
+
+def test_the_eapo_prior_must_be_here_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    cfg = tiny_config(tmp_path, "algorithm.policy_loss=eapo", "methods.eapo.prior=./no/prior")
+    with pytest.raises(ConfigError, match=r"^methods\.eapo\.prior: './no/prior' is not a directory here"):
+        check_config(cfg, policy=False)
+    with pytest.raises(ConfigError, match=r"^methods\.eapo\.prior: 'org/prior' is not in the local Hugging Face "
+                                          r"cache and HF_HUB_OFFLINE is set"):
+        check_config(tiny_config(tmp_path, "algorithm.policy_loss=eapo", "methods.eapo.prior=org/prior"),
+                     policy=False)
+    check_config(tiny_config(tmp_path, "algorithm.policy_loss=eapo", f"methods.eapo.prior={tmp_path}"), policy=False)
+
+
+@pytest.mark.parametrize("overrides, package, message", [
+    (["logging.tensorboard=true"], "tensorboard", r"^logging\.tensorboard is set but the package 'tensorboard'"),
+    (["logging.mlflow={}"], "mlflow", r"^logging\.mlflow is set but the package 'mlflow' is not installed"),
+    (["task=null", "env={name: scripted, workers: 2}"], "ray", r"^env\.workers is set but the package 'ray'"),
+    (["task=null", "env={name: textworld}"], "textworld", r"^env\.kwargs: textworld env needs textworld: pip install"),
+    (["task=null", "env={name: frozenlake}"], "gymnasium", r"^env\.kwargs: frozenlake needs gymnasium: pip install"),
+])
+def test_an_optional_package_the_config_needs_is_one_line(tmp_path, monkeypatch, overrides, package, message):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=message):
+        check_config(tiny_config(tmp_path, *overrides), policy=False)
+
+
+def test_responses_longer_than_the_models_context_are_a_warning(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 32}))
+    assert check_config(tiny_config(tmp_path, f"model.name={model}", "rollout.max_new_tokens=16")) == []
+    assert check_config(tiny_config(tmp_path, f"model.name={model}", "rollout.max_new_tokens=32")) == [
+        f"rollout.max_new_tokens=32 is not below the context of {model} (32 tokens, max_position_embeddings): "
+        "prompt and response do not fit"]
+
+
+def test_validate_prints_each_error_and_each_warning_on_one_line(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: reasoning_gym, kwargs: {{dataset: chain_summ}}}}\n"
+                      "algorithm: {policy_loss: armor, loss_kwargs: {alpha: 1.5}}\n")
+    result = CliRunner().invoke(app, ["validate", str(config)])
+    assert result.exit_code == 2
+    assert [line.split(":")[0] for line in result.output.splitlines()] == ["algorithm.loss_kwargs", "task.kwargs"]
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: char-16x1, "
+                      "ref_name: char-16x1}\nlogging: {tensorboard: false}\n")
+    result = CliRunner().invoke(app, ["validate", str(config)])
+    assert result.exit_code == 0, result.output
+    assert sorted(result.output.splitlines()) == [
+        f"ok: {config} (task parity)",
+        "warning: model.ref_name='char-16x1' is never loaded: nothing uses a reference (algorithm.kl.coef is 0, "
+        "algorithm.use_ref is false, and no method needs one)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_sft_data_is_checked_by_validate_and_sft_but_not_by_train(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: char-16x1}}\n"
+                      f"logging: {{tensorboard: false}}\nsft: {{data: jsonl, path: {tmp_path / 'pairs.jsonl'}}}\n")
+    for command in ("validate", "sft"):
+        result = CliRunner().invoke(app, [command, str(config)])
+        assert result.exit_code == 2 and result.output.startswith("sft.path: no file"), result.output
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "1+1?"}) + "\n")
+    result = CliRunner().invoke(app, ["validate", str(config)])
+    assert result.exit_code == 2 and "pairs.jsonl line 1 has no 'response' field" in result.output, result.output
+    assert check_config(load_config(config), policy=False) == []  # tether train ignores the sft: section
+    assert not (tmp_path / "run").exists()

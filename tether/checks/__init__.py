@@ -1,0 +1,75 @@
+"""Every check that needs no model, run by ``tether validate`` and at the start of ``train``, ``eval``, ``sft``,
+``seed-sft`` and each stage of a recipe, before a model loads or the run directory is written.
+
+* :mod:`tether.config` reads a config and checks its schema (keys, types, ranges); it imports nothing of tether's.
+* What the config says, against the registries (:mod:`~tether.checks.components`, :mod:`~tether.checks.workload`):
+  component names and settings, each method's ``check_config``, the task's or environment's ``check_config``.
+* What it names on this machine (:mod:`~tether.checks.machine`): models, data files, packages, the engine.
+
+Each error is one line (key, value, what is allowed); :func:`check_config` runs every check and raises one
+:class:`~tether.config.ConfigError` holding all of them. Legal but suspicious settings are warning lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from tether.checks.components import CONFIG_CHECKS
+from tether.checks.findings import Findings
+from tether.checks.kwargs import check_kwarg_types, check_kwargs
+from tether.checks.machine import check_model, machine_checks
+from tether.checks.workload import check_workload
+from tether.config import Config, ConfigError, load_config
+
+__all__ = ["Findings", "check_config", "check_kwarg_types", "check_kwargs", "check_model", "load_checked_config",
+           "run_checks"]
+
+
+def _run(checks: tuple, cfg: Config, found: Findings) -> list[str]:
+    errors = []
+    for check in checks:
+        try:
+            check(cfg, found)
+        except ConfigError as err:
+            errors.append(str(err))
+    return errors
+
+
+def check_config(cfg: Config, *, machine: bool = True, policy: bool = True, sft: bool = False) -> list[str]:
+    """Run the checks; return the warning lines.
+
+    Args:
+        cfg: a config that passed :func:`tether.config.load_config`.
+        machine: also check that what it names is on this machine (after the config checks pass, since those
+            say whether the names mean anything).
+        policy: check ``model.name`` too (False when the caller brings the policy).
+        sft: check the data of the ``sft:`` section too (``tether sft``, ``tether validate``).
+
+    Raises:
+        ConfigError: one line per failed check.
+    """
+    found = Findings()
+    errors = _run((*CONFIG_CHECKS, check_workload), cfg, found)
+    if machine and not errors:
+        errors = _run(machine_checks(policy=policy, sft=sft), cfg, found)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return found.warnings
+
+
+def run_checks(cfg: Config, *, policy: bool = True, sft: bool = False) -> None:
+    """:func:`check_config` with the machine checks, its warnings printed to stderr (by the first rank only)."""
+    warnings = check_config(cfg, policy=policy, sft=sft)
+    if os.environ.get("RANK", "0") == "0":
+        for line in warnings:
+            print(f"warning: {line}", file=sys.stderr)
+
+
+def load_checked_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                        data: dict | None = None) -> Config:
+    """:func:`tether.config.load_config` plus the checks of what the config says (not the machine's)."""
+    cfg = load_config(path, overrides, data)
+    check_config(cfg, machine=False)
+    return cfg

@@ -1,0 +1,167 @@
+"""What a config says, checked against the registries: the advantage and the policy loss (names, and the names, types
+and values of their settings), the engine, each method's own check, and combinations that cannot learn or never
+save. Values are asked of the registered function itself, on a toy batch, so no estimator, loss or method name is
+listed here: a new one is checked by the ``ValueError`` it raises for a bad setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tether.checks.findings import Findings
+from tether.checks.kwargs import check_kwarg_types, check_kwargs
+from tether.config import Config, ConfigError
+
+# Every metric validation logs (tether/rollout/single_turn.py and multi_turn.py ``validate``): train.best_metric
+# must be one, or no best checkpoint is ever saved.
+VALIDATION_METRICS = {
+    "task": ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length", "val/no_answer_frac",
+             "val/wrong_answer_frac", "val/fault_frac"),
+    "env": ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode_return", "val/turns",
+            "val/invalid_action_frac", "val/episodes", "val/faults"),
+}
+SUSPICIOUS_LR = 0.1  # the issue's 1e3 flattened a policy to uniform in two steps; the lab's largest rate is 3e-3
+
+
+def needs_reference(cfg: Config) -> bool:
+    """Whether a run of ``cfg`` loads a frozen reference model (the trainer asks this too)."""
+    from tether.methods import METHODS
+
+    a = cfg.algorithm
+    return a.kl.coef > 0 or a.use_ref or any(METHODS[name].needs_ref for name in cfg.methods if name in METHODS)
+
+
+def _lookup(get: Callable[[str], Any], name: str, key: str) -> Any:
+    try:
+        return get(name)
+    except KeyError as err:
+        raise ConfigError(f"{key}: {err.args[0]}") from None
+
+
+def check_advantage(cfg: Config, found: Findings) -> None:
+    """The estimator, its settings, and that groups of ``rollout.group_size`` rows can learn under it."""
+    from tether import algos
+    from tether.advantage_inputs import check_advantage as check_advantage_tags
+
+    a = cfg.algorithm
+    fn = _lookup(algos.get_advantage, a.advantage, "algorithm.advantage")
+    check_kwargs(fn, a.advantage_kwargs, "algorithm.advantage_kwargs")
+    check_kwarg_types(fn, a.advantage_kwargs, "algorithm.advantage_kwargs")
+    check_advantage_tags(cfg)
+    # Two rows with different rewards, a group each, every tag set: a bad setting raises, and an estimator that
+    # needs a group gives both an advantage of 0, which is what every row gets with rollout.group_size 1.
+    probe = algos.AdvantageInputs(rewards=torch.tensor([1.0, 0.0]), group_ids=torch.tensor([0, 1]),
+                                  injected=torch.tensor([False, False]), step_returns=torch.tensor([1.0, 0.0]),
+                                  obs_keys=["a", "b"])
+    try:
+        adv = fn(probe, **a.advantage_kwargs).advantages
+    except ValueError as err:
+        raise ConfigError(f"algorithm.advantage_kwargs: {err}") from None
+    if cfg.rollout.group_size == 1 and not adv.any():
+        raise ConfigError(f"rollout.group_size: 1 gives every row an advantage of 0 under algorithm.advantage="
+                          f"{a.advantage} (a group of one has no baseline), so nothing trains; use 2 or more")
+
+
+def _toy_loss_inputs(with_ref: bool) -> Any:
+    """Two rows of three tokens with every optional field set (the reference's log-probs only ``with_ref``)."""
+    from tether.algos import LossInputs
+
+    log_probs = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, -3.0]])
+    zeros = torch.zeros_like(log_probs)
+    return LossInputs(log_probs=log_probs, old_log_probs=log_probs - 0.1,
+                      advantages=torch.tensor([[1.0], [-1.0]]).expand(2, 3), response_mask=torch.ones_like(log_probs),
+                      ref_log_probs=log_probs - 0.2 if with_ref else None, behaviour_log_probs=log_probs - 0.3,
+                      gate_mask=zeros, injected_mask=zeros, teacher_log_probs=log_probs, source=torch.tensor([0, 1]),
+                      num_tokens=6.0, num_seqs=2.0, max_response_len=3)
+
+
+def check_policy_loss(cfg: Config, found: Findings) -> None:
+    """The loss, its settings, and that the reference it reads is loaded."""
+    from tether import algos
+    from tether.methods import METHODS
+
+    a = cfg.algorithm
+    fn = _lookup(algos.get_policy_loss, a.policy_loss, "algorithm.policy_loss")
+    check_kwargs(fn, a.loss_kwargs, "algorithm.loss_kwargs", skip=("agg",))
+    check_kwarg_types(fn, a.loss_kwargs, "algorithm.loss_kwargs")
+    try:
+        fn(_toy_loss_inputs(with_ref=True), agg=a.loss_agg, **a.loss_kwargs)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.loss_kwargs: {err}") from None
+    if needs_reference(cfg):
+        return
+    try:
+        fn(_toy_loss_inputs(with_ref=False), agg=a.loss_agg, **a.loss_kwargs)
+    except ValueError:  # the only field missing is the reference's log-probs
+        users = ", ".join(f"methods.{n}" for n, m in METHODS.items() if m.needs_ref)
+        raise ConfigError(f"algorithm.policy_loss={a.policy_loss} reads the reference's log-probs, but this run "
+                          "loads no reference; set algorithm.use_ref=true (or algorithm.kl.coef > 0, or one of "
+                          f"{users})") from None
+
+
+def check_engine(cfg: Config, found: Findings) -> None:
+    """``rollout.engine`` is registered, its ``engine_kwargs`` are its builder's, and it can run every method and the
+    distributed strategy."""
+    from tether.engine.registry import ENGINES, engine_builder, engine_entry
+    from tether.methods import METHODS
+
+    r = cfg.rollout
+    entry = _lookup(engine_entry, r.engine, "rollout.engine")
+    check_kwargs(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
+    if cfg.distributed.strategy == "fsdp2" and not entry.shares_policy:
+        sharing = ", ".join(n for n, e in ENGINES.items() if e.shares_policy)
+        raise ConfigError(f"rollout.engine={r.engine} keeps its own copy of the weights, and pushing a sharded policy "
+                          f"to it is not built; with distributed.strategy=fsdp2 use rollout.engine: {sharing}")
+    if entry.interventions:
+        return
+    able = ", ".join(n for n, e in ENGINES.items() if e.interventions)
+    for name in cfg.methods:
+        if name in METHODS and METHODS[name].needs_intervention:
+            raise ConfigError(f"methods.{name} intervenes in sampling at every decoding step, which "
+                              f"rollout.engine={r.engine} cannot do; set rollout.engine to one of: {able}")
+
+
+def check_methods(cfg: Config, found: Findings) -> None:
+    """Each ``methods.<name>`` section against its settings class, then the method's own check of the config."""
+    from tether.methods import METHODS, method_config
+
+    for name, section in cfg.methods.items():
+        settings = method_config(name, section)
+        for line in METHODS[name].check_config(settings, cfg):
+            found.warn(line)
+
+
+def check_saving(cfg: Config, found: Findings) -> None:
+    """Validation can pick a best checkpoint: the split exists for the workload, and the metric is one it logs."""
+    if cfg.env is not None and cfg.val.split != "val":
+        raise ConfigError(f"val.split={cfg.val.split!r}: agent environments have one held-out split, val")
+    logged = VALIDATION_METRICS["task" if cfg.task is not None else "env"]
+    if cfg.val.every and cfg.train.best_metric not in logged:
+        kind = "not a validation metric" if not cfg.train.best_metric.startswith("val/") else "never logged"
+        raise ConfigError(f"train.best_metric: {cfg.train.best_metric!r} is {kind}, so no best checkpoint would "
+                          f"ever be saved; validation logs: {', '.join(logged)}")
+
+
+def warn_suspicious(cfg: Config, found: Findings) -> None:
+    """Legal settings that are most likely a mistake: one warning line each."""
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size  # single-turn; an agent's turns make more rows
+    most_rows = rows * (cfg.env.max_turns if cfg.env is not None else 1)
+    if cfg.optim.mini_batches > most_rows:
+        found.warn(f"optim.mini_batches={cfg.optim.mini_batches} exceeds the {most_rows} rows a step has at most "
+                   "(rollout.prompts_per_step x rollout.group_size" + (" x env.max_turns" if cfg.env else "") +
+                   "), so a step makes fewer optimiser steps than asked: one per row")
+    if cfg.optim.lr > SUSPICIOUS_LR:
+        found.warn(f"optim.lr={cfg.optim.lr} is far above the rates that fine-tune a language model (1e-7 to 1e-2); "
+                   "steps this large collapse the policy")
+    if cfg.train.steps and cfg.val.every > cfg.train.steps:
+        found.warn(f"val.every={cfg.val.every} exceeds train.steps={cfg.train.steps}: validation runs only before "
+                   "the first step, so checkpoints/best stays the initial policy")
+    if cfg.model.ref_name is not None and not needs_reference(cfg):
+        found.warn(f"model.ref_name={cfg.model.ref_name!r} is never loaded: nothing uses a reference "
+                   "(algorithm.kl.coef is 0, algorithm.use_ref is false, and no method needs one)")
+
+
+CONFIG_CHECKS = (check_advantage, check_policy_loss, check_engine, check_methods, check_saving, warn_suspicious)

@@ -1,0 +1,145 @@
+"""What a config names must be on this machine: models, data files, packages, the engine. Checked before any model
+loads.
+
+Kept apart from the checks of what a config says because a shipped config may name a checkpoint that an earlier
+stage will write, or a data file to fetch first: such a config is valid, and only a run of it needs the files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from tether.checks.findings import Findings
+from tether.checks.workload import workload_class
+from tether.config import Config, ConfigError
+
+HUB_ID_PARTS = 2  # "org/name"
+
+
+def check_model(key: str, name: str) -> None:
+    """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
+    offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download)."""
+    from tether.models.char import parse_char_alias
+    from tether.models.loading import SMOLLM2, TINY_ALIAS
+    from tether.models.policy import TINY_VLMS
+
+    is_alias = (name == SMOLLM2 or name in TINY_VLMS or parse_char_alias(name) is not None
+                or TINY_ALIAS.fullmatch(name) is not None)
+    if is_alias or Path(name).expanduser().is_dir():
+        return
+    parts = name.split("/")
+    looks_like_hub_id = len(parts) == HUB_ID_PARTS and all(parts) and not name.startswith((".", "~"))
+    if not looks_like_hub_id:
+        raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({SMOLLM2}, "
+                          "char-<hidden>x<layers>, tiny-<hidden>x<layers>, tiny-qwen2.5-vl, tiny-idefics3), "
+                          "nor a Hub id (org/name)")
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
+        os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
+    if offline and _hub_file(name, "config.json") is None:
+        raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                          f"download it first (huggingface-cli download {name}) or give a local directory")
+
+
+def _hub_file(repo_id: str, filename: str) -> str | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, filename)
+    except ValueError:  # not a valid Hub id (HFValidationError)
+        return None
+    return found if isinstance(found, str) else None
+
+
+def check_models(cfg: Config, found: Findings, *, policy: bool = True) -> None:
+    """The policy (unless the caller brings it), the reference, and every model a method loads."""
+    from tether.methods import METHODS, method_config
+
+    if policy:
+        check_model("model.name", cfg.model.name)
+    if cfg.model.ref_name:
+        check_model("model.ref_name", cfg.model.ref_name)
+    for name, section in cfg.methods.items():
+        for key, model in METHODS[name].named_models(method_config(name, section)).items():
+            check_model(key, model)
+
+
+def check_packages(cfg: Config, found: Findings) -> None:
+    """Optional packages the config turns on."""
+    wanted = [("logging.wandb", "wandb", cfg.logging.wandb is not None),
+              ("logging.mlflow", "mlflow", cfg.logging.mlflow is not None),
+              ("logging.tensorboard", "tensorboard", cfg.logging.tensorboard),
+              ("env.workers", "ray", cfg.env is not None and cfg.env.workers > 0)]
+    for key, package, used in wanted:
+        if used and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{key} is set but the package {package!r} is not installed; pip install {package}, "
+                              f"or unset {key}")
+
+
+def check_engine_here(cfg: Config, found: Findings) -> None:
+    """The engine's own packages and devices (vLLM, Ray), asked of its registry entry."""
+    from tether.engine.base import EngineUnavailableError
+    from tether.engine.registry import check_engine_available
+
+    try:
+        check_engine_available(cfg.rollout.engine)
+    except EngineUnavailableError as err:
+        raise ConfigError(str(err)) from None  # it names rollout.engine, what is missing and how to install it
+
+
+def check_workload_inputs(cfg: Config, found: Findings) -> None:
+    """The task's or environment's own inputs (data files, its package), through its optional
+    ``check_inputs(**kwargs)`` hook, which raises for what is missing and may return warning lines."""
+    section, cls = workload_class(cfg)
+    if cls is None:
+        raise ConfigError(f"env.name={cfg.env.name}: its module cannot be imported here (a package it needs is "
+                          "missing); see docs/environments.md")
+    hook = getattr(cls, "check_inputs", None)
+    if hook is None:
+        return
+    try:
+        for line in hook(**getattr(cfg, section).kwargs) or []:
+            found.warn(f"{section}.kwargs: {line}")
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{section}.kwargs: {err}") from None
+
+
+def check_sft_data(cfg: Config, found: Findings) -> None:
+    """``sft.data: jsonl``: the file exists and every line has a prompt and a response (the first bad line named)."""
+    if cfg.sft is None or cfg.sft.data != "jsonl":
+        return
+    from tether.sft import jsonl_examples
+
+    jsonl_examples(cfg.sft)
+
+
+def warn_context(cfg: Config, found: Findings) -> None:
+    """Responses longer than the policy's context, where its ``config.json`` says the context without loading it."""
+    context = _context_length(cfg.model.name)
+    if context is not None and cfg.rollout.max_new_tokens >= context:
+        found.warn(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} is not below the context of "
+                   f"{cfg.model.name} ({context} tokens, max_position_embeddings): prompt and response do not fit")
+
+
+def _context_length(name: str) -> int | None:
+    local = Path(name).expanduser() / "config.json"
+    path = str(local) if local.is_file() else _hub_file(name, "config.json")
+    if path is None:
+        return None
+    try:
+        value = json.loads(Path(path).read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def machine_checks(*, policy: bool = True, sft: bool = False) -> tuple:
+    """The checks of this module; ``policy=False`` when the caller brings the policy itself, ``sft=True`` for the
+    data of the ``sft:`` section (``tether sft`` and ``tether validate``; ``tether train`` ignores that section)."""
+    def models(cfg: Config, found: Findings) -> None:
+        check_models(cfg, found, policy=policy)
+
+    optional = ((warn_context,) if policy else ()) + ((check_sft_data,) if sft else ())
+    return (models, check_packages, check_engine_here, check_workload_inputs, *optional)
