@@ -48,7 +48,8 @@ def produced_tags(cfg: Config) -> frozenset[str]:
     from tether.methods import METHODS
     from tether.rollout.collectors import collector_class
 
-    return collector_class(cfg).advantage_tags.union(*(METHODS[name].advantage_tags for name in cfg.methods))
+    known = [METHODS[name] for name in cfg.methods if name in METHODS]  # an unknown name is check_methods' to report
+    return collector_class(cfg).advantage_tags.union(*(method.advantage_tags for method in known))
 
 
 def check_advantage(cfg: Config) -> None:
