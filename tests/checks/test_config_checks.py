@@ -83,8 +83,6 @@ def warnings_of(data: dict) -> list[str]:
     ({"methods": {"seed": {}}}, r"^methods\.seed analyses multi-turn trajectories"),
     ({**ENV, "methods": {"seed": {}, "opsd": {}}}, r"^methods\.seed and methods\.opsd both set the teacher"),
     ({"methods": {"opsd": {}}}, r"^methods\.opsd reads env observations"),
-    ({"algorithm": {"advantage": "rloo"}, "methods": {"eapo": {"prior": "p", "advantage_grouping": "non_injected"}}},
-     r"^methods\.eapo\.advantage_grouping=non_injected needs algorithm\.advantage grpo or dr_grpo"),
     # never saves a best checkpoint
     ({"train": {"best_metric": "val/accuracy"}}, r"^train\.best_metric: 'val/accuracy' is never logged, so no best "
                                                  r"checkpoint would ever be saved; validation logs: val/avg@k"),

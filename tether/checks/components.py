@@ -21,7 +21,7 @@ VALIDATION_METRICS = {
     "task": ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length", "val/no_answer_frac",
              "val/wrong_answer_frac", "val/fault_frac"),
     "env": ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode_return", "val/turns",
-            "val/invalid_action_frac", "val/episodes", "val/faults"),
+            "val/invalid_action_frac", "val/episodes", "val/faults", "val/hazard_death_frac"),
 }
 SUSPICIOUS_LR = 0.1  # the 1e3 flattened a policy to uniform in two steps; the lab's largest rate is 3e-3
 
