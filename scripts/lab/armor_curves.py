@@ -4,11 +4,13 @@ The experiment's own curves.png draws the endpoint metric; the study also needs 
 scratchpad's share on the selection split, the training accuracy over every sampled row, the drift from pi_ref.
 
 Usage: python scripts/lab/armor_curves.py PROTOCOL --out FILE.png [--metrics M ...] [--every N]
+       python scripts/lab/armor_curves.py --runs LABEL=RUN_DIR ... --out FILE.png   (single runs, e.g. stage 1)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
@@ -29,9 +31,22 @@ def smooth(by_step: dict[int, list[float]], every: int) -> dict[int, list[float]
     return pooled
 
 
+def run_curves(runs: list[str], metric: str) -> dict[str, dict[int, list[float]]]:
+    """LABEL=RUN_DIR pairs -> label -> step -> [value]: one run per label, in the shape training_curves gives."""
+    curves: dict[str, dict[int, list[float]]] = {}
+    for pair in runs:
+        label, directory = pair.split("=", 1)
+        for line in (Path(directory) / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if metric in row:
+                curves.setdefault(label, {}).setdefault(int(row["step"]), []).append(float(row[metric]))
+    return curves
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("protocol", type=Path)
+    parser.add_argument("protocol", type=Path, nargs="?")
+    parser.add_argument("--runs", nargs="+", default=[], help="LABEL=RUN_DIR, instead of a protocol")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS))
     parser.add_argument("--every", type=int, default=10, help="window for metrics logged every step")
@@ -41,10 +56,10 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    protocol = load_protocol(args.protocol)
+    protocol = load_protocol(args.protocol) if args.protocol else None
     fig, axes = plt.subplots(1, len(args.metrics), figsize=(4.2 * len(args.metrics), 3.8), squeeze=False)
     for ax, metric in zip(axes[0], args.metrics, strict=True):
-        curves = training_curves(protocol, metric)
+        curves = training_curves(protocol, metric) if protocol else run_curves(args.runs, metric)
         for arm, by_step in curves.items():
             by_step = by_step if metric.startswith("val/") else smooth(by_step, args.every)
             steps = sorted(by_step)
@@ -55,7 +70,8 @@ def main() -> None:
         ax.set_title(metric if curves else f"{metric} (not logged)", fontsize=9)
         ax.set_xlabel("RL step")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{protocol.name}: mean and 95% CI over seeds {protocol.seeds}", fontsize=10)
+    if protocol:
+        fig.suptitle(f"{protocol.name}: mean and 95% CI over seeds {protocol.seeds}", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.out, dpi=100)
     print(args.out)

@@ -99,6 +99,20 @@ def main() -> None:
     if args.out:
         args.out.write_text(text + "\n")
     print(text)
+    print(markdown_table(out["runs"]))
+
+
+def markdown_table(runs: dict[str, dict[str, float]]) -> str:
+    """Per arm (the reference alone), each metric's mean over seeds."""
+    arms: dict[str, list[dict[str, float]]] = {}
+    for key, values in runs.items():
+        arms.setdefault(key.split("/")[0], []).append(values)
+    metrics = list(next(iter(runs.values())))
+    lines = ["| arm | runs | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
+    for arm, rows in arms.items():
+        means = [sum(row[m] for row in rows) / len(rows) for m in metrics]
+        lines.append(f"| {arm} | {len(rows)} | " + " | ".join(f"{x:.3f}" for x in means) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
