@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from tether.lab import stats
-from tether.lab.experiment import load_protocol
+from tether.lab.protocol import load_protocol
 from tether.lab.report import training_curves
 
 DEFAULT_METRICS = ("val/avg@k", "val/mode/scratchpad/share", "rollout/accuracy_all", "armor/kl_on_ref")

@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-from tether.lab.experiment import load_protocol, run_dir
+from tether.lab.protocol import load_protocol, run_dir
 
 DEFAULT_METRICS = ("rollout/accuracy_all", "armor/kl_on_ref", "actor/entropy", "rollout/mode/direct/share")
 

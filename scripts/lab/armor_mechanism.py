@@ -24,7 +24,8 @@ import torch
 
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
-from tether.lab.experiment import arm_config, endpoint_checkpoint, load_protocol, run_dir
+from tether.lab.experiment import endpoint_checkpoint
+from tether.lab.protocol import arm_config, load_protocol, run_dir
 from tether.models import encode_chat, load_policy
 from tether.models.forward import response_log_probs
 from tether.tasks import make_task, task_split
