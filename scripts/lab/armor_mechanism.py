@@ -76,14 +76,13 @@ def main() -> None:
     reference, tok = load_policy(base.model.name)
     reference.eval()
     prompts = [encode_chat(tok, item.prompt) for item in items for _ in range(args.samples)]
-    answers = [item.answer for item in items for _ in range(args.samples)]
     ref_gen = sample(reference, tok, prompts, base.rollout.max_new_tokens, seed=0)
     good = torch.tensor([task.score(item, text).correct and response_mode(text) == "scratchpad"
                          for item, text in zip([i for i in items for _ in range(args.samples)], ref_gen.texts,
                                                strict=True)])
     ref_lp = sequence_log_probs(reference, prompts, ref_gen)
     out: dict = {"reference": base.model.name, "prompts": len(items), "samples": args.samples,
-                 "reference_correct_scratchpad_share": float(good.float().mean()), "answers": len(answers),
+                 "reference_correct_scratchpad_share": float(good.float().mean()), "answers": len(prompts),
                  "runs": {}}
     out["runs"]["reference"] = measure(reference, tok, prompts, ref_gen, ref_lp, good, base.rollout.max_new_tokens)
     for arm in protocol.arms:
