@@ -1,4 +1,4 @@
-"""Shared builders for the tether.algos tests: random LossInputs with every optional field filled."""
+"""Shared builders for the tether.algos tests: random LossInputs with every optional field and method tensor filled."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from tether.algos import ADVANTAGES, POLICY_LOSSES, LossInputs
 
 def random_inputs(batch: int = 6, length: int = 7, *, seed: int = 0, dtype: torch.dtype = torch.float64,
                   drift: float = 0.3) -> LossInputs:
-    """A micro-batch with ragged lengths (one row empty), all optional fields, log_probs a leaf."""
+    """A micro-batch with ragged lengths (one row empty), all optional fields and the methods' per-token tensors,
+    log_probs a leaf."""
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int) -> torch.Tensor:
@@ -29,13 +30,13 @@ def random_inputs(batch: int = 6, length: int = 7, *, seed: int = 0, dtype: torc
         response_mask=mask,
         ref_log_probs=old + 0.5 * rand(batch, length),
         behaviour_log_probs=old + 0.5 * rand(batch, length),
-        gate_mask=(torch.rand(batch, length, generator=g) < 0.3).to(dtype),
-        injected_mask=(torch.rand(batch, length, generator=g) < 0.3).to(dtype),
-        teacher_log_probs=old + 0.5 * rand(batch, length),
         source=(torch.arange(batch) % 3 == 2).long(),
         num_tokens=float(mask.sum()),
         num_seqs=float((mask.sum(-1) > 0).sum()),
         max_response_len=length + 3,
+        tokens={"gate_mask": (torch.rand(batch, length, generator=g) < 0.3).to(dtype),
+                "injected_mask": (torch.rand(batch, length, generator=g) < 0.3).to(dtype),
+                "teacher_log_probs": old + 0.5 * rand(batch, length)},
     )
 
 
@@ -45,6 +46,7 @@ def select_rows(inputs: LossInputs, rows: slice, log_probs: torch.Tensor) -> Los
     for f in dataclasses.fields(inputs):
         value = getattr(inputs, f.name)
         fields[f.name] = value[rows] if isinstance(value, torch.Tensor) else value
+    fields["tokens"] = {name: value[rows] for name, value in inputs.tokens.items()}
     fields["log_probs"] = log_probs[rows]
     return LossInputs(**fields)
 

@@ -10,6 +10,8 @@ import torch
 
 from tether.algos import LossInputs, eapo, ppo
 
+METHOD_TENSORS = ("gate_mask", "injected_mask")
+
 
 def _grad(out, inputs):
     (grad,) = torch.autograd.grad(out.loss, inputs.log_probs)
@@ -17,14 +19,17 @@ def _grad(out, inputs):
 
 
 def _with(inputs: LossInputs, **changes) -> LossInputs:
-    return LossInputs(**{**inputs.__dict__, **changes})
+    """``inputs`` with fields or per-token tensors (``gate_mask``, ``injected_mask``) replaced; None drops a tensor."""
+    tokens = {**inputs.tokens, **{k: v for k, v in changes.items() if k in METHOD_TENSORS}}
+    fields = {k: v for k, v in changes.items() if k not in METHOD_TENSORS}
+    return LossInputs(**{**inputs.__dict__, **fields, "tokens": {k: v for k, v in tokens.items() if v is not None}})
 
 
 @pytest.mark.parametrize("correction", ["seq_gated", "token", "split", "none"])
 def test_no_gated_token_is_exactly_ppo(correction, make_inputs):
     inputs = make_inputs(seed=1)
-    quiet = _with(inputs, gate_mask=torch.zeros_like(inputs.gate_mask),
-                  injected_mask=torch.zeros_like(inputs.injected_mask))
+    quiet = _with(inputs, gate_mask=torch.zeros_like(inputs.tokens["gate_mask"]),
+                  injected_mask=torch.zeros_like(inputs.tokens["injected_mask"]))
     e, p = eapo(quiet, correction=correction), ppo(quiet)
     assert torch.equal(e.loss, p.loss)
     assert torch.equal(_grad(e, quiet), _grad(p, quiet))
@@ -64,7 +69,7 @@ def test_hand_computed_weights():
     gate = torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64)
     inputs = LossInputs(log_probs=old.clone().requires_grad_(), old_log_probs=old,
                         advantages=torch.ones_like(old), response_mask=torch.ones_like(old),
-                        behaviour_log_probs=behaviour, gate_mask=gate, injected_mask=gate)
+                        behaviour_log_probs=behaviour, tokens={"gate_mask": gate, "injected_mask": gate})
     seq = eapo(inputs, correction="seq_gated")  # W = 1.5 * 1.2 = 1.8 on every token; r = 1
     assert seq.loss.item() == pytest.approx(-1.8)
     # W is a constant (stop-grad): the gradient is W times PPO's, -A r / 3 per token.
@@ -130,7 +135,7 @@ def test_expected_seq_gated_gradient_is_the_policy_gradient(seed):
             log_probs=log_pi, old_log_probs=log_pi.detach(),
             advantages=(seq_prob_mu * rewards)[:, None].expand_as(log_pi),
             response_mask=torch.ones_like(log_mu), behaviour_log_probs=log_mu,
-            gate_mask=gate[prefix_idx], num_seqs=1.0)
+            tokens={"gate_mask": gate[prefix_idx]}, num_seqs=1.0)
         loss = eapo(inputs, agg="seq-mean-token-sum", correction=correction, cap=math.inf).loss
         (grad,) = torch.autograd.grad(loss, theta, retain_graph=True)
         return -grad  # the loss is minus the objective

@@ -123,7 +123,7 @@ def test_eapo_and_seed_adapters_take_their_tensors(core):
     eapo = core.get_policy_loss_fn(PREFIX + "eapo")
     loss, _ = eapo(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, config=Cfg(),
                    rollout_log_probs=old - 0.2 * gate, gate_mask=gate)
-    want = algos.eapo(LossInputs(lp, old, adv, mask, behaviour_log_probs=old - 0.2 * gate, gate_mask=gate))
+    want = algos.eapo(LossInputs(lp, old, adv, mask, behaviour_log_probs=old - 0.2 * gate, tokens={"gate_mask": gate}))
     torch.testing.assert_close(loss, want.loss)
     seed = core.get_policy_loss_fn(PREFIX + "seed_opd")
     loss, metrics = seed(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, config=Cfg(),

@@ -1,13 +1,15 @@
 """ARMOR plug-in, unit level: group construction, drop rules, metrics, resets, the off-policy IS loss.
 
-Batches are hand-built and the trainer is a stub, so every count here is exact. The runs with a tiny
+Batches are hand-built and the hooks' step context is a stub, so every count here is exact. The runs with a tiny
 model (and every config in configs/armor) are in test_armor_runs.py.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +17,7 @@ import torch
 
 from tether.algos import LossInputs, ppo
 from tether.config import ConfigError
-from tether.methods import METHODS, method_config
+from tether.methods import METHODS, Reference, StepContext, method_config
 from tether.methods.armor import (
     Armor,
     ArmorSettings,
@@ -68,15 +70,23 @@ class StubCollector:
                           tag="ref")
 
 
-def stub_trainer(ref_correct: dict[int, list[bool]], **settings) -> tuple[Armor, SimpleNamespace]:
-    trainer = SimpleNamespace(
-        step=0, collector=StubCollector(ref_correct), ref_policy="REF",
-        make_engine=lambda model: f"engine({model})",
-        seed_for=lambda purpose, k=0: hash((purpose, k)) % 1000,
-        cfg=SimpleNamespace(task=object(), rollout=SimpleNamespace(group_size=N_ON)))
+def stub_context(*, step: int = 0, collector: StubCollector | None = None, policy=None,
+                 reference: Reference | None = None) -> StepContext:
+    """A step context over stand-ins: the collector's sampler, a named reference, an engine factory that names its
+    model."""
+    collector = collector or StubCollector({})
+    return StepContext(step=step, cfg=SimpleNamespace(seed=0, task=object(), rollout=SimpleNamespace(group_size=N_ON)),
+                       device=torch.device("cpu"), run_dir=Path("."), tokenizer=None, policy=policy,
+                       reference=reference or Reference("REF"), engine=None, sampling=collector.sampling(),
+                       sample_groups=collector.generate, log_probs=None, make_engine=lambda model: f"engine({model})")
+
+
+def stub_method(ref_correct: dict[int, list[bool]], **settings) -> tuple[Armor, StepContext, StubCollector]:
+    collector = StubCollector(ref_correct)
+    ctx = stub_context(collector=collector)
     method = Armor(ArmorSettings(**settings))
-    method.setup(trainer)
-    return method, trainer
+    method.setup(ctx)
+    return method, ctx, collector
 
 
 def mixed(c: int, n: int = N_ON) -> list[bool]:
@@ -90,12 +100,12 @@ def mixed(c: int, n: int = N_ON) -> list[bool]:
 def test_group_construction_counts_anchor_choice_and_drop_rules():
     on = make_batch({10: mixed(1), 11: [True] * N_ON, 12: [False] * N_ON, 13: mixed(7), 14: mixed(N_ON - 1)})
     ref_correct = {10: [False, True, True, False], 13: [False] * 4, 14: [True, False, False, True]}
-    method, trainer = stub_trainer(ref_correct)
-    out, metrics = method.on_generation(on, trainer)
+    method, ctx, collector = stub_method(ref_correct)
+    out, metrics = method.on_generation(on, ctx)
 
     # Reference samples were drawn only for groups that passed the on-policy test, ref_n each, tagged 1,
     # with the on-policy sampling parameters and the reference engine.
-    (call,) = trainer.collector.calls
+    (call,) = collector.calls
     assert call["group_ids"] == [10, 13, 14] and call["items"] == ["item10", "item13", "item14"]
     assert call["n"] == 4 and call["source"] == 1
     assert call["params"] == "on-policy sampling params" and call["engine"] == "engine(REF)"
@@ -123,8 +133,8 @@ def test_drop_rules_use_the_verifier_not_the_reward():
     on = make_batch({1: [True, False, False], 2: [True] * 3},
                     rewards={1: [0.5, 0.5, 0.5], 2: [1.0, 0.7, 0.2]})
     assert on_policy_verdicts(on.correct, on.group_ids, on.source) == {1: "keep", 2: "all_correct"}
-    method, trainer = stub_trainer({1: [True] * 4})
-    out, _ = method.on_generation(on, trainer)
+    method, ctx, _ = stub_method({1: [True] * 4})
+    out, _ = method.on_generation(on, ctx)
     assert out.group_ids.tolist() == [1, 1, 1, 1]
 
 
@@ -134,9 +144,9 @@ def test_verdicts_count_only_on_policy_rows():
 
 
 def test_no_group_passes_gives_an_empty_batch_and_no_reference_call():
-    method, trainer = stub_trainer({})
-    out, metrics = method.on_generation(make_batch({1: [True] * 3, 2: [False] * 3}), trainer)
-    assert len(out) == 0 and trainer.collector.calls == []
+    method, ctx, collector = stub_method({})
+    out, metrics = method.on_generation(make_batch({1: [True] * 3, 2: [False] * 3}), ctx)
+    assert len(out) == 0 and collector.calls == []
     assert metrics["armor/acceptance_rate"] == 0.0 and metrics["armor/ref_samples"] == 0
 
 
@@ -147,23 +157,23 @@ def test_attach_anchors_without_reference_batch():
 
 
 def test_acceptance_metrics_accumulate_over_generation_batches_of_a_step():
-    method, trainer = stub_trainer({1: [True] * 4, 2: [True] * 4, 3: [True] * 4})
-    _, first = method.on_generation(make_batch({1: [True, False], 2: [True, True]}), trainer)
-    _, second = method.on_generation(make_batch({3: [False, True]}), trainer)
+    method, ctx, collector = stub_method({1: [True] * 4, 2: [True] * 4, 3: [True] * 4})
+    _, first = method.on_generation(make_batch({1: [True, False], 2: [True, True]}), ctx)
+    _, second = method.on_generation(make_batch({3: [False, True]}), ctx)
     assert first["armor/acceptance_rate"] == pytest.approx(1 / 2)
     assert second["armor/acceptance_rate"] == pytest.approx(2 / 3)
-    seeds = [c["seed"] for c in trainer.collector.calls]
+    seeds = [c["seed"] for c in collector.calls]
     assert seeds[0] != seeds[1]  # each generation batch draws its own reference samples
-    trainer.step = 1
-    _, third = method.on_generation(make_batch({4: [True, True]}), trainer)
+    ctx = dataclasses.replace(ctx, step=1)
+    _, third = method.on_generation(make_batch({4: [True, True]}), ctx)
     assert third["armor/acceptance_rate"] == 0.0  # a new step starts new counts
 
 
 def test_anchors_off_leaves_the_batch_alone():
-    method, trainer = stub_trainer({}, anchors=False)
+    method, ctx, collector = stub_method({}, anchors=False)
     on = make_batch({1: [True, False]})
-    out, metrics = method.on_generation(on, trainer)
-    assert out is on and metrics == {} and trainer.collector.calls == []
+    out, metrics = method.on_generation(on, ctx)
+    assert out is on and metrics == {} and collector.calls == []
 
 
 # -- metrics --------------------------------------------------------------------------------
@@ -179,8 +189,8 @@ def test_drift_and_source_metrics_are_token_means_by_source():
     assert m["armor/kl_on_ref"] == pytest.approx((3.0 + 2.0 + 1.0) / 3)  # log ref - log old, anchors only
 
     batch.token["ref_log_probs"], batch.token["old_log_probs"] = ref, old
-    method, trainer = stub_trainer({})
-    out = method.on_score(batch, trainer)
+    method, ctx, _ = stub_method({})
+    out = method.on_score(batch, ctx)
     assert out["armor/kl_on_old"] == pytest.approx(m["armor/kl_on_old"])
     assert out["armor/reward_on"] == 0.0 and out["armor/reward_anchor"] == 1.0
     assert out["armor/accuracy_on"] == 0.5 and out["armor/accuracy_anchor"] == 1.0
@@ -190,8 +200,8 @@ def test_drift_and_source_metrics_are_token_means_by_source():
 def test_anchor_advantage_metrics():
     batch = RolloutBatch.concat([make_batch({1: [True, False]}), make_batch({1: [True]}, source=1)])
     batch.token["advantages"] = torch.tensor([[1.0] * 3, [-1.0] * 3, [0.0] * 3])
-    method, trainer = stub_trainer({})
-    m = method.on_advantages(batch, trainer)
+    method, ctx, _ = stub_method({})
+    m = method.on_advantages(batch, ctx)
     assert m == {"armor/anchor_advantage": 0.0, "armor/anchor_zero_adv_frac": 1.0}
 
 
@@ -243,16 +253,15 @@ def test_reset_copies_the_policy_in_place_and_the_reference_is_frozen_between_re
     policy = torch.nn.Linear(4, 3)
     ref = copy.deepcopy(policy).requires_grad_(False)
     ref_tensors = [p.data_ptr() for p in ref.parameters()]
-    trainer = SimpleNamespace(step=0, policy=policy, ref_policy=ref, ref_modified=False)
+    reference = Reference(ref)
     method = Armor(ArmorSettings(anchors=False, reset="every", tau=2))
-    method.setup(trainer)
+    method.setup(stub_context(policy=policy, reference=reference))
     snapshot = _weights(ref)
     history = []
     for step in range(1, 6):
         with torch.no_grad():
             policy.weight.add_(0.1)  # the update of this step
-        trainer.step = step
-        history.append(method.after_update(trainer))
+        history.append(method.after_update(stub_context(step=step, policy=policy, reference=reference)))
         if step % 2 == 0:
             assert _equal(_weights(ref), _weights(policy))
             snapshot = _weights(ref)
@@ -260,7 +269,7 @@ def test_reset_copies_the_policy_in_place_and_the_reference_is_frozen_between_re
             assert _equal(_weights(ref), snapshot) and not _equal(_weights(ref), _weights(policy))
     assert [p.data_ptr() for p in ref.parameters()] == ref_tensors  # copied in place, not aliased
     assert not any(p.requires_grad for p in ref.parameters())
-    assert trainer.ref_modified
+    assert reference.moved  # the trainer now checkpoints it
     assert [m["armor/ref_reset"] for m in history] == [0, 1, 0, 1, 0]
     assert [m["armor/ref_age"] for m in history] == [1, 0, 1, 0, 1]
     restored = Armor(ArmorSettings(anchors=False))
@@ -307,7 +316,7 @@ def test_anchors_get_zero_masks_for_what_an_intervention_recorded_on_policy():
     on = make_batch({1: [True, False]})
     on.token["gate_mask"] = torch.ones(2, 3)
     on.info["episode"] = ["a", "b"]
-    method, trainer = stub_trainer({1: [True] * 4})
-    out, _ = method.on_generation(on, trainer)
+    method, ctx, _ = stub_method({1: [True] * 4})
+    out, _ = method.on_generation(on, ctx)
     assert out.token["gate_mask"].tolist() == [[1, 1, 1, 0, 0]] * 2 + [[0] * 5]
     assert out.info["episode"] == ["a", "b", None]

@@ -105,7 +105,7 @@ def test_anchor_groups_and_old_log_probs_from_the_policy(tiny, tmp_path):
     torch.testing.assert_close(sampled[anchor], ref[anchor], atol=1e-4, rtol=0)
     torch.testing.assert_close(sampled[on], old[on], atol=1e-4, rtol=0)
 
-    drift = trainer.methods[0].on_score(batch, trainer)
+    drift = trainer.methods[0].on_score(batch, trainer.hook_context())
     on_tokens = mask * on[:, None]
     expected = ((old - ref) * on_tokens).sum() / on_tokens.sum()
     assert drift["armor/kl_on_old"] == pytest.approx(expected.item(), rel=1e-5)

@@ -201,7 +201,7 @@ def test_identical_prior_gives_all_weights_one(tiny_policy):
         for old, tol in ((sampled_old, 0.0), (scored, 1e-4)):  # ... and ~1 against a fresh scoring pass
             inputs = LossInputs(log_probs=old.clone().requires_grad_(), old_log_probs=old, advantages=adv,
                                 response_mask=mask, behaviour_log_probs=gen.sample_log_probs,
-                                gate_mask=gen.token["gate_mask"], injected_mask=gen.token["injected_mask"])
+                                tokens={k: gen.token[k] for k in ("gate_mask", "injected_mask")})
             out = eapo(inputs, correction=correction)
             assert abs(out.metrics["eapo/is_weight_mean"] - 1) <= tol
             assert abs(out.metrics["eapo/is_weight_max"] - 1) <= tol
@@ -319,7 +319,7 @@ def test_cosine_schedule_switches_the_prior_off(tmp_path, tiny_policy, prior_dir
         lambdas.append(metrics["eapo/lambda"])
         injected.append(metrics["eapo/injected_token_frac"])
     assert lambdas == [1.0, 0.5, 0.0] and injected[0] > 0 and injected[2] == 0
-    assert trainer.methods[0].intervention(trainer).passive  # the prior no longer runs
+    assert trainer.methods[0].intervention(trainer.hook_context()).passive  # the prior no longer runs
 
 
 def test_guided_training_step(tmp_path, tiny_policy, prior_dir):
@@ -368,7 +368,7 @@ def test_weights_of_real_guided_rollouts_never_exceed_the_cap(tiny_policy):
     adv = torch.randn(6, 1, generator=torch.Generator().manual_seed(0)).expand_as(mask).contiguous()
     inputs = LossInputs(log_probs=old.clone().requires_grad_(), old_log_probs=old, advantages=adv,
                         response_mask=mask, behaviour_log_probs=gen.sample_log_probs,
-                        gate_mask=gen.token["gate_mask"], injected_mask=gen.token["injected_mask"])
+                        tokens={k: gen.token[k] for k in ("gate_mask", "injected_mask")})
     for correction in ("seq_gated", "token"):
         out = eapo(inputs, correction=correction, cap=1.5)
         assert out.metrics["eapo/is_weight_max"] <= 1.5

@@ -121,7 +121,7 @@ def test_seed_analyses_with_the_frames_and_rescores_on_the_same_pixels(tmp_path)
     for i, prompt in zip(rows, prompts, strict=True):
         assert prompt.pixels_key == batch.prompt_ids[i].pixels_key  # the same frames, processed the same way
         assert "Push the box [image] left." in prompt.message and len(prompt) > len(batch.prompt_ids[i])
-    teacher, row_mask, _ = teacher_scores(trainer, batch, ["Push the box <image> left."] * len(batch),
+    teacher, row_mask, _ = teacher_scores(trainer.hook_context(), batch, ["Push the box <image> left."] * len(batch),
                                           augment_with_skill)
     alone, _ = response_log_probs(trainer.policy, prompts[:1], batch.response_ids[:1], batch.response_mask[:1])
     torch.testing.assert_close(teacher[:1], alone, atol=2e-5, rtol=1e-4)  # the teacher pass took the pixels

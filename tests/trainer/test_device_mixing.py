@@ -63,11 +63,11 @@ def check_loss_inputs(trainer: Trainer) -> list[str]:
     inner, checked = trainer.policy_loss_fn, []
 
     def loss(inputs, **kwargs):
-        for f in dataclasses.fields(inputs):
-            value = getattr(inputs, f.name)
+        tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)} | dict(inputs.tokens)
+        for name, value in tensors.items():
             if isinstance(value, torch.Tensor):
-                assert value.device == trainer.device, f"LossInputs.{f.name} is on {value.device}"
-                checked.append(f.name)
+                assert value.device == trainer.device, f"LossInputs {name} is on {value.device}"
+                checked.append(name)
         return inner(inputs, **kwargs)
 
     trainer.policy_loss_fn = loss

@@ -26,7 +26,15 @@ from tether.algos.registry import (
     register_advantage,
     register_policy_loss,
 )
-from tether.algos.types import ADVANTAGE_TAGS, AdvantageInputs, AdvantageOutput, LossInputs, LossOutput
+from tether.algos.types import (
+    ADVANTAGE_TAGS,
+    TOKEN_PRODUCERS,
+    AdvantageInputs,
+    AdvantageOutput,
+    LossInputs,
+    LossOutput,
+    record_token_producer,
+)
 
 __all__ = [
     "ADVANTAGES",
@@ -34,6 +42,7 @@ __all__ = [
     "AGG_MODES",
     "KL_KINDS",
     "POLICY_LOSSES",
+    "TOKEN_PRODUCERS",
     "AdvantageFn",
     "AdvantageInputs",
     "AdvantageOutput",
@@ -65,6 +74,7 @@ __all__ = [
     "opd_loss",
     "ppo",
     "qae",
+    "record_token_producer",
     "register_advantage",
     "register_policy_loss",
     "reverse_kl_estimate",

@@ -106,7 +106,7 @@ def eapo(inputs: LossInputs, *, agg: str = "token-mean", correction: str = "seq_
     with torch.no_grad():
         metrics.update(_weight_metrics(weights, raw, cap, units))
         for name, field in (("gated_frac", "gate_mask"), ("injected_frac", "injected_mask")):
-            value = getattr(inputs, field)
+            value = inputs.tokens.get(field)
             metrics[f"eapo/{name}"] = masked_mean((value > 0).to(mask.dtype), mask) if value is not None \
                 else mask.new_zeros(())
     return LossOutput(loss, metrics)

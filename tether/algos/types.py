@@ -8,8 +8,8 @@ per token: ``[B, T]`` over *response* tokens only (prompt positions never appear
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -62,6 +62,19 @@ class AdvantageOutput:
     metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
+# Per-token tensor name -> the methods that add it to LossInputs.tokens ("methods.eapo"), so that a loss missing one
+# is told where it comes from. Methods declare theirs (Method.loss_tokens); tether.methods.register_method records
+# them here, which keeps this module free of any method's name.
+TOKEN_PRODUCERS: dict[str, list[str]] = {}
+
+
+def record_token_producer(name: str, producer: str) -> None:
+    """Note that ``producer`` (e.g. ``methods.seed``) adds the per-token tensor ``name`` to ``LossInputs.tokens``."""
+    producers = TOKEN_PRODUCERS.setdefault(name, [])
+    if producer not in producers:
+        producers.append(producer)
+
+
 @dataclass
 class LossInputs:
     """Per-token tensors of one (micro-)batch, plus the normalisers of the whole mini-batch.
@@ -73,13 +86,13 @@ class LossInputs:
         response_mask: 1.0 on real response tokens, 0.0 on padding. [B, T]
         ref_log_probs: log pi_ref(y_t) (KL terms, ARMOR's mixture). [B, T]
         behaviour_log_probs: log mu(y_t), the distribution the token was actually sampled from (EAPO). [B, T]
-        gate_mask: 1.0 where a critical-point gate fired (EAPO). [B, T]
-        injected_mask: 1.0 where the token came from the prior's branch (EAPO). [B, T]
-        teacher_log_probs: log-probs of the same tokens under a teacher context (SEED). [B, T]
         source: per-row origin, 0 = on-policy, 1 = anchor (ARMOR). [B]
         num_tokens: number of response tokens in the whole mini-batch (token-mean normaliser).
         num_seqs: number of sequences in the whole mini-batch (seq-mean normaliser).
         max_response_len: the constant of seq-mean-token-sum-norm (Dr.GRPO), usually the generation limit.
+        tokens: the per-token tensors that methods add, by name, each [B, T]: ``gate_mask`` (1.0 where EAPO's gate
+            fired) and ``injected_mask`` (1.0 where the token came from EAPO's prior), ``teacher_log_probs`` (the same
+            tokens under a teacher context: SEED, OPSD). Read them with :meth:`require`.
     """
 
     log_probs: Tensor
@@ -88,19 +101,18 @@ class LossInputs:
     response_mask: Tensor
     ref_log_probs: Tensor | None = None
     behaviour_log_probs: Tensor | None = None
-    gate_mask: Tensor | None = None
-    injected_mask: Tensor | None = None
-    teacher_log_probs: Tensor | None = None
     source: Tensor | None = None
     num_tokens: float | None = None
     num_seqs: float | None = None
     max_response_len: int | None = None
+    tokens: Mapping[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         shape = self.log_probs.shape
-        for name in ("old_log_probs", "advantages", "response_mask", "ref_log_probs", "behaviour_log_probs",
-                     "gate_mask", "injected_mask", "teacher_log_probs"):
-            value = getattr(self, name)
+        per_token = {name: getattr(self, name) for name in ("old_log_probs", "advantages", "response_mask",
+                                                            "ref_log_probs", "behaviour_log_probs")}
+        per_token.update({f"tokens[{name!r}]": value for name, value in self.tokens.items()})
+        for name, value in per_token.items():
             if value is not None and value.shape != shape:
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected {tuple(shape)} "
                                  "(the shape of log_probs)")
@@ -109,7 +121,14 @@ class LossInputs:
                              f"expected {(shape[0],)}")
 
     def require(self, name: str, loss: str) -> Tensor:
-        """Return an optional field, or raise naming the loss that needs it."""
+        """An optional field, or a tensor of :attr:`tokens`; raise naming the loss that needs it (and, for a tensor
+        of ``tokens``, the methods that add it)."""
+        if name in self.tokens:
+            return self.tokens[name]
+        if not any(f.name == name for f in fields(self)):
+            producers = " or ".join(TOKEN_PRODUCERS.get(name, [])) or "no registered method"
+            raise ValueError(f"policy loss '{loss}' needs the per-token tensor LossInputs.tokens['{name}'], which this "
+                             f"batch does not have; it is added by {producers}")
         value = getattr(self, name)
         if value is None:
             raise ValueError(f"policy loss '{loss}' needs LossInputs.{name}, which is None")

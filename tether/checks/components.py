@@ -66,7 +66,8 @@ def check_advantage(cfg: Config, found: Findings) -> None:
 
 
 def _toy_loss_inputs(with_ref: bool) -> Any:
-    """Two rows of three tokens with every optional field set (the reference's log-probs only ``with_ref``)."""
+    """Two rows of three tokens with every optional field and every method's per-token tensor set (the reference's
+    log-probs only ``with_ref``)."""
     from tether.algos import LossInputs
 
     log_probs = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, -3.0]])
@@ -74,8 +75,8 @@ def _toy_loss_inputs(with_ref: bool) -> Any:
     return LossInputs(log_probs=log_probs, old_log_probs=log_probs - 0.1,
                       advantages=torch.tensor([[1.0], [-1.0]]).expand(2, 3), response_mask=torch.ones_like(log_probs),
                       ref_log_probs=log_probs - 0.2 if with_ref else None, behaviour_log_probs=log_probs - 0.3,
-                      gate_mask=zeros, injected_mask=zeros, teacher_log_probs=log_probs, source=torch.tensor([0, 1]),
-                      num_tokens=6.0, num_seqs=2.0, max_response_len=3)
+                      source=torch.tensor([0, 1]), num_tokens=6.0, num_seqs=2.0, max_response_len=3,
+                      tokens={"gate_mask": zeros, "injected_mask": zeros, "teacher_log_probs": log_probs})
 
 
 def check_policy_loss(cfg: Config, found: Findings) -> None:

@@ -21,7 +21,8 @@ What runs inside verl as it is, and what needs tether's trainer, is in docs/scal
 In short: the advantage estimators run as they are. ``armor``, ``eapo`` and ``seed_opd`` need per-token
 tensors verl's loss call does not pass (``ref_log_prob``, ``source``, ``rollout_log_probs``,
 ``gate_mask``, ``injected_mask``, ``teacher_log_probs``); the adapters accept them as keyword arguments
-(a worker that passes them works) and otherwise raise tether's "needs LossInputs.<field>" error.
+(a worker that passes them works; the last three reach ``LossInputs.tokens``) and otherwise raise tether's
+"needs LossInputs..." error.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ ADVANTAGES = ("grpo", "dr_grpo", "rloo", "qae", "episode")
 POLICY_LOSSES = ("armor", "eapo", "seed_opd")
 PREFIX = "tether_"
 # verl keyword -> LossInputs field, for tensors a worker may pass beyond verl's standard arguments
-EXTRA_TENSORS = {"ref_log_prob": "ref_log_probs", "rollout_log_probs": "behaviour_log_probs", "gate_mask": "gate_mask",
-                 "injected_mask": "injected_mask", "teacher_log_probs": "teacher_log_probs", "source": "source"}
+EXTRA_TENSORS = {"ref_log_prob": "ref_log_probs", "rollout_log_probs": "behaviour_log_probs", "source": "source"}
+# per-token tensors of tether's methods, passed under their own names into LossInputs.tokens
+METHOD_TENSORS = ("gate_mask", "injected_mask", "teacher_log_probs")
 
 
 def group_ids_from_index(index: Any) -> Tensor:
@@ -87,14 +89,16 @@ def make_policy_loss_adapter(name: str, hparams: Mapping[str, Any] | None = None
         info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
         dp_size = int(info.get("dp_size") or 1)
         mask = response_mask.to(log_prob.dtype)
-        unknown = set(extra) - set(EXTRA_TENSORS)
+        unknown = set(extra) - set(EXTRA_TENSORS) - set(METHOD_TENSORS)
         if unknown:
-            raise TypeError(f"{PREFIX}{name}: unexpected arguments {sorted(unknown)}; known: {sorted(EXTRA_TENSORS)}")
-        tensors = {EXTRA_TENSORS[k]: v for k, v in extra.items() if v is not None}
+            raise TypeError(f"{PREFIX}{name}: unexpected arguments {sorted(unknown)}; known: "
+                            f"{sorted([*EXTRA_TENSORS, *METHOD_TENSORS])}")
+        tensors = {EXTRA_TENSORS[k]: v for k, v in extra.items() if v is not None and k in EXTRA_TENSORS}
         inputs = LossInputs(log_probs=log_prob, old_log_probs=old_log_prob, advantages=advantages,
                             response_mask=mask, num_tokens=info.get("batch_num_tokens"),
                             num_seqs=info.get("global_batch_size"),
-                            max_response_len=info.get("loss_scale_factor") or mask.shape[-1], **tensors)
+                            max_response_len=info.get("loss_scale_factor") or mask.shape[-1], **tensors,
+                            tokens={k: v for k, v in extra.items() if v is not None and k in METHOD_TENSORS})
         if rollout_is_weights is not None:
             raise NotImplementedError(f"{PREFIX}{name}: verl's rollout importance weights are not supported; "
                                       "tether's losses take their own behaviour correction (eapo)")

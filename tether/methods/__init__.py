@@ -6,5 +6,7 @@ from tether.methods import (
     seed,  # noqa: F401  (registers the 'seed' and 'opsd' plug-ins)
 )
 from tether.methods.base import METHODS, Method, MethodSettings, build_methods, method_config, register_method
+from tether.methods.context import MiniBatch, Reference, StepContext
 
-__all__ = ["METHODS", "Method", "MethodSettings", "build_methods", "method_config", "register_method"]
+__all__ = ["METHODS", "Method", "MethodSettings", "MiniBatch", "Reference", "StepContext", "build_methods",
+           "method_config", "register_method"]

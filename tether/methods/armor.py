@@ -8,7 +8,8 @@ This plug-in owns the parts of ARMOR that are not loss math (docs/methods/armor.
   ``correct``, never the shaped reward) and at least one of ``ref_n`` samples from ``pi_ref`` is correct; the
   first correct reference sample joins the group as its anchor (``source = 1``, same group id).
 * **Reference reset** (Algo. 1 lines 24-27; code ``fsdp_workers._sync_actor_to_ref``), in
-  :meth:`Armor.after_update`: ``theta_ref <- theta`` every ``tau`` steps, or every ``tau`` steps until step K.
+  :meth:`Armor.after_update`: ``theta_ref <- theta`` every ``tau`` steps, or every ``tau`` steps until step K
+  (:meth:`tether.methods.Reference.reset_to`, which also makes the trainer checkpoint the reference).
 * **Drift and split metrics** under ``armor/`` (the code's ``mix_kl/*``).
 
 Mixed Optimisation is the ``armor`` policy loss of :mod:`tether.algos` (``algorithm.policy_loss: armor``,
@@ -35,7 +36,7 @@ from tether.rollout.batch import RolloutBatch
 
 if TYPE_CHECKING:
     from tether.config import Config
-    from tether.trainer.trainer import Trainer
+    from tether.methods.context import StepContext
 
 ON_POLICY, ANCHOR = 0, 1  # RolloutBatch.source tags
 
@@ -152,11 +153,6 @@ def like(ref: RolloutBatch, batch: RolloutBatch) -> RolloutBatch:
     return ref
 
 
-def reset_reference(ref_policy: torch.nn.Module, policy: torch.nn.Module) -> None:
-    """``theta_ref <- theta``, copied in place: the reference keeps its own tensors, frozen, in eval mode."""
-    ref_policy.load_state_dict(policy.state_dict())
-
-
 # -- the plug-in ------------------------------------------------------------------------------
 
 
@@ -197,27 +193,26 @@ class Armor(Method):
                               "or no group has 1 <= #correct <= group_size - 1 (the paper uses 15)")
         return warnings
 
-    def setup(self, trainer: Trainer) -> None:
+    def setup(self, ctx: StepContext) -> None:
         if not self.settings.anchors:
             return
-        self.ref_engine = trainer.make_engine(trainer.ref_policy)  # same sampler, reference weights
-        self._ref_policy = trainer.ref_policy
+        self._ref_policy = ctx.reference.model
+        self.ref_engine = ctx.make_engine(self._ref_policy)  # same sampler, reference weights
 
-    def on_generation(self, batch: RolloutBatch, trainer: Trainer) -> tuple[RolloutBatch, dict[str, Any]]:
+    def on_generation(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, Any]]:
         if not self.settings.anchors or len(batch) == 0:
             return batch, {}
-        if trainer.step != self._step:
-            self._step, self._counts = trainer.step, Counter()
+        if ctx.step != self._step:
+            self._step, self._counts = ctx.step, Counter()
         verdicts = on_policy_verdicts(batch.correct, batch.group_ids, batch.source)
         passing = [gid for gid, v in verdicts.items() if v == "keep"]
         ref = None
         if passing:  # reference samples only where the on-policy test passed: same outcome, less work
             first = {gid: i for i, gid in reversed(list(enumerate(batch.group_ids.tolist())))}
             items = [batch.info["item"][first[gid]] for gid in passing]
-            seed = trainer.seed_for("armor/ref", self._counts["gen_batches"])
-            ref = trainer.collector.generate(self.ref_engine, items, self.settings.ref_n,
-                                             trainer.collector.sampling(), seed, group_ids=passing,
-                                             source=ANCHOR)
+            seed = ctx.seed_for("armor/ref", self._counts["gen_batches"])
+            ref = ctx.sample_groups(self.ref_engine, items, self.settings.ref_n, ctx.sampling, seed,
+                                    group_ids=passing, source=ANCHOR)
         out, stats = attach_anchors(batch, ref, verdicts)
         self._counts.update(stats)
         self._counts["gen_batches"] += 1
@@ -235,17 +230,17 @@ class Armor(Method):
             "armor/ref_samples": float(c["ref_samples"]),
         }
 
-    def on_score(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
+    def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         metrics = source_metrics(batch)
         if self.settings.kl_metrics:
             old = batch.token.get("old_log_probs")
             if old is None:  # one optimiser step per RL step: the trainer skips this pass; pi_old = policy
-                old = trainer.log_probs(trainer.policy, batch)
+                old = ctx.log_probs(ctx.policy, batch)
             ref = batch.token["ref_log_probs"]
             metrics.update(drift_metrics(old, ref, batch.response_mask, batch.source))
         return metrics
 
-    def on_advantages(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
+    def on_advantages(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         anchor = batch.source == ANCHOR
         if not bool(anchor.any()):
             return {}
@@ -253,14 +248,13 @@ class Armor(Method):
         return {"armor/anchor_advantage": adv[anchor].mean().item(),
                 "armor/anchor_zero_adv_frac": (adv[anchor] == 0).float().mean().item()}
 
-    def after_update(self, trainer: Trainer) -> dict[str, Any]:
-        reset = self.settings.resets_at(trainer.step)
+    def after_update(self, ctx: StepContext) -> dict[str, Any]:
+        reset = self.settings.resets_at(ctx.step)
         if reset:
-            reset_reference(trainer.ref_policy, trainer.policy)
+            ctx.reference.reset_to(ctx.policy)  # the trainer now checkpoints the reference too
             self._push_ref_weights()
-            trainer.ref_modified = True  # the trainer now checkpoints the reference too
-            self.resets, self.last_reset = self.resets + 1, trainer.step
-        return {"armor/ref_reset": float(reset), "armor/ref_age": float(trainer.step - self.last_reset)}
+            self.resets, self.last_reset = self.resets + 1, ctx.step
+        return {"armor/ref_reset": float(reset), "armor/ref_age": float(ctx.step - self.last_reset)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"resets": self.resets, "last_reset": self.last_reset}

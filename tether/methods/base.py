@@ -1,26 +1,34 @@
 """Method plug-ins: how ARMOR, EAPO and SEED reach into a training step without the trainer naming them.
 
 A method is a class with a pydantic settings model and a few optional hooks, registered by name.
-The trainer calls every hook of every configured method at fixed points of the step:
+The trainer calls every hook of every configured method at fixed points of the step, with a
+:class:`~tether.methods.context.StepContext` (step, seeds, config, device, run directory, tokenizer, policy,
+reference, engines, log-prob and sampling helpers), never the trainer itself:
 
 =====================  ======================================================================
 hook                   called
 =====================  ======================================================================
 ``check_config``       (class method) by ``tether validate`` and before any model loads
 ``named_models``       (class method) the models it loads, checked to be on the machine then
-``setup``              once, after the policy, engine, task and optimiser exist
-``intervention``       before each generation batch; may return a per-step sampling hook
-``on_generation``      on each fresh generation batch (rewards known): add rows, drop groups
-``on_score``           after old/ref log-probs: add per-token tensors (teacher log-probs...)
-``on_advantages``      after the trainer made the advantages: read them (metrics); never write them
-``extra_loss``         per micro-batch: an extra term added to the policy loss
-``after_update``       after the optimiser steps of an RL step (reference resets...)
+``setup(ctx)``         once, after the policy, engine, task and optimiser exist
+``intervention(ctx)``  before each generation batch; may return a per-step sampling hook
+``on_generation``      ``(batch, ctx)`` on each fresh generation batch (rewards known): add rows, drop groups
+``on_score``           ``(batch, ctx)`` after old/ref log-probs: add per-token tensors (teacher log-probs...)
+``on_advantages``      ``(batch, ctx)`` after the trainer made the advantages: read them (metrics); never write them
+``extra_loss``         ``(inputs, micro, ctx)`` per micro-batch: an extra term added to the policy loss;
+                       ``ctx.mini_batch`` holds the whole mini-batch's totals (its normalisers)
+``after_update(ctx)``  after the optimiser steps of an RL step (reference resets: ``ctx.reference.reset_to``)
 ``state_dict``         extra state to checkpoint; ``load_state_dict`` restores it
 =====================  ======================================================================
 
 Hooks return metrics (or the object plus metrics), which the trainer logs as given: a method names
 its keys under its own namespace (``armor/``, ``eapo/``, ``seed/``). Several methods may run together;
-at most one may intervene in sampling.
+at most one may intervene in sampling. The one write a hook makes to the run is
+:meth:`~tether.methods.context.Reference.reset_to`; everything else it changes is its own state or the batch.
+
+A per-token tensor a method adds to the batch for a loss (``batch.token[name]``) is declared in ``loss_tokens``:
+the trainer passes exactly those to the loss, in ``LossInputs.tokens``, and a loss missing one is told which method
+adds it (``LossInputs.require``).
 
 Advantages are made in one place, by the trainer, with the estimator the config names (``algorithm.advantage``).
 A method that an estimator depends on produces per-row tags instead, and declares them in ``advantage_tags``
@@ -34,14 +42,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tether.algos import record_token_producer
 from tether.config import ConfigError
 
 if TYPE_CHECKING:
     from tether.algos import LossInputs, LossOutput
     from tether.config import Config
     from tether.engine.base import Intervention
+    from tether.methods.context import StepContext
     from tether.rollout.batch import RolloutBatch
-    from tether.trainer.trainer import Trainer
 
 
 class MethodSettings(BaseModel):
@@ -59,6 +68,8 @@ class Method:
     needs_intervention: ClassVar[bool] = False
     # Fields of tether.algos.AdvantageInputs this method's rows carry (tether.advantage_inputs reads them).
     advantage_tags: ClassVar[frozenset[str]] = frozenset()
+    # Per-token tensors this method adds to the batch (batch.token) for the loss: they reach LossInputs.tokens.
+    loss_tokens: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, settings: MethodSettings) -> None:
         self.settings = settings
@@ -81,25 +92,26 @@ class Method:
         model loads (``tether.checks.machine.check_model``)."""
         return {}
 
-    def setup(self, trainer: Trainer) -> None:
+    def setup(self, ctx: StepContext) -> None:
         """Called once; keep a reference to what the hooks need."""
 
-    def intervention(self, trainer: Trainer) -> Intervention | None:
+    def intervention(self, ctx: StepContext) -> Intervention | None:
         return None
 
-    def on_generation(self, batch: RolloutBatch, trainer: Trainer) -> tuple[RolloutBatch, dict[str, Any]]:
+    def on_generation(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, Any]]:
         return batch, {}
 
-    def on_score(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
+    def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         return {}
 
-    def on_advantages(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
+    def on_advantages(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         return {}
 
-    def extra_loss(self, inputs: LossInputs, micro: RolloutBatch, trainer: Trainer) -> LossOutput | None:
+    def extra_loss(self, inputs: LossInputs, micro: RolloutBatch, ctx: StepContext) -> LossOutput | None:
+        """An extra loss term for ``micro``; ``ctx.mini_batch`` is the mini-batch it belongs to."""
         return None
 
-    def after_update(self, trainer: Trainer) -> dict[str, Any]:
+    def after_update(self, ctx: StepContext) -> dict[str, Any]:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -116,6 +128,8 @@ def register_method(cls: type[Method]) -> type[Method]:
     if cls.name in METHODS and METHODS[cls.name] is not cls:
         raise ValueError(f"method '{cls.name}' is already registered by {METHODS[cls.name].__module__}")
     METHODS[cls.name] = cls
+    for token in sorted(cls.loss_tokens):
+        record_token_producer(token, f"methods.{cls.name}")
     return cls
 
 

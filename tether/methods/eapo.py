@@ -37,8 +37,8 @@ from tether.methods.base import Method, MethodSettings, register_method
 
 if TYPE_CHECKING:
     from tether.config import Config
+    from tether.methods.context import StepContext
     from tether.rollout.batch import RolloutBatch
-    from tether.trainer.trainer import Trainer
 
 LN2 = math.log(2.0)  # the largest JS divergence, in nats
 GATES = ("js", "entropy", "max_log_ratio")
@@ -293,6 +293,8 @@ class EAPO(Method):
     needs_intervention: ClassVar[bool] = True  # the prior runs in lock-step with the policy's decoding loop
     # injected_mask marks the rows whose group baseline algorithm.advantage=clean_baseline takes from the others
     advantage_tags: ClassVar[frozenset[str]] = frozenset({"injected"})
+    # what the intervention records that the eapo loss reads (its behaviour correction, its metrics)
+    loss_tokens: ClassVar[frozenset[str]] = frozenset({"gate_mask", "injected_mask"})
     settings: EAPOSettings
 
     def __init__(self, settings: MethodSettings) -> None:
@@ -319,15 +321,15 @@ class EAPO(Method):
     def named_models(cls, settings: EAPOSettings) -> dict[str, str]:
         return {"methods.eapo.prior": settings.prior}
 
-    def setup(self, trainer: Trainer) -> None:
+    def setup(self, ctx: StepContext) -> None:
         """Load the prior (frozen, on the policy's device) and check that its vocabulary is the policy's."""
         from tether.models import load_policy
 
         s = self.settings
-        prior, prior_tokenizer = load_policy(s.prior, dtype=next(trainer.policy.parameters()).dtype)
-        check_vocabulary(trainer.policy, trainer.tokenizer, prior, prior_tokenizer, s.prior)
+        prior, prior_tokenizer = load_policy(s.prior, dtype=next(ctx.policy.parameters()).dtype)
+        check_vocabulary(ctx.policy, ctx.tokenizer, prior, prior_tokenizer, s.prior)
         # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine
-        self.prior = prior.to(trainer.device).eval().requires_grad_(False)
+        self.prior = prior.to(ctx.device).eval().requires_grad_(False)
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -335,22 +337,22 @@ class EAPO(Method):
         s = self.settings
         return scheduled_lambda(s.mix_lambda, s.schedule, step, s.decay_steps)
 
-    def intervention(self, trainer: Trainer) -> PriorInjection:
+    def intervention(self, ctx: StepContext) -> PriorInjection:
         """A fresh :class:`PriorInjection` per generation batch, seeded from (run seed, step, batch)."""
-        s, r = self.settings, trainer.cfg.rollout
-        if self._calls_step != trainer.step:
-            self._calls_step, self._calls = trainer.step, 0
-        seed = trainer.seed_for("eapo", self._calls * 1_000)
+        s, r = self.settings, ctx.cfg.rollout
+        if self._calls_step != ctx.step:
+            self._calls_step, self._calls = ctx.step, 0
+        seed = ctx.seed_for("eapo", self._calls * 1_000)
         self._calls += 1
-        lam = self.current_lambda(trainer.step)
+        lam = self.current_lambda(ctx.step)
         params = SamplingParams(temperature=s.prior_temperature or r.temperature, top_p=r.top_p,
                                 top_k=r.top_k)
-        engine = trainer.engine
+        engine = ctx.engine
         return PriorInjection(self.prior, gate=s.gate, threshold=self.threshold, mix_lambda=lam,
                               budget=s.budget, params=params, seed=seed, pad_id=getattr(engine, "pad_id", 0),
                               bf16_autocast=getattr(engine, "bf16_autocast", False))
 
-    def on_score(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
+    def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         """Rollout metrics; keep this step's statistics at non-injected tokens for the quantile threshold."""
         missing = [k for k in TOKEN_KEYS if k not in batch.token]
         if missing:
@@ -358,16 +360,16 @@ class EAPO(Method):
                                "(rollout.engine=hf does; vllm and ray cannot)")
         metrics = rollout_metrics(batch)
         if self.settings.log_injections:
-            log_injections(batch, trainer.tokenizer, trainer.step, self.settings.log_injections,
-                           Path(trainer.run_dir) / "eapo_injections.jsonl")
-        metrics["eapo/lambda"] = self.current_lambda(trainer.step)
+            log_injections(batch, ctx.tokenizer, ctx.step, self.settings.log_injections,
+                           ctx.run_dir / "eapo_injections.jsonl")
+        metrics["eapo/lambda"] = self.current_lambda(ctx.step)
         metrics["eapo/threshold"] = self.threshold
-        if self.current_lambda(trainer.step) > 0 and self.settings.budget > 0:  # the prior ran this step
+        if self.current_lambda(ctx.step) > 0 and self.settings.budget > 0:  # the prior ran this step
             valid = (batch.response_mask > 0) & (batch.token["injected_mask"] == 0)
             self._recent_stats = batch.token["eapo_gate_stat"][valid].detach().float().cpu()
         return metrics
 
-    def after_update(self, trainer: Trainer) -> dict[str, Any]:
+    def after_update(self, ctx: StepContext) -> dict[str, Any]:
         """threshold_mode=quantile: tau = max(quantile of the last step's non-injected stats, floor)."""
         s = self.settings
         stats, self._recent_stats = self._recent_stats, None

@@ -40,8 +40,8 @@ class RolloutBatch:
         correct: verifier's correctness (or episode success), independent of shaping. [N] bool
         source: 0 = on-policy, 1 = anchor from the reference policy (ARMOR). [N] long
         token: extra per-token tensors by name, e.g. ``old_log_probs``, ``ref_log_probs``, ``advantages``,
-            ``gate_mask``, ``injected_mask``, ``teacher_log_probs``. Names equal to a field of
-            :class:`tether.algos.LossInputs` reach the loss under that name.
+            ``gate_mask``, ``injected_mask``, ``teacher_log_probs``. Those a configured method declares in
+            ``loss_tokens`` reach the loss in :attr:`tether.algos.LossInputs.tokens`, under the same name.
         info: per-row Python values (prompt text, response text, answer, episode id, turn index...).
     """
 

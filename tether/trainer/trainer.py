@@ -1,8 +1,8 @@
 """The RL step, read top to bottom: collect -> score -> advantages -> update -> after.
 
 The trainer knows the steps of on-policy RL, never the methods: ARMOR, EAPO and SEED reach in
-through the hooks of :class:`tether.methods.Method`. Attributes used by methods are public:
-``cfg``, ``device``, ``policy``, ``ref_policy``, ``tokenizer``, ``engine``, ``collector``, ``step``.
+through the hooks of :class:`tether.methods.Method`, which see a :class:`~tether.methods.StepContext`
+(:meth:`Trainer.hook_context`), never the trainer.
 
 Every model lives on ``device`` (``train.device``), and so does the batch from scoring on: the collector
 builds it on the CPU, :meth:`Trainer.train_step` moves it once.
@@ -17,6 +17,7 @@ import math
 import signal
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,7 +35,9 @@ from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine
 from tether.health import HealthError, HealthMonitor
-from tether.methods import Method, build_methods
+from tether.methods import MiniBatch, Reference, StepContext, build_methods
+from tether.methods.base import Method
+from tether.methods.context import step_seed
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
 from tether.models.layers import checkpoint_layers
@@ -45,8 +48,6 @@ from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, 
 from tether.trainer.rundir import prepare_run_dir
 from tether.trainer.stop import StopSignals, TrainingStopped
 
-# RolloutBatch.token entries that LossInputs takes under the same name.
-LOSS_TOKEN_FIELDS = ("ref_log_probs", "gate_mask", "injected_mask", "teacher_log_probs")
 # Micro-batch terms normalised by the whole mini-batch's counts: their mini-batch value is the sum over
 # micro-batches. Every other micro-batch metric is a local mean, averaged weighted by rows.
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
@@ -81,10 +82,11 @@ class Trainer:
         self.best_value = -math.inf
         self.val_history: list[tuple[int, dict[str, float]]] = []
         self.skipped_updates = self.skipped_in_a_row = 0  # optimiser steps skipped for a non-finite gradient
-        self.ref_modified = False  # set by methods that move the reference (ARMOR resets): then it is saved
 
         # 1. methods first: they may need a reference model
         self.methods: list[Method] = build_methods(cfg.methods)
+        # the per-token tensors methods add for the loss, passed to it by name (LossInputs.tokens)
+        self.loss_tokens = sorted({name for m in self.methods for name in m.loss_tokens})
         # 2. models
         if policy is None:
             policy, tokenizer = load_policy(cfg.model.name)
@@ -94,8 +96,11 @@ class Trainer:
         if cfg.train.gradient_checkpointing:
             checkpoint_layers(policy)
         self.policy = self.strategy.prepare(policy)  # on self.device from here on
-        self.ref_policy = None if ref is None else self.strategy.prepare(ref)
+        # a method may move the reference (ARMOR's resets, Reference.reset_to): then checkpoints save it
+        self.reference = None if ref is None else Reference(self.strategy.prepare(ref))
         # 3. engine, data, loss functions
+        self.make_engine = partial(rollout_engine, strategy=self.strategy, tokenizer=tokenizer, cfg=cfg)
+        self.log_probs = partial(score_log_probs, cfg=cfg, device=self.device)  # scoring passes, and ctx.log_probs
         self.engine = self.make_engine(self.policy)
         self.collector = build_collector(cfg, tokenizer)
         a = cfg.algorithm
@@ -113,7 +118,7 @@ class Trainer:
             self.tracker.log_config(cfg.model_dump(mode="json"))
         self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main)  # docs/health.md
         for m in self.methods:
-            m.setup(self)
+            m.setup(self.hook_context())
         if resume_from is not None:
             self.resume(resume_from)
 
@@ -127,17 +132,29 @@ class Trainer:
         ref.eval().requires_grad_(False)
         return ref
 
+    @property
+    def ref_policy(self) -> Any:
+        """The reference model, or None when the run loads none."""
+        return None if self.reference is None else self.reference.model
+
+    @property
+    def ref_modified(self) -> bool:
+        """Whether a method moved the reference (then it is checkpointed)."""
+        return self.reference is not None and self.reference.moved
+
     def seed_for(self, purpose: str, k: int = 0) -> int:
         """A sampling seed that depends only on (run seed, step, purpose, k): resumes replay exactly."""
-        salt = sum(ord(c) * 31**i for i, c in enumerate(purpose)) % 100_003
-        return (self.cfg.seed * 1_000_003 + self.step * 10_007 + salt * 101 + k) % 2**62
+        return step_seed(self.cfg.seed, self.step, purpose, k)
 
-    def make_engine(self, model: Any) -> Any:
-        """The configured engine (``rollout.engine``) over ``model``; under data parallelism each rank samples
-        its share of the prompts."""
-        r = self.cfg.rollout
-        return self.strategy.rollout_engine(build_engine(r.engine, model, self.tokenizer, self.cfg.model,
-                                                         r.engine_kwargs))
+    def hook_context(self, mini_batch: MiniBatch | None = None) -> StepContext:
+        """What a method hook sees of the run now (tether/methods/context.py): the step, settings, models, engine
+        and helpers, never the trainer. Built per call, so ``engine`` is the one sampling at that moment (the
+        health monitor's recorder while the collector runs)."""
+        return StepContext(step=self.step, cfg=self.cfg, device=self.device, run_dir=self.run_dir,
+                           tokenizer=self.tokenizer, policy=self.policy, reference=self.reference,
+                           engine=self.engine, sampling=self.collector.sampling(),
+                           sample_groups=getattr(self.collector, "generate", None), log_probs=self.log_probs,
+                           make_engine=self.make_engine, mini_batch=mini_batch)
 
     def push_weights(self) -> None:
         """Give the engine the policy's current weights: free for the in-process engine, which holds the same
@@ -146,9 +163,7 @@ class Trainer:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision context of every trainer forward pass (scoring and the loss alike)."""
-        if not self.cfg.model.bf16_autocast:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return autocast(self.cfg, self.device)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -234,7 +249,7 @@ class Trainer:
         t_sync = time.perf_counter() - t_sync
         self.step += 1
         for m in self.methods:                         # 6. method bookkeeping (reference resets...)
-            metrics.update(m.after_update(self))
+            metrics.update(m.after_update(self.hook_context()))
         metrics.update(batch_metrics(batch))
         metrics.update(self.health.end_step(metrics, self.dp))  # engine-trainer parity, from the update's pi_old
         n_tokens = float(batch.response_mask.sum())
@@ -251,7 +266,7 @@ class Trainer:
     # -- hooks the collector calls -----------------------------------------------------------
 
     def intervention(self) -> Intervention | None:
-        hooks = [h for m in self.methods if (h := m.intervention(self)) is not None]
+        hooks = [h for m in self.methods if (h := m.intervention(self.hook_context())) is not None]
         if len(hooks) > 1:
             raise RuntimeError("two methods want to intervene in sampling; at most one may")
         return hooks[0] if hooks else None
@@ -259,27 +274,11 @@ class Trainer:
     def run_generation_hooks(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
         metrics: dict[str, float] = {}
         for m in self.methods:
-            batch, extra = m.on_generation(batch, self)
+            batch, extra = m.on_generation(batch, self.hook_context())
             metrics.update(extra)
         return batch, metrics
 
     # -- 3. scoring --------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def log_probs(self, model: Any, batch: RolloutBatch, prompt_ids: list[list[int]] | None = None) -> torch.Tensor:
-        """log-probs of the batch's response tokens under ``model`` (optionally other prompts), no grad."""
-        prompts = batch.prompt_ids if prompt_ids is None else prompt_ids
-        lengths = [(len(p), t) for p, (_, t) in zip(prompts, batch.row_lengths(), strict=True)]
-        o = self.cfg.optim
-        out = None
-        for rows in own_micro_batches(DataParallel(), lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
-            micro = narrowed(batch, rows, lengths)
-            with self.autocast():
-                lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids, micro.response_mask,
-                                           temperature=self.cfg.rollout.temperature)
-            out = lp.new_zeros(batch.response_mask.shape) if out is None else out
-            out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
-        return out * batch.response_mask
 
     def _updates_per_step(self) -> int:
         return self.cfg.optim.mini_batches * self.cfg.optim.ppo_epochs
@@ -293,7 +292,7 @@ class Trainer:
             batch.token["ref_log_probs"] = self.log_probs(self.ref_policy, batch)
         metrics: dict[str, float] = {}
         for m in self.methods:
-            metrics.update(m.on_score(batch, self))
+            metrics.update(m.on_score(batch, self.hook_context()))
         kl = self.cfg.algorithm.kl
         if kl.in_reward and kl.coef > 0:
             batch.token.setdefault("old_log_probs", self.log_probs(self.policy, batch))
@@ -313,7 +312,7 @@ class Trainer:
         advantages = batch.token["advantages"] = out.advantages[:, None] * batch.response_mask
         metrics = {k: v.item() for k, v in out.metrics.items()}
         for m in self.methods:
-            metrics.update(m.on_advantages(batch, self))
+            metrics.update(m.on_advantages(batch, self.hook_context()))
             if batch.token["advantages"] is not advantages:
                 raise RuntimeError(f"methods.{m.name} replaced the advantages in on_advantages; the trainer makes "
                                    "them (algorithm.advantage), a method may only read them")
@@ -329,28 +328,28 @@ class Trainer:
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         for _ in range(o.ppo_epochs):
-            for mini_idx in order.chunk(o.mini_batches):
-                mini = batch.select(mini_idx)
+            for rows in order.chunk(o.mini_batches):
+                part = batch.select(rows)
+                mini = MiniBatch(rows=rows, num_tokens=float(part.response_mask.sum()), num_seqs=len(part), batch=part)
                 for key, value in self._mini_batch_step(mini).items():
                     sums[key] = sums.get(key, 0.0) + value
                     counts[key] = counts.get(key, 0) + 1
         return {**{k: sums[k] / counts[k] for k in sums}, "actor/skipped_updates": float(self.skipped_updates)}
 
-    def _mini_batch_step(self, mini: RolloutBatch) -> dict[str, float]:
+    def _mini_batch_step(self, mini: MiniBatch) -> dict[str, float]:
         o = self.cfg.optim
-        num_tokens = float(mini.response_mask.sum())
-        lengths = mini.row_lengths()
+        lengths = mini.batch.row_lengths()
         metrics: dict[str, torch.Tensor] = {}
         self.optimizer.zero_grad(set_to_none=True)
         # this rank's share of the rows, by count or by token budget; normalisers stay the mini-batch's
         for mb in self.strategy.micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
-            micro = narrowed(mini, mb.rows, lengths)
+            micro = narrowed(mini.batch, mb.rows, lengths)
             if mb.padding:
                 self._lock_step_pass(micro)
                 continue
-            loss, micro_metrics = self._micro_batch_loss(micro, num_tokens, len(mini))
+            loss, micro_metrics = self._micro_batch_loss(micro, mini)
             loss.backward()
-            share = len(micro) / len(mini)
+            share = len(micro) / mini.num_seqs
             for k, v in micro_metrics.items():
                 weight = 1.0 if k in SUMMED_METRICS else share
                 metrics[k] = metrics.get(k, 0.0) + weight * v.detach().float()
@@ -384,9 +383,10 @@ class Trainer:
                                               temperature=self.cfg.rollout.temperature)
         (log_probs.sum() * 0.0).backward()
 
-    def _micro_batch_loss(self, micro: RolloutBatch, num_tokens: float,
-                          num_seqs: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _micro_batch_loss(self, micro: RolloutBatch, mini: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one micro-batch, normalised by its whole mini-batch ``mini``, with every method's term."""
         a = self.cfg.algorithm
+        num_tokens, num_seqs = mini.num_tokens, mini.num_seqs
         with self.autocast():
             log_probs, entropy = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids,
                                                     micro.response_mask, temperature=self.cfg.rollout.temperature,
@@ -396,8 +396,9 @@ class Trainer:
         inputs = LossInputs(
             log_probs=log_probs, old_log_probs=old, advantages=micro.token["advantages"],
             response_mask=micro.response_mask, behaviour_log_probs=micro.sample_log_probs, source=micro.source,
-            num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=self.cfg.rollout.max_new_tokens,
-            **{k: micro.token[k] for k in LOSS_TOKEN_FIELDS if k in micro.token})
+            ref_log_probs=micro.token.get("ref_log_probs"), num_tokens=num_tokens, num_seqs=num_seqs,
+            max_response_len=self.cfg.rollout.max_new_tokens,
+            tokens={k: micro.token[k] for k in self.loss_tokens if k in micro.token})
         out = self.policy_loss_fn(inputs, agg=a.loss_agg, **a.loss_kwargs)
         loss = out.loss
         metrics = {**out.metrics, "actor/pg_loss": out.loss.detach()}
@@ -411,8 +412,9 @@ class Trainer:
                                  micro.response_mask, a.loss_agg, **agg)
             loss = loss + a.kl.coef * kl
             metrics["actor/kl_loss"] = kl.detach()
+        ctx = self.hook_context(mini)
         for m in self.methods:
-            extra = m.extra_loss(inputs, micro, self)
+            extra = m.extra_loss(inputs, micro, ctx)
             if extra is not None:
                 loss = loss + extra.loss
                 metrics.update(extra.metrics)
@@ -474,8 +476,9 @@ class Trainer:
         if written_by != self.strategy.name:
             raise ConfigError(f"{path} was written with distributed.strategy={written_by}; resume with that "
                               f"strategy, or start afresh (train.resume=false or another run_dir)")
-        self.ref_modified = self.strategy.load_training_state(path, state, self.policy, self.optimizer,
-                                                              self.ref_policy)
+        moved = self.strategy.load_training_state(path, state, self.policy, self.optimizer, self.ref_policy)
+        if self.reference is not None:
+            self.reference.moved = moved
         self.scheduler.load_state_dict(state["scheduler"])
         self.collector.load_state_dict(state["collector"])
         for m in self.methods:
@@ -485,6 +488,39 @@ class Trainer:
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
         self.skipped_updates = state.get("skipped_updates", 0)  # absent from checkpoints before it was counted
         self.push_weights()
+
+
+def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast on ``device`` when ``model.bf16_autocast``, else nothing: every trainer forward's precision."""
+    if not cfg.model.bf16_autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def rollout_engine(model: Any, *, strategy: Any, tokenizer: Any, cfg: Config) -> Any:
+    """The configured engine (``rollout.engine``) over ``model``; under data parallelism each rank samples its share
+    of the prompts."""
+    r = cfg.rollout
+    return strategy.rollout_engine(build_engine(r.engine, model, tokenizer, cfg.model, r.engine_kwargs))
+
+
+@torch.no_grad()
+def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]] | None = None, *, cfg: Config,
+                    device: torch.device) -> torch.Tensor:
+    """log-probs of the batch's response tokens under ``model`` (optionally after other prompts), no grad: in the
+    trainer's micro-batches, precision and sampling temperature. [N, T], 0 on padding."""
+    prompts = batch.prompt_ids if prompt_ids is None else prompt_ids
+    lengths = [(len(p), t) for p, (_, t) in zip(prompts, batch.row_lengths(), strict=True)]
+    o = cfg.optim
+    out = None
+    for rows in own_micro_batches(DataParallel(), lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
+        micro = narrowed(batch, rows, lengths)
+        with autocast(cfg, device):
+            lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids, micro.response_mask,
+                                       temperature=cfg.rollout.temperature)
+        out = lp.new_zeros(batch.response_mask.shape) if out is None else out
+        out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
+    return out * batch.response_mask
 
 
 def narrowed(batch: RolloutBatch, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> RolloutBatch:

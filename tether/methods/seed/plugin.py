@@ -5,7 +5,7 @@ One RL update with ``seed`` (seed.md Sec. 1.1 (d)-(g); docs/methods/seed.md has 
 1. **Analysis** (:meth:`Seed.on_generation`, before any gradient step, so with the pre-update weights): every
    trajectory of the batch is rendered with the analyzer prompt (:func:`~.analyzer.episode_analysis_prompt`),
    encoded with the chat template, left-truncated to ``analysis_context_length`` tokens, and answered greedily by
-   the policy itself through ``trainer.engine`` (``analysis_max_new_tokens``). The answer is parsed; the analysis
+   the policy itself through ``ctx.engine`` (``analysis_max_new_tokens``). The answer is parsed; the analysis
    succeeds iff it parsed with a non-empty skill. Skills go to ``run_dir/skills.jsonl`` and onto the episode as
    ``x_skill`` (the transcript viewer prints it). This runs in ``on_generation`` rather than ``on_score`` only so
    that the transcripts the collector writes right after carry the skill; the weights are the same at both
@@ -13,14 +13,14 @@ One RL update with ``seed`` (seed.md Sec. 1.1 (d)-(g); docs/methods/seed.md has 
 2. **Teacher re-scoring** (:meth:`Seed.on_score`): for every row of an analysed trajectory the row's user message
    gets the skill block after its task line (:func:`~.prompting.augment_with_skill`), is re-encoded with the chat
    template, and the *same* sampled response tokens are scored under it with the pre-update weights
-   (``trainer.log_probs``) -> ``batch.token["teacher_log_probs"]``. ``batch.token["seed_mask"]`` is 1 on the
+   (``ctx.log_probs``) -> ``batch.token["teacher_log_probs"]``. ``batch.token["seed_mask"]`` is 1 on the
    response tokens of those rows, 0 elsewhere (rows of trajectories whose analysis failed, and every row while
    the OPD schedule is off).
 3. **Loss** (:meth:`Seed.extra_loss`, per micro-batch): ``opd_coef * seed_opd_loss(log_probs, teacher, mask,
-   beta=gate_beta)``, normalised by the OPD-active tokens of the whole mini-batch (``global_token_mean``; the
-   SEED code divides by the micro-batch's own count). PPO, entropy and KL are the trainer's own terms, so the
-   total is ``L_pg - c_ent L_ent + lambda L_opd + beta_KL L_KL`` with the config's ``algorithm.entropy_coef`` and
-   ``algorithm.kl.coef``.
+   beta=gate_beta)``, normalised by the OPD-active tokens of the whole mini-batch (``global_token_mean``, a total the
+   trainer gives in ``ctx.mini_batch``; the SEED code divides by the micro-batch's own count). PPO, entropy and KL
+   are the trainer's own terms, so the total is ``L_pg - c_ent L_ent + lambda L_opd + beta_KL L_KL`` with the
+   config's ``algorithm.entropy_coef`` and ``algorithm.kl.coef``.
 
 Validation never calls any of this: deployment is prompt-identical to GRPO.
 """
@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -57,8 +55,8 @@ from tether.models.vision import encode_message, has_images, is_processor, obser
 
 if TYPE_CHECKING:
     from tether.config import Config
+    from tether.methods.context import StepContext
     from tether.rollout.batch import RolloutBatch
-    from tether.trainer.trainer import Trainer
 
 
 class SeedSettings(MethodSettings):
@@ -113,7 +111,7 @@ def teacher_prompts(batch: RolloutBatch, tokenizer: Any, contexts: list[str | No
     return [i for i, _ in pairs], prompts, len(wanted) - len(pairs)
 
 
-def teacher_scores(trainer: Trainer, batch: RolloutBatch, contexts: list[str | None],
+def teacher_scores(ctx: StepContext, batch: RolloutBatch, contexts: list[str | None],
                    insert: Callable[[str, str], str]) -> tuple[Tensor, Tensor, int]:
     """Log-probs of each row's *sampled* response tokens under its prompt with ``contexts[i]`` inserted, with the
     policy's current (pre-update) weights, without gradient.
@@ -122,29 +120,13 @@ def teacher_scores(trainer: Trainer, batch: RolloutBatch, contexts: list[str | N
         (teacher log-probs ``[N, T]``, 0 on rows without a context; row mask ``[N]``, 1 where scored;
         number of rows whose user message could not be recovered).
     """
-    rows, prompts, lost = teacher_prompts(batch, trainer.tokenizer, contexts, insert)
+    rows, prompts, lost = teacher_prompts(batch, ctx.tokenizer, contexts, insert)
     teacher = torch.zeros_like(batch.response_mask)
     row_mask = batch.response_mask.new_zeros(len(batch))
     if rows:
-        teacher[rows] = trainer.log_probs(trainer.policy, batch.select(rows), prompt_ids=prompts).to(teacher)
+        teacher[rows] = ctx.log_probs(ctx.policy, batch.select(rows), prompt_ids=prompts).to(teacher)
         row_mask[rows] = 1.0
     return teacher, row_mask, lost
-
-
-def mini_batch_counts(trainer: Trainer, active: Tensor) -> tuple[list[float], list[int]]:
-    """Per row: the OPD-active tokens of the mini-batch the trainer will put it in, and that mini-batch's index.
-
-    Mirrors ``Trainer.update`` (one seeded permutation per RL step, cut into ``optim.mini_batches`` chunks and
-    reused every epoch); :meth:`Seed.extra_loss` checks that each micro-batch's rows agree on the index.
-    """
-    n = active.shape[0]
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(trainer.seed_for("shuffle")))
-    counts, ids = [0.0] * n, [0] * n
-    for k, chunk in enumerate(order.chunk(trainer.cfg.optim.mini_batches)):
-        total = float(active[chunk].sum())
-        for i in chunk.tolist():
-            counts[i], ids[i] = total, k
-    return counts, ids
 
 
 def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mask: Tensor) -> dict[str, float]:
@@ -167,24 +149,11 @@ def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mas
 
 
 class _OpdAccounting:
-    """Per update: the OPD normaliser of each micro-batch, and token sums over every micro-batch forward that
-    become exact means in ``after_update``."""
+    """Per update: token sums over every micro-batch forward that become exact means in ``after_update``."""
 
-    def __init__(self, prefix: str, info_key: str) -> None:
-        self.prefix, self.info_key = prefix, info_key
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
         self.sums: dict[str, Tensor] = {}
-        self.warned = False
-
-    def normaliser(self, micro: RolloutBatch) -> float | None:
-        """The OPD-active tokens of the micro-batch's mini-batch (:func:`mini_batch_counts`), or None (normalise
-        per micro-batch) if the micro-batch's rows disagree on their mini-batch (the trainer's shuffle changed)."""
-        if len(set(micro.info[f"{self.info_key}_id"])) == 1:
-            return micro.info[self.info_key][0]
-        if not self.warned:
-            warnings.warn(f"{self.prefix}: a micro-batch spans several mini-batches (did the trainer's shuffle "
-                          "change?); normalising the distillation loss per micro-batch instead", stacklevel=3)
-            self.warned = True
-        return None
 
     def add(self, **values: Tensor) -> None:
         for k, v in values.items():
@@ -208,11 +177,12 @@ class Seed(Method):
 
     name = "seed"
     Settings = SeedSettings
+    loss_tokens = frozenset({"teacher_log_probs"})  # the distillation term's teacher; its own mask stays on the batch
 
     def __init__(self, settings: SeedSettings) -> None:
         super().__init__(settings)
         self.settings: SeedSettings = settings
-        self.accounting = _OpdAccounting("seed/", "seed_mini_active")
+        self.accounting = _OpdAccounting("seed/")
 
     @classmethod
     def check_config(cls, settings: SeedSettings, cfg: Config) -> list[str]:
@@ -224,40 +194,40 @@ class Seed(Method):
 
     # -- 1. analysis ---------------------------------------------------------------------------
 
-    def on_generation(self, batch: RolloutBatch, trainer: Trainer) -> tuple[RolloutBatch, dict[str, Any]]:
-        return batch, self.analyse(batch, trainer)
+    def on_generation(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, Any]]:
+        return batch, self.analyse(batch, ctx)
 
-    def analyse(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, float]:
+    def analyse(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, float]:
         """Analyse every trajectory of ``batch`` with the current policy; sets ``batch.info["seed_skill"]``."""
         s = self.settings
         start = time.perf_counter()
         episodes = list({id(ep): ep for ep in batch.info["episode"]}.values())  # trajectory order of the rows
         labels = [success_label(ep.ret, s.success_threshold) for ep in episodes]
         # seed_visual: a visual episode's observations are <image> slots, filled with its frames
-        prompts = [encode_message(trainer.tokenizer, episode_analysis_prompt(ep, threshold=s.success_threshold,
+        prompts = [encode_message(ctx.tokenizer, episode_analysis_prompt(ep, threshold=s.success_threshold,
                                                                              include_summary=s.include_summary),
                                   observation_images(ep.seen)) for ep in episodes]
         cut = [len(p) > s.analysis_context_length and not has_images([p]) for p in prompts]
         # left truncation, as the code's prompt batch; never through a visual prompt's image tokens
         prompts = [p[-s.analysis_context_length:] if c else p for p, c in zip(prompts, cut, strict=True)]
         if s.analyzer == "rule":
-            results, lengths, hit_limit = self._rule_answers(episodes, labels, trainer.cfg.env.name)
+            results, lengths, hit_limit = self._rule_answers(episodes, labels, ctx.cfg.env.name)
         else:
-            results, lengths, hit_limit = self._policy_answers(prompts, trainer)
+            results, lengths, hit_limit = self._policy_answers(prompts, ctx)
         skills = {}
         for ep, result in zip(episodes, results, strict=True):
             if result.ok:
                 ep.x_skill = skills[id(ep)] = result.skill.strip()
         batch.info["seed_skill"] = [skills.get(id(ep)) for ep in batch.info["episode"]]
-        self._write_skills(trainer, episodes, labels, results, prompts, cut)
+        self._write_skills(ctx, episodes, labels, results, prompts, cut)
         metrics = self._analysis_metrics(episodes, labels, results, lengths, hit_limit, cut,
                                          time.perf_counter() - start)
-        if trainer.cfg.env.name == "thin_ice":
+        if ctx.cfg.env.name == "thin_ice":
             written = [r.skill for r in results if r.ok]
             metrics["seed/skill_correct_rate"] = sum(map(thin_ice_skill_correct, written)) / max(len(written), 1)
         return metrics
 
-    def _policy_answers(self, prompts: list[list[int]], trainer: Trainer
+    def _policy_answers(self, prompts: list[list[int]], ctx: StepContext
                         ) -> tuple[list[Analysis], list[float], list[bool]]:
         """Greedy answers of the pre-update policy: the analyses, their token counts, whether each hit the limit."""
         s = self.settings
@@ -266,8 +236,8 @@ class Seed(Method):
         lengths: list[float] = []
         hit_limit: list[bool] = []
         for k in range(0, len(prompts), s.analysis_batch_size):
-            gen = trainer.engine.generate(prompts[k:k + s.analysis_batch_size], params,
-                                          seed=trainer.seed_for("seed/analysis", k))
+            gen = ctx.engine.generate(prompts[k:k + s.analysis_batch_size], params,
+                                      seed=ctx.seed_for("seed/analysis", k))
             results += [parse_analysis(text, include_summary=s.include_summary) for text in gen.texts]
             lengths += gen.response_mask.sum(1).tolist()
             hit_limit += gen.truncated.tolist()
@@ -283,11 +253,11 @@ class Seed(Method):
         results = [parse_analysis(t, include_summary=s.include_summary) for t in texts]
         return results, [0.0] * len(results), [False] * len(results)
 
-    def _write_skills(self, trainer: Trainer, episodes: list, labels: list[str], results: list[Analysis],
+    def _write_skills(self, ctx: StepContext, episodes: list, labels: list[str], results: list[Analysis],
                       prompts: list[list[int]], cut: list[bool]) -> None:
-        with (Path(trainer.run_dir) / "skills.jsonl").open("a") as f:
+        with (ctx.run_dir / "skills.jsonl").open("a") as f:
             for ep, label, r, p, c in zip(episodes, labels, results, prompts, cut, strict=True):
-                f.write(json.dumps({"step": trainer.step, "episode": ep.episode_id, "group": ep.group_id,
+                f.write(json.dumps({"step": ctx.step, "episode": ep.episode_id, "group": ep.group_id,
                                     "task": ep.task, "outcome": label, "return": ep.ret, "ok": r.ok,
                                     "skill": r.skill, "summary": r.summary, "error": r.error, "raw": r.raw,
                                     "prompt_tokens": len(p), "prompt_truncated": c}) + "\n")
@@ -317,21 +287,20 @@ class Seed(Method):
 
     # -- 2. teacher log-probs ------------------------------------------------------------------
 
-    def on_score(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
-        metrics = {} if "seed_skill" in batch.info else self.analyse(batch, trainer)
+    def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
+        metrics = {} if "seed_skill" in batch.info else self.analyse(batch, ctx)
         start = time.perf_counter()
-        active = self.settings.opd_active(trainer.step + 1)
+        active = self.settings.opd_active(ctx.step + 1)
         skills = batch.info["seed_skill"] if active else [None] * len(batch)
-        teacher, row_mask, lost = teacher_scores(trainer, batch, skills, augment_with_skill)
+        teacher, row_mask, lost = teacher_scores(ctx, batch, skills, augment_with_skill)
         mask = row_mask[:, None] * batch.response_mask
         batch.token["teacher_log_probs"], batch.token["seed_mask"] = teacher, mask
-        batch.info["seed_mini_active"], batch.info["seed_mini_active_id"] = mini_batch_counts(trainer, mask.sum(1))
         labels = [success_label(ep.ret, self.settings.success_threshold) for ep in batch.info["episode"]]
         for label in ("success", "failure"):
             rows = [i for i, lab in enumerate(labels) if lab == label]
             if rows:
                 metrics[f"seed/row_reward_{label}"] = batch.rewards[rows].mean().item()
-        if trainer.cfg.env.name == "thin_ice":
+        if ctx.cfg.env.name == "thin_ice":
             student = batch.token.get("old_log_probs", batch.sample_log_probs)
             metrics.update(fatal_safe_deltas(batch, teacher, student, mask))
         metrics.update({"seed/opd_enabled": float(active), "seed/teacher_rows_frac": row_mask.mean().item(),
@@ -341,11 +310,11 @@ class Seed(Method):
 
     # -- 3. loss -------------------------------------------------------------------------------
 
-    def extra_loss(self, inputs: LossInputs, micro: RolloutBatch, trainer: Trainer) -> LossOutput | None:
-        mask, teacher = micro.token.get("seed_mask"), inputs.teacher_log_probs
+    def extra_loss(self, inputs: LossInputs, micro: RolloutBatch, ctx: StepContext) -> LossOutput | None:
+        mask, teacher = micro.token.get("seed_mask"), inputs.tokens.get("teacher_log_probs")
         if mask is None or teacher is None:
             return None
-        total = self.accounting.normaliser(micro) if self.settings.global_token_mean else None
+        total = ctx.mini_batch.token_sum("seed_mask") if self.settings.global_token_mean else None
         out = seed_opd_loss(inputs.log_probs, teacher, mask, beta=self.settings.gate_beta, num_active_tokens=total)
         m = out.metrics
         active = mask.sum()
@@ -355,7 +324,7 @@ class Seed(Method):
                             loss=out.loss.detach() * (active if total is None else total))
         return LossOutput(self.settings.opd_coef * out.loss)
 
-    def after_update(self, trainer: Trainer) -> dict[str, Any]:
+    def after_update(self, ctx: StepContext) -> dict[str, Any]:
         return self.accounting.flush({"opd_loss": ("loss", "active"), "opd_delta_mean": ("delta", "active"),
                                       "opd_gate_mean": ("gate", "active"), "opd_raised_frac": ("raised", "active"),
                                       "opd_active_token_frac": ("active", "tokens")})
@@ -387,11 +356,12 @@ class Opsd(Method):
 
     name = "opsd"
     Settings = OpsdSettings
+    loss_tokens = frozenset({"teacher_log_probs"})
 
     def __init__(self, settings: OpsdSettings) -> None:
         super().__init__(settings)
         self.settings: OpsdSettings = settings
-        self.accounting = _OpdAccounting("seed/opsd_", "opsd_mini_active")
+        self.accounting = _OpdAccounting("seed/opsd_")
 
     @classmethod
     def check_config(cls, settings: OpsdSettings, cfg: Config) -> list[str]:
@@ -399,26 +369,25 @@ class Opsd(Method):
             raise ConfigError("methods.opsd reads env observations: it needs an env (env: ...), not a task")
         return []
 
-    def setup(self, trainer: Trainer) -> None:
-        _refuse_images("methods.opsd", trainer)  # whether the policy sees images is known once it is loaded
-        self.env_name = trainer.cfg.env.name
+    def setup(self, ctx: StepContext) -> None:
+        _refuse_images("methods.opsd", ctx.tokenizer)  # whether the policy sees images is known once it is loaded
+        self.env_name = ctx.cfg.env.name
 
-    def on_score(self, batch: RolloutBatch, trainer: Trainer) -> dict[str, Any]:
+    def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         hints: list[str | None] = []
         for ep, turn in zip(batch.info["episode"], batch.info["turn"], strict=True):
             plan = solve_from_observation(self.env_name, ep.turns[turn]["observation"], ep.task)
             hints.append(skill_section(HINT_TITLE, HINT_INSTRUCTION, ", ".join(plan)) if plan else None)
-        teacher, row_mask, lost = teacher_scores(trainer, batch, hints, insert_after_task_line)
+        teacher, row_mask, lost = teacher_scores(ctx, batch, hints, insert_after_task_line)
         mask = row_mask[:, None] * batch.response_mask
         batch.token["teacher_log_probs"], batch.token["opsd_mask"] = teacher, mask
-        batch.info["opsd_mini_active"], batch.info["opsd_mini_active_id"] = mini_batch_counts(trainer, mask.sum(1))
         return {"seed/opsd_hint_rows_frac": row_mask.mean().item(), "seed/opsd_recovery_failures": float(lost)}
 
-    def extra_loss(self, inputs: LossInputs, micro: RolloutBatch, trainer: Trainer) -> LossOutput | None:
-        mask, teacher = micro.token.get("opsd_mask"), inputs.teacher_log_probs
+    def extra_loss(self, inputs: LossInputs, micro: RolloutBatch, ctx: StepContext) -> LossOutput | None:
+        mask, teacher = micro.token.get("opsd_mask"), inputs.tokens.get("teacher_log_probs")
         if mask is None or teacher is None:
             return None
-        total = self.accounting.normaliser(micro)
+        total = ctx.mini_batch.token_sum("opsd_mask")
         if self.settings.loss == "gated":
             out = seed_opd_loss(inputs.log_probs, teacher, mask, beta=self.settings.gate_beta,
                                 num_active_tokens=total)
@@ -430,14 +399,14 @@ class Opsd(Method):
                             loss=out.loss.detach() * (active if total is None else total))
         return LossOutput(self.settings.coef * out.loss)
 
-    def after_update(self, trainer: Trainer) -> dict[str, Any]:
+    def after_update(self, ctx: StepContext) -> dict[str, Any]:
         return self.accounting.flush({"loss": ("loss", "active"), "delta_mean": ("delta", "active"),
                                       "active_token_frac": ("active", "tokens")})
 
 
-def _refuse_images(method: str, trainer: Trainer) -> None:
+def _refuse_images(method: str, tokenizer: Any) -> None:
     """OPSD's hint is the env solver's plan read back from the observation's text, which a visual
     observation does not have (docs/vision.md)."""
-    if is_processor(trainer.tokenizer):
+    if is_processor(tokenizer):
         raise ConfigError(f"{method} on a vision-language policy is not built (its hints are solved from text "
                           "observations; docs/vision.md): use methods.seed or GRPO")

@@ -1,0 +1,117 @@
+"""What a method hook sees of a run: a :class:`StepContext`, never the trainer.
+
+The trainer builds a fresh context for every hook call (:meth:`tether.trainer.Trainer.hook_context`), so its fields
+are the values at that point of the step. A hook reads them; the one thing it may change in the run is the
+reference policy, through :meth:`Reference.reset_to` (ARMOR's resets), which the trainer then checkpoints.
+
+=================  ==============================================================================================
+field              what it is
+=================  ==============================================================================================
+``step``           RL steps done: ``k`` during step ``k + 1``'s hooks, ``k + 1`` in its ``after_update``
+``cfg``            the run's :class:`~tether.config.Config`
+``device``         where the policy, the reference and the batch from scoring on live (``train.device``)
+``run_dir``        the run directory, for a method's own files (``skills.jsonl``, ``eapo_injections.jsonl``)
+``tokenizer``      the policy's tokenizer (or processor)
+``policy``         the policy being trained (read it; the optimiser owns its weights)
+``reference``      the reference policy as a :class:`Reference` (None when the run loads none)
+``engine``         the engine the collector samples with, holding the policy's current weights
+``sampling``       the collector's sampling parameters of a training rollout
+``sample_groups``  the single-turn collector's ``generate(engine, items, n, params, seed, *, group_ids, source)``:
+                   ``n`` scored samples per task item (None under the agent loop)
+``log_probs``      ``log_probs(model, batch, prompt_ids=None)``: no-grad log-probs of the batch's response tokens
+                   under ``model``, as the trainer scores (same micro-batches, precision and temperature)
+``make_engine``    ``make_engine(model)``: the configured engine over another model (the reference, say)
+``mini_batch``     in ``extra_loss`` only: the :class:`MiniBatch` the micro-batch belongs to
+=================  ==============================================================================================
+
+Sampling seeds come from :meth:`StepContext.seed_for`, a function of (run seed, step, purpose), as the trainer's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from tether.config import Config
+    from tether.engine.base import SamplingParams
+    from tether.rollout.batch import RolloutBatch
+
+
+def step_seed(run_seed: int, step: int, purpose: str, k: int = 0) -> int:
+    """A sampling seed that depends only on (run seed, step, purpose, k): resumes replay exactly."""
+    salt = sum(ord(c) * 31**i for i, c in enumerate(purpose)) % 100_003
+    return (run_seed * 1_000_003 + step * 10_007 + salt * 101 + k) % 2**62
+
+
+class Reference:
+    """The reference policy ``pi_ref``, and whether it has moved since it was loaded.
+
+    A reference that never moves is the model it was loaded as, so checkpoints leave it out; one that a method reset
+    is saved with the policy and restored on resume.
+
+    Attributes:
+        model: the reference model (frozen, in eval mode, on the trainer's device).
+        moved: True once :meth:`reset_to` ran (or a resumed checkpoint held a moved reference).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.moved = False
+
+    def reset_to(self, policy: Any) -> None:
+        """``theta_ref <- theta``, copied in place (the reference keeps its own tensors, frozen, in eval mode); from
+        now on checkpoints save the reference. The one write a method hook makes to the run's state."""
+        self.model.load_state_dict(policy.state_dict())
+        self.moved = True
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    """The mini-batch of the optimiser step a micro-batch belongs to, for terms normalised over all of it.
+
+    Every rank holds the whole mini-batch (only its micro-batches are split between ranks), so a total over it needs
+    no collective, and each micro-batch's share of it adds up to the mini-batch's value.
+
+    Attributes:
+        rows: its rows, as indices into the RL step's batch, in the order the trainer took them. [M] long
+        num_tokens: response tokens of the whole mini-batch (``LossInputs.num_tokens``).
+        num_seqs: rows of the whole mini-batch (``LossInputs.num_seqs``).
+        batch: the mini-batch itself, every row; for totals of a method's own per-token tensors.
+    """
+
+    rows: torch.Tensor
+    num_tokens: float
+    num_seqs: int
+    batch: RolloutBatch
+
+    def token_sum(self, key: str) -> float:
+        """The sum of ``batch.token[key]`` over the whole mini-batch (e.g. SEED's distillation-active tokens)."""
+        return float(self.batch.token[key].sum())
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """The run as a method hook sees it (the module docstring's table describes each field)."""
+
+    step: int
+    cfg: Config
+    device: torch.device
+    run_dir: Path
+    tokenizer: Any
+    policy: Any
+    reference: Reference | None
+    engine: Any
+    sampling: SamplingParams
+    sample_groups: Callable[..., RolloutBatch] | None
+    log_probs: Callable[..., torch.Tensor]
+    make_engine: Callable[[Any], Any]
+    mini_batch: MiniBatch | None = None
+
+    def seed_for(self, purpose: str, k: int = 0) -> int:
+        """The trainer's sampling seed for ``purpose`` at this step (:func:`step_seed`)."""
+        return step_seed(self.cfg.seed, self.step, purpose, k)
