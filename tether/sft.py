@@ -181,10 +181,10 @@ def sft_examples(cfg: Config, device: torch.device | None = None) -> list[Exampl
 
 def row_example(row: dict[str, Any], root: Path) -> Example:
     """The example of a ``{prompt, response[, system, images]}`` row; ``images`` are PNG paths under ``root``."""
-    from PIL import Image
-
     images = []
     for name in row.get("images", ()):
+        from PIL import Image  # here: text rows need no Pillow
+
         with Image.open(root / name) as image:
             images.append(image.convert("RGB"))
     return Example(row["prompt"], row["response"], row.get("system"), tuple(images))

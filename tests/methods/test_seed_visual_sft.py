@@ -124,3 +124,20 @@ def test_stage_one_on_visual_sokoban_trains_on_the_episodes_frames(tmp_path):
             start = make_env("sokoban_visual", max_solution_steps=4)
             seen = start.reset(start.train_seeds(2)[records.index(record)]).observation.images[0]
             assert frame.convert("RGB").tobytes() == seen.tobytes()
+
+
+def test_tether_sft_trains_on_jsonl_rows_with_images(tmp_path):
+    from tether.config import load_config
+    from tether.sft import run_sft
+
+    write_examples(tmp_path / "pairs.jsonl", _examples())
+    cfg = load_config(data={"run_dir": str(tmp_path / "sft"), "model": {"name": "tiny-idefics3"},
+                            "env": {"name": "sokoban_visual"}, "logging": {"tensorboard": False},
+                            "train": {"device": "cpu"},
+                            "sft": {"data": "jsonl", "path": str(tmp_path / "pairs.jsonl"), "val_fraction": 0.0,
+                                    "batch_size": 2, "micro_batch_size": 1, "epochs": 1}})
+    model, processor = tiny_vlm("idefics3", seed=0)
+    summary = run_sft(cfg, policy=model, tokenizer=processor)
+    assert summary["train_examples"] == 2 and summary["steps"] == 1 and math.isfinite(summary["train_loss"])
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "data" / "train.jsonl").read_text().splitlines()]
+    assert sorted(len(r["images"]) for r in rows) == [1, 2]  # the run's own record of its pairs keeps the frames
