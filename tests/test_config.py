@@ -121,8 +121,6 @@ def test_gpu_preset_uses_vllm_unless_its_method_intervenes(path):
     assert path.read_text().startswith(f"# {command} configs/gpu/{path.name}\n")
     if path.stem.startswith("eapo"):
         assert cfg.rollout.engine == "hf"  # EAPO's prior intervenes at every step
-    elif "-vl-" in path.stem:
-        assert cfg.rollout.engine == "hf"  # the vLLM engine does not pass images yet (docs/vision.md)
     elif not path.stem.startswith("seed_sft"):  # stage 1 rolls out with the in-process engine
         assert cfg.rollout.engine == "vllm"
     if "math" in path.stem:  # group 16, responses up to 8k

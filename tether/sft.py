@@ -5,11 +5,16 @@ Warm starts before RL come from three kinds of data, chosen by ``sft.data``:
 * ``task``: a task's demonstrations. A task with an ``sft`` split and a ``demonstration(item)`` method (the
   lab's :class:`~tether.tasks.addition.AdditionTask`) gives its own; any other task (reasoning-gym) gives
   questions outside its train and val splits, answered by ``sft.response`` with ``{answer}`` filled in.
-* ``jsonl``: ``{"prompt", "response"}`` lines of ``sft.path`` (optionally ``"system"``), e.g. replayed pairs.
+* ``jsonl``: ``{"prompt", "response"}`` lines of ``sft.path`` (optionally ``"system"``, and ``"images"``: PNG paths
+  relative to the file, one per ``<image>`` placeholder of the prompt), e.g. replayed pairs.
 * ``solver``: an agent environment's scripted solver, played on training seeds; every state becomes the
   agent loop's own prompt and the response ``<action>{solver action}</action>``.
 * ``rejection``: another model's (``sft.sampler``) correct samples on the task's train split (rejection-sampling
   fine-tuning: the distillation a user tries before RL with a prior).
+
+An example may carry images (:attr:`Example.images`, SEED's stage 1 on visual envs): its prompt is encoded by the
+model's processor with them (:func:`tether.models.vision.encode_vision_chat`), once, when the examples are
+encoded, and every forward pass takes the same pixels.
 
 The loss is the response-only NLL, token-mean over each optimiser batch, on the trainer's device and precision
 (``train.device``, ``model.bf16_autocast``), logged through the trainer's tracker (metrics.jsonl, TensorBoard,
@@ -41,11 +46,13 @@ SFT_SEED_OFFSET = 2**29
 
 @dataclass(frozen=True)
 class Example:
-    """One demonstration: a user prompt (chat-templated at encoding), an optional system message, a response."""
+    """One demonstration: a user prompt (chat-templated at encoding), an optional system message, a response, and
+    the PIL images of the prompt's ``<image>`` placeholders, in order (none for a text prompt)."""
 
     prompt: str
     response: str
     system: str | None = None
+    images: tuple[Any, ...] = ()
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -75,7 +82,7 @@ def task_examples(cfg: Config, s: SFTConfig) -> list[Example]:
 
 
 def jsonl_examples(s: SFTConfig) -> list[Example]:
-    """``{prompt, response[, system]}`` lines of ``s.path``; the first bad line is named."""
+    """``{prompt, response[, system, images]}`` lines of ``s.path``; the first bad line is named."""
     from tether.config import ConfigError
     from tether.tasks.jsonl_task import read_jsonl
 
@@ -89,7 +96,7 @@ def jsonl_examples(s: SFTConfig) -> list[Example]:
     for number, row in enumerate(rows, 1):
         if not isinstance(row["prompt"], str) or not isinstance(row["response"], str):
             raise ConfigError(f"sft.path: {path} row {number}: 'prompt' and 'response' must be strings")
-    out = [Example(row["prompt"], row["response"], row.get("system")) for row in rows]
+    out = [row_example(row, path.parent) for row in rows]
     if s.examples is not None and s.examples < len(out):
         out = random.Random(s.data_seed).sample(out, s.examples)
     return out
@@ -172,11 +179,33 @@ def sft_examples(cfg: Config, device: torch.device | None = None) -> list[Exampl
     return task_examples(cfg, s)
 
 
+def row_example(row: dict[str, Any], root: Path) -> Example:
+    """The example of a ``{prompt, response[, system, images]}`` row; ``images`` are PNG paths under ``root``."""
+    images = []
+    for name in row.get("images", ()):
+        from PIL import Image  # here: text rows need no Pillow
+
+        with Image.open(root / name) as image:
+            images.append(image.convert("RGB"))
+    return Example(row["prompt"], row["response"], row.get("system"), tuple(images))
+
+
 def write_examples(path: Path, examples: list[Example]) -> None:
-    """``{prompt, response[, system]}`` lines: what ``sft.data=jsonl`` (and SEED's ``replay_data``) read."""
+    """``{prompt, response[, system, images]}`` lines: what ``sft.data=jsonl`` (and SEED's ``replay_data``) read.
+
+    Images go to ``frames/`` beside the file as PNGs (lossless: they read back pixel for pixel), and a row
+    lists their paths relative to the file's folder.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"prompt": e.prompt, "response": e.response, **({"system": e.system} if e.system else {})}
-            for e in examples]
+    rows = []
+    for i, e in enumerate(examples):
+        row: dict[str, Any] = {"prompt": e.prompt, "response": e.response, **({"system": e.system} if e.system else {})}
+        if e.images:
+            (path.parent / "frames").mkdir(exist_ok=True)
+            row["images"] = [f"frames/{path.stem}-{i}-{k}.png" for k in range(len(e.images))]
+            for name, image in zip(row["images"], e.images, strict=True):
+                image.save(path.parent / name)
+        rows.append(row)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -191,18 +220,41 @@ def split_examples(examples: list[Any], val_fraction: float, seed: int) -> tuple
 
 def encode_examples(examples: list[Example], tokenizer: Any,
                     max_length: int) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """(chat-templated prompt ids, response ids + EOS) per example; drops those over ``max_length``."""
-    from tether.models import encode_chat
+    """(chat-templated prompt ids, response ids + EOS) per example; drops those over ``max_length``.
 
+    ``tokenizer`` may be a vision-language model's processor: an example with images then gets a
+    :class:`~tether.models.vision.VisionPrompt`, its ids with the processed pixels.
+
+    Raises:
+        ValueError: an example has images and ``tokenizer`` is a text tokenizer, or images and a system message.
+    """
+    from tether.models.vision import text_tokenizer
+
+    text = text_tokenizer(tokenizer)
     out, dropped = [], 0
     for ex in examples:
-        prompt = encode_chat(tokenizer, ex.prompt, system=ex.system)
-        response = [*tokenizer(ex.response, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+        prompt = encode_prompt(tokenizer, ex)
+        response = [*text(ex.response, add_special_tokens=False).input_ids, text.eos_token_id]
         if len(prompt) + len(response) > max_length:
             dropped += 1
             continue
         out.append((prompt, response))
     return out, dropped
+
+
+def encode_prompt(tokenizer: Any, ex: Example) -> list[int]:
+    """The chat-templated prompt of ``ex``: with its images through the processor, else as text."""
+    from tether.models import encode_chat
+    from tether.models.vision import encode_vision_chat, is_processor
+
+    if not ex.images:
+        return encode_chat(tokenizer, ex.prompt, system=ex.system)
+    if not is_processor(tokenizer):
+        raise ValueError("an SFT example carries images, but the model came with a text tokenizer: use a "
+                         "vision-language model (its processor encodes the images)")
+    if ex.system is not None:
+        raise ValueError("an SFT example with images takes no system message (its prompt is one user message)")
+    return encode_vision_chat(tokenizer, ex.prompt, ex.images)
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -250,7 +302,7 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
 
     Args:
         model: the policy, already on its device (kept in eval mode: no dropout, as in RL).
-        tokenizer: its tokenizer (the pad id).
+        tokenizer: its tokenizer or processor (the pad id).
         train, val: encoded examples, :func:`encode_examples`.
         s: hyperparameters (``sft`` of a config, or SEED's ``methods.seed.sft``).
         log: ``log(metrics, step)``, e.g. a :class:`~tether.track.Tracker`'s ``log``; None for none.
@@ -261,7 +313,10 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
     """
     from transformers import get_cosine_schedule_with_warmup
 
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    from tether.engine.hf import pad_token_id
+    from tether.models.vision import text_tokenizer
+
+    pad = pad_token_id(text_tokenizer(tokenizer))
     per_epoch = math.ceil(len(train) / s.batch_size)
     total = min(per_epoch * s.epochs, s.max_steps or per_epoch * s.epochs)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)

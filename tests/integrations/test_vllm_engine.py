@@ -3,7 +3,9 @@
 
 A tiny random Llama (head size 64, which vLLM's CPU attention supports) is saved to disk, served by vLLM in float32,
 and compared with the same weights in Hugging Face: sampled log-probs, scores, greedy tokens, pushed weights, and a
-whole trainer whose rollouts come from vLLM.
+whole trainer whose rollouts come from vLLM. A tiny random Qwen2.5-VL, saved with its full processor (which needs
+torchvision), is compared the same way on prompts with images. The requests themselves are checked without vLLM in
+tests/engine/test_vllm_requests.py.
 """
 
 from __future__ import annotations
@@ -35,17 +37,6 @@ def test_intervention_raises_a_clear_error_without_building_vllm():
     engine = VLLMEngine.__new__(VLLMEngine)  # no vllm.LLM needed for the check
     with pytest.raises(InterventionUnsupportedError, match="HFEngine"):
         engine.generate([[1]], SamplingParams(), intervention=object())
-
-
-def test_images_raise_a_clear_error_without_building_vllm():
-    from tether.models.vision import VisionPrompt
-
-    engine = VLLMEngine.__new__(VLLMEngine)
-    rows = [VisionPrompt([1, 2], {"pixel_values": torch.zeros(1, 3)})]
-    with pytest.raises(NotImplementedError, match="does not pass images yet"):
-        engine.generate(rows, SamplingParams())
-    with pytest.raises(NotImplementedError, match="does not pass images yet"):
-        engine.score(rows, torch.ones(1, 1, dtype=torch.long), torch.ones(1, 1))
 
 
 def test_weights_for_vllm_are_cpu_copies_in_storages_of_their_own():
@@ -178,3 +169,46 @@ def test_armor_anchors_come_from_a_reference_engine_that_follows_resets(served, 
     metrics = trainer.fit()
     assert metrics["armor/anchor_rows"] > 0 and metrics["armor/ref_reset"] == 1.0
     samples_like(armor.ref_engine, trainer.ref_policy, start)  # the reset reached the reference's vLLM engine
+
+
+@pytest.fixture(scope="module")
+def served_vlm(tmp_path_factory):
+    """(vLLM engine over a tiny random Qwen2.5-VL, the HF model, its processor)."""
+    pytest.importorskip("torchvision", reason="Qwen2.5-VL's full processor (its video part) needs torchvision")
+    from transformers import Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    from tether.models.vision import tiny_vlm
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model, tiny = tiny_vlm("qwen2_5_vl", seed=0)
+    # vLLM loads the processor with AutoProcessor: the full class, with the tiny one's image settings
+    processor = Qwen2_5_VLProcessor(image_processor=tiny.image_processor, tokenizer=tiny.tokenizer,
+                                    video_processor=Qwen2VLVideoProcessor(), chat_template=tiny.chat_template)
+    path = tmp_path_factory.mktemp("vllm_vlm") / "model"
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    engine = VLLMEngine(str(path), processor, enable_sleep_mode=False, dtype="float32", max_model_len=1024)
+    yield engine, model, processor
+    mp.undo()
+
+
+@needs_vllm
+def test_visual_prompts_sample_and_score_as_the_hf_model_on_the_same_images(served_vlm):
+    from tether.envs import make_env
+    from tether.models.forward import response_log_probs
+    from tether.models.vision import encode_vision_chat
+
+    engine, model, processor = served_vlm
+    env = make_env("sokoban_visual")
+    a, b = (env.reset(seed).observation.images[0] for seed in (0, 1))
+    rows = [encode_vision_chat(processor, "Where is the box? <image>", [a]),
+            encode_vision_chat(processor, "Compare <image> and <image>.", [a, b])]
+    gen = engine.generate(rows, SamplingParams(max_new_tokens=6), seed=0)
+    with torch.no_grad():
+        want, _ = response_log_probs(model, rows, gen.response_ids, gen.response_mask)
+    assert gen.response_mask.sum() > len(rows)
+    torch.testing.assert_close(gen.sample_log_probs, want * gen.response_mask, rtol=0, atol=1e-3)
+    torch.testing.assert_close(engine.score(rows, gen.response_ids, gen.response_mask), want * gen.response_mask,
+                               rtol=0, atol=1e-3)

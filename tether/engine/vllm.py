@@ -18,8 +18,17 @@ CPU build (``tests/integrations/test_vllm_engine.py``, docs/engine.md).
 An ``intervention`` (EAPO's lock-step prior) needs the logits of every step before the token is drawn;
 vLLM gives no such hook, so it raises: use :class:`~tether.engine.hf.HFEngine` for EAPO.
 
-Visual prompts (:class:`~tether.models.vision.VisionPrompt`) are refused: passing their images to vLLM as
-multi-modal data is not built yet (docs/vision.md); the HF engine takes them.
+Visual prompts (:class:`~tether.models.vision.VisionPrompt`) go to vLLM as its documented token prompt with
+multi-modal data: ``{"prompt_token_ids": ..., "multi_modal_data": {"image": [PIL images]}}`` (:func:`vllm_request`).
+The ids are the prompt's ``template_ids``, one image placeholder per image as the chat template writes it
+(Qwen2.5-VL: ``<|vision_start|><|image_pad|><|vision_end|>``), not the processor's expanded ids. vLLM runs the
+model's HF processor on the images and expands each placeholder itself: for token prompts its
+``BaseMultiModalProcessor._apply_hf_processor_main`` reports the prompt updates as not applied, so
+``_apply_prompt_updates`` replaces the first unused placeholder token of each image with the image's feature
+tokens (vllm/multimodal/processing/processor.py; docs/design/mm_processing.md, "Tokenized Prompt Inputs").
+Already-expanded ids would be expanded again: an image's first placeholder token would become all of its
+feature tokens, and the others would be left over. vLLM computes the images' pixels itself, with the processor
+settings of the checkpoint it loaded, which are the policy's.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from tether.engine.base import (
     SamplingParams,
 )
 from tether.engine.hf import pad_token_id
-from tether.models.vision import has_images
+from tether.models.vision import VisionPrompt, text_tokenizer
 
 if TYPE_CHECKING:
     from tether.config import ModelConfig
@@ -107,7 +116,7 @@ class VLLMEngine:
             raise ImportError("VLLMEngine needs vLLM (pip install vllm, on a CUDA machine)") from err
         self._vllm = vllm
         self.tokenizer = tokenizer
-        self.pad_id = pad_token_id(tokenizer)
+        self.pad_id = pad_token_id(text_tokenizer(tokenizer))  # a vision-language model's processor holds one
         self.llm = vllm.LLM(model=model, enable_sleep_mode=enable_sleep_mode, logprobs_mode="processed_logprobs",
                             worker_extension_cls=f"{__name__}.WeightLoader", **llm_kwargs)
 
@@ -117,8 +126,10 @@ class VLLMEngine:
             top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop) or None,
             seed=seed, **extra)
 
-    def _prompts(self, prompt_ids: list[list[int]]) -> list[Any]:
-        return [self._vllm.inputs.TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
+    def _prompts(self, prompt_ids: list[list[int]], suffixes: list[list[int]] | None = None) -> list[Any]:
+        suffixes = suffixes or [[] for _ in prompt_ids]
+        return [self._vllm.inputs.TokensPrompt(**vllm_request(p, s))
+                for p, s in zip(prompt_ids, suffixes, strict=True)]
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, *, seed: int | None = None,
                  intervention: Intervention | None = None) -> Generation:
@@ -126,7 +137,6 @@ class VLLMEngine:
             raise InterventionUnsupportedError(
                 "vLLM cannot run a per-step intervention (EAPO's lock-step prior needs each step's logits before "
                 "the token is drawn); use rollout.engine=hf (tether.engine.hf.HFEngine) for this method")
-        _refuse_images(prompt_ids)
         per_row = [self._params(params, row_seed, logprobs=0) for row_seed in row_seeds(seed, len(prompt_ids))]
         outs = self.llm.generate(self._prompts(prompt_ids), per_row, use_tqdm=False)
         width = max(1, max(len(o.outputs[0].token_ids) for o in outs))
@@ -147,16 +157,15 @@ class VLLMEngine:
     def score(self, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor, *,
               temperature: float = 1.0) -> Tensor:
         """log-probs of the response tokens (0 where masked) via ``prompt_logprobs`` over prompt + response."""
-        _refuse_images(prompt_ids)  # before the concatenation below drops them
         lengths = response_mask.sum(1).long().tolist()
-        full = [p + response_ids[i, :lengths[i]].tolist() for i, p in enumerate(prompt_ids)]
+        responses = [response_ids[i, :lengths[i]].tolist() for i in range(len(prompt_ids))]
         params = self._vllm.SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0)
-        outs = self.llm.generate(self._prompts(full), params, use_tqdm=False)
+        outs = self.llm.generate(self._prompts(prompt_ids, responses), params, use_tqdm=False)
         out = torch.zeros(response_mask.shape)
         for i, o in enumerate(outs):
-            start = len(prompt_ids[i])
-            for t in range(lengths[i]):
-                token = full[i][start + t]
+            # counted from the end: vLLM's prompt holds a visual prompt's image tokens as it expanded them
+            start = len(o.prompt_logprobs) - lengths[i]
+            for t, token in enumerate(responses[i]):
                 out[i, t] = o.prompt_logprobs[start + t][token].logprob
         return out.to(response_mask.device)
 
@@ -213,7 +222,20 @@ class WeightLoader:
         self.reload_weights(weights_iterator=load_file(path).items())
 
 
-def _refuse_images(prompt_ids: list[list[int]]) -> None:
-    if has_images(prompt_ids):
-        raise NotImplementedError("the vLLM engine does not pass images yet (docs/vision.md): use "
-                                  "rollout.engine=hf for vision-language policies")
+def vllm_request(prompt: list[int], suffix: list[int] | None = None) -> dict[str, Any]:
+    """The fields of vLLM's token prompt (``vllm.inputs.TokensPrompt``) for one prompt, followed by ``suffix``
+    (a response that ``score`` reads).
+
+    A :class:`~tether.models.vision.VisionPrompt` sends its ``template_ids`` (one placeholder per image) and its
+    PIL images as ``multi_modal_data``; vLLM expands the placeholders (module docstring).
+
+    Raises:
+        ValueError: a visual prompt without ``template_ids`` (built from expanded ids alone).
+    """
+    suffix = suffix or []
+    if not isinstance(prompt, VisionPrompt):
+        return {"prompt_token_ids": [*prompt, *suffix]}
+    if prompt.template_ids is None or not prompt.images:
+        raise ValueError("a visual prompt goes to vLLM as its unexpanded ids and its images: encode it with "
+                         "tether.models.vision.encode_vision_chat, which keeps both")
+    return {"prompt_token_ids": [*prompt.template_ids, *suffix], "multi_modal_data": {"image": list(prompt.images)}}

@@ -12,7 +12,7 @@ def encode_chat(tokenizer: Any, messages: str | Sequence[dict[str, str]], *,
     """Token ids of a chat prompt that ends where the assistant's reply begins.
 
     Args:
-        tokenizer: a Hugging Face tokenizer, ideally with a chat template.
+        tokenizer: a Hugging Face tokenizer, ideally with a chat template, or a vision-language model's processor.
         messages: a user message, or a list of ``{"role", "content"}`` dicts.
         system: a system message to put first (not allowed when ``messages`` starts with one).
 
@@ -27,9 +27,12 @@ def encode_chat(tokenizer: Any, messages: str | Sequence[dict[str, str]], *,
         if msgs and msgs[0].get("role") == "system":
             raise ValueError("encode_chat: got `system`, but the messages start with a system message")
         msgs.insert(0, {"role": "system", "content": system})
+    # a vision-language model's processor renders with its own template, and its tokenizer encodes the text
+    # (called on a string, the processor would take it for an image)
+    encode = getattr(tokenizer, "tokenizer", None) or tokenizer
     if not getattr(tokenizer, "chat_template", None):
         warnings.warn("the tokenizer has no chat template: encoding the messages as plain text", stacklevel=2)
-        return tokenizer("\n\n".join(m["content"] for m in msgs) + "\n\n").input_ids
+        return encode("\n\n".join(m["content"] for m in msgs) + "\n\n").input_ids
     text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     # The template writes its own special tokens (BOS included, where it has one).
-    return tokenizer(text, add_special_tokens=False).input_ids
+    return encode(text, add_special_tokens=False).input_ids

@@ -46,12 +46,16 @@ class VisionPrompt(list):
         message: the user message it encodes (with its image placeholders), or None.
         images: the PIL images it was encoded with: a method that rewrites the message (SEED's skill
             insertion) encodes the new message with the same images.
+        template_ids: the chat-templated ids *before* the processor expanded each image's placeholder
+            (one placeholder per image, as the chat template writes it), or None. vLLM takes these with
+            the PIL images and expands the placeholders itself (:mod:`tether.engine.vllm`).
     """
 
     def __init__(self, ids: Sequence[int], pixels: dict[str, Tensor], *, message: str | None = None,
-                 images: Sequence[Any] = ()) -> None:
+                 images: Sequence[Any] = (), template_ids: Sequence[int] | None = None) -> None:
         super().__init__(int(i) for i in ids)
         self.pixels, self.message, self.images = pixels, message, tuple(images)
+        self.template_ids = None if template_ids is None else [int(i) for i in template_ids]
         digest = hashlib.sha1()
         for name in sorted(pixels):
             digest.update(name.encode())
@@ -112,7 +116,8 @@ def encode_vision_chat(processor: Any, text: str, images: Sequence[Any]) -> Visi
         images: PIL images, in the order of the placeholders.
 
     Returns:
-        The prompt's token ids, ending where the assistant's reply begins, with its pixel inputs.
+        The prompt's token ids, ending where the assistant's reply begins, with its pixel inputs (and the
+        same ids before the placeholders were expanded, ``template_ids``).
 
     Raises:
         ValueError: placeholders and images differ in number.
@@ -125,7 +130,8 @@ def encode_vision_chat(processor: Any, text: str, images: Sequence[Any]) -> Visi
     out = processor(text=[rendered], images=[list(images)] if images else None, add_special_tokens=False,
                     return_tensors="pt")
     pixels = {k: v for k, v in out.items() if k not in _TEXT_KEYS and isinstance(v, Tensor)}
-    return VisionPrompt(out["input_ids"][0].tolist(), pixels, message=text, images=images)
+    unexpanded = text_tokenizer(processor)(rendered, add_special_tokens=False).input_ids
+    return VisionPrompt(out["input_ids"][0].tolist(), pixels, message=text, images=images, template_ids=unexpanded)
 
 
 def pixel_inputs(prompts: Sequence[Sequence[int]], device: torch.device | str,

@@ -8,6 +8,9 @@
    parsed with a non-empty skill are kept (no behavioural validation, as the code).
 3. Split 90/10 with a seeded shuffle; fine-tune on (chat-templated analyzer prompt -> ``json.dumps`` of the
    parsed fields + EOS) with NLL on response tokens only, token-mean over each optimiser batch.
+   On a visual env the prompt is the authors' ``seed_visual`` variant, as at stage 2: each step's observation is an
+   ``<image>`` slot, filled with the episode's frames, one per step; the record carries the frames, and the SFT
+   encodes each prompt with them through the policy's processor (:mod:`tether.sft`).
 4. Save ``run_dir/checkpoint`` (``save_pretrained`` + tokenizer; :func:`tether.models.load_policy` loads it): the
    stage-2 actor, analyzer and KL reference.
 
@@ -36,9 +39,10 @@ from tether.methods import method_config
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.methods.seed.sft import SkillSFTSettings
-from tether.models import encode_chat, load_policy
+from tether.models import load_policy
+from tether.models.vision import encode_message, has_images, observation_images
 from tether.rollout.multi_turn import AgentCollector
-from tether.sft import Example, encode_examples, train_sft
+from tether.sft import Example, encode_examples, row_example, train_sft, write_examples
 from tether.tasks.jsonl_task import read_jsonl
 from tether.track import build_tracker
 
@@ -74,7 +78,8 @@ def rollout_episodes(cfg: Config, policy: Any, tokenizer: Any, s: SkillSFTSettin
 
 def label_episodes(episodes: list[Any], env_name: str, s: SkillSFTSettings, *, threshold: float = 1.0,
                    include_summary: bool = True, analyzer: Any = None) -> list[dict[str, Any]]:
-    """One record per trajectory with at least one turn: prompt, outcome, the analyzer's answer, ``ok``.
+    """One record per trajectory with at least one turn: prompt, outcome, the analyzer's answer, ``ok``, and
+    ``images``, the frames of the prompt's ``<image>`` slots (PIL; none for a text env).
 
     Args:
         analyzer: for ``s.analyzer == "openai"``, an object with ``analyze(prompt) -> Analysis`` (default: an
@@ -99,7 +104,8 @@ def label_episodes(episodes: list[Any], env_name: str, s: SkillSFTSettings, *, t
             results = list(pool.map(analyzer.analyze, prompts))
     return [{"task": ep.task, "outcome": o, "return": ep.ret, "won": ep.won, "turns": len(ep.turns), "prompt": p,
              "response": analysis_target(r.summary, r.skill, include_summary=include_summary) if r.ok else None,
-             "ok": r.ok, "error": r.error, "skill": r.skill, "analyzer": s.analyzer}
+             "ok": r.ok, "error": r.error, "skill": r.skill, "analyzer": s.analyzer,
+             "images": observation_images(ep.seen)}
             for ep, o, p, r in zip(played, outcomes, prompts, results, strict=True)]
 
 
@@ -114,7 +120,7 @@ def split_records(records: list[dict], val_fraction: float, seed: int) -> tuple[
 # -- 3. response-only SFT --------------------------------------------------------------------------
 
 
-def load_replay(s: SkillSFTSettings) -> list[dict]:
+def load_replay(s: SkillSFTSettings) -> list[Example]:
     """The ``replay_data`` pairs (``replay_examples`` of them when set); checked before any model loads."""
     if s.replay_data is None:
         return []
@@ -127,12 +133,13 @@ def load_replay(s: SkillSFTSettings) -> list[dict]:
         raise ConfigError(str(err)) from None
     if s.replay_examples is not None and s.replay_examples < len(pairs):
         pairs = random.Random(s.data_seed).sample(pairs, s.replay_examples)
-    return pairs
+    return [row_example(pair, path.parent) for pair in pairs]
 
 
 def to_examples(records: list[dict]) -> list[Example]:
-    """``{prompt, response}`` records as examples of tether's SFT loop (the analyzer prompt is a user message)."""
-    return [Example(r["prompt"], r["response"]) for r in records]
+    """``{prompt, response[, images]}`` records as examples of tether's SFT loop (the analyzer prompt is a user
+    message, with the episode's frames when it has image slots)."""
+    return [Example(r["prompt"], r["response"], images=tuple(r.get("images", ()))) for r in records]
 
 
 def parse_rate(model: Any, tokenizer: Any, records: list[dict], *, max_new_tokens: int, context_length: int,
@@ -140,7 +147,9 @@ def parse_rate(model: Any, tokenizer: Any, records: list[dict], *, max_new_token
     """Fraction of ``records`` whose prompt the model answers (greedily) with a parseable, non-empty skill."""
     if not records:
         return math.nan, []
-    prompts = [encode_chat(tokenizer, r["prompt"])[-context_length:] for r in records]
+    prompts = [encode_message(tokenizer, r["prompt"], r.get("images", ())) for r in records]
+    # left truncation, as at stage 2; never through a visual prompt's image tokens
+    prompts = [p if has_images([p]) else p[-context_length:] for p in prompts]
     engine = HFEngine(model, tokenizer, bf16_autocast=bf16_autocast)
     gen = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True))
     results = [parse_analysis(t, include_summary=include_summary) for t in gen.texts]
@@ -166,8 +175,9 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
         The summary also written to ``run_dir/sft_summary.json``: counts (trajectories, successes, kept,
         train/val examples, dropped), losses, parse rates before/after, the checkpoint path.
 
-    Files in ``run_dir``: ``config.yaml``, ``data/records.jsonl`` (every labelled trajectory),
-    ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response), ``metrics.jsonl`` (``sft/*``), ``checkpoint/``.
+    Files in ``run_dir``: ``config.yaml``, ``data/records.jsonl`` (every labelled trajectory; ``images`` counts its
+    frames), ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response, and on a visual env ``images``: the frames
+    under ``data/frames/``), ``metrics.jsonl`` (``sft/*``), ``checkpoint/``.
     """
     cfg = config if not isinstance(config, (str, Path)) else load_config(config, overrides or [])
     if cfg.env is None:
@@ -191,15 +201,15 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     t_rollout = time.perf_counter() - start
     records = label_episodes(episodes, cfg.env.name, s, threshold=seed.success_threshold,
                              include_summary=seed.include_summary, analyzer=analyzer)
-    _write_jsonl(run_dir / "data" / "records.jsonl", records)
+    # the frames are saved once, with the train and val pairs below; a record counts them
+    _write_jsonl(run_dir / "data" / "records.jsonl", [{**r, "images": len(r["images"])} for r in records])
     train_records, val_records = split_records(records, s.val_fraction, s.data_seed)
     for name, part in (("train", train_records), ("val", val_records)):
-        _write_jsonl(run_dir / "data" / f"{name}.jsonl", [{"prompt": r["prompt"], "response": r["response"]}
-                                                          for r in part])
+        write_examples(run_dir / "data" / f"{name}.jsonl", to_examples(part))
     if not train_records:
         raise RuntimeError(f"no parseable analyzer record among {len(records)} trajectories; see "
                            f"{run_dir / 'data' / 'records.jsonl'}")
-    train, dropped_train = encode_examples(to_examples(train_records + replay), tokenizer, s.max_length)
+    train, dropped_train = encode_examples(to_examples(train_records) + replay, tokenizer, s.max_length)
     val, dropped_val = encode_examples(to_examples(val_records), tokenizer, s.max_length)
     probe = val_records[:s.eval_examples] if val_records else train_records[:s.eval_examples]
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
