@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One prepared check on a GPU machine: the CUDA tests, the smoke table (docs/scaling.md, "Checked on a GPU"), then
-# visual rollouts on vLLM where vLLM is installed (docs/vision.md).
+# One prepared check on a GPU machine: the CUDA tests, the in-process engine's decoding speed (docs/engine.md,
+# "Speed"), the smoke table (docs/scaling.md, "Checked on a GPU"), then visual rollouts on vLLM where vLLM is
+# installed (docs/vision.md).
 #   scripts/gpu_check.sh            # from the repo root; logs and JSON rows under $OUT (default runs/gpu_check)
 # Offline machines: put missing wheels in .whl/ and the SmolLM2 tokenizer cache in .gpu/cache (TETHER_CACHE).
 set -uo pipefail
@@ -18,6 +19,11 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda'
 status=0
 timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -k cuda tests/trainer/test_device_mixing.py \
   tests/trainer/test_cuda.py 2>&1 | tee "$OUT/pytest.log" || status=1
+# decoding tokens/s, batch 32, exactly 128 new tokens: the dynamic cache (decoding as before the static cache),
+# the static cache, and the static cache with the step captured as CUDA graphs (its compilation is the warm-up)
+timeout 240 python3 benchmarks/bench_decode.py --model random:smollm2-135m --device cuda --batch 32 \
+  --new-tokens 128 --rounds 3 --variant dynamic=decode=dynamic --variant static=decode=static \
+  --variant compiled=decode=compiled --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log" || status=1
 # 2 steps of 128 tokens per method: the whole script fits in about 6 minutes of a lent GPU
 timeout 240 python3 scripts/gpu_smoke.py --model random:smollm2-135m --steps 2 --tokens 128 \
   --json "$OUT/smoke_smollm2_fp32.json" 2>&1 | grep -v "Loading weights\|Writing model" | tee "$OUT/smoke.log" || status=1

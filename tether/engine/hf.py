@@ -12,9 +12,12 @@ One decoding step, for all rows at once::
     -> one forward of the new tokens against the KV cache (logits of the last position only)
 
 Prompts are left-padded, with position ids counted from the attention mask, so a prompt yields the
-same tokens alone or in a batch. Finished rows are masked out; once at most half the rows are still
-going (``compact_below``), the finished ones are dropped from the forward batch and the KV cache. The
-loop ends when every row has finished or at ``max_new_tokens``.
+same tokens alone or in a batch. A row that finishes (EOS, a stop string) is masked out and dropped from
+the forward batch and the KV cache (``compact_below``), so a long tail of a few rows decodes at their
+batch size, not the call's. Every step draws one uniform per row of the call, dropped or not, so the
+tokens and log-probs do not depend on when rows are dropped. The loop ends when every row has finished
+or at ``max_new_tokens``. ``decode="static"`` pre-allocates the KV cache instead (rows then stay to the
+end), and ``"compiled"`` also captures the one-token forward as CUDA graphs.
 
 Visual prompts (:class:`~tether.models.vision.VisionPrompt`) add their pixel inputs to the prefill only (the
 image tokens' keys and values then sit in the cache) and, for multimodal-RoPE families, 3-D positions
@@ -78,8 +81,13 @@ def sample_tokens(log_probs: Tensor, generator: torch.Generator) -> Tensor:
     Several times faster than ``torch.multinomial`` at a 49k vocabulary on CPU. Tokens of
     probability 0 (filtered by top-k / top-p) are never drawn.
     """
+    u = torch.rand(log_probs.shape[0], 1, generator=generator, dtype=torch.float64, device=log_probs.device)
+    return inverse_cdf_tokens(log_probs, u)
+
+
+def inverse_cdf_tokens(log_probs: Tensor, u: Tensor) -> Tensor:
+    """:func:`sample_tokens` with the uniform draws given: ``[N, V]``, ``[N, 1]`` float64 -> ``[N]``."""
     cdf = log_probs.exp().double().cumsum(-1)
-    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64, device=cdf.device)
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)
 
 
@@ -126,23 +134,44 @@ def default_eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
 
 class KVDecoder:
     """Last-position logits of a causal LM over a KV cache: the forward pass of every decoding loop
-    (the engine's, and a lock-step intervention's own model, e.g. EAPO's prior)."""
+    (the engine's, and a lock-step intervention's own model, e.g. EAPO's prior).
 
-    def __init__(self, model: Any, *, bf16_autocast: bool = False) -> None:
+    ``compile_step`` runs the one-token forwards through ``torch.compile(mode="reduce-overhead")`` (CUDA
+    graphs); it needs a static cache (:meth:`new_cache` with ``max_len``), whose shapes do not change.
+    """
+
+    def __init__(self, model: Any, *, bf16_autocast: bool = False, compile_step: bool = False) -> None:
         self.model, self.bf16_autocast = model, bf16_autocast
         self._cache_arg = model_cache_kwarg(model)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._step = torch.compile(model.forward, mode="reduce-overhead", dynamic=False) if compile_step else None
+        self._static: tuple[tuple[int, int], Any] | None = None  # (max_len, rows), the static cache of that shape
 
-    def new_cache(self) -> Any:
-        return new_kv_cache(self.model.config)
+    def new_cache(self, max_len: int | None = None, rows: int = 0) -> Any:
+        """A dynamic KV cache, or a static one of ``max_len`` positions for ``rows`` rows.
+
+        A static cache is kept and reset for the next call of the same shape: its tensors' addresses are
+        baked into the captured CUDA graphs, so new ones would make the graphs be recorded again.
+        """
+        if max_len is None:
+            return new_kv_cache(self.model.config)
+        if self._static is not None and self._static[0] == (max_len, rows):
+            self._static[1].reset()
+            return self._static[1]
+        from transformers import StaticCache
+
+        cache = StaticCache(config=self.model.config, max_cache_len=max_len)  # allocated at its first forward
+        self._static = ((max_len, rows), cache)
+        return cache
 
     def prefill(self, prompt_ids: list[list[int]], input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                 cache: Any) -> Tensor:
         """:meth:`next_logits` of the left-padded prompts, each distinct prompt run once: a prompt repeated
-        over rows (a GRPO group) has its KV cache indexed out to them. Visual prompts add their pixels;
-        ``position_ids`` may be ``[4, N, L]`` (multimodal RoPE)."""
+        over rows (a GRPO group) has its KV cache indexed out to them (a dynamic cache only: a static one
+        holds all rows from its first forward). Visual prompts add their pixels; ``position_ids`` may be
+        ``[4, N, L]`` (multimodal RoPE)."""
         unique, inverse = distinct_prompts(prompt_ids)
-        if len(unique) == len(prompt_ids) or not hasattr(cache, "batch_select_indices"):
+        if len(unique) == len(prompt_ids) or not _can_select_rows(cache):
             return self.next_logits(input_ids, attention_mask, position_ids, cache,
                                     **self._pixels(prompt_ids, input_ids.device))
         first_row = dict(zip(reversed(inverse), range(len(inverse) - 1, -1, -1), strict=True))  # prompt -> first row
@@ -165,10 +194,26 @@ class KVDecoder:
         kwargs = {self._cache_arg: cache, "use_cache": True, **pixels}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = 1
+        forward = self.model
+        if self._step is not None and input_ids.shape[1] == 1:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten
+            forward = self._step
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.bf16_autocast):
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             **kwargs)
-        return out.logits[:, -1]
+            out = forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        # a CUDA graph's output lives in memory its next replay overwrites
+        return out.logits[:, -1].clone() if forward is self._step else out.logits[:, -1]
+
+
+def _can_select_rows(cache: Any) -> bool:
+    """Whether rows can be dropped from ``cache`` (a dynamic cache; a static one is allocated for good)."""
+    from transformers import StaticCache
+
+    return hasattr(cache, "batch_select_indices") and not isinstance(cache, StaticCache)
+
+
+DECODE_MODES = ("dynamic", "static", "compiled")
+ROW_MULTIPLE = 4  # the forward batch's row count stays a multiple of this (see HFEngine._drop_finished)
+STATIC_LEN_STEP = 128  # a compiled step's cache length is rounded up to this, so calls of similar length share graphs
 
 
 class HFEngine:
@@ -188,19 +233,27 @@ class HFEngine:
             Log-probs are still computed in float32 from its logits.
         score_rows: rows per forward pass in :meth:`score`.
         compact_below: once the unfinished rows are at most this fraction of the batch being decoded,
-            the finished ones are dropped from it (and from the KV cache); 0 keeps every row to the end.
+            the finished ones are dropped from it (and from the KV cache); 1 (the default) drops a row as
+            soon as it finishes, 0 keeps every row to the end. Results do not depend on it.
+        decode: the KV cache and decoding step. ``dynamic``: a growing cache, finished rows dropped;
+            ``static``: a cache allocated once for prompt + ``max_new_tokens`` (every row stays to the end);
+            ``compiled``: the static cache with the one-token forward compiled into CUDA graphs
+            (``torch.compile(mode="reduce-overhead")``), CUDA only.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, eos_token_ids: Iterable[int] | None = None,
-                 bf16_autocast: bool = False, score_rows: int = 32, compact_below: float = 0.5) -> None:
+                 bf16_autocast: bool = False, score_rows: int = 32, compact_below: float = 1.0,
+                 decode: str = "dynamic") -> None:
+        check_decode_mode(decode, next(model.parameters()).device)
         self.model, self.tokenizer = model, text_tokenizer(tokenizer)
         tokenizer = self.tokenizer
         self.bf16_autocast, self.score_rows, self.compact_below = bf16_autocast, score_rows, compact_below
+        self.decode = decode
         self.pad_id = pad_token_id(tokenizer)
         if eos_token_ids is None:
             eos_token_ids = default_eos_token_ids(model, tokenizer)
         self.eos_token_ids = sorted(int(e) for e in eos_token_ids)
-        self.decoder = KVDecoder(model, bf16_autocast=bf16_autocast)
+        self.decoder = KVDecoder(model, bf16_autocast=bf16_autocast, compile_step=decode == "compiled")
 
     # -- RolloutEngine -------------------------------------------------------------------------
 
@@ -278,8 +331,9 @@ class HFEngine:
             position_ids, offsets = prompt_positions(self.model, prompt_ids, input_ids, prompt_attention, position_ids)
         mm_rope = uses_multimodal_rope(position_ids)
         p_len = input_ids.shape[1]
-        # then one always-on column per new token
-        attention = torch.cat([prompt_attention, prompt_attention.new_ones(n, max_new)], dim=1)
+        cache_len = self._cache_len(p_len + max_new)
+        # then one always-on column per new token (a static cache's spare columns lie beyond every query)
+        attention = torch.cat([prompt_attention, prompt_attention.new_ones(n, cache_len - p_len)], dim=1)
         next_pos = torch.tensor([len(p) for p in prompt_ids], device=device)
 
         generator = torch.Generator(device=device)
@@ -296,8 +350,8 @@ class HFEngine:
 
         if intervention is not None:
             intervention.start(prompt_ids)
-        cache = self.decoder.new_cache()
-        compact = self.compact_below > 0 and hasattr(cache, "batch_select_indices")
+        cache = self.decoder.new_cache(None if self.decode == "dynamic" else cache_len, n)
+        compact = self.compact_below > 0 and _can_select_rows(cache)
         live = torch.arange(n, device=device)  # rows in the forward batch: finished rows get dropped
         logits = self.decoder.prefill(prompt_ids, input_ids, attention[:, :p_len], position_ids, cache)
         steps = 0
@@ -307,10 +361,9 @@ class HFEngine:
             if intervention is not None:  # it sees all N rows; dropped rows carry a uniform distribution
                 full = live_lp if len(live) == n else _scatter_rows(live_lp, live, n, -math.log(live_lp.shape[1]))
                 decision = intervention.step(full, active.clone())
-            live_token = live_lp.argmax(-1) if params.greedy else sample_tokens(live_lp, generator)
-            token = _scatter_rows(live_token, live, n, self.pad_id)
+            token = _scatter_rows(self._choose(live_lp, live, n, params, generator), live, n, self.pad_id)
             if decision is None:
-                chosen = _scatter_rows(live_lp.gather(1, live_token[:, None]).squeeze(1), live, n, 0.0)
+                chosen = _scatter_rows(live_lp.gather(1, token[live, None]).squeeze(1), live, n, 0.0)
             else:
                 forced = decision.forced_tokens.to(device)
                 token = torch.where(forced >= 0, forced, token)
@@ -330,13 +383,12 @@ class HFEngine:
             active &= ~finished
             if t == max_new - 1 or not bool(active.any()):
                 break
-            keep = active[live]
-            if compact and int(keep.sum()) <= self.compact_below * len(live):
-                kept = keep.nonzero().squeeze(1)
-                cache.batch_select_indices(kept)
-                live = live[kept]
+            if compact and bool(finished.any()):
+                live = self._drop_finished(live, active, cache)
             positions = later_positions(next_pos[live, None], offsets[live]) if mm_rope else next_pos[live, None]
-            logits = self.decoder.next_logits(token[live, None], attention[live, :p_len + t + 1], positions, cache)
+            width = cache_len if self.decode != "dynamic" else p_len + t + 1  # a static cache's mask spans it all
+            rows_attention = attention if len(live) == n else attention[live]
+            logits = self.decoder.next_logits(token[live, None], rows_attention[:, :width], positions, cache)
             next_pos += 1
 
         tokens, log_mu, mask = tokens[:, :steps], log_mu[:, :steps], mask[:, :steps]
@@ -345,6 +397,43 @@ class HFEngine:
             response_ids=tokens, response_mask=mask, sample_log_probs=log_mu,
             texts=self._texts(tokens, mask, by_stop, params.stop), truncated=active.clone(),
             token={k: _fit_width(v.to(device), steps) for k, v in extra.items()})
+
+    def _cache_len(self, needed: int) -> int:
+        """Positions the KV cache holds: ``needed``, rounded up for a compiled step so its shapes repeat."""
+        if self.decode != "compiled":
+            return needed
+        return -(-needed // STATIC_LEN_STEP) * STATIC_LEN_STEP
+
+    @staticmethod
+    def _choose(live_lp: Tensor, live: Tensor, n: int, params: SamplingParams,
+                generator: torch.Generator) -> Tensor:
+        """The policy's token of each row in the forward batch: argmax, or a draw.
+
+        Every step draws one uniform for each of the N rows, finished or not, so which rows are still in
+        the batch never shifts the random stream: a row's tokens do not depend on when others are dropped.
+        """
+        if params.greedy:
+            return live_lp.argmax(-1)
+        u = torch.rand(n, 1, generator=generator, dtype=torch.float64, device=live_lp.device)
+        return inverse_cdf_tokens(live_lp, u if len(live) == n else u[live])
+
+    def _drop_finished(self, live: Tensor, active: Tensor, cache: Any) -> Tensor:
+        """The rows left in the forward batch once finished ones are dropped (when few enough are still going).
+
+        The batch keeps a multiple of :data:`ROW_MULTIPLE` rows, finished ones filling up: CPU matrix
+        products round differently at other row counts (measured: 1-3 rows on one thread, and 5-7 and
+        9-11 on two), and then a row's log-probs would depend on which others are still going.
+        """
+        keep = active[live]
+        going = int(keep.sum())
+        size = min(len(live), -(-going // ROW_MULTIPLE) * ROW_MULTIPLE)
+        if size == len(live) or going > self.compact_below * len(live):
+            return live
+        fillers = (~keep).nonzero().squeeze(1)[:size - going]
+        keep[fillers] = True
+        rows = keep.nonzero().squeeze(1)
+        cache.batch_select_indices(rows)
+        return live[rows]
 
     def _stop_hits(self, tokens: Tensor, t: int, active: Tensor, stop: Sequence[str]) -> Tensor:
         """Rows whose response now contains a stop string (decoded over a window of recent tokens)."""
@@ -371,11 +460,21 @@ class HFEngine:
         return texts
 
 
-def build_hf_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, compact_below: float = 0.5,
-                    score_rows: int = 32) -> HFEngine:
+def check_decode_mode(decode: str, device: torch.device) -> None:
+    """Refuse an unknown ``decode`` mode, and ``compiled`` off a CUDA device, before any work."""
+    if decode not in DECODE_MODES:
+        raise ValueError(f"HFEngine: unknown decode mode {decode!r}; one of: {', '.join(DECODE_MODES)}")
+    if decode == "compiled" and device.type != "cuda":
+        raise ValueError(f"HFEngine(decode='compiled') needs a CUDA GPU (the decoding step is captured as CUDA "
+                         f"graphs) and the model is on {device.type}; use decode='dynamic' or 'static'")
+
+
+def build_hf_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, compact_below: float = 1.0,
+                    score_rows: int = 32, decode: str = "dynamic") -> HFEngine:
     """``rollout.engine: hf``: the in-process engine over ``model`` itself, so new weights cost nothing to load.
 
-    ``compact_below`` and ``score_rows`` are :class:`HFEngine`'s; bf16 autocast follows ``model.bf16_autocast``.
+    ``compact_below``, ``score_rows`` and ``decode`` are :class:`HFEngine`'s; bf16 autocast follows
+    ``model.bf16_autocast``.
     """
     return HFEngine(model, tokenizer, bf16_autocast=model_cfg.bf16_autocast, compact_below=compact_below,
-                    score_rows=score_rows)
+                    score_rows=score_rows, decode=decode)

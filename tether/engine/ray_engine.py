@@ -109,7 +109,7 @@ class RayEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, num_actors: int = 2, num_cpus_per_actor: float = 1.0,
                  num_gpus_per_actor: float = 0.0, threads: int = 1, address: str | None = None,
-                 bf16_autocast: bool = False, compact_below: float = 0.5, score_rows: int = 32) -> None:
+                 bf16_autocast: bool = False, compact_below: float = 1.0, score_rows: int = 32) -> None:
         if num_actors < 1:
             raise ValueError(f"rollout.engine_kwargs.num_actors must be >= 1, got {num_actors}")
         ray = connect("rollout.engine=ray", address, local_cpus=num_actors * num_cpus_per_actor)
@@ -165,7 +165,7 @@ class RayEngine:
 
 def build_ray_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, num_actors: int = 2,
                      num_cpus_per_actor: float = 1.0, num_gpus_per_actor: float = 0.0, threads: int = 1,
-                     address: str | None = None, compact_below: float = 0.5, score_rows: int = 32) -> RayEngine:
+                     address: str | None = None, compact_below: float = 1.0, score_rows: int = 32) -> RayEngine:
     """``rollout.engine: ray``: :class:`RayEngine` with these settings; bf16 autocast follows ``model``."""
     return RayEngine(model, tokenizer, num_actors=num_actors, num_cpus_per_actor=num_cpus_per_actor,
                      num_gpus_per_actor=num_gpus_per_actor, threads=threads, address=address,
