@@ -1,6 +1,6 @@
 """SEED lab study (issue #21): the warm start's SFT data, skill-following actions plus hindsight analyses.
 
-    python scripts/lab/seed_data.py runs/lab/seed/data/sft.jsonl [--episodes 400] [--analyses 300]
+    python scripts/lab/seed_data.py runs/lab/seed/data/sft.jsonl [--episodes 400] [--analyses 300] [--config C]
 
 One file, two kinds of records, both from thin-ice *training* maps only:
 
@@ -24,13 +24,16 @@ import random
 from pathlib import Path
 from typing import Any
 
+from tether.config import load_config
 from tether.envs.thin_ice import ThinIceEnv
 from tether.methods.seed.analyzer import Step, analysis_prompt, success_label
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
-from tether.methods.seed.skill_data import response_text, skill_following_records, write_jsonl
+from tether.methods.seed.skill_data import fork_pair_records, response_text, skill_following_records, write_jsonl
 
-ENV_KWARGS: dict[str, Any] = {"size": 6, "hole_p": 0.15, "trap_prob": 0.5}
-ANALYSIS_SEED_START = 100_000  # training maps never used by the action records (those take the first seeds)
+ENV_KWARGS: dict[str, Any] = {"size": 6, "hole_p": 0.15, "trap_prob": 0.5}  # the first warm start's maps
+# training maps never used by the action records (those take the first seeds)
+ANALYSIS_SEED_START = 100_000  # the analysis records'
+FORK_SEED_START = 200_000  # the fork pairs'
 
 
 def noisy_trajectory(env: ThinIceEnv, seed: int, explore: float, rng: random.Random) -> Trajectory:
@@ -49,9 +52,9 @@ def noisy_trajectory(env: ThinIceEnv, seed: int, explore: float, rng: random.Ran
     return Trajectory(task=reset.task, turns=turns, final_observation=observation, won=won, ret=float(won))
 
 
-def analysis_records(n: int, *, explore: float, seed: int) -> list[dict[str, Any]]:
+def analysis_records(n: int, *, explore: float, seed: int, env_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """``n`` analyzer (prompt, oracle answer) pairs on training maps ``ANALYSIS_SEED_START ..``."""
-    env = ThinIceEnv(**ENV_KWARGS)
+    env = ThinIceEnv(**env_kwargs)
     rng = random.Random(seed)
     out = []
     for map_seed in range(ANALYSIS_SEED_START, ANALYSIS_SEED_START + n):
@@ -72,14 +75,23 @@ def main() -> None:
     ap.add_argument("--analyses", type=int, default=0, help="analysis records")
     ap.add_argument("--explore", type=float, default=0.15, help="random-move chance in analysed trajectories")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skill-share", type=float, default=0.3, help="share of prompts with a correct skill")
+    ap.add_argument("--fork-maps", type=int, default=0, help="maps of contrastive fork pairs (skill_data.py)")
+    ap.add_argument("--config", help="take the maps' settings from this config's env.kwargs (default: the first "
+                                     "warm start's 6x6 shortest-route maps)")
     args = ap.parse_args()
-    actions = skill_following_records(args.episodes, skill_share=0.3, history=0, explore=0.1, seed=args.seed,
-                                      env_kwargs=ENV_KWARGS)
-    analyses = analysis_records(args.analyses, explore=args.explore, seed=args.seed)
+    env_kwargs = load_config(args.config).env.kwargs if args.config else ENV_KWARGS
+    actions = skill_following_records(args.episodes, skill_share=args.skill_share, history=0, explore=0.1,
+                                      seed=args.seed, env_kwargs=env_kwargs)
+    actions += fork_pair_records(range(FORK_SEED_START, FORK_SEED_START + args.fork_maps), seed=args.seed,
+                                 env_kwargs=env_kwargs)
+    analyses = analysis_records(args.analyses, explore=args.explore, seed=args.seed, env_kwargs=env_kwargs)
     path = write_jsonl(actions + analyses, args.out)
     print(json.dumps({"out": str(Path(path)), "action_records": len(actions),
                       "with_skill": sum(r["meta"]["skill"] is not None for r in actions),
-                      "fatal_labels": sum(r["meta"]["fatal"] for r in actions), "analysis_records": len(analyses),
+                      "fatal_labels": sum(r["meta"]["fatal"] for r in actions),
+                      "fork_records": sum(r["meta"].get("fork", False) for r in actions),
+                      "analysis_records": len(analyses),
                       "analysis_failures": sum(r["meta"]["outcome"] == "failure" for r in analyses),
                       "max_prompt_chars": max(len(r["prompt"]) for r in actions + analyses)}))
 

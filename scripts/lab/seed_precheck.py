@@ -27,7 +27,7 @@ import torch
 from tether.config import load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
-from tether.envs.thin_ice import HOLE, MOVES, walk
+from tether.envs.thin_ice import HOLE, MOVES, THIN, monotone_plan, naive_plan, walk
 from tether.methods.seed.analyzer import episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill
 from tether.methods.seed.rule_analyzers import (
@@ -71,19 +71,33 @@ def response_log_prob(model: Any, prompt: list[int], response: list[int]) -> flo
     return float(torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).sum())
 
 
-def safe_kind(observation: str, action: str) -> str:
-    """A safe row's kind: a move into a visible hole, the first move of the shortest safe plan, or another move."""
+def safe_kind(observation: str, action: str, routes: str) -> str:
+    """A safe row's kind: a move into a visible hole, the first move of the safe solver's plan (``routes`` as the
+    env's: shortest path or the monotone walker), or another move."""
     parsed = thin_ice_tiles(observation)
-    plan = thin_ice_plan(observation)
-    if parsed is not None and action in MOVES:
-        r, c = walk(parsed[1], [action], len(parsed[0]))[-1]
-        if parsed[0][r][c] == HOLE:
-            return "safe_into_hole"
+    if parsed is None or action not in MOVES:
+        return "safe_other"
+    (desc, cell), avoid = parsed, HOLE + THIN
+    r, c = walk(cell, [action], len(desc))[-1]
+    if desc[r][c] == HOLE:
+        return "safe_into_hole"
+    plan = monotone_plan(desc, *cell, avoid) if routes == "monotone" else thin_ice_plan(observation)
     return "safe_on_plan" if plan and plan[0] == action else "safe_other"
 
 
+def at_fork(observation: str, routes: str) -> bool:
+    """Whether the naive solver's next move from this state steps on ``~``: the states where a skill that says
+    "never step on ~" should change the action (the rows whose safe moves the teacher should raise most)."""
+    parsed = thin_ice_tiles(observation)
+    if parsed is None:
+        return False
+    desc, cell = parsed
+    plan = monotone_plan(desc, *cell, HOLE) if routes == "monotone" else naive_plan(desc, *cell)
+    return bool(plan) and thin_ice_fatal(observation, plan[0])
+
+
 def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict[str, Any]], history: int,
-                  action_format: str) -> dict[str, Any]:
+                  action_format: str, routes: str) -> dict[str, Any]:
     """The positive control (module docstring, 2)."""
     skills = {}
     for ep in episodes:
@@ -92,8 +106,10 @@ def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict
                                 include_summary=False)
         skills[id(ep)] = answer.skill
     split: dict[str, list[float]] = {"fatal": [], "safe": []}
-    # diagnostic split of the safe rows: into a hole, the first move of the safe plan, any other move
-    detail: dict[str, list[float]] = {"safe_into_hole": [], "safe_on_plan": [], "safe_other": []}
+    # diagnostic split of the safe rows: into a hole, the first move of the safe plan, any other move; and,
+    # overlapping those, the safe rows at a fork (the naive move would step on ~)
+    detail: dict[str, list[float]] = {"safe_into_hole": [], "safe_on_plan": [], "safe_other": [],
+                                      "safe_at_fork": []}
     for r in rows:
         ep, turn = r["episode"], r["turn"]
         t = ep.turns[turn]
@@ -109,7 +125,9 @@ def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict
         fatal = thin_ice_fatal(t["observation"], t["action"])
         split["fatal" if fatal else "safe"].append(teacher - student)
         if not fatal:
-            detail[safe_kind(t["observation"], t["action"])].append(teacher - student)
+            detail[safe_kind(t["observation"], t["action"], routes)].append(teacher - student)
+            if at_fork(t["observation"], routes):
+                detail["safe_at_fork"].append(teacher - student)
     out: dict[str, Any] = {}
     for kind, values in {**split, **detail}.items():
         x = torch.tensor(values or [float("nan")])
@@ -152,7 +170,8 @@ def main() -> None:
     skilled, _ = play(collector, engine, seeds, args.copies, THIN_ICE_RULE, seed=1)
     result = {"config": args.config, "model": cfg.model.name, "maps": len(seeds), "copies": args.copies,
               "no_skill": outcome(plain), "oracle_rule_in_prompt": outcome(skilled),
-              "positive_control": oracle_deltas(model, tok, plain, rows, cfg.env.history, collector.action_format)}
+              "positive_control": oracle_deltas(model, tok, plain, rows, cfg.env.history, collector.action_format,
+                                                 cfg.env.kwargs.get("routes", "shortest"))}
     pc = result["positive_control"]
     result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]
     print(json.dumps(result, indent=2), flush=True)

@@ -12,6 +12,9 @@ from tether.envs.thin_ice import (
     ThinIceEnv,
     crosses_thin_ice,
     generate_map,
+    generate_monotone_map,
+    local_view,
+    monotone_plan,
     naive_plan,
     render,
     safe_plan,
@@ -194,3 +197,56 @@ def test_skill_correctness_needs_the_lesson_about_thin_ice():
 
     assert thin_ice_skill_correct(THIN_ICE_RULE) and thin_ice_skill_correct("Avoid ~ tiles.")
     assert not thin_ice_skill_correct("Walk right, then down to G.") and not thin_ice_skill_correct("Step on ~.")
+
+
+# -- monotone maps and the local view (the revised SEED lab setting, docs/methods/seed.md) ----------------------
+
+
+def test_monotone_plan_turns_aside_from_what_it_avoids_and_stops_when_boxed_in():
+    desc = ["SFF", "TFF", "FFG"]  # down first on a tie; ~ below the start
+    assert monotone_plan(desc, 0, 0, HOLE) == ["down", "right", "down", "right"]
+    assert monotone_plan(desc, 0, 0, HOLE + THIN) == ["right", "down", "down", "right"]
+    assert monotone_plan(["SH", "HG"], 0, 0, HOLE) is None
+    assert monotone_plan(["SFF", "FFF", "FFG"], 2, 0, HOLE) == ["right", "right"]  # no rows left: right only
+
+
+def test_monotone_maps_trap_the_naive_walker_only_and_the_safe_walker_wins():
+    env = ThinIceEnv(routes="monotone", size=6)
+    traps = 0
+    for seed in SEEDS:
+        first = env.reset(seed)
+        desc, safe, naive = first.info["map"], env.solution(), env.naive_solution()
+        assert first.info["thin_ice"] and len(safe) == 10 and set(safe) <= {"down", "right"}
+        assert first.info["trap"] == crosses_thin_ice(desc, naive) == first.info["naive_falls"]
+        assert not crosses_thin_ice(desc, safe) and (safe == naive) != first.info["trap"]
+        steps = play(env, seed, safe)
+        assert steps[-1].won and len(steps) == 10
+        if first.info["trap"]:
+            traps += 1
+            assert play(env, seed, naive)[-1].info["fell_through_ice"]
+    assert 0 < traps < len(SEEDS)
+    assert generate_monotone_map(6, 17) == generate_monotone_map(6, 17) != generate_map(6, 17)
+
+
+def test_the_local_view_names_each_side_and_the_goal_distance_and_follows_the_player():
+    env = ThinIceEnv(routes="monotone", local_view=True)
+    first = env.reset(3)
+    board, view = first.observation.rsplit("\n", 1)
+    assert board == render(first.info["map"], 0, 0)
+    assert view == local_view(first.info["map"], 0, 0)
+    desc = ["SFH", "TFF", "FFG"]
+    assert local_view(desc, 0, 0) == "Around you: left edge, down ~, right _, up edge. Goal: 2 down, 2 right."
+    assert local_view(desc, 1, 1) == "Around you: left ~, down _, right _, up _. Goal: 1 down, 1 right."
+    step = env.step(env.solution()[0])
+    assert step.observation.endswith(local_view(first.info["map"], *env.position))
+    assert "Around you" not in ThinIceEnv(routes="monotone").reset(3).observation
+
+
+def test_monotone_and_local_view_arguments_are_checked():
+    with pytest.raises(ValueError, match="routes must be"):
+        ThinIceEnv(routes="bfs")
+    with pytest.raises(ValueError, match="size must be >= 5"):
+        ThinIceEnv(size=4)
+    assert ThinIceEnv(size=4, routes="monotone").reset(0).info["map"][0][0] == "S"
+    with pytest.raises(ValueError, match="local_view must be"):
+        ThinIceEnv.check_config(local_view="yes")

@@ -20,6 +20,7 @@ from tether.methods.seed.rule_analyzers import (
     thin_ice_tiles,
 )
 from tether.methods.seed.skill_data import (
+    fork_pair_records,
     main,
     response_text,
     skill_following_records,
@@ -207,3 +208,18 @@ def test_the_thin_ice_arms_differ_only_in_run_dir_and_method():
     for dump in dumps.values():
         dump.pop("methods")
     assert dumps["grpo"] == dumps["seed"] == dumps["grpo_opsd"]
+
+
+def test_fork_pairs_are_one_state_with_and_without_a_skill_and_only_the_skill_turns_aside():
+    kwargs = {"routes": "monotone", "local_view": True, "trap_prob": 1.0}
+    records = fork_pair_records(range(40), seed=3, env_kwargs=kwargs)
+    assert records and len(records) % 2 == 0 and records == fork_pair_records(range(40), seed=3, env_kwargs=kwargs)
+    for plain, skilled in zip(records[::2], records[1::2], strict=True):
+        assert plain["meta"]["fork"] and skilled["meta"]["fork"] and plain["meta"]["skill"] is None
+        assert skilled["prompt"] == augment_with_skill(plain["prompt"], skilled["meta"]["skill"])
+        observation = plain["prompt"].split("Current observation")[1]
+        assert thin_ice_fatal(observation.split(":\n", 1)[1], plain["meta"]["action"])
+        assert not thin_ice_fatal(observation.split(":\n", 1)[1], skilled["meta"]["action"])
+        assert plain["response"] == response_text(plain["meta"]["action"]) != skilled["response"]
+    with pytest.raises(ValueError, match="held out"):
+        fork_pair_records([600_000], env_kwargs=kwargs)

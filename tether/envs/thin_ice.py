@@ -20,6 +20,12 @@ size``, start top-left, goal bottom-right, visible holes ``O`` with probability 
 Every map has at least one ``~`` and a path from start to goal that avoids holes and thin ice (BFS-checked), of
 at most ``max_turns - 2`` moves.
 
+*Monotone* maps (``routes="monotone"``, :func:`generate_monotone_map`) are for policies that cannot plan a route
+on a grid: the solvers are greedy walkers that only move down or right (:func:`monotone_plan`), so every decision
+is local (which of the two moves toward the goal is free), and a trap map puts one ``~`` on the naive walker's
+route, where the safe walker turns aside. ``local_view=True`` adds a line under the map naming the tile on each
+side of the player and the goal's distance, the local facts such a decision needs.
+
 Symbols (ASCII only, one character per cell, so a character-level tokenizer sees one token per cell):
 ``P`` you, ``_`` ice, ``~`` snowy ice (thin ice), ``O`` hole, ``G`` goal, ``X`` you fallen in (a hole or through
 thin ice), ``*`` you on the goal.
@@ -63,6 +69,7 @@ GRID_SYMBOLS = frozenset("P_~OGX*")
 LEGEND = "Symbols: P you, _ ice, ~ snowy ice, O hole, G goal, X you fallen in, * you on the goal."
 
 SELECTION_SEED_OFFSET = 500_000
+Routes = Literal["shortest", "monotone"]
 Split = Literal["train", "selection", "report"]
 _SPLIT_START = {"train": 0, "selection": SELECTION_SEED_OFFSET, "report": EVAL_SEED_OFFSET}
 _SPLIT_SIZE = {"train": SELECTION_SEED_OFFSET, "selection": EVAL_SEED_OFFSET - SELECTION_SEED_OFFSET,
@@ -135,6 +142,23 @@ def walk(cell: Cell, actions: list[str], size: int) -> list[Cell]:
     return cells
 
 
+def monotone_plan(desc: list[str], row: int, col: int, avoid: str) -> list[str] | None:
+    """The greedy walker of monotone maps: from ``(row, col)``, each move goes down or right, toward the axis with
+    more distance left (down on a tie), or the other one when that tile is in ``avoid`` or off the map. None when
+    both are blocked before the goal. It never backtracks, so every choice depends on the two tiles ahead only."""
+    goal = len(desc) - 1
+    plan: list[str] = []
+    while (row, col) != (goal, goal):
+        order = ("down", "right") if goal - row >= goal - col else ("right", "down")
+        ahead = [(m, row + MOVES[m][0], col + MOVES[m][1]) for m in order]
+        free = [(m, r, c) for m, r, c in ahead if r <= goal and c <= goal and desc[r][c] not in avoid]
+        if not free:
+            return None
+        move, row, col = free[0]
+        plan.append(move)
+    return plan
+
+
 def crosses_thin_ice(desc: list[str], actions: list[str]) -> bool:
     """Whether walking ``actions`` from the start steps on thin ice."""
     return any(desc[r][c] == THIN for r, c in walk((0, 0), actions, len(desc)))
@@ -163,6 +187,32 @@ def generate_map(size: int, seed: int, *, hole_p: float = 0.15, trap_prob: float
         if placed and plan is not None and len(plan) <= max_steps:
             return desc
     raise RuntimeError(f"no thin-ice map for size={size}, hole_p={hole_p}, seed={seed} in 1000 draws")
+
+
+def generate_monotone_map(size: int, seed: int, *, hole_p: float = 0.15, trap_prob: float = 0.5) -> list[str]:
+    """A monotone map for ``seed`` (module docstring): the safe greedy walker (holes and ``~`` blocked) reaches the
+    goal; on a trap map the naive one (holes blocked) steps on the ``~`` put on its route, on any other map 1-3
+    ``~`` lie off its route and it reaches the goal.
+
+    Raises:
+        RuntimeError: no valid map in 1000 draws (settings far outside the tested range, e.g. hole_p 0.6).
+    """
+    rng = random.Random(seed)
+    trap = rng.random() < trap_prob
+    for _ in range(1000):
+        grid = _holes(size, hole_p, rng)
+        naive = monotone_plan(["".join(r) for r in grid], 0, 0, HOLE)
+        if naive is None:
+            continue
+        route = _path_cells(grid, naive)
+        off_route = [(r, c) for r, row in enumerate(grid) for c, tile in enumerate(row)
+                     if tile == ICE and (r, c) not in route]
+        for r, c in [rng.choice(route)] if trap else rng.sample(off_route, min(len(off_route), rng.randint(1, 3))):
+            grid[r][c] = THIN
+        desc = ["".join(r) for r in grid]
+        if any(THIN in row for row in desc) and monotone_plan(desc, 0, 0, HOLE + THIN) is not None:
+            return desc
+    raise RuntimeError(f"no monotone thin-ice map for size={size}, hole_p={hole_p}, seed={seed} in 1000 draws")
 
 
 def _holes(size: int, hole_p: float, rng: random.Random) -> list[list[str]]:
@@ -218,6 +268,17 @@ def _symbol(tile: str, player: bool) -> str:
     return ON_GOAL if tile == GOAL else PLAYER
 
 
+def local_view(desc: list[str], row: int, col: int) -> str:
+    """The tile on each side of the player (``edge`` off the map) and the goal's distance, e.g. ``Around you: left
+    edge, down _, right ~, up edge. Goal: 5 down, 5 right.``"""
+    size = len(desc)
+    sides = []
+    for name, (dr, dc) in MOVES.items():
+        r, c = row + dr, col + dc
+        sides.append(f"{name} {SYMBOLS[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'edge'}")
+    return f"Around you: {', '.join(sides)}. Goal: {size - 1 - row} down, {size - 1 - col} right."
+
+
 def fall_message(row: int, col: int) -> str:
     """The line the final observation starts with after stepping on thin ice: the hindsight that ``~`` breaks."""
     return (f"The snowy ice ~ at row {row + 1}, column {col + 1} was thin ice: it broke and you fell into the "
@@ -236,6 +297,9 @@ class ThinIceEnv:
         hole_p (float): probability that a tile is a visible hole ``O``.
         trap_prob (float): probability that a map is a trap (every shortest route through ``~`` crosses it).
         eval_split (str): the split ``eval_seeds`` draws from, ``selection`` or ``report``.
+        routes (str): ``shortest`` (BFS solvers, trap maps cut every shortest route) or ``monotone`` (greedy
+            down/right solvers, :func:`generate_monotone_map`; any ``size`` from 3).
+        local_view (bool): add the line of :func:`local_view` under the map in every observation.
     """
 
     name = "thin_ice"
@@ -245,10 +309,14 @@ class ThinIceEnv:
 
     @staticmethod
     def check_config(*, size: int = 6, hole_p: float = 0.15, trap_prob: float = 0.5, eval_split: str = "selection",
-                     **_: object) -> None:
+                     routes: str = "shortest", local_view: bool = False, **_: object) -> None:
         """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
-        if size < 5:
-            raise ValueError(f"size must be >= 5, got {size}")
+        if routes not in ("shortest", "monotone"):
+            raise ValueError(f"routes must be 'shortest' or 'monotone', got {routes!r}")
+        if size < (5 if routes == "shortest" else 3):
+            raise ValueError(f"size must be >= 5 with routes={routes} (>= 3 with monotone), got {size}")
+        if not isinstance(local_view, bool):
+            raise ValueError(f"local_view must be true or false, got {local_view!r}")
         if not 0.0 <= hole_p < 0.5:
             raise ValueError(f"hole_p must be in [0, 0.5), got {hole_p}")
         if not 0.0 <= trap_prob <= 1.0:
@@ -257,9 +325,12 @@ class ThinIceEnv:
             raise ValueError(f"eval_split must be 'selection' or 'report', got {eval_split!r}")
 
     def __init__(self, *, size: int = 6, hole_p: float = 0.15, trap_prob: float = 0.5,
-                 eval_split: Literal["selection", "report"] = "selection") -> None:
-        self.check_config(size=size, hole_p=hole_p, trap_prob=trap_prob, eval_split=eval_split)
+                 eval_split: Literal["selection", "report"] = "selection", routes: Routes = "shortest",
+                 local_view: bool = False) -> None:
+        self.check_config(size=size, hole_p=hole_p, trap_prob=trap_prob, eval_split=eval_split, routes=routes,
+                          local_view=local_view)
         self.size, self.hole_p, self.trap_prob, self.eval_split = size, hole_p, trap_prob, eval_split
+        self.routes, self.local_view = routes, local_view
         self.desc: list[str] = []
         self.position: Cell = (0, 0)
         self._started = False
@@ -283,17 +354,24 @@ class ThinIceEnv:
         return split_seeds(self.eval_split, n)
 
     def reset(self, seed: int) -> EnvReset:
-        self.desc = generate_map(self.size, seed, hole_p=self.hole_p, trap_prob=self.trap_prob,
-                                 max_steps=self.max_turns - 2)
+        if self.routes == "monotone":
+            self.desc = generate_monotone_map(self.size, seed, hole_p=self.hole_p, trap_prob=self.trap_prob)
+        else:
+            self.desc = generate_map(self.size, seed, hole_p=self.hole_p, trap_prob=self.trap_prob,
+                                     max_steps=self.max_turns - 2)
         self.position, self._started, self._done = (0, 0), True, False
         task = f"Walk from your position to the goal G without falling in. {LEGEND} Actions: left, down, right, up."
-        safe, naive = safe_plan(self.desc, 0, 0), naive_plan(self.desc, 0, 0)
+        safe, naive = self.solution() or [], self.naive_solution() or []
+        falls = crosses_thin_ice(self.desc, naive)
         info = {"map": list(self.desc), "split": split_of(seed), "optimal_steps": len(safe),
-                "naive_steps": len(naive), "trap": len(safe) > len(naive),
-                "naive_falls": crosses_thin_ice(self.desc, naive),
+                "naive_steps": len(naive), "trap": falls if self.routes == "monotone" else len(safe) > len(naive),
+                "naive_falls": falls,
                 "thin_ice": [(r, c) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t == THIN]}
-        return EnvReset(observation=render(self.desc, 0, 0), task=task, admissible_actions=self.admissible,
-                        info=info)
+        return EnvReset(observation=self._observe(0, 0), task=task, admissible_actions=self.admissible, info=info)
+
+    def _observe(self, row: int, col: int) -> str:
+        board = render(self.desc, row, col)
+        return f"{board}\n{local_view(self.desc, row, col)}" if self.local_view else board
 
     def step(self, action: str) -> EnvStep:
         check_can_step(self.name, self._started, self._done)
@@ -304,7 +382,7 @@ class ThinIceEnv:
         row, col = self.position
         tile = self.desc[row][col]
         self._done = tile in (GOAL, HOLE, THIN)
-        obs = render(self.desc, row, col)
+        obs = self._observe(row, col)
         if invalid:
             obs = f"Invalid action '{action}'; the valid actions are left, down, right, up.\n{obs}"
         elif tile == THIN:
@@ -317,15 +395,20 @@ class ThinIceEnv:
         return parse_tagged_action(response_text, self.admissible)
 
     def solution(self) -> list[str] | None:
-        """The shortest path avoiding holes and thin ice from the current state; None when not running."""
+        """The safe solver's plan (shortest path, or the monotone walker, avoiding holes and thin ice) from the
+        current state; None when not running or when the monotone walker is stuck."""
         if not self._started or self._done:
             return None
+        if self.routes == "monotone":
+            return monotone_plan(self.desc, *self.position, HOLE + THIN)
         return safe_plan(self.desc, *self.position)
 
     def naive_solution(self) -> list[str] | None:
-        """The shortest path that treats thin ice as safe (it may fall through); None when not running."""
+        """The naive solver's plan, which treats thin ice as safe (it may fall through); None as for solution."""
         if not self._started or self._done:
             return None
+        if self.routes == "monotone":
+            return monotone_plan(self.desc, *self.position, HOLE)
         return naive_plan(self.desc, *self.position)
 
     def close(self) -> None:

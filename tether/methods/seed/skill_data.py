@@ -151,6 +151,48 @@ def skill_following_records(episodes: int, *, skill_share: float = 0.3, history:
     return records
 
 
+def fork_pair_records(maps: Sequence[int], *, history: int = 0, explore: float = 0.2, seed: int = 0,
+                      env_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Contrastive records at *forks*, the states where the naive solver's next move steps on ``~``: each fork
+    gives two records of the same state, without a skill (the naive solver's move) and with a correct skill (the
+    safe solver's move). The skill changes the label only there, so the plain records of
+    :func:`skill_following_records` teach it rarely (a few percent of their prompts); these pairs teach exactly
+    that contrast. States come from the naive solver's walk with a random move with probability ``explore``;
+    ``meta`` as there, plus ``fork: True``."""
+    env = ThinIceEnv(**(env_kwargs or {}))
+    held_out = [s for s in maps if split_of(s) != "train"]
+    if held_out:
+        raise ValueError(f"SFT data must come from training maps; seeds {held_out[:5]} are held out")
+    rng = random.Random(seed)
+    records: list[dict[str, Any]] = []
+    for map_seed in maps:
+        skill, kind = correct_skill(env, map_seed, rng)
+        reset = env.reset(map_seed)
+        ep = Episode(env=env, task=reset.task, group_id=0, episode_id=0, seed=map_seed,
+                     observation=reset.observation, admissible=reset.admissible_actions)
+        while (naive := env.naive_solution()) and len(ep.turns) < env.max_turns:
+            safe = env.solution()
+            if safe and thin_ice_fatal(ep.observation, naive[0]):
+                prompt = build_prompt(ep, history, env.action_format)
+                for text, action, solver in ((prompt, naive[0], "naive"),
+                                             (augment_with_skill(prompt, skill), safe[0], "safe")):
+                    meta = {"seed": map_seed, "turn": len(ep.turns), "skill": skill if solver == "safe" else None,
+                            "skill_kind": kind if solver == "safe" else None, "solver": solver, "action": action,
+                            "fatal": solver == "naive", "trap": reset.info["trap"], "fork": True}
+                    records.append({"prompt": text, "response": response_text(action), "meta": meta})
+                action = safe[0]  # walk on around the ~, to reach any later fork
+            else:
+                action = rng.choice(env.admissible) if rng.random() < explore else naive[0]
+            step = env.step(action)
+            ep.turns.append({"observation": ep.observation, "response": response_text(action), "action": action,
+                             "valid": True, "reward": step.reward})
+            ep.observation = step.observation
+            if step.done:
+                break
+    env.close()
+    return records
+
+
 def write_jsonl(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """``records`` as JSON lines (``prompt``, ``response``, ``meta``); returns the path."""
     out = Path(path)
