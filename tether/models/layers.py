@@ -14,8 +14,9 @@ from tether.models.forward import CHECKPOINTED_LAYERS
 # Activation memory of the training forward, in hidden-size vectors that autograd keeps per token and decoder
 # layer (norm inputs and outputs, queries, keys, values, attention output, the MLP's gate, up and product at
 # 2.7x hidden, residuals). Measured on SmolLM2-135M-Instruct in float32 (30 layers, hidden 576, intermediate
-# 1536, SDPA): 19.49, by benchmarks/activation_factor.py, which sums the storages autograd saves for two row
-# counts of one width and divides the difference by the extra tokens, layers, hidden size and element size.
+# 1536, SDPA): 19.47 to 19.49 for rows of 64 to 256 tokens, by benchmarks/activation_factor.py, which sums the
+# storages autograd saves for two row counts of one width and divides the difference by the extra tokens, layers,
+# hidden size and element size (docs/design.md).
 ACTIVATION_FACTOR = 19.5
 
 

@@ -364,8 +364,9 @@ class Trainer:
         else:
             self._skip_update()
         metrics["actor/grad_norm"] = grad_norm
-        metrics["perf/activation_gb"] = max(gb for gb, _ in activations)  # this rank's, estimated
-        metrics["perf/checkpointed_micro_batches"] = sum(on for _, on in activations) / len(activations)
+        # this rank's (a rank of a replicated run may have no rows of a small mini-batch)
+        metrics["perf/activation_gb"] = max((gb for gb, _ in activations), default=0.0)
+        metrics["perf/checkpointed_micro_batches"] = sum(on for _, on in activations) / max(1, len(activations))
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
 
     def _choose_checkpointing(self, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> tuple[float, bool]:
