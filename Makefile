@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch lies on this kind of machine; an unpinned torch would pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: install quickstart test test-vllm lint bench clean
+.PHONY: install quickstart test test-vllm lint bench bench-quickstart clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,7 +34,17 @@ test-vllm:
 	.venv-vllm/bin/python -m pytest tests/integrations/test_vllm_engine.py
 
 # TRL lives only in the benchmark's own environment (benchmarks/.venv-trl), never in tether's.
+# `make bench`: tether and TRL, each alone in its own process, at 24, 96 and 256 new tokens: seconds per RL step,
+# their ratio and peak resident memory in one table and benchmarks/results/<date>-lengths.json (docs/benchmarks.md).
+# tether runs with micro-batches of at most 1024 padded tokens, its setting for long responses. On an idle machine
+# only: the 256-token cells take many minutes a step.
 bench: install
+	bash benchmarks/setup_trl.sh
+	benchmarks/.venv-trl/bin/python benchmarks/bench_lengths.py --steps 3 --warmup 1 \
+		--tether-override optim.max_tokens_per_micro_batch=1024
+
+# The quickstart step of both trainers in one process, alternating, 10 timed steps each (docs/benchmarks.md).
+bench-quickstart: install
 	bash benchmarks/setup_trl.sh
 	benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2
 

@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the rows of a step; must divide them")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--only", choices=("tether", "trl"), default=None, help="run one trainer only")
+    p.add_argument("--tether-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a tether config override (repeatable) that leaves the step comparable, e.g. "
+                        "optim.max_tokens_per_micro_batch=1024 or train.gradient_checkpointing=false")
     p.add_argument("--config", type=Path, default=QUICKSTART,
                    help="tether config to take the task and settings from (default configs/quickstart.yaml)")
     p.add_argument("--out", type=Path, default=None, help="results JSON; default: benchmarks/results/<date>.json")
@@ -81,7 +84,7 @@ def tether_config(args: argparse.Namespace, run_dir: str) -> Any:
                       ("max_new_tokens", "rollout.max_new_tokens")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, [*overrides, *args.tether_override])
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     micro = min(args.micro_batch_size or cfg.optim.micro_batch_size, rows)
     if rows % micro:
@@ -174,7 +177,8 @@ class TetherBench:
         self.records.append(derived({
             "step_s": m["perf/step_s"], "wall_s": wall, "rollout_s": m["perf/rollout_s"],
             "generate_s": self._generate_s, "tokens": m["perf/rollout_tok_s"] * m["perf/rollout_s"],
-            "reward_mean": m["train/reward_mean"], "threads": torch.get_num_threads()}))
+            "reward_mean": m["train/reward_mean"], "threads": torch.get_num_threads(),
+            "activation_gb": m["perf/activation_gb"], "checkpointed": m["perf/checkpointed_micro_batches"]}))
 
 
 # -- TRL -----------------------------------------------------------------------------------------
@@ -213,7 +217,9 @@ def build_trl(cfg: Any, path: str, task: Any, order: list[int], out_dir: str, be
     rows = r.prompts_per_step * r.group_size
     args = GRPOConfig(
         output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, model_init_kwargs={"dtype": "float32"},
-        gradient_checkpointing=False,  # TRL's default is True; tether does not checkpoint the backbone
+        # TRL's default is True; tether's default (auto) checkpoints only micro-batches over its activation budget,
+        # and each tether step's record says how many did
+        gradient_checkpointing=False,
         seed=cfg.seed, max_steps=cfg.train.steps, shuffle_dataset=False, dataloader_num_workers=0,
         # one generation batch = one optimiser step: rows = per_device_train_batch_size x gradient_accumulation
         num_generations=r.group_size, per_device_train_batch_size=o.micro_batch_size,
@@ -306,6 +312,9 @@ def setup_facts(tether: TetherBench | None, trl: Any) -> dict[str, Any]:
     if tether is not None:
         t = tether.trainer
         facts["tether"] = {**optimizer_facts(t.optimizer, t.policy), "micro_batch_size": t.cfg.optim.micro_batch_size,
+                           "max_tokens_per_micro_batch": t.cfg.optim.max_tokens_per_micro_batch,
+                           # auto: per micro-batch; each step's record has the share checkpointed
+                           "gradient_checkpointing": t.cfg.train.gradient_checkpointing,
                            "loss": f"{t.cfg.algorithm.policy_loss}/{t.cfg.algorithm.loss_agg}",
                            "clip": t.cfg.algorithm.loss_kwargs, "grad_clip": t.cfg.optim.grad_clip}
     if trl is not None:
@@ -427,7 +436,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "group_size": r.group_size, "max_new_tokens": r.max_new_tokens,
                      "micro_batch_size": cfg.optim.micro_batch_size, "threads": args.threads,
                      "lr": cfg.optim.lr, "temperature": r.temperature, "model": path,
-                     "config": str(args.config), "interleaved": args.only is None},
+                     "config": str(args.config), "interleaved": args.only is None,
+                     "tether_overrides": args.tether_override},
         "environment": environment(), "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "prompt_tokens_identical": parity, "first_prompt_tokens": prompt_len,
         "setup": setup_facts(tether, trl), "summary": summary,

@@ -79,6 +79,16 @@ def test_overrides_parse_yaml_values():
     assert cfg.optim.lr == 3e-4 and cfg.rollout.stop == ["\n\n"] and cfg.task.kwargs["dataset"] == "chain_sum"
 
 
+
+@pytest.mark.parametrize("value,read", [("true", True), ("false", False), ("auto", "auto"), ("True", True)])
+def test_gradient_checkpointing_keeps_its_booleans_and_adds_auto(value, read):
+    assert load_checked_config(data=dict(BASE)).train.gradient_checkpointing == "auto"
+    cfg = load_checked_config(data=dict(BASE), overrides=[f"train.gradient_checkpointing={value}"])
+    got = cfg.train.gradient_checkpointing
+    assert got == read and type(got) is type(read)
+    assert "train.gradient_checkpointing" in error_of(["train.gradient_checkpointing=sometimes"])
+
+
 SHIPPED = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

@@ -28,6 +28,7 @@ def test_a_row_gives_key_type_default_allowed_values_and_description() -> None:
     assert "| `rollout.top_p` | `float` | `1.0` | > 0, <= 1 |" in text
     assert "| `env.reset_timeout_s` | `float \\| null` | `null` | > 0 |" in text  # a | would end the cell
     assert "| `task.name` | `str` | *required* |" in text
+    assert "| `train.gradient_checkpointing` | `bool \\| str` | `auto` | `true`, `false`, `auto` |" in text
     for heading in ("## `health.collapse`", "## `methods.armor`", "## `methods.seed.sft.openai`"):
         assert heading in text
 

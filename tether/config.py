@@ -161,8 +161,14 @@ class TrainConfig(Section):
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
     resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
-    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in backward instead of "
-                                         "keeping its activations (less memory, about one more forward)")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto", description="recompute each decoder layer in backward instead of keeping its activations (less "
+        "memory, about one more forward): true, false, or auto: for each micro-batch whose estimated activations "
+        "exceed train.activation_memory_budget_gb (docs/design.md)")
+    activation_memory_budget_gb: float = Field(
+        4.0, gt=0, description="gradient_checkpointing=auto: checkpoint a micro-batch whose estimated activations, "
+        "padded tokens x hidden size x decoder layers x 19.5 x bytes per parameter (measured on SmolLM2), exceed "
+        "this many GiB")
     device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
                         "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
                         "cuda:N (one process only); checked against the machine when the trainer starts")

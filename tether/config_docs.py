@@ -112,7 +112,10 @@ def _literal_args(annotation: Any) -> list[Any]:
     if typing.get_origin(annotation) is typing.Literal:
         return list(typing.get_args(annotation))
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [v for a in typing.get_args(annotation) for v in _literal_args(a)]
+        choices = [v for a in typing.get_args(annotation) for v in _literal_args(a)]
+        # a bool beside choices (`true | false | auto`) is two more choices; alone it goes without saying
+        booleans = [True, False] if choices and bool in typing.get_args(annotation) else []
+        return booleans + choices
     return []
 
 

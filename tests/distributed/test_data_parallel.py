@@ -15,6 +15,7 @@ from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_ba
 from tests.trainer.helpers import tiny_config
 from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
 from tether.distributed.data_parallel import pack_by_tokens
+from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
 from tether.models import tiny_model
@@ -129,3 +130,12 @@ def test_rank_zero_checkpoint_resumes_on_every_rank(two_ranks):
         assert torch.equal(r["resumed_optim"], r["trained_optim"])
     lines = (tmp / "fit" / "run" / "metrics.jsonl").read_text().splitlines()
     assert len([x for x in lines if "actor/pg_loss" in x]) == 1  # rank 0 alone logged the step
+
+
+def test_fixed_size_micro_batches_by_length_keep_their_sizes():
+    lengths = [(2, 1), (2, 6), (3, 2), (2, 5), (1, 1)]
+    assert own_micro_batches(DataParallel(), lengths, 2, None, by_length=True) == [[1, 3], [0, 2], [4]]
+    assert own_micro_batches(DataParallel(), lengths, 5, None, by_length=True) == [range(0, 5)]  # one: as it was
+    assert own_micro_batches(DataParallel(), lengths, 2, None) == [range(0, 2), range(2, 4), range(4, 5)]
+    # each rank groups its own contiguous share
+    assert own_micro_batches(DataParallel(1, 2), lengths, 1, None, by_length=True) == [[3], [4]]

@@ -165,10 +165,15 @@ def test_micro_batch_losses_sum_to_each_mini_batch_loss(tiny_policy, tmp_path):
     seed.extra_loss = recording
     batch, _ = scored_batch(trainer)
     trainer.update(batch)
+
+    def rows(tensors):  # each micro-batch is cut to its own longest response: zero columns (masked) to join them
+        width = max(t.shape[1] for t in tensors)
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
+
     for mini in dict.fromkeys(c[0] for c in calls):  # the trainer's mini-batches, by their rows
         parts = [c for c in calls if c[0] == mini]
-        whole = algos.seed_opd_loss(torch.cat([c[1] for c in parts]), torch.cat([c[3] for c in parts]),
-                                    torch.cat([c[2] for c in parts])).loss
+        whole = algos.seed_opd_loss(rows([c[1] for c in parts]), rows([c[3] for c in parts]),
+                                    rows([c[2] for c in parts])).loss
         torch.testing.assert_close(sum(c[4] for c in parts), whole)
     assert len(calls) == 6 and len({c[0] for c in calls}) == 2
 

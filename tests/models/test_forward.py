@@ -8,6 +8,7 @@ import torch
 
 from tether.models import forward
 from tether.models.forward import pack_prompt_response, response_log_probs
+from tether.models.layers import checkpoint_layers
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
 
@@ -136,5 +137,12 @@ def test_prompt_sharing_off_for_flash_attention_and_checkpointing(tiny_policy, m
     finally:
         model.model.eval()
     monkeypatch.setattr(model.model, "gradient_checkpointing", False, raising=False)
+    switch = checkpoint_layers(model, on=False)
+    assert forward._can_share_prompts(model, model.model)
+    switch.on = True
+    assert not forward._can_share_prompts(model, model.model)
+    with torch.no_grad():  # scoring: the wrapped layers run plainly, so the prompt's KV cache is written once
+        assert forward._can_share_prompts(model, model.model)
+    switch.on = False
     monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
     assert not forward._can_share_prompts(model, model.model)

@@ -94,3 +94,15 @@ def test_token_budget_with_shared_prompts_keeps_the_gradient_in_float32(tiny_pol
         grads.append(update(trainer)[0])
     scale = grads[0].abs().max().item()
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-5 * scale)
+
+
+def test_fixed_size_micro_batches_take_rows_of_similar_length(tiny_policy, tmp_path, monkeypatch):
+    """Several ``micro_batch_size`` micro-batches are filled longest rows first, each cut to its own longest row:
+    the same gradient, less padding than chunks of the shuffled rows."""
+    monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)
+    want, _, _ = update(float64_trainer(tiny_policy, tmp_path / "one"))
+    got, _, shapes = update(float64_trainer(tiny_policy, tmp_path / "four", "optim.micro_batch_size=3"))
+    assert [n for n, _ in shapes] == [3, 3, 3, 1]
+    widths = [w for _, w in shapes]
+    assert widths == sorted(widths, reverse=True) and widths[-1] < widths[0]
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * want.abs().max().item())

@@ -79,6 +79,19 @@ def pack_by_tokens(rows: Iterable[int], lengths: Sequence[tuple[int, int]], max_
     return groups
 
 
+def chunk_by_length(rows: Iterable[int], lengths: Sequence[tuple[int, int]], size: int) -> list[list[int]]:
+    """``rows`` in micro-batches of ``size`` rows, longest first (prompt plus response), each in row order.
+
+    A micro-batch is padded to its longest prompt and its longest response, so rows of similar length waste
+    little; the number of micro-batches, and each one's row count, are those of the fixed chunks.
+
+    >>> chunk_by_length(range(4), [(2, 1), (2, 6), (2, 2), (2, 5)], 2)
+    [[1, 3], [0, 2]]
+    """
+    by_length = sorted(rows, key=lambda r: -sum(lengths[r]))
+    return [sorted(by_length[s:s + size]) for s in range(0, len(by_length), size)]
+
+
 def rank_seed(seed: int, rank: int) -> int:
     """The sampling seed of ``rank`` for a call seeded ``seed``: rank 0 keeps ``seed`` itself."""
     return (seed + rank * 1_000_000_007) % 2**62

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from tether.distributed.data_parallel import DataParallel
+from tether.distributed.data_parallel import DataParallel, chunk_by_length
 
 
 @dataclass(frozen=True)
@@ -39,16 +39,23 @@ class MicroBatch:
 
 
 def own_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]], size: int,
-                      max_tokens: int | None) -> list[Sequence[int]]:
+                      max_tokens: int | None, by_length: bool = False) -> list[Sequence[int]]:
     """This rank's rows of a mini-batch in micro-batches: ``size`` rows each, or, with ``max_tokens``, grouped by
     length under that many padded tokens (:func:`~tether.distributed.data_parallel.pack_by_tokens`).
 
     Args:
         lengths: ``(prompt tokens, response tokens)`` of every row of the mini-batch.
+        by_length: when there are several ``size``-row micro-batches, fill them longest rows first
+            (:func:`~tether.distributed.data_parallel.chunk_by_length`), so that short rows are not padded to long
+            ones. The update's shuffled rows want it; scoring keeps each group's rows together, so that their
+            prompt runs once.
     """
-    if max_tokens is None:
-        return dp.micro_batches(len(lengths), size)
-    return dp.budget_micro_batches(lengths, max_tokens)
+    if max_tokens is not None:
+        return dp.budget_micro_batches(lengths, max_tokens)
+    fixed = dp.micro_batches(len(lengths), size)
+    if not by_length or len(fixed) < 2:
+        return fixed
+    return chunk_by_length([r for rows in fixed for r in rows], lengths, size)
 
 
 def lock_step_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]], size: int,
@@ -59,7 +66,7 @@ def lock_step_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]]
     ranks must make the same number of calls; a padding micro-batch re-runs row 0 with weight 0. Every
     rank holds the whole mini-batch, so it plans the other ranks' micro-batches too, without a collective.
     """
-    own = [MicroBatch(rows) for rows in own_micro_batches(dp, lengths, size, max_tokens)]
+    own = [MicroBatch(rows) for rows in own_micro_batches(dp, lengths, size, max_tokens, by_length=True)]
     most = max(len(own_micro_batches(DataParallel(r, dp.world_size), lengths, size, max_tokens))
                for r in range(dp.world_size))
     return own + [MicroBatch(range(0, 1), padding=True)] * (most - len(own))
@@ -81,8 +88,8 @@ class Strategy(Protocol):
     def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
                       max_tokens: int | None) -> list[MicroBatch]:
         """This rank's micro-batches of a mini-batch whose rows have these ``(prompt, response)`` lengths:
-        ``size`` rows each, or grouped by length under ``max_tokens`` padded tokens (see
-        :func:`own_micro_batches`)."""
+        ``size`` rows each, filled longest rows first, or grouped by length under ``max_tokens`` padded tokens
+        (see :func:`own_micro_batches`)."""
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         """Finish the gradient sum over ranks, clip it; returns the global norm before clipping (a plain tensor)."""
@@ -119,7 +126,7 @@ class Replicate:
 
     def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
                       max_tokens: int | None) -> list[MicroBatch]:
-        return [MicroBatch(rows) for rows in own_micro_batches(self.dp, lengths, size, max_tokens)]
+        return [MicroBatch(rows) for rows in own_micro_batches(self.dp, lengths, size, max_tokens, by_length=True)]
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         self.dp.all_reduce_grads(model.parameters())

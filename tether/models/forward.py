@@ -31,7 +31,7 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"
                                     "gpt2", "gpt_neox"})
 # Attribute under which a sharded model carries its own (hooked) copy of plain_head_pass.
 SHARDED_PASS = "tether_plain_head_pass"
-# Set on a model whose decoder layers tether.models.layers.checkpoint_layers wrapped.
+# The switch (tether.models.layers.LayerCheckpointing) of a model whose decoder layers checkpoint_layers wrapped.
 CHECKPOINTED_LAYERS = "tether_checkpointed_layers"
 
 
@@ -100,10 +100,12 @@ def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int
 def _can_share_prompts(model: Any, base: Any) -> bool:
     # A shared prompt leaves padding holes between prompt and response columns: fine for the eager and
     # SDPA kernels' dense masks, not for varlen flash-attention. Under activation checkpointing (HF's in
-    # training, or tether's checkpoint_layers) a recomputed layer would append to the KV cache again.
+    # training, or tether's checkpoint_layers with autograd on) a recomputed layer would append to the KV cache
+    # again; without autograd (scoring) tether's wrapped layers run plainly.
     attn = getattr(model.config, "_attn_implementation", None) or "eager"
+    switch = getattr(model, CHECKPOINTED_LAYERS, None)
     checkpointing = (getattr(base, "gradient_checkpointing", False) and base.training) or \
-        getattr(model, CHECKPOINTED_LAYERS, False)
+        (switch is not None and switch.on and torch.is_grad_enabled())
     return attn in ("eager", "sdpa") and not checkpointing
 
 

@@ -11,6 +11,14 @@ from torch.utils.checkpoint import checkpoint
 
 from tether.models.forward import CHECKPOINTED_LAYERS
 
+# Activation memory of the training forward, in hidden-size vectors that autograd keeps per token and decoder
+# layer (norm inputs and outputs, queries, keys, values, attention output, the MLP's gate, up and product at
+# 2.7x hidden, residuals). Measured on SmolLM2-135M-Instruct in float32 (30 layers, hidden 576, intermediate
+# 1536, SDPA): 19.47 to 19.49 for rows of 64 to 256 tokens, by benchmarks/activation_factor.py, which sums the
+# storages autograd saves for two row counts of one width and divides the difference by the extra tokens, layers,
+# hidden size and element size (docs/design.md).
+ACTIVATION_FACTOR = 19.5
+
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks of ``model``: modules whose class is named in its ``_no_split_modules``.
@@ -29,20 +37,43 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
-    if not torch.is_grad_enabled():  # scoring and decoding: nothing to recompute, and the KV cache must be written once
+class LayerCheckpointing:
+    """The switch of a model whose decoder layers :func:`checkpoint_layers` wrapped: while ``on``, each layer is
+    recomputed in backward. ``train.gradient_checkpointing: auto`` flips it per micro-batch."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+
+def _checkpointed(switch: LayerCheckpointing, forward: Any, *args: Any, **kwargs: Any) -> Any:
+    # scoring and decoding: nothing to recompute, and the KV cache must be written once
+    if not (switch.on and torch.is_grad_enabled()):
         return forward(*args, **kwargs)
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def checkpoint_layers(model: nn.Module) -> None:
-    """Recompute every decoder layer in backward instead of keeping its activations, in place.
+def checkpoint_layers(model: nn.Module, on: bool = True) -> LayerCheckpointing:
+    """Recompute every decoder layer in backward instead of keeping its activations, in place, while the
+    returned switch is on.
 
     Hugging Face's ``gradient_checkpointing_enable`` only acts in ``train()`` mode, and tether keeps the
     policy in ``eval()`` (no dropout: old and new log-probs must be the same function), so each layer's
     ``forward`` is wrapped here instead. Module hooks (FSDP2's gather and reduce) stay outside the
     checkpoint and do not run again during the recomputation.
     """
+    switch = LayerCheckpointing(on)
     for layer in decoder_layers(model):
-        layer.forward = functools.partial(_checkpointed, layer.forward)
-    setattr(model, CHECKPOINTED_LAYERS, True)  # the shared-prompt pass writes a KV cache: off under recomputation
+        layer.forward = functools.partial(_checkpointed, switch, layer.forward)
+    setattr(model, CHECKPOINTED_LAYERS, switch)  # the shared-prompt pass writes a KV cache: off while it is on
+    return switch
+
+
+def activation_bytes(config: Any, tokens: int, element_size: int) -> float:
+    """Estimated bytes autograd keeps for backward in a training forward over ``tokens`` padded tokens.
+
+    ``tokens x hidden x layers x`` :data:`ACTIVATION_FACTOR` ``x element_size``: linear in each, as the
+    activations of a decoder are. The LM head is left out (tether checkpoints it in chunks), and so are the
+    transient buffers of backward. Under bf16 autocast, pass the parameters' element size: an over-estimate.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config  # a VLM's decoder
+    return float(tokens) * text.hidden_size * text.num_hidden_layers * ACTIVATION_FACTOR * element_size

@@ -40,7 +40,7 @@ from tether.methods.base import Method
 from tether.methods.context import step_seed
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
-from tether.models.layers import checkpoint_layers
+from tether.models.layers import LayerCheckpointing, activation_bytes, checkpoint_layers
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.collectors import collector_class
 from tether.track import Tracker, build_tracker, write_text_atomic
@@ -93,8 +93,7 @@ class Trainer:
         self.tokenizer = tokenizer
         policy.eval()  # no dropout: old and new log-probs must come from the same function
         ref = self._build_ref(policy) if needs_reference(cfg) else None  # copied before sharding changes the module
-        if cfg.train.gradient_checkpointing:
-            checkpoint_layers(policy)
+        self.checkpointing = layer_checkpointing(policy, cfg.train.gradient_checkpointing)
         self.policy = self.strategy.prepare(policy)  # on self.device from here on
         # a method may move the reference (ARMOR's resets, Reference.reset_to): then checkpoints save it
         self.reference = None if ref is None else Reference(self.strategy.prepare(ref))
@@ -342,8 +341,10 @@ class Trainer:
         metrics: dict[str, torch.Tensor] = {}
         self.optimizer.zero_grad(set_to_none=True)
         # this rank's share of the rows, by count or by token budget; normalisers stay the mini-batch's
+        activations = []  # (estimated GiB, checkpointed) of each micro-batch
         for mb in self.strategy.micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
             micro = narrowed(mini.batch, mb.rows, lengths)
+            activations.append(self._choose_checkpointing(mb.rows, lengths))
             if mb.padding:
                 self._lock_step_pass(micro)
                 continue
@@ -362,7 +363,24 @@ class Trainer:
         else:
             self._skip_update()
         metrics["actor/grad_norm"] = grad_norm
+        # this rank's (a rank of a replicated run may have no rows of a small mini-batch)
+        metrics["perf/activation_gb"] = max((gb for gb, _ in activations), default=0.0)
+        metrics["perf/checkpointed_micro_batches"] = sum(on for _, on in activations) / max(1, len(activations))
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
+
+    def _choose_checkpointing(self, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> tuple[float, bool]:
+        """The micro-batch's estimated activation memory in GiB (:func:`~tether.models.layers.activation_bytes` of
+        its padded tokens) and whether its decoder layers recompute in backward. Under
+        ``train.gradient_checkpointing: auto`` they do when the estimate exceeds
+        ``train.activation_memory_budget_gb``: small micro-batches keep the faster forward (and the shared-prompt
+        pass), large ones fit the budget."""
+        tokens = len(rows) * (max(lengths[r][0] for r in rows) + max(lengths[r][1] for r in rows))
+        gb = activation_bytes(self.policy.config, tokens, next(self.policy.parameters()).element_size()) / 2**30
+        if self.checkpointing is None:
+            return gb, False
+        if self.cfg.train.gradient_checkpointing == "auto":
+            self.checkpointing.on = gb > self.cfg.train.activation_memory_budget_gb
+        return gb, self.checkpointing.on
 
     def _skip_update(self) -> None:
         """A non-finite loss or gradient: no optimiser step (weights and optimiser state stay finite); a run where
@@ -521,6 +539,20 @@ def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]]
         out = lp.new_zeros(batch.response_mask.shape) if out is None else out
         out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
     return out * batch.response_mask
+
+
+def layer_checkpointing(policy: Any, mode: bool | str) -> LayerCheckpointing | None:
+    """The switch of the policy's checkpointed decoder layers (``train.gradient_checkpointing``): on for true,
+    off until the trainer's first large micro-batch for auto, None for false and for auto on a model whose
+    decoder layers cannot be found (it never checkpoints)."""
+    if mode is False:
+        return None
+    if mode == "auto":
+        try:
+            return checkpoint_layers(policy, on=False)
+        except ValueError:
+            return None
+    return checkpoint_layers(policy)
 
 
 def narrowed(batch: RolloutBatch, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> RolloutBatch:

@@ -1,0 +1,30 @@
+"""benchmarks/bench_lengths.py without running a trainer: the children it starts and the table it makes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.bench_lengths import child_command, format_table, parse_args, table_rows
+
+
+def test_each_child_runs_one_trainer_at_one_budget_with_the_tether_overrides():
+    args = parse_args(["--steps", "2", "--group-size", "4", "--tether-override", "optim.max_tokens_per_micro_batch=64"])
+    assert args.max_new_tokens == [24, 96, 256]
+    cmd = child_command(args, "trl", 96, Path("/tmp/x.json"))
+    assert cmd[1].endswith("bench_trl.py")
+    flags = " ".join(cmd[2:])
+    assert "--only trl --max-new-tokens 96 --steps 2 --warmup 1" in flags and "--group-size 4" in flags
+    assert "--prompts-per-step" not in flags  # unset: the quickstart's
+    assert "--tether-override optim.max_tokens_per_micro_batch=64" in flags
+
+
+def test_one_row_per_budget_with_the_ratio_where_both_ran():
+    cells = [{"max_new_tokens": 24, "trainer": "tether", "step_s": 10.0, "peak_rss_gb": 3.0, "tokens": 500.0},
+             {"max_new_tokens": 24, "trainer": "trl", "step_s": 30.0, "peak_rss_gb": 9.0, "tokens": 510.0},
+             {"max_new_tokens": 96, "trainer": "tether", "step_s": 20.0, "peak_rss_gb": 3.5, "tokens": 1500.0}]
+    rows = table_rows(cells)
+    assert [r["max_new_tokens"] for r in rows] == [24, 96]
+    assert rows[0]["trl_over_tether"] == 3.0 and "trl_over_tether" not in rows[1]
+    table = format_table(rows).splitlines()
+    assert table[2] == "| 24 | 10.00 | 30.00 | 3.00 | 3.00 | 9.00 | 500 | 510 |"
+    assert table[3] == "| 96 | 20.00 | - | - | 3.50 | - | 1500 | - |"
