@@ -76,6 +76,13 @@ def warnings_of(data: dict) -> list[str]:
     ({**ENV, "env": {"name": "frozenlake", "kwargs": {"p": 0}}}, r"^env\.kwargs: p must be in \(0, 1\], got 0$"),
     ({**ENV, "env": {"name": "thin_ice", "kwargs": {"hole_p": 0.7}}}, r"^env\.kwargs: hole_p must be in \[0, 0\.5\)"),
     ({**ENV, "env": {"name": "scripted", "kwargs": {"turns": 2.5}}}, r"^env\.kwargs\.turns: 2\.5 is not a valid int"),
+    ({**ENV, "env": {"name": "alfworld", "kwargs": {"eval_split": "test"}}},
+     r"^env\.kwargs: eval_split must be one of valid_seen, valid_unseen, got 'test'$"),
+    ({**ENV, "env": {"name": "webshop", "kwargs": {"num_products": 500}}},
+     r"^env\.kwargs: num_products must be 1000 \(the small product set\) or null \(the full one\), got 500$"),
+    ({**ENV, "env": {"name": "ezpoints", "kwargs": {"observation": "pixels"}}},
+     r"^env\.kwargs: observation must be 'image' or 'text', got 'pixels'$"),
+    ({**ENV, "env": {"name": "ezpoints", "kwargs": {"card_px": 8}}}, r"^env\.kwargs: card_px must be >= 16, got 8$"),
     # methods' class-level checks, which ran in setup after the policy had loaded
     ({**ENV, "methods": {"armor": {}}}, r"^methods\.armor\.anchors=true needs a single-turn task"),
     ({"rollout": {"group_size": 1}, "algorithm": {"advantage": "episode"}, "methods": {"armor": {}}},

@@ -163,3 +163,53 @@ def test_sft_data_is_checked_by_validate_and_sft_but_not_by_train(tmp_path):
     assert result.exit_code == 2 and "pairs.jsonl line 1 has no 'response' field" in result.output, result.output
     assert check_config(load_config(config), policy=False) == []  # tether train ignores the sft: section
     assert not (tmp_path / "run").exists()
+
+
+def env_config(tmp_path: Path, name: str, **kwargs) -> object:
+    return load_config(data={"run_dir": str(tmp_path / "run"), "env": {"name": name, "kwargs": kwargs}})
+
+
+def test_alfworld_data_and_packages_are_checked_before_any_model_loads(tmp_path, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "alfworld" else find_spec(name, *a))
+    with pytest.raises(ConfigError) as err:
+        check_config(env_config(tmp_path, "alfworld", data_dir=str(tmp_path)), policy=False)
+    assert str(err.value) == (
+        f"env.kwargs: ALFWorld is not available: no game.tw-pddl files under {tmp_path}/json_2.1.1/train; no "
+        f"game.tw-pddl files under {tmp_path}/json_2.1.1/valid_seen; the alfworld package (pip install alfworld). "
+        "Set data_dir= or ALFWORLD_DATA to a copy of the folder `alfworld-download` creates (it needs network "
+        "access; see docs/environments.md).")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # both packages "installed"
+    for split in ("train", "valid_unseen"):
+        game = tmp_path / "json_2.1.1" / split / "pick-Book-301" / "trial_T1" / "game.tw-pddl"
+        game.parent.mkdir(parents=True)
+        game.write_text("{}")
+    check_config(env_config(tmp_path, "alfworld", data_dir=str(tmp_path), eval_split="valid_unseen"), policy=False)
+    with pytest.raises(ConfigError, match=r"no game\.tw-pddl files under .*valid_seen\. Set data_dir="):
+        check_config(env_config(tmp_path, "alfworld", data_dir=str(tmp_path)), policy=False)
+
+
+def test_a_webshop_checkout_and_its_data_are_checked_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.delenv("WEBSHOP_DIR", raising=False)
+    with pytest.raises(ConfigError, match=r"^env\.kwargs: WebShop is not available: pass webshop_dir= or set "
+                                          r"WEBSHOP_DIR"):
+        check_config(env_config(tmp_path, "webshop"), policy=False)
+    with pytest.raises(ConfigError, match=rf"^env\.kwargs: WebShop is not available: missing {tmp_path}/web_agent_site"
+                                          r"/envs/web_agent_text_env\.py, .*items_shuffle_1000\.json, .*indexes_1k "
+                                          r"\(run WebShop's setup\.sh"):
+        check_config(env_config(tmp_path, "webshop", webshop_dir=str(tmp_path)), policy=False)
+    for part in ("web_agent_site/envs/web_agent_text_env.py", "data/items_shuffle_1000.json",
+                 "data/items_human_ins.json", "search_engine/indexes_1k/"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / part).mkdir() if part.endswith("/") else (tmp_path / part).write_text("")
+    monkeypatch.setenv("WEBSHOP_DIR", str(tmp_path))
+    check_config(env_config(tmp_path, "webshop"), policy=False)
+
+
+def test_ezpoints_needs_pillow_only_for_images(tmp_path, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "PIL" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"^env\.kwargs: image observations need Pillow: pip install"):
+        check_config(env_config(tmp_path, "ezpoints"), policy=False)
+    check_config(env_config(tmp_path, "ezpoints", observation="text"), policy=False)
