@@ -13,6 +13,7 @@ from tests.trainer.helpers import tiny_config
 from tether.checks import check_config
 from tether.cli import app
 from tether.config import ConfigError, load_config
+from tether.tasks.jsonl_task import unparsable_answers
 from tether.trainer import Trainer
 
 
@@ -94,6 +95,21 @@ def test_rows_with_an_empty_answer_are_one_warning(tmp_path):
     warnings = check_config(jsonl_config(tmp_path, lines), policy=False)
     assert warnings == [f"task.kwargs: path: 2 of 3 rows of {tmp_path / 'data.jsonl'} have an empty 'answer' (the "
                         "first: row 2); they are never scored correct"]
+
+
+def test_gold_answers_math_verify_cannot_parse_are_one_warning(tmp_path):
+    lines = [GOOD, json.dumps({"prompt": "2+2?", "answer": "}"}), json.dumps({"prompt": "3+3?", "answer": "6"}),
+             "", json.dumps({"prompt": "4+4?", "answer": "\\boxed{"}), json.dumps({"prompt": "x?", "answer": "x^2+1"})]
+    warnings = check_config(jsonl_config(tmp_path, lines), policy=False)
+    assert warnings == [f"task.kwargs: path: 2 of 5 gold answers sampled from {tmp_path / 'data.jsonl'} cannot be "
+                        "parsed by math-verify (the first: line 2, answer='}'); such rows are scored as faults "
+                        "(reward/faults), never correct"]
+
+
+def test_the_gold_answer_sample_is_spread_over_the_file_and_bounded():
+    rows = [(line, {"answer": "}" if line % 2 else "1"}) for line in range(1, 11)]
+    assert unparsable_answers(rows, "answer", 5, sample=3) == ([(1, "}"), (5, "}"), (9, "}")], 3)  # lines 1, 5, 9
+    assert unparsable_answers(rows, "answer", 5, sample=100, budget_s=-1.0) == ([], 0)  # out of time: stop
 
 
 def test_the_eapo_prior_must_be_here_before_any_model_loads(tmp_path, monkeypatch):
