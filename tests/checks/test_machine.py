@@ -149,6 +149,41 @@ def test_responses_longer_than_the_models_context_are_a_warning(tmp_path):
         "prompt and response do not fit"]
 
 
+def prompt_config(tmp_path: Path, model: str, prompts: list[str], max_new_tokens: int) -> object:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
+    return load_config(data={"run_dir": str(tmp_path / "run"), "model": {"name": model},
+                             "rollout": {"max_new_tokens": max_new_tokens},
+                             "task": {"name": "jsonl", "kwargs": {"path": str(path), "prompt_template": "{question}",
+                                                                  "val_size": 1}}})
+
+
+def test_a_prompt_that_fills_the_context_stops_before_any_model_loads(tmp_path):
+    # char models: one token per character, and the chat template adds 6 ("<s>", "Q:", "\n", "A:")
+    prompts = ["1+1?", "x" * 1018, "2+2?"]  # 1024 tokens: the context of every char model
+    with pytest.raises(ConfigError) as err:
+        check_config(prompt_config(tmp_path, "char-64x1", prompts, 8))
+    assert str(err.value) == (
+        f"task.kwargs: the prompt at {tmp_path / 'data.jsonl'} line 2 is 1024 tokens with the chat template; the "
+        "context of char-64x1 is 1024 tokens (max_position_embeddings), and a prompt must leave room for the "
+        "response: shorten or drop it, or use a model with a longer context")
+    assert check_config(prompt_config(tmp_path, "char-64x1", ["x" * 1000, "1+1?"], 8)) == []
+
+
+def test_prompts_that_leave_too_little_room_for_the_response_are_a_warning(tmp_path):
+    from tether.models.char import char_tokenizer
+
+    model = tmp_path / "model"  # a local checkpoint: config.json and the tokenizer, no weights needed
+    char_tokenizer().save_pretrained(model)
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    prompts = ["x" * 40, "y" * 30, "1+1?"]  # 46, 36 and 10 tokens
+    assert check_config(prompt_config(tmp_path, str(model), prompts, 20)) == [
+        f"rollout.max_new_tokens=20: the longest prompt ({tmp_path / 'data.jsonl'} line 1, 46 tokens) leaves 18 "
+        f"tokens of the context of {model} (64, max_position_embeddings); 1 of the 3 longest prompts leave less "
+        "than max_new_tokens, so their responses run past the context"]
+    assert check_config(prompt_config(tmp_path, str(model), prompts, 18)) == []
+
+
 def test_validate_prints_each_error_and_each_warning_on_one_line(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: reasoning_gym, kwargs: {{dataset: chain_summ}}}}\n"

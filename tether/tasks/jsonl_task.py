@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import random
 import tempfile
@@ -267,6 +268,26 @@ class JsonlTask:
                 rows = numbered_jsonl(file, key, (prompt_field, answer_field))
                 warnings += answer_warnings(key, file, rows, answer_field, timeout_s)
         return warnings
+
+    @staticmethod
+    def longest_prompts(limit: int, *, path: str | None = None, train_path: str | None = None,
+                        val_path: str | None = None, prompt_field: str = "prompt",
+                        prompt_template: str = DEFAULT_PROMPT_TEMPLATE, system_prompt: str | None = None,
+                        **_: Any) -> list[tuple[str, str, str | None]]:
+        """The ``limit`` longest prompts of the ``.jsonl`` files by characters, as the collector sends them, for the
+        context check of :mod:`tether.checks.context` (counting their tokens needs the tokenizer alone).
+
+        Returns:
+            ``(where, user message, system message)`` each, ``where`` being ``"<file> line <n>"``.
+        """
+        found = []
+        for file in (path, train_path, val_path):
+            if file is None or Path(file).suffix.lower() != ".jsonl":
+                continue
+            for line, row in numbered_jsonl(Path(file), "task.kwargs", (prompt_field,)):
+                found.append((len(str(row[prompt_field])), f"{file} line {line}", str(row[prompt_field])))
+        longest = heapq.nlargest(limit, found, key=lambda entry: entry[0])
+        return [(where, format_prompt(prompt_template, text), system_prompt) for _, where, text in longest]
 
     def _load(self, path: str | None, train_path: str | None, val_path: str | None, val_size: int,
               seed: int) -> tuple[list[dict], list[dict], str]:
