@@ -83,6 +83,8 @@ def warnings_of(data: dict) -> list[str]:
     ({**ENV, "env": {"name": "ezpoints", "kwargs": {"observation": "pixels"}}},
      r"^env\.kwargs: observation must be 'image' or 'text', got 'pixels'$"),
     ({**ENV, "env": {"name": "ezpoints", "kwargs": {"card_px": 8}}}, r"^env\.kwargs: card_px must be >= 16, got 8$"),
+    ({**ENV, "env": {"name": "sokoban_visual", "kwargs": {"cell_px": 2}}}, r"^env\.kwargs: cell_px must be >= 4"),
+    ({**ENV, "env": {"name": "sokoban_visual", "kwargs": {"num_boxes": 0}}}, r"^env\.kwargs: num_boxes must be >= 1"),
     # methods' class-level checks, which ran in setup after the policy had loaded
     ({**ENV, "methods": {"armor": {}}}, r"^methods\.armor\.anchors=true needs a single-turn task"),
     ({"rollout": {"group_size": 1}, "algorithm": {"advantage": "episode"}, "methods": {"armor": {}}},

@@ -258,9 +258,10 @@ def test_a_webshop_checkout_and_its_data_are_checked_before_any_model_loads(tmp_
     check_config(env_config(tmp_path, "webshop"), policy=False)
 
 
-def test_ezpoints_needs_pillow_only_for_images(tmp_path, monkeypatch):
+@pytest.mark.parametrize("env", ["ezpoints", "sokoban_visual"])
+def test_visual_envs_need_pillow_only_for_images(tmp_path, monkeypatch, env):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "PIL" else find_spec(name, *a))
     with pytest.raises(ConfigError, match=r"^env\.kwargs: image observations need Pillow: pip install"):
-        check_config(env_config(tmp_path, "ezpoints"), policy=False)
-    check_config(env_config(tmp_path, "ezpoints", observation="text"), policy=False)
+        check_config(env_config(tmp_path, env), policy=False)
+    check_config(env_config(tmp_path, env, observation="text"), policy=False)
