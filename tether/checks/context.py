@@ -93,13 +93,22 @@ def context_and_tokenizer(name: str) -> tuple[int, Callable[[], Any]] | None:
 
 def _model_dir(name: str, alias_dir: Path) -> Path | None:
     """Where ``config.json`` is: a local directory, a tether alias already built, or the Hub cache's snapshot."""
-    from tether.checks.machine import _hub_file
-
     for directory in (Path(name).expanduser(), alias_dir):
         if (directory / "config.json").is_file():
             return directory
-    cached = _hub_file(name, "config.json")
+    cached = hub_file(name, "config.json")
     return None if cached is None else Path(cached).parent
+
+
+def hub_file(repo_id: str, filename: str) -> str | None:
+    """``filename`` of ``repo_id`` in the local Hugging Face cache, or None (not cached, or not a Hub id)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, filename)
+    except ValueError:  # not a valid Hub id (HFValidationError)
+        return None
+    return found if isinstance(found, str) else None
 
 
 def _max_positions(config: Path) -> int | None:

@@ -11,7 +11,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from tether.checks.context import warn_context
+from tether.checks.context import hub_file, warn_context
 from tether.checks.findings import Findings
 from tether.checks.workload import workload_class
 from tether.config import Config, ConfigError
@@ -38,19 +38,9 @@ def check_model(key: str, name: str) -> None:
                           "nor a Hub id (org/name)")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
         os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
-    if offline and _hub_file(name, "config.json") is None:
+    if offline and hub_file(name, "config.json") is None:
         raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
                           f"download it first (huggingface-cli download {name}) or give a local directory")
-
-
-def _hub_file(repo_id: str, filename: str) -> str | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo_id, filename)
-    except ValueError:  # not a valid Hub id (HFValidationError)
-        return None
-    return found if isinstance(found, str) else None
 
 
 def check_models(cfg: Config, found: Findings, *, policy: bool = True) -> None:
