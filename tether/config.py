@@ -298,6 +298,17 @@ class CollapseConfig(Section):
     patience: int = Field(3, ge=1, description="consecutive validations below peak - drop that make a collapse")
 
 
+class DegenerateConfig(Section):
+    """A collapsed policy: entropy at its maximum or near zero, or a gradient norm of exactly 0, step after step."""
+
+    enabled: bool = Field(True, description="log health/degenerate_steps and warn once per run of collapsed steps")
+    patience: int = Field(5, ge=1, description="collapsed steps in a row that warn")
+    max_entropy_frac: float = Field(0.99, gt=0, le=1, description="an entropy of at least this share of "
+                                    "log(vocabulary size), after a step below it, counts as uniform sampling")
+    min_entropy: float = Field(1e-3, ge=0, description="an entropy (nats per response token) at most this counts as "
+                               "deterministic sampling")
+
+
 class HealthConfig(Section):
     """Run health checks (docs/health.md)."""
 
@@ -305,6 +316,7 @@ class HealthConfig(Section):
     round_trip: RoundTripConfig = Field(default_factory=RoundTripConfig, description="token round trip")
     reward_audit: RewardAuditConfig = Field(default_factory=RewardAuditConfig, description="reward audit")
     collapse: CollapseConfig = Field(default_factory=CollapseConfig, description="over-optimisation guard")
+    degenerate: DegenerateConfig = Field(default_factory=DegenerateConfig, description="collapsed-policy warning")
 
 
 class Config(Section):

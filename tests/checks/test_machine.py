@@ -13,6 +13,7 @@ from tests.trainer.helpers import tiny_config
 from tether.checks import check_config
 from tether.cli import app
 from tether.config import ConfigError, load_config
+from tether.tasks.jsonl_task import unparsable_answers
 from tether.trainer import Trainer
 
 
@@ -96,6 +97,21 @@ def test_rows_with_an_empty_answer_are_one_warning(tmp_path):
                         "first: row 2); they are never scored correct"]
 
 
+def test_gold_answers_math_verify_cannot_parse_are_one_warning(tmp_path):
+    lines = [GOOD, json.dumps({"prompt": "2+2?", "answer": "}"}), json.dumps({"prompt": "3+3?", "answer": "6"}),
+             "", json.dumps({"prompt": "4+4?", "answer": "\\boxed{"}), json.dumps({"prompt": "x?", "answer": "x^2+1"})]
+    warnings = check_config(jsonl_config(tmp_path, lines), policy=False)
+    assert warnings == [f"task.kwargs: path: 2 of 5 gold answers sampled from {tmp_path / 'data.jsonl'} cannot be "
+                        "parsed by math-verify (the first: line 2, answer='}'); such rows are scored as faults "
+                        "(reward/faults), never correct"]
+
+
+def test_the_gold_answer_sample_is_spread_over_the_file_and_bounded():
+    rows = [(line, {"answer": "}" if line % 2 else "1"}) for line in range(1, 11)]
+    assert unparsable_answers(rows, "answer", 5, sample=3) == ([(1, "}"), (5, "}"), (9, "}")], 3)  # lines 1, 5, 9
+    assert unparsable_answers(rows, "answer", 5, sample=100, budget_s=-1.0) == ([], 0)  # out of time: stop
+
+
 def test_the_eapo_prior_must_be_here_before_any_model_loads(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -133,6 +149,41 @@ def test_responses_longer_than_the_models_context_are_a_warning(tmp_path):
         "prompt and response do not fit"]
 
 
+def prompt_config(tmp_path: Path, model: str, prompts: list[str], max_new_tokens: int) -> object:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
+    return load_config(data={"run_dir": str(tmp_path / "run"), "model": {"name": model},
+                             "rollout": {"max_new_tokens": max_new_tokens},
+                             "task": {"name": "jsonl", "kwargs": {"path": str(path), "prompt_template": "{question}",
+                                                                  "val_size": 1}}})
+
+
+def test_a_prompt_that_fills_the_context_stops_before_any_model_loads(tmp_path):
+    # char models: one token per character, and the chat template adds 6 ("<s>", "Q:", "\n", "A:")
+    prompts = ["1+1?", "x" * 1018, "2+2?"]  # 1024 tokens: the context of every char model
+    with pytest.raises(ConfigError) as err:
+        check_config(prompt_config(tmp_path, "char-64x1", prompts, 8))
+    assert str(err.value) == (
+        f"task.kwargs: the prompt at {tmp_path / 'data.jsonl'} line 2 is 1024 tokens with the chat template; the "
+        "context of char-64x1 is 1024 tokens (max_position_embeddings), and a prompt must leave room for the "
+        "response: shorten or drop it, or use a model with a longer context")
+    assert check_config(prompt_config(tmp_path, "char-64x1", ["x" * 1000, "1+1?"], 8)) == []
+
+
+def test_prompts_that_leave_too_little_room_for_the_response_are_a_warning(tmp_path):
+    from tether.models.char import char_tokenizer
+
+    model = tmp_path / "model"  # a local checkpoint: config.json and the tokenizer, no weights needed
+    char_tokenizer().save_pretrained(model)
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    prompts = ["x" * 40, "y" * 30, "1+1?"]  # 46, 36 and 10 tokens
+    assert check_config(prompt_config(tmp_path, str(model), prompts, 20)) == [
+        f"rollout.max_new_tokens=20: the longest prompt ({tmp_path / 'data.jsonl'} line 1, 46 tokens) leaves 18 "
+        f"tokens of the context of {model} (64, max_position_embeddings); 1 of the 3 longest prompts leave less "
+        "than max_new_tokens, so their responses run past the context"]
+    assert check_config(prompt_config(tmp_path, str(model), prompts, 18)) == []
+
+
 def test_validate_prints_each_error_and_each_warning_on_one_line(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: reasoning_gym, kwargs: {{dataset: chain_summ}}}}\n"
@@ -163,3 +214,54 @@ def test_sft_data_is_checked_by_validate_and_sft_but_not_by_train(tmp_path):
     assert result.exit_code == 2 and "pairs.jsonl line 1 has no 'response' field" in result.output, result.output
     assert check_config(load_config(config), policy=False) == []  # tether train ignores the sft: section
     assert not (tmp_path / "run").exists()
+
+
+def env_config(tmp_path: Path, name: str, **kwargs) -> object:
+    return load_config(data={"run_dir": str(tmp_path / "run"), "env": {"name": name, "kwargs": kwargs}})
+
+
+def test_alfworld_data_and_packages_are_checked_before_any_model_loads(tmp_path, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "alfworld" else find_spec(name, *a))
+    with pytest.raises(ConfigError) as err:
+        check_config(env_config(tmp_path, "alfworld", data_dir=str(tmp_path)), policy=False)
+    assert str(err.value) == (
+        f"env.kwargs: ALFWorld is not available: no game.tw-pddl files under {tmp_path}/json_2.1.1/train; no "
+        f"game.tw-pddl files under {tmp_path}/json_2.1.1/valid_seen; the alfworld package (pip install alfworld). "
+        "Set data_dir= or ALFWORLD_DATA to a copy of the folder `alfworld-download` creates (it needs network "
+        "access; see docs/environments.md).")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # both packages "installed"
+    for split in ("train", "valid_unseen"):
+        game = tmp_path / "json_2.1.1" / split / "pick-Book-301" / "trial_T1" / "game.tw-pddl"
+        game.parent.mkdir(parents=True)
+        game.write_text("{}")
+    check_config(env_config(tmp_path, "alfworld", data_dir=str(tmp_path), eval_split="valid_unseen"), policy=False)
+    with pytest.raises(ConfigError, match=r"no game\.tw-pddl files under .*valid_seen\. Set data_dir="):
+        check_config(env_config(tmp_path, "alfworld", data_dir=str(tmp_path)), policy=False)
+
+
+def test_a_webshop_checkout_and_its_data_are_checked_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.delenv("WEBSHOP_DIR", raising=False)
+    with pytest.raises(ConfigError, match=r"^env\.kwargs: WebShop is not available: pass webshop_dir= or set "
+                                          r"WEBSHOP_DIR"):
+        check_config(env_config(tmp_path, "webshop"), policy=False)
+    with pytest.raises(ConfigError, match=rf"^env\.kwargs: WebShop is not available: missing {tmp_path}/web_agent_site"
+                                          r"/envs/web_agent_text_env\.py, .*items_shuffle_1000\.json, .*indexes_1k "
+                                          r"\(run WebShop's setup\.sh"):
+        check_config(env_config(tmp_path, "webshop", webshop_dir=str(tmp_path)), policy=False)
+    for part in ("web_agent_site/envs/web_agent_text_env.py", "data/items_shuffle_1000.json",
+                 "data/items_human_ins.json", "search_engine/indexes_1k/"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / part).mkdir() if part.endswith("/") else (tmp_path / part).write_text("")
+    monkeypatch.setenv("WEBSHOP_DIR", str(tmp_path))
+    check_config(env_config(tmp_path, "webshop"), policy=False)
+
+
+@pytest.mark.parametrize("env", ["ezpoints", "sokoban_visual"])
+def test_visual_envs_need_pillow_only_for_images(tmp_path, monkeypatch, env):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "PIL" else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"^env\.kwargs: image observations need Pillow: pip install"):
+        check_config(env_config(tmp_path, env), policy=False)
+    check_config(env_config(tmp_path, env, observation="text"), policy=False)

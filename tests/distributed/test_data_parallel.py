@@ -20,6 +20,7 @@ from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
 from tether.models import tiny_model
 from tether.trainer import Trainer
+from tether.trainer.checkpoint import CheckpointManager, CheckpointWriteError
 
 
 def make_trainer(cfg):
@@ -39,8 +40,31 @@ def run_update(run_dir: Path) -> dict:
     return {"metrics": metrics, "grads": grads, "params": params}
 
 
+def failed_save(root: Path, rank: int) -> dict:
+    """Step 1 saves; at step 2 rank 1 alone cannot write its file. Every rank must stop with the same line rather
+    than wait at the next collective for a rank that has left (the helper's 2-minute timeout fails the test)."""
+    checkpoints = CheckpointManager(root, keep_last=2, dp=DataParallel(rank, WORLD))
+
+    def write(directory: Path, fail: bool = False) -> None:
+        if fail and rank == 1:
+            raise PermissionError(13, "Permission denied", str(directory / "rank1.pt"))
+        (directory / f"rank{rank}.pt").write_text("weights")
+
+    checkpoints.save(1, write)
+    try:
+        checkpoints.save(2, lambda directory: write(directory, fail=True))
+    except CheckpointWriteError as err:
+        message = str(err)
+    else:
+        message = None
+    DataParallel(rank, WORLD).barrier()  # rank 0 removes the partial directory before anyone looks
+    return {"message": message, "listing": sorted(p.name for p in (root / "checkpoints").iterdir()),
+            "latest": (root / "checkpoints" / "latest").read_text()}
+
+
 def _work(rank: int, out: Path) -> dict:
-    result = {"update": run_update(out / "update")}
+    result = {"failed_save": failed_save(out / "failed_save", rank)}
+    result["update"] = run_update(out / "update")
     trainer = make_trainer(tiny_config(out / "fit", "train.steps=1"))  # fit() is what `tether train` runs
     result["generation"] = trainer.engine.generate(PROMPTS, SAMPLING, seed=123)
     trainer.fit()
@@ -139,3 +163,14 @@ def test_fixed_size_micro_batches_by_length_keep_their_sizes():
     assert own_micro_batches(DataParallel(), lengths, 2, None) == [range(0, 2), range(2, 4), range(4, 5)]
     # each rank groups its own contiguous share
     assert own_micro_batches(DataParallel(1, 2), lengths, 1, None, by_length=True) == [[3], [4]]
+
+
+def test_a_checkpoint_write_that_fails_on_one_rank_stops_every_rank_with_one_line(two_ranks):
+    results, tmp = two_ranks
+    partial = tmp / "failed_save" / "checkpoints" / "step_000002.tmp"
+    want = (f"cannot write checkpoint {partial / 'rank1.pt'}: Permission denied; the checkpoints written before are "
+            "intact (free space or fix permissions, then run again to resume) (rank 1 of 2)")
+    for r in results:
+        assert r["failed_save"]["message"] == want
+        assert r["failed_save"]["listing"] == ["latest", "step_000001"]  # the partial step_000002.tmp is gone
+        assert r["failed_save"]["latest"] == "step_000001"

@@ -8,10 +8,10 @@ stage will write, or a data file to fetch first: such a config is valid, and onl
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from pathlib import Path
 
+from tether.checks.context import hub_file, warn_context
 from tether.checks.findings import Findings
 from tether.checks.workload import workload_class
 from tether.config import Config, ConfigError
@@ -38,19 +38,9 @@ def check_model(key: str, name: str) -> None:
                           "nor a Hub id (org/name)")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
         os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
-    if offline and _hub_file(name, "config.json") is None:
+    if offline and hub_file(name, "config.json") is None:
         raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
                           f"download it first (huggingface-cli download {name}) or give a local directory")
-
-
-def _hub_file(repo_id: str, filename: str) -> str | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo_id, filename)
-    except ValueError:  # not a valid Hub id (HFValidationError)
-        return None
-    return found if isinstance(found, str) else None
 
 
 def check_models(cfg: Config, found: Findings, *, policy: bool = True) -> None:
@@ -113,26 +103,6 @@ def check_sft_data(cfg: Config, found: Findings) -> None:
     from tether.sft import jsonl_examples
 
     jsonl_examples(cfg.sft)
-
-
-def warn_context(cfg: Config, found: Findings) -> None:
-    """Responses longer than the policy's context, where its ``config.json`` says the context without loading it."""
-    context = _context_length(cfg.model.name)
-    if context is not None and cfg.rollout.max_new_tokens >= context:
-        found.warn(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} is not below the context of "
-                   f"{cfg.model.name} ({context} tokens, max_position_embeddings): prompt and response do not fit")
-
-
-def _context_length(name: str) -> int | None:
-    local = Path(name).expanduser() / "config.json"
-    path = str(local) if local.is_file() else _hub_file(name, "config.json")
-    if path is None:
-        return None
-    try:
-        value = json.loads(Path(path).read_text()).get("max_position_embeddings")
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, int) else None
 
 
 def machine_checks(*, policy: bool = True, sft: bool = False) -> tuple:

@@ -145,6 +145,16 @@ class DataParallel:
         if self.enabled:
             dist.barrier()
 
+    def first_failure(self, failure: str | None) -> tuple[int, str] | None:
+        """Every rank says how its part went (None: it succeeded); all get the same answer: the lowest failing
+        rank and its message, or None. Collective, and a barrier too: a rank whose part failed still reaches it,
+        so no other rank waits at a later collective for a rank that has left."""
+        if not self.enabled:
+            return None if failure is None else (self.rank, failure)
+        gathered: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, failure)
+        return next(((rank, line) for rank, line in enumerate(gathered) if line is not None), None)
+
     # -- the update ----------------------------------------------------------------------------
 
     def micro_batches(self, n_rows: int, size: int) -> list[range]:

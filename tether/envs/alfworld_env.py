@@ -22,6 +22,7 @@ ALFWorld's hand-coded expert is not wired in.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -61,6 +62,24 @@ def list_games(data_dir: str, split: str) -> tuple[str, ...]:
     return tuple(games)
 
 
+def missing_packages() -> list[str]:
+    """The packages the env imports when built (alfworld for its name demangler, textworld to play)."""
+    return [f"the {name} package (pip install {name})" for name in ("alfworld", "textworld")
+            if importlib.util.find_spec(name) is None]
+
+
+def missing_inputs(data_dir: Path, eval_split: str) -> list[str]:
+    """What the env needs and does not find: a split without any game file, a package."""
+    missing = [f"no game.tw-pddl files under {data_dir / 'json_2.1.1' / split}" for split in ("train", eval_split)
+               if next((data_dir / "json_2.1.1" / split).glob("*/*/game.tw-pddl"), None) is None]
+    return missing + missing_packages()
+
+
+def unavailable_message(data_dir: Path, missing: list[str]) -> str:
+    return ("ALFWorld is not available: " + "; ".join(missing) + ". Set data_dir= or ALFWORLD_DATA to a "
+            "copy of the folder `alfworld-download` creates (it needs network access; see docs/environments.md).")
+
+
 class AlfWorldEnv:
     """ALFWorld text games from local data (module docstring: layout, seeds, reward).
 
@@ -79,9 +98,23 @@ class AlfWorldEnv:
     train_seeds = staticmethod(train_seeds)
     eval_seeds = staticmethod(eval_seeds)
 
-    def __init__(self, *, data_dir: str | None = None, eval_split: str = "valid_seen") -> None:
+    @staticmethod
+    def check_config(*, eval_split: str = "valid_seen", **_: object) -> None:
+        """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
         if eval_split not in SPLITS[1:]:
-            raise ValueError(f"eval_split must be one of {SPLITS[1:]}, got {eval_split!r}")
+            raise ValueError(f"eval_split must be one of {', '.join(SPLITS[1:])}, got {eval_split!r}")
+
+    @staticmethod
+    def check_inputs(*, data_dir: str | None = None, eval_split: str = "valid_seen", **_: object) -> None:
+        """The data and the packages are here (``tether validate`` and the start of a run ask, before any model
+        loads). One game file per split is enough to tell: reading them all, as the env does, takes seconds."""
+        root = Path(data_dir).expanduser() if data_dir else default_data_dir()
+        missing = missing_inputs(root, eval_split)
+        if missing:
+            raise ValueError(unavailable_message(root, missing))
+
+    def __init__(self, *, data_dir: str | None = None, eval_split: str = "valid_seen") -> None:
+        self.check_config(eval_split=eval_split)
         self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir()
         self.eval_split = eval_split
         self._check_available()
@@ -94,19 +127,11 @@ class AlfWorldEnv:
         self._done = False
 
     def _check_available(self) -> None:
-        missing = []
-        for split in ("train", self.eval_split):
-            if not list_games(str(self.data_dir), split):
-                missing.append(f"no game.tw-pddl files under {self.data_dir / 'json_2.1.1' / split}")
-        try:
-            import alfworld  # noqa: F401
-        except ImportError:
-            missing.append("the alfworld package (pip install alfworld)")
+        missing = [f"no playable game.tw-pddl files under {self.data_dir / 'json_2.1.1' / split}"
+                   for split in ("train", self.eval_split) if not list_games(str(self.data_dir), split)]
+        missing += missing_packages()
         if missing:
-            raise EnvUnavailableError(
-                "ALFWorld is not available: " + "; ".join(missing) + ". Set data_dir= or ALFWORLD_DATA to a "
-                "copy of the folder `alfworld-download` creates (it needs network access; see "
-                "docs/environments.md).")
+            raise EnvUnavailableError(unavailable_message(self.data_dir, missing))
 
     @property
     def admissible(self) -> list[str] | None:

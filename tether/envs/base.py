@@ -109,14 +109,17 @@ def escape_placeholders(text: str) -> str:
     return text.replace(IMAGE_PLACEHOLDER, "[image]")
 
 
+NEEDS_PILLOW = ("image observations need Pillow: pip install 'tether[vision]' (or build the env with "
+                "observation='text')")
+
+
 def require_pillow() -> None:
     """Raise :class:`EnvUnavailableError` unless Pillow is installed: a visual env calls it when built, so a
     missing renderer fails before the run starts, not mid-rollout."""
     try:
         import PIL  # noqa: F401
     except ImportError:
-        raise EnvUnavailableError("image observations need Pillow: pip install 'tether[vision]' "
-                                  "(or build the env with observation='text')") from None
+        raise EnvUnavailableError(NEEDS_PILLOW) from None
 
 
 def observation_key(observation: str | Observation) -> str:

@@ -25,12 +25,14 @@ Observation: the image of the two cards on a green table, with the formula as te
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import random
 from typing import Any
 
 from tether.envs.base import (
     IMAGE_PLACEHOLDER,
+    NEEDS_PILLOW,
     EnvReset,
     EnvStep,
     Observation,
@@ -48,6 +50,7 @@ NUMBERS = [str(n) for n in range(1, 11)]
 OPERATORS = ["+", "*", "="]
 ACTIONS = NUMBERS + OPERATORS
 MAX_FORMULA = 5  # a step on a longer formula ends the episode (gym-cards)
+MIN_CARD_PX = 16  # below this the rank and the pip no longer fit on a card
 SUITS = {"H": "hearts", "D": "diamonds", "S": "spades", "C": "clubs"}
 RANK_NAMES = {11: "J", 12: "Q", 13: "K", 10: "10"}
 
@@ -142,11 +145,22 @@ class EZPointsEnv:
     train_seeds = staticmethod(train_seeds)
     eval_seeds = staticmethod(eval_seeds)
 
-    def __init__(self, *, observation: str = "image", card_px: int = 112) -> None:
+    @staticmethod
+    def check_config(*, observation: str = "image", card_px: int = 112, **_: object) -> None:
+        """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
         if observation not in ("image", "text"):
             raise ValueError(f"observation must be 'image' or 'text', got {observation!r}")
-        if card_px < 16:
-            raise ValueError(f"card_px must be >= 16, got {card_px}")
+        if card_px < MIN_CARD_PX:
+            raise ValueError(f"card_px must be >= {MIN_CARD_PX}, got {card_px}")
+
+    @staticmethod
+    def check_inputs(*, observation: str = "image", **_: object) -> None:
+        """Pillow is here when the cards are drawn (``tether validate`` and the start of a run ask)."""
+        if observation == "image" and importlib.util.find_spec("PIL") is None:
+            raise ValueError(NEEDS_PILLOW)
+
+    def __init__(self, *, observation: str = "image", card_px: int = 112) -> None:
+        self.check_config(observation=observation, card_px=card_px)
         if observation == "image":
             require_pillow()
         self.observation, self.card_px = observation, card_px

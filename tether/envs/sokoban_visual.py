@@ -15,10 +15,12 @@ for debugging a run without a vision model.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from tether.envs.base import (
     IMAGE_PLACEHOLDER,
+    NEEDS_PILLOW,
     EnvReset,
     EnvStep,
     Observation,
@@ -30,6 +32,7 @@ from tether.envs.base import (
 from tether.envs.sokoban import LEGEND as TEXT_LEGEND
 from tether.envs.sokoban import SokobanEnv, render
 
+MIN_CELL_PX = 4  # a smaller cell has no room for the box's inner square
 COLOURS = {"wall": (64, 64, 64), "floor": (200, 200, 200), "target": (200, 40, 40), "box": (150, 100, 40),
            "box_on_target": (40, 160, 60), "player": (40, 80, 220)}
 
@@ -80,13 +83,26 @@ class VisualSokobanEnv:
     train_seeds = staticmethod(train_seeds)
     eval_seeds = staticmethod(eval_seeds)
 
+    @staticmethod
+    def check_config(*, observation: str = "image", cell_px: int = 28, reward_mode: str = "shaped",
+                     **level_kwargs: Any) -> None:
+        """The settings the constructor refuses, the level's included, checked before any model loads."""
+        if observation not in ("image", "text"):
+            raise ValueError(f"observation must be 'image' or 'text', got {observation!r}")
+        if cell_px < MIN_CELL_PX:
+            raise ValueError(f"cell_px must be >= {MIN_CELL_PX}, got {cell_px}")
+        SokobanEnv.check_config(reward_mode=reward_mode, **level_kwargs)
+
+    @staticmethod
+    def check_inputs(*, observation: str = "image", **_: Any) -> None:
+        """Pillow is here when the frames are drawn (``tether validate`` and the start of a run ask)."""
+        if observation == "image" and importlib.util.find_spec("PIL") is None:
+            raise ValueError(NEEDS_PILLOW)
+
     def __init__(self, *, observation: str = "image", cell_px: int = 28, reward_mode: str = "shaped",
                  height: int = 6, width: int = 6, num_boxes: int = 1, min_solution_steps: int = 2,
                  max_solution_steps: int = 10) -> None:
-        if observation not in ("image", "text"):
-            raise ValueError(f"observation must be 'image' or 'text', got {observation!r}")
-        if cell_px < 4:
-            raise ValueError(f"cell_px must be >= 4, got {cell_px}")
+        self.check_config(observation=observation, cell_px=cell_px)  # the level's settings: SokobanEnv's own
         if observation == "image":
             require_pillow()
         self.observation, self.cell_px = observation, cell_px

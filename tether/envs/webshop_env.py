@@ -41,6 +41,7 @@ from tether.envs.base import (
 )
 
 _TEST_GOALS, _TRAIN_START = 500, 1500
+SIZES = (1000, None)  # the product sets WebShop's setup.sh builds indexes for
 _SEARCH = re.compile(r"search\[(.+)\]\Z", re.IGNORECASE | re.DOTALL)
 _CLICK = re.compile(r"click\[(.+)\]\Z", re.IGNORECASE | re.DOTALL)
 
@@ -52,6 +53,24 @@ def required_files(webshop_dir: Path, num_products: int | None) -> list[Path]:
             webshop_dir / "data" / ("items_shuffle_1000.json" if small else "items_shuffle.json"),
             webshop_dir / "data" / "items_human_ins.json",
             webshop_dir / "search_engine" / ("indexes_1k" if small else "indexes")]
+
+
+def checkout_dir(webshop_dir: str | None, num_products: int | None) -> Path:
+    """The checkout (``webshop_dir``, else ``$WEBSHOP_DIR``) with every file :func:`required_files` names.
+
+    Raises:
+        ValueError: no checkout given, or the files it lacks.
+    """
+    root = webshop_dir or os.environ.get("WEBSHOP_DIR")
+    if not root:
+        raise ValueError("WebShop is not available: pass webshop_dir= or set WEBSHOP_DIR to a WebShop checkout "
+                         "with its data (see docs/environments.md)")
+    path = Path(root).expanduser()
+    missing = [str(p) for p in required_files(path, num_products) if not p.exists()]
+    if missing:
+        raise ValueError(f"WebShop is not available: missing {', '.join(missing)} (run WebShop's setup.sh on a "
+                         "machine with network access)")
+    return path
 
 
 class WebShopEnv:
@@ -72,16 +91,25 @@ class WebShopEnv:
     train_seeds = staticmethod(train_seeds)
     eval_seeds = staticmethod(eval_seeds)
 
+    @staticmethod
+    def check_config(*, num_products: int | None = 1000, **_: object) -> None:
+        """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
+        if num_products not in SIZES:
+            raise ValueError(f"num_products must be 1000 (the small product set) or null (the full one), "
+                             f"got {num_products!r}")
+
+    @staticmethod
+    def check_inputs(*, webshop_dir: str | None = None, num_products: int | None = 1000, **_: object) -> None:
+        """The checkout and its data are here (``tether validate`` and the start of a run ask, before any model
+        loads); its Python requirements are imported only when the env is built."""
+        checkout_dir(webshop_dir, num_products)
+
     def __init__(self, *, webshop_dir: str | None = None, num_products: int | None = 1000) -> None:
-        root = webshop_dir or os.environ.get("WEBSHOP_DIR")
-        if not root:
-            raise EnvUnavailableError("WebShop is not available: pass webshop_dir= or set WEBSHOP_DIR to a "
-                                      "WebShop checkout with its data (see docs/environments.md)")
-        self.webshop_dir = Path(root).expanduser()
-        missing = [str(p) for p in required_files(self.webshop_dir, num_products) if not p.exists()]
-        if missing:
-            raise EnvUnavailableError(f"WebShop is not available: missing {', '.join(missing)} "
-                                      "(run WebShop's setup.sh on a machine with network access)")
+        self.check_config(num_products=num_products)
+        try:
+            self.webshop_dir = checkout_dir(webshop_dir, num_products)
+        except ValueError as err:
+            raise EnvUnavailableError(str(err)) from None
         self._env = self._load(num_products)
         self._available: dict[str, Any] = {"has_search_bar": False, "clickables": []}
         self._started = False

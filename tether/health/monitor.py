@@ -13,6 +13,7 @@ from torch import Tensor
 
 from tether.config import Config
 from tether.health.collapse import CollapseGuard
+from tether.health.degenerate import DegenerateCheck
 from tether.health.errors import CollapseError, HealthError
 from tether.health.parity import ParityCheck
 from tether.health.reward_audit import reward_audit
@@ -32,12 +33,14 @@ class HealthMonitor:
     :meth:`stop_if_unhealthy`.
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Any, *, is_main: bool = True) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Any, *, is_main: bool = True,
+                 vocab_size: int | None = None) -> None:
         self.cfg, self.tokenizer, self.is_main = cfg.health, tokenizer, is_main
         self.dir = Path(run_dir) / "health"
         self.parity = ParityCheck(cfg.health.parity, cfg.rollout) if cfg.health.parity.enabled else None
         self.collapse = CollapseGuard(cfg.health.collapse, cfg.train.best_metric,
                                       Path(run_dir) / "checkpoints" / "best")
+        self.degenerate = DegenerateCheck(cfg.health.degenerate, vocab_size)
         self.samples: set[Sample] = set()
         self.warned_no_answer = False
 
@@ -72,10 +75,17 @@ class HealthMonitor:
         if self.parity is not None:
             self.parity.observe(micro, trainer_log_probs)
 
-    def end_step(self, metrics: dict[str, float], dp: DataParallel) -> dict[str, float]:
-        """Parity's metrics and verdict for the step; the training reward for the collapse guard."""
+    def end_step(self, metrics: dict[str, float], dp: DataParallel, step: int) -> dict[str, float]:
+        """Parity's metrics and verdict for the step; the training reward for the collapse guard; the step's
+        entropy and gradient norm for the collapsed-policy warning (the same on every rank, so it warns on rank 0
+        alone)."""
         self.collapse.observe_train(metrics.get("train/reward_mean"))
-        return self.parity.finish(dp) if self.parity is not None else {}
+        out = self.parity.finish(dp) if self.parity is not None else {}
+        with warnings.catch_warnings():
+            if not self.is_main:
+                warnings.simplefilter("ignore")
+            out.update(self.degenerate.observe(step, metrics))
+        return out
 
     def on_validation(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         return self.collapse.observe_val(step, metrics)
@@ -88,13 +98,15 @@ class HealthMonitor:
 
     def state_dict(self) -> dict[str, Any]:
         return {"parity_bad_steps": self.parity.bad_steps if self.parity is not None else 0,
-                "collapse": self.collapse.state_dict(), "warned_no_answer": self.warned_no_answer}
+                "collapse": self.collapse.state_dict(), "warned_no_answer": self.warned_no_answer,
+                "degenerate": self.degenerate.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.parity is not None:
             self.parity.bad_steps = state.get("parity_bad_steps", 0)
         self.collapse.load_state_dict(state.get("collapse", {}))
         self.warned_no_answer = state.get("warned_no_answer", False)
+        self.degenerate.load_state_dict(state.get("degenerate", {}))  # absent from checkpoints before the check
 
     def _report_no_answer(self, batch: RolloutBatch, missing: list[int], metrics: dict[str, float], step: int) -> None:
         """A few rows without an answer to ``health/no_answer.jsonl``; one warning when they dominate."""

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 CHAR_ALIAS = re.compile(r"char-(\d+)x(\d+)")
+CHAR_CONTEXT = 1024  # max_position_embeddings of every char model
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Printable ASCII without the form-feed family: digits, letters, punctuation, space, newline. Grid symbols of
@@ -79,7 +80,7 @@ def char_model_config(hidden: int, layers: int, tokenizer: Any) -> Any:
     return LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=64 * round(8 * hidden / 3 / 64),
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        max_position_embeddings=1024, initializer_range=0.02, tie_word_embeddings=True, rope_theta=10000.0,
+        max_position_embeddings=CHAR_CONTEXT, initializer_range=0.02, tie_word_embeddings=True, rope_theta=10000.0,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 
 

@@ -45,6 +45,7 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
 
 
 TINY_ALIAS = re.compile(r"tiny-(\d+)x(\d+)")
+TINY_CONTEXT = 1024  # max_position_embeddings of tiny_model and so of every tiny-<hidden>x<layers>
 
 
 def tiny_model_dir(name: str) -> Path:
@@ -164,7 +165,7 @@ def tiny_model(seed: int = 0, *, tokenizer: Any = None, **overrides: Any) -> tup
 
     tokenizer = prepare_tokenizer(tokenizer) if tokenizer is not None else smollm2_tokenizer()
     fields = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TINY_CONTEXT,
                   initializer_range=0.1, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     fields.update(overrides)

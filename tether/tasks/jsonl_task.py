@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import random
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,10 @@ from tether.tasks.extract import (
 from tether.tasks.registry import register_task
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# Gold answers parsed per file before a run, and the time that may take: an even sample finds a file whose answers
+# are mostly unparsable (the wrong field, prose answers) without parsing 100k rows.
+GOLD_SAMPLE = 100
+GOLD_BUDGET_S = 2.0
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -52,6 +58,11 @@ def read_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[dict[
         ValueError: naming ``key``, the file and line, and what is wrong: not JSON, not an object, a missing field
             of ``fields``; or no rows at all.
     """
+    return [row for _, row in numbered_jsonl(file, key, fields)]
+
+
+def numbered_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[tuple[int, dict[str, Any]]]:
+    """:func:`read_jsonl`, each row with its line number (counting blank lines), so later checks can name it."""
     rows = []
     with file.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -67,7 +78,7 @@ def read_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[dict[
             if missing:
                 raise ValueError(f"{key}: {file} line {number} has no {missing[0]!r} field (fields: "
                                  f"{', '.join(row) or 'none'})")
-            rows.append(row)
+            rows.append((number, row))
     if not rows:
         raise ValueError(f"{key}: {file} holds no rows")
     return rows
@@ -98,6 +109,57 @@ def math_equal(gold: str, predicted: str, timeout_s: int | None = 5) -> bool:
         raise ValueError(f"gold answer {gold!r} cannot be parsed by math-verify")
     predicted_parsed = parse(_math_text(predicted), parsing_timeout=timeout_s, raise_on_error=True)
     return bool(verify(gold_parsed, predicted_parsed, timeout_seconds=timeout_s, raise_on_error=True))
+
+
+def parses(answer: str, timeout_s: int | None) -> bool:
+    """Whether math-verify reads ``answer`` as a gold answer (:func:`math_equal` refuses one it does not)."""
+    from math_verify import parse
+    from math_verify.errors import TimeoutException
+
+    if threading.current_thread() is not threading.main_thread():
+        timeout_s = None
+    try:
+        return bool(parse(_math_text(answer), parsing_timeout=timeout_s, raise_on_error=True))
+    except (Exception, TimeoutException):  # TimeoutException derives from BaseException
+        return False
+
+
+def unparsable_answers(rows: list[tuple[int, dict[str, Any]]], answer_field: str, timeout_s: int | None,
+                       sample: int = GOLD_SAMPLE, budget_s: float = GOLD_BUDGET_S) -> tuple[list[tuple[int, str]], int]:
+    """The gold answers math-verify cannot parse among an even sample of the non-empty ones (empty ones are
+    warned about apart), within ``budget_s`` seconds: a parse takes about 6 ms, and a file may hold 100k rows.
+
+    Returns:
+        ((line, answer) of each unparsable one, in file order; how many were checked).
+    """
+    answered = [(line, str(row[answer_field])) for line, row in rows if row[answer_field] not in (None, "")]
+    stride = max(1, -(-len(answered) // sample))  # ceil: at most ``sample`` answers, spread over the whole file
+    bad, checked, deadline = [], 0, time.monotonic() + budget_s
+    for line, answer in answered[::stride]:
+        if time.monotonic() > deadline:
+            break
+        checked += 1
+        if not parses(answer, timeout_s):
+            bad.append((line, answer))
+    return bad, checked
+
+
+def answer_warnings(key: str, file: Path, rows: list[tuple[int, dict[str, Any]]], answer_field: str,
+                    timeout_s: int | None) -> list[str]:
+    """One warning line for rows with an empty answer and one for gold answers math-verify cannot parse: both
+    rows are never scored correct, whatever the model answers."""
+    warnings = []
+    empty = [i for i, (_, row) in enumerate(rows, 1) if row[answer_field] in (None, "")]
+    if empty:
+        warnings.append(f"{key}: {len(empty)} of {len(rows)} rows of {file} have an empty {answer_field!r} (the "
+                        f"first: row {empty[0]}); they are never scored correct")
+    bad, checked = unparsable_answers(rows, answer_field, timeout_s)
+    if bad:
+        line, answer = bad[0]
+        warnings.append(f"{key}: {len(bad)} of {checked} gold answers sampled from {file} cannot be parsed by "
+                        f"math-verify (the first: line {line}, {answer_field}={answer!r}); such rows are scored as "
+                        "faults (reward/faults), never correct")
+    return warnings
 
 
 def _split(rows: list[dict[str, Any]], val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
@@ -183,12 +245,14 @@ class JsonlTask:
 
     @staticmethod
     def check_inputs(*, path: str | None = None, train_path: str | None = None, val_path: str | None = None,
-                     prompt_field: str = "prompt", answer_field: str = "answer", **_: Any) -> list[str]:
+                     prompt_field: str = "prompt", answer_field: str = "answer", timeout_s: int = 5,
+                     **_: Any) -> list[str]:
         """Before any model loads: each data file exists, and each line of a ``.jsonl`` one is an object with the
         prompt and answer fields (the first bad line is named).
 
         Returns:
-            Warning lines: rows whose answer is empty (they can never be scored correct).
+            Warning lines: rows whose answer is empty, and gold answers math-verify cannot parse (an even sample
+            of each file's: :func:`unparsable_answers`); such rows can never be scored correct.
 
         Raises:
             ValueError: the first problem, with the file and line.
@@ -201,12 +265,29 @@ class JsonlTask:
             if not file.is_file():
                 raise ValueError(f"{key}: data file {str(file)!r} does not exist")
             if file.suffix.lower() == ".jsonl":
-                rows = read_jsonl(file, key, (prompt_field, answer_field))
-                empty = [i for i, row in enumerate(rows, 1) if row[answer_field] in (None, "")]
-                if empty:
-                    warnings.append(f"{key}: {len(empty)} of {len(rows)} rows of {file} have an empty "
-                                    f"{answer_field!r} (the first: row {empty[0]}); they are never scored correct")
+                rows = numbered_jsonl(file, key, (prompt_field, answer_field))
+                warnings += answer_warnings(key, file, rows, answer_field, timeout_s)
         return warnings
+
+    @staticmethod
+    def longest_prompts(limit: int, *, path: str | None = None, train_path: str | None = None,
+                        val_path: str | None = None, prompt_field: str = "prompt",
+                        prompt_template: str = DEFAULT_PROMPT_TEMPLATE, system_prompt: str | None = None,
+                        **_: Any) -> list[tuple[str, str, str | None]]:
+        """The ``limit`` longest prompts of the ``.jsonl`` files by characters, as the collector sends them, for the
+        context check of :mod:`tether.checks.context` (counting their tokens needs the tokenizer alone).
+
+        Returns:
+            ``(where, user message, system message)`` each, ``where`` being ``"<file> line <n>"``.
+        """
+        found = []
+        for file in (path, train_path, val_path):
+            if file is None or Path(file).suffix.lower() != ".jsonl":
+                continue
+            for line, row in numbered_jsonl(Path(file), "task.kwargs", (prompt_field,)):
+                found.append((len(str(row[prompt_field])), f"{file} line {line}", str(row[prompt_field])))
+        longest = heapq.nlargest(limit, found, key=lambda entry: entry[0])
+        return [(where, format_prompt(prompt_template, text), system_prompt) for _, where, text in longest]
 
     def _load(self, path: str | None, train_path: str | None, val_path: str | None, val_size: int,
               seed: int) -> tuple[list[dict], list[dict], str]:

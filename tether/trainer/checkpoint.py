@@ -113,33 +113,72 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def publish_dir(target: Path, write: Callable[[Path], None], dp: DataParallel) -> None:
     """Build ``target`` in a temporary sibling with ``write(tmp)`` on every rank, then rename it into place.
 
-    Collective: every rank must call it. The barriers make sure the directory exists before anyone writes
-    and that every rank has finished before rank 0 renames.
+    Collective: every rank must call it. After each phase (rank 0 makes the directory, every rank writes, rank 0
+    hashes and renames) the ranks agree on whether it went well (:func:`in_step`), so the directory exists before
+    anyone writes, every rank has finished before rank 0 renames, and a failure anywhere stops every rank.
+
+    Raises:
+        CheckpointWriteError: on every rank, when any rank could not write (one line: the path and the cause).
     """
     tmp = target.with_name(target.name + ".tmp")
+    in_step(dp, target, lambda: _fresh_dir(tmp) if dp.is_main else None, discard=tmp)
+    in_step(dp, target, lambda: write(tmp), discard=tmp)
+    in_step(dp, target, lambda: _swap_in(tmp, target) if dp.is_main else None, discard=tmp)
+
+
+def _fresh_dir(tmp: Path) -> None:
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by a crash during an earlier save
+    tmp.mkdir(parents=True)
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    write_manifest(tmp)
+    old = target.with_name(target.name + ".old")
+    _settle_old(target, old)  # a crash inside an earlier swap must not block this one
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def in_step(dp: DataParallel, target: Path, action: Callable[[], None], *, discard: Path | None = None) -> None:
+    """Run ``action`` on every rank, then agree on how it went: one rank's failure stops them all.
+
+    Under ``torchrun`` a rank that raised alone would leave the others waiting at the next collective until the
+    process group's timeout (30 minutes by default), so every rank reports, and all raise the same line.
+
+    Args:
+        discard: a partial directory to remove on failure (what fits of a partial checkpoint is never read;
+            freeing its space is what a full disk needs).
+
+    Raises:
+        CheckpointWriteError: on every rank when any rank failed to write (naming the path, the cause, and under
+            ``torchrun`` the rank). The failing rank re-raises its own error instead when it is not a write error
+            (a bug, whose traceback is wanted).
+    """
+    error: Exception | None = None
     try:
-        if dp.is_main:
-            if tmp.exists():
-                shutil.rmtree(tmp)  # left by a crash during an earlier save
-            tmp.mkdir(parents=True)
-        dp.barrier()
-        write(tmp)
-        dp.barrier()
-        if dp.is_main:
-            write_manifest(tmp)
-            old = target.with_name(target.name + ".old")
-            _settle_old(target, old)  # a crash inside an earlier swap must not block this one
-            if target.exists():
-                os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-    except (OSError, RuntimeError) as err:
-        error = write_error(target, err)
-        if error is None:
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # what fits of a partial checkpoint is never read; free its space
-        raise error from None
-    dp.barrier()
+        action()
+    except Exception as err:  # any failure must reach the other ranks before anyone raises
+        error = err
+    failed = dp.first_failure(None if error is None else _failure_line(target, error))
+    if failed is None:
+        return
+    if discard is not None and dp.is_main:
+        shutil.rmtree(discard, ignore_errors=True)
+    if error is not None and (not isinstance(error, OSError | RuntimeError) or write_error(target, error) is None):
+        raise error
+    rank, line = failed
+    raise CheckpointWriteError(f"{line} (rank {rank} of {dp.world_size})" if dp.enabled else line) from None
+
+
+def _failure_line(target: Path, err: Exception) -> str:
+    known = write_error(target, err) if isinstance(err, OSError | RuntimeError) else None
+    if known is not None:
+        return str(known)
+    first = (str(err).splitlines() or [""])[0]
+    return f"cannot write checkpoint {target}: {type(err).__name__}: {first}"
 
 
 def write_error(target: Path, err: OSError | RuntimeError) -> CheckpointWriteError | None:
@@ -179,11 +218,12 @@ class CheckpointManager:
         """``step_<step>/`` filled by ``write(directory)``; then ``latest`` points at it and old steps go."""
         target = self.root / f"step_{step:06d}"
         publish_dir(target, write, self.dp)
-        if self.dp.is_main:
-            write_text_atomic(self.root / "latest", target.name)
-            self._prune()
-        self.dp.barrier()
+        in_step(self.dp, self.root / "latest", lambda: self._point_latest(target) if self.dp.is_main else None)
         return target
+
+    def _point_latest(self, target: Path) -> None:
+        write_text_atomic(self.root / "latest", target.name)
+        self._prune()
 
     def save_best(self, write: Callable[[Path], None]) -> Path:
         target = self.root / "best"

@@ -35,6 +35,7 @@ from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine
 from tether.health import HealthError, HealthMonitor
+from tether.health.degenerate import vocab_size
 from tether.methods import MiniBatch, Reference, StepContext, build_methods
 from tether.methods.base import Method
 from tether.methods.context import step_seed
@@ -115,7 +116,8 @@ class Trainer:
                                      mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
         if self.dp.is_main:  # W&B and MLflow record the run's settings (TensorBoard as text); config.yaml again
             self.tracker.log_config(cfg.model_dump(mode="json"))
-        self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main)  # docs/health.md
+        self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main,  # docs/health.md
+                                    vocab_size=vocab_size(policy))
         for m in self.methods:
             m.setup(self.hook_context())
         if resume_from is not None:
@@ -250,7 +252,7 @@ class Trainer:
         for m in self.methods:                         # 6. method bookkeeping (reference resets...)
             metrics.update(m.after_update(self.hook_context()))
         metrics.update(batch_metrics(batch))
-        metrics.update(self.health.end_step(metrics, self.dp))  # engine-trainer parity, from the update's pi_old
+        metrics.update(self.health.end_step(metrics, self.dp, self.step))  # parity; a collapsed policy
         n_tokens = float(batch.response_mask.sum())
         now = time.perf_counter()
         metrics.update({"perf/step_s": now - start, "perf/rollout_s": t_rollout,

@@ -1,0 +1,137 @@
+"""Prompts and responses that do not fit the policy's context, found before its weights load.
+
+The model's ``config.json`` gives the context (``max_position_embeddings``; tether's char and tiny models have a
+known one), and the tokenizer alone counts a prompt's tokens, chat template included. Which prompts: a task class
+may offer ``longest_prompts(limit, **kwargs)``, its longest prompts by characters (the jsonl task reads them from its
+files); only those ``limit`` are tokenised, so the cost is a tokenizer load and a few encodings, not the data set.
+Tasks that generate their prompts and environments, whose observations grow turn by turn, are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tether.checks.findings import Findings
+from tether.checks.workload import workload_class
+from tether.config import Config, ConfigError
+
+LONGEST_PROMPTS = 16  # prompts tokenised per run check: the longest by characters are the longest by tokens, nearly
+
+
+def warn_context(cfg: Config, found: Findings) -> None:
+    """``rollout.max_new_tokens`` and the task's longest prompts against the policy's context.
+
+    Raises:
+        ConfigError: a prompt alone fills the context: nothing can be generated after it (vLLM refuses it; the
+            HF engine would sample past the positions the model was trained on).
+    """
+    known = context_and_tokenizer(cfg.model.name)
+    if known is None:
+        return
+    context, load_tokenizer = known
+    new = cfg.rollout.max_new_tokens
+    if new >= context:
+        found.warn(f"rollout.max_new_tokens={new} is not below the context of {cfg.model.name} ({context} tokens, "
+                   "max_position_embeddings): prompt and response do not fit")
+        return
+    lengths = prompt_lengths(cfg, load_tokenizer)
+    if not lengths:
+        return
+    longest, where = max(lengths)
+    if longest >= context:
+        raise ConfigError(f"task.kwargs: the prompt at {where} is {longest} tokens with the chat template; the "
+                          f"context of {cfg.model.name} is {context} tokens (max_position_embeddings), and a prompt "
+                          "must leave room for the response: shorten or drop it, or use a model with a longer context")
+    over = sum(length + new > context for length, _ in lengths)
+    if over:
+        found.warn(f"rollout.max_new_tokens={new}: the longest prompt ({where}, {longest} tokens) leaves "
+                   f"{context - longest} tokens of the context of {cfg.model.name} ({context}, "
+                   f"max_position_embeddings); {over} of the {len(lengths)} longest prompts leave less than "
+                   "max_new_tokens, so their responses run past the context")
+
+
+def prompt_lengths(cfg: Config, load_tokenizer: Callable[[], Any]) -> list[tuple[int, str]]:
+    """``(tokens, where)`` of the task's longest prompts; empty where the task offers none, or its data is bad
+    (which :func:`tether.checks.machine.check_workload_inputs` reports)."""
+    from tether.models.chat import encode_chat
+
+    section, cls = workload_class(cfg)
+    hook = getattr(cls, "longest_prompts", None) if section == "task" else None
+    if hook is None:
+        return []
+    try:
+        prompts = hook(LONGEST_PROMPTS, **cfg.task.kwargs)
+    except (OSError, ValueError, TypeError):
+        return []
+    if not prompts:
+        return []
+    tokenizer = load_tokenizer()
+    if tokenizer is None:
+        return []
+    return [(len(encode_chat(tokenizer, user, system=system)), where) for where, user, system in prompts]
+
+
+def context_and_tokenizer(name: str) -> tuple[int, Callable[[], Any]] | None:
+    """The policy's context and a loader of its tokenizer (None when it cannot be loaded alone), without its
+    weights; None where the context is not known so."""
+    from tether.models.char import CHAR_CONTEXT, char_tokenizer, parse_char_alias
+    from tether.models.loading import TINY_ALIAS, TINY_CONTEXT, cache_root, smollm2_tokenizer
+
+    if parse_char_alias(name) is not None:
+        return CHAR_CONTEXT, char_tokenizer
+    if TINY_ALIAS.fullmatch(name):
+        return TINY_CONTEXT, lambda: _quietly(smollm2_tokenizer)
+    directory = _model_dir(name, cache_root() / "models" / name)
+    context = None if directory is None else _max_positions(directory / "config.json")
+    if context is None:
+        return None
+    return context, lambda: _quietly(lambda: _auto_tokenizer(directory))
+
+
+def _model_dir(name: str, alias_dir: Path) -> Path | None:
+    """Where ``config.json`` is: a local directory, a tether alias already built, or the Hub cache's snapshot."""
+    for directory in (Path(name).expanduser(), alias_dir):
+        if (directory / "config.json").is_file():
+            return directory
+    cached = hub_file(name, "config.json")
+    return None if cached is None else Path(cached).parent
+
+
+def hub_file(repo_id: str, filename: str) -> str | None:
+    """``filename`` of ``repo_id`` in the local Hugging Face cache, or None (not cached, or not a Hub id)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, filename)
+    except ValueError:  # not a valid Hub id (HFValidationError)
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _max_positions(config: Path) -> int | None:
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    if "vision_config" in data:  # a VLM's prompts carry images, which a tokenizer alone cannot count
+        return None
+    value = data.get("max_position_embeddings")
+    return value if isinstance(value, int) else None
+
+
+def _auto_tokenizer(directory: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def _quietly(load: Callable[[], Any]) -> Any:
+    """The tokenizer, or None when it cannot be loaded here (a directory with weights but no tokenizer files, the
+    SmolLM2 package missing): the check is a courtesy, and the model's own loading reports what is wrong."""
+    try:
+        return load()
+    except (OSError, ValueError, RuntimeError):
+        return None
