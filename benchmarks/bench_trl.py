@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the rows of a step; must divide them")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--lora", action="store_true",
-                   help="train LoRA adapters in both trainers: the config's model.lora, else tether's defaults")
+                   help="train LoRA adapters in both trainers: the config's model.lora, else tether's defaults; "
+                        "without it both fine-tune every weight, whatever the config says")
     p.add_argument("--only", choices=("tether", "trl"), default=None, help="run one trainer only")
     p.add_argument("--config", type=Path, default=QUICKSTART,
                    help="tether config to take the task and settings from (default configs/quickstart.yaml)")
