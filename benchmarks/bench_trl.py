@@ -2,6 +2,7 @@
 
     bash benchmarks/setup_trl.sh                      # once: benchmarks/.venv-trl with TRL and tether
     benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2
+    benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2 --lora   # LoRA adapters in both
 
 Both trainers train SmolLM2-135M-Instruct (float32, from tether's converted cache directory) on the
 quickstart task (reasoning-gym basic_arithmetic, its prompts, its reward), with the same group size,
@@ -9,7 +10,8 @@ prompts per step, completion budget, temperature, learning rate, clip range, tok
 optimiser step per RL step. The steps alternate (tether, TRL, tether, TRL, ...): a TRL callback runs
 one tether step before each TRL step, outside TRL's timed interval, so both see the same machine
 state. Both get the same prompts in the same order. docs/benchmarks.md lists what is matched and
-what still differs.
+what still differs. With ``--lora`` both train the same LoRA adapters (the config's ``model.lora``, else tether's
+defaults: rank 16, alpha 32, every attention and MLP projection; TRL through ``peft_config``), base weights frozen.
 
 Timings per RL step (medians over ``--steps`` after ``--warmup`` steps of each trainer):
 
@@ -58,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows per forward/backward in both trainers; default: the quickstart's (32), capped at "
                         "the rows of a step; must divide them")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--lora", action="store_true",
+                   help="train LoRA adapters in both trainers: the config's model.lora, else tether's defaults; "
+                        "without it both fine-tune every weight, whatever the config says")
     p.add_argument("--only", choices=("tether", "trl"), default=None, help="run one trainer only")
     p.add_argument("--tether-override", action="append", default=[], metavar="KEY=VALUE",
                    help="a tether config override (repeatable) that leaves the step comparable, e.g. "
@@ -85,6 +90,12 @@ def tether_config(args: argparse.Namespace, run_dir: str) -> Any:
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     cfg = load_config(args.config, [*overrides, *args.tether_override])
+    if args.lora and cfg.model.lora is None:
+        from tether.config import LoraSettings
+
+        cfg.model.lora = LoraSettings()
+    elif not args.lora:
+        cfg.model.lora = None  # full fine-tuning, whatever the config says
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     micro = min(args.micro_batch_size or cfg.optim.micro_batch_size, rows)
     if rows % micro:
@@ -205,6 +216,17 @@ def trl_reward(task: Any) -> Any:
     return quickstart_reward
 
 
+def trl_peft_config(cfg: Any) -> Any:
+    """PEFT's LoraConfig of ``cfg.model.lora`` as tether builds it (tether.models.lora.add_lora), or None."""
+    lora = cfg.model.lora
+    if lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=0.0,
+                      bias="none", task_type="CAUSAL_LM")
+
+
 def build_trl(cfg: Any, path: str, task: Any, order: list[int], out_dir: str, between: Any) -> Any:
     """A GRPOTrainer set up like ``cfg``; ``between()`` runs before each TRL step, outside its timing."""
     try:
@@ -270,7 +292,7 @@ def build_trl(cfg: Any, path: str, task: Any, order: list[int], out_dir: str, be
                 self.records[-1]["wall_s"] = time.perf_counter() - self.start
 
     trainer = TimedGRPOTrainer(model=path, reward_funcs=trl_reward(task), args=args,
-                               train_dataset=trl_dataset(task, order))
+                               train_dataset=trl_dataset(task, order), peft_config=trl_peft_config(cfg))
     trainer.remove_callback(PrinterCallback)  # tether's progress bar is off too
     trainer.bench = {"rollout_s": 0.0, "generate_s": 0.0, "tokens": 0.0}
     timer = StepTimer()
@@ -304,6 +326,7 @@ def optimizer_facts(optimizer: Any, model: Any) -> dict[str, Any]:
             "weight_decay": sorted({g["weight_decay"] for g in groups}), "fused": d.get("fused"),
             "foreach": d.get("foreach"),
             "param_dtype": str(next(model.parameters()).dtype),
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "activation_checkpointing": bool(getattr(model, "is_activation_checkpointing", False))}
 
 
@@ -393,7 +416,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = tether_config(args, os.path.join(work, "tether"))
     path = model_dir(cfg.model.name)
     r = cfg.rollout
-    print(f"model {path}\n{r.prompts_per_step} prompts x {r.group_size} samples, <= {r.max_new_tokens} new tokens, "
+    lora = cfg.model.lora
+    print(f"model {path}" + ("" if lora is None else f" + LoRA rank {lora.rank}, alpha {lora.alpha}") +
+          f"\n{r.prompts_per_step} prompts x {r.group_size} samples, <= {r.max_new_tokens} new tokens, "
           f"micro-batch {cfg.optim.micro_batch_size}, {args.threads} threads, "
           f"{args.warmup} warm-up + {args.steps} timed steps per trainer\n", flush=True)
     load_start = os.getloadavg()
@@ -437,7 +462,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "micro_batch_size": cfg.optim.micro_batch_size, "threads": args.threads,
                      "lr": cfg.optim.lr, "temperature": r.temperature, "model": path,
                      "config": str(args.config), "interleaved": args.only is None,
-                     "tether_overrides": args.tether_override},
+                     "tether_overrides": args.tether_override,
+                     "lora": None if cfg.model.lora is None else cfg.model.lora.model_dump()},
         "environment": environment(), "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "prompt_tokens_identical": parity, "first_prompt_tokens": prompt_len,
         "setup": setup_facts(tether, trl), "summary": summary,

@@ -17,6 +17,7 @@ python="${PYTHON:-python3}"
 TORCH_VERSION="2.13.0"
 TRANSFORMERS_VERSION="5.24.0"
 TRL_VERSION="1.16.0"
+PEFT_VERSION="0.21.2"
 
 "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check)
@@ -25,7 +26,7 @@ trap 'rm -f "$constraints" "$constraints.deps"' EXIT
 printf 'torch==%s\ntransformers==%s\n' "$TORCH_VERSION" "$TRANSFORMERS_VERSION" > "$constraints"
 
 "${pip[@]}" "torch==$TORCH_VERSION"
-"${pip[@]}" -c "$constraints" "trl==$TRL_VERSION" datasets
+"${pip[@]}" -c "$constraints" "trl==$TRL_VERSION" datasets "peft==$PEFT_VERSION"  # peft: bench_trl.py --lora
 # tether itself, editable, without letting pip resolve its dependencies again...
 "${pip[@]}" -e "$repo" --no-deps
 # ...then its runtime dependencies (pyproject [project.dependencies]) under the same constraints.
@@ -39,8 +40,9 @@ EOF
 
 "$venv/bin/python" -m pip check
 "$venv/bin/python" - <<'EOF'
-import torch, transformers, trl, tether
+import peft, torch, transformers, trl, tether
 print(f"torch {torch.__version__}  transformers {transformers.__version__}  trl {trl.__version__}  "
+      f"peft {peft.__version__}  "
       f"tether {tether.__file__}")
 EOF
 echo "ready: $venv/bin/python benchmarks/bench_trl.py --help"

@@ -26,11 +26,31 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# The linear layers of a Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2/3, tether's tiny- and char- models):
+# attention and MLP projections, not the LM head or the embedding.
+LLAMA_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraSettings(Section):
+    """Low-rank adapters (PEFT's LoRA) on the policy: only they train; the reference is the base without them."""
+
+    rank: int = Field(16, ge=1, description="rank r of each adapter: the update of a d_out x d_in weight is B A, "
+                      "B of d_out x r and A of r x d_in")
+    alpha: float = Field(32.0, gt=0, description="scale of the adapters' output: the update is (alpha / rank) B A")
+    target_modules: list[str] = Field(default_factory=lambda: list(LLAMA_LINEAR), min_length=1,
+                                      description="names of the linear layers that get an adapter (a layer matches "
+                                      "when its name ends with one); default: every attention and MLP projection "
+                                      "of a Llama-family model")
+
+
 class ModelConfig(Section):
     name: str = Field("smollm2-135m-instruct", description="HF model name or local path, or a tether alias")
     bf16_autocast: bool = Field(False, description="bfloat16 autocast for every forward pass (fp32 weights and "
                                 "optimiser); faster on CPUs with AMX/AVX512-BF16 and on GPUs")
-    ref_name: str | None = Field(None, description="reference model; default: a frozen copy of the initial policy")
+    ref_name: str | None = Field(None, description="reference model; default: a frozen copy of the initial policy "
+                                 "(with model.lora: the policy with its adapters switched off, no copy)")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of every weight (needs peft: "
+                                      "pip install -e '.[lora]'; docs/lora.md); unset: full fine-tuning")
 
 
 class TaskConfig(Section):

@@ -6,6 +6,7 @@ compare them with the same computations done here in one process.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -28,15 +29,20 @@ def make_trainer(cfg):
     return Trainer(cfg, policy=model, tokenizer=tok)
 
 
-def run_update(run_dir: Path) -> dict:
+HAS_PEFT = importlib.util.find_spec("peft") is not None
+LORA = ("model.lora.rank=4",)  # adapters only: the reference (kl.coef) is the base with them off
+
+
+def run_update(run_dir: Path, *overrides: str) -> dict:
     """score -> advantages -> update on the fixed batch; the gradients of the last optimiser step stay."""
-    trainer = make_trainer(tiny_config(run_dir, *UPDATE))
+    trainer = make_trainer(tiny_config(run_dir, *UPDATE, *overrides))
     batch = fixed_batch()
     trainer.score(batch)
     trainer.compute_advantages(batch)
     metrics = trainer.update(batch)
-    grads = torch.cat([p.grad.flatten() for p in trainer.policy.parameters()])
-    params = torch.cat([p.detach().flatten() for p in trainer.policy.parameters()])
+    trained = [p for p in trainer.policy.parameters() if p.requires_grad]
+    grads = torch.cat([p.grad.flatten() for p in trained])
+    params = torch.cat([p.detach().flatten() for p in trained])
     return {"metrics": metrics, "grads": grads, "params": params}
 
 
@@ -65,6 +71,8 @@ def failed_save(root: Path, rank: int) -> dict:
 def _work(rank: int, out: Path) -> dict:
     result = {"failed_save": failed_save(out / "failed_save", rank)}
     result["update"] = run_update(out / "update")
+    if HAS_PEFT:
+        result["lora_update"] = run_update(out / "lora", *LORA)
     trainer = make_trainer(tiny_config(out / "fit", "train.steps=1"))  # fit() is what `tether train` runs
     result["generation"] = trainer.engine.generate(PROMPTS, SAMPLING, seed=123)
     trainer.fit()
@@ -130,6 +138,18 @@ def test_two_process_update_equals_the_single_process_update(two_ranks, tmp_path
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
             assert got["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-4, abs=1e-6), key
     assert torch.equal(results[0]["update"]["params"], results[1]["update"]["params"])  # replicas stay equal
+
+
+@pytest.mark.skipif(not HAS_PEFT, reason="peft is not installed (pip install -e '.[lora]')")
+def test_two_process_lora_update_equals_the_single_process_update(two_ranks, tmp_path):
+    results, _ = two_ranks
+    single = run_update(tmp_path, *LORA)
+    for r in results:
+        got = r["lora_update"]
+        torch.testing.assert_close(got["grads"], single["grads"], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(got["params"], single["params"], rtol=0, atol=1e-5)
+        assert got["metrics"]["actor/kl_loss"] == pytest.approx(single["metrics"]["actor/kl_loss"], rel=1e-4)
+    assert torch.equal(results[0]["lora_update"]["params"], results[1]["lora_update"]["params"])
 
 
 def test_each_rank_samples_its_share_with_its_own_seed(two_ranks):

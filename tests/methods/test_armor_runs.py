@@ -111,6 +111,29 @@ def test_anchor_groups_and_old_log_probs_from_the_policy(tiny, tmp_path):
     assert drift["armor/kl_on_old"] == pytest.approx(expected.item(), rel=1e-5)
 
 
+def test_with_lora_anchors_come_from_the_base_with_the_adapters_off(tiny, tmp_path):
+    pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[lora]')")
+    from tether.models.forward import response_log_probs
+
+    base = copy.deepcopy(tiny[0])
+    trainer = make_trainer(tiny, tmp_path, [*ARMOR, "model.lora.rank=4"])
+    with torch.no_grad():  # trained adapters: the policy is no longer its base
+        for name, p in trainer.policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    batch, _ = trainer.collector.collect(trainer)
+    trainer.score(batch)
+    anchor = batch.source == 1
+    assert int(anchor.sum()) == 2
+    mask = batch.response_mask
+    ref, old = batch.token["ref_log_probs"], batch.token["old_log_probs"]
+    want, _ = response_log_probs(base, batch.prompt_ids, batch.response_ids, mask)
+    torch.testing.assert_close(ref, want * mask, atol=1e-6, rtol=0)  # the reference is the base
+    torch.testing.assert_close((batch.sample_log_probs * mask)[anchor], ref[anchor], atol=1e-4, rtol=0)
+    assert (old[anchor] - ref[anchor]).abs().max() > 1e-2  # scored by the policy, adapters on
+    assert trainer.train_step()["armor/anchor_rows"] == 2
+
+
 def test_single_update_takes_pi_old_of_anchors_from_the_policy(tiny, tmp_path):
     # One optimizer step: the trainer uses the update's own detached forward as pi_old for all rows, so the
     # plain ratio is exactly 1 on anchors too; with pi/pi_ref on anchors (off-policy IS) it is not.

@@ -402,3 +402,21 @@ def test_log_injections_writes_each_injected_token_with_its_context(tmp_path, ti
         assert r["token"] == tok.decode(ids[t:t + 1])
         assert r["before"] == tok.decode(ids[:t], skip_special_tokens=True)
         assert r["prompt"] == batch.info["item"][row].prompt
+
+
+def test_with_lora_the_prior_injects_and_only_the_adapters_train(tmp_path, tiny_policy, prior_dir):
+    pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[lora]')")
+    from tests.trainer.helpers import tiny_config
+    from tether.models.lora import BaseModelView
+    from tether.trainer import Trainer
+
+    cfg = tiny_config(tmp_path, "model.lora.rank=4", algorithm={"policy_loss": "eapo"},
+                      methods={"eapo": {"prior": str(prior_dir), "threshold": -1.0, "budget": 2}})
+    model, tok = tiny_policy
+    base = copy.deepcopy(model.state_dict())
+    trainer = Trainer(cfg, policy=model, tokenizer=tok)
+    metrics = trainer.train_step()
+    assert metrics["eapo/injected_token_frac"] > 0
+    kept = BaseModelView(trainer.policy).state_dict()
+    assert all(torch.equal(kept[k], base[k]) for k in base)  # the base weights did not move
+    assert any(p.abs().sum() > 0 for n, p in trainer.policy.named_parameters() if "lora_B" in n)  # the adapters did

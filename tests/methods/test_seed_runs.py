@@ -200,6 +200,25 @@ def test_step_writes_skills_and_validation_never_sees_them(tiny_policy, tmp_path
     assert len((tmp_path / "run" / "skills.jsonl").read_text().splitlines()) == 6
 
 
+def test_with_lora_the_skill_teacher_is_the_policy_and_the_kl_reference_its_base(tiny_policy, tmp_path):
+    pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[lora]')")
+    from tether.models.lora import BaseModelView
+
+    trainer = seed_trainer(tiny_policy, tmp_path, "model.lora.rank=4")
+    assert isinstance(trainer.ref_policy, BaseModelView)
+    with torch.no_grad():  # trained adapters: teacher (policy) and reference (base) differ
+        for name, p in trainer.policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    batch, _ = scored_batch(trainer)
+    rows, prompts, _ = teacher_prompts(batch, trainer.tokenizer, batch.info["seed_skill"], augment_with_skill)
+    assert rows
+    teacher = trainer.log_probs(trainer.policy, batch.select(rows), prompt_ids=prompts)
+    torch.testing.assert_close(batch.token["teacher_log_probs"][rows], teacher, atol=1e-5, rtol=0)
+    metrics = trainer.train_step()
+    assert metrics["seed/opd_loss"] != 0.0 and metrics["actor/kl_loss"] > 0.0
+
+
 def test_opd_schedule_off_masks_everything(tiny_policy, tmp_path):
     trainer = seed_trainer(tiny_policy, tmp_path, seed_settings={"opd_start_after_steps": 1})
     batch, metrics = scored_batch(trainer)

@@ -61,7 +61,8 @@ def check_packages(cfg: Config, found: Findings) -> None:
     wanted = [("logging.wandb", "wandb", cfg.logging.wandb is not None),
               ("logging.mlflow", "mlflow", cfg.logging.mlflow is not None),
               ("logging.tensorboard", "tensorboard", cfg.logging.tensorboard),
-              ("env.workers", "ray", cfg.env is not None and cfg.env.workers > 0)]
+              ("env.workers", "ray", cfg.env is not None and cfg.env.workers > 0),
+              ("model.lora", "peft", cfg.model.lora is not None)]
     for key, package, used in wanted:
         if used and importlib.util.find_spec(package) is None:
             raise ConfigError(f"{key} is set but the package {package!r} is not installed; pip install {package}, "
@@ -105,11 +106,54 @@ def check_sft_data(cfg: Config, found: Findings) -> None:
     jsonl_examples(cfg.sft)
 
 
+def check_lora_targets(cfg: Config, found: Findings) -> None:
+    """``model.lora.target_modules`` each name a linear layer of the policy, as PEFT matches them (the layer's name
+    or its last dotted parts). The layer names come from the policy's config, built on the meta device: no weight is
+    read or allocated. A policy whose config is not on this machine yet is left to PEFT, which refuses targets it
+    finds none of."""
+    if cfg.model.lora is None:
+        return
+    names = _linear_layer_names(cfg.model.name)
+    if names is None:
+        return
+    missing = [t for t in cfg.model.lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        kinds = sorted({n.rsplit(".", 1)[-1] for n in names})
+        raise ConfigError(f"model.lora.target_modules: {', '.join(missing)} name no linear layer of "
+                          f"{cfg.model.name}; its linear layers end in: {', '.join(kinds)}")
+
+
+def _linear_layer_names(name: str) -> list[str] | None:
+    """Dotted names of the ``nn.Linear`` layers of model ``name``, or None when its config is not at hand."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+    from tether.models.char import parse_char_alias
+    from tether.models.loading import SMOLLM2, TINY_ALIAS
+
+    if name == SMOLLM2 or parse_char_alias(name) is not None or TINY_ALIAS.fullmatch(name):
+        # tether's text aliases are Llamas; the names of the layers do not depend on their sizes
+        config = LlamaConfig(vocab_size=8, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                             num_attention_heads=1, num_key_value_heads=1)
+    elif (local := Path(name).expanduser()).is_dir():
+        config = AutoConfig.from_pretrained(local)
+    elif hub_file(name, "config.json") is not None:
+        config = AutoConfig.from_pretrained(name)
+    else:
+        return None
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except ValueError:  # not a causal LM (a vision-language config): left to PEFT
+        return None
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+
+
 def machine_checks(*, policy: bool = True, sft: bool = False) -> tuple:
     """The checks of this module; ``policy=False`` when the caller brings the policy itself, ``sft=True`` for the
     data of the ``sft:`` section (``tether sft`` and ``tether validate``; ``tether train`` ignores that section)."""
     def models(cfg: Config, found: Findings) -> None:
         check_models(cfg, found, policy=policy)
 
-    optional = ((warn_context,) if policy else ()) + ((check_sft_data,) if sft else ())
+    optional = ((warn_context, check_lora_targets) if policy else ()) + ((check_sft_data,) if sft else ())
     return (models, check_packages, check_engine_here, check_workload_inputs, *optional)

@@ -11,9 +11,10 @@ step                       :class:`Replicate`                    :class:`~tether
 ``micro_batches``          this rank's share of the rows, in     the same, padded so every rank runs as many
                            fixed-size or token-budget groups
 ``clip_grad_norm``         all-reduce (sum), then clip           clip (FSDP2 already reduce-scattered)
-``save/load_training``     HF weights + optimiser in             ``torch.distributed.checkpoint`` (DCP), one
-                           ``trainer_state.pt`` (rank 0)         file per rank
-``save_pretrained``        rank 0's module                       the full state dict gathered to rank 0
+``save/load_training``     HF weights (LoRA: PEFT adapters) +    ``torch.distributed.checkpoint`` (DCP), one
+                           optimiser in ``trainer_state.pt``     file per rank (LoRA is refused under FSDP2)
+                           (rank 0)
+``save_pretrained``        rank 0's module (LoRA: its adapters)  the full state dict gathered to rank 0
 =========================  ====================================  =========================================
 """
 
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from tether.distributed.data_parallel import DataParallel, chunk_by_length
+from tether.models.lora import is_lora, load_adapter, save_adapter
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,11 @@ class Replicate:
                             optimizer: torch.optim.Optimizer, ref: nn.Module | None) -> bool:
         from transformers import AutoModelForCausalLM
 
-        saved = AutoModelForCausalLM.from_pretrained(directory, dtype=next(policy.parameters()).dtype)
-        policy.load_state_dict(saved.state_dict())
+        if is_lora(policy):  # the checkpoint holds the adapters; the base is the model the run starts from
+            load_adapter(policy, directory)
+        else:
+            saved = AutoModelForCausalLM.from_pretrained(directory, dtype=next(policy.parameters()).dtype)
+            policy.load_state_dict(saved.state_dict())
         optimizer.load_state_dict(state["optimizer"])
         if state["ref_policy"] is None:
             return False
@@ -150,5 +155,9 @@ class Replicate:
         return True
 
     def save_pretrained(self, directory: Path, model: nn.Module) -> None:
-        if self.dp.is_main:
+        if not self.dp.is_main:
+            return
+        if is_lora(model):  # the adapters alone, in PEFT's format (tether.models.lora)
+            save_adapter(model, directory)
+        else:
             model.save_pretrained(directory, safe_serialization=True)

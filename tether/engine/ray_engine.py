@@ -32,6 +32,7 @@ from tether.engine.base import (
     SamplingParams,
 )
 from tether.engine.hf import HFEngine, default_eos_token_ids, pad_token_id
+from tether.models.lora import serving_state_dict
 
 if TYPE_CHECKING:
     from tether.config import ModelConfig
@@ -120,7 +121,7 @@ class RayEngine:
         engine_kwargs = {"eos_token_ids": default_eos_token_ids(model, tokenizer), "bf16_autocast": bf16_autocast,
                          "compact_below": compact_below, "score_rows": score_rows}
         worker = ray.remote(EngineWorker).options(num_cpus=num_cpus_per_actor, num_gpus=num_gpus_per_actor)
-        weights, tok = ray.put(_cpu(model.state_dict())), ray.put(tokenizer)
+        weights, tok = ray.put(_cpu(serving_state_dict(model))), ray.put(tokenizer)  # plain names, LoRA merged
         dtype = next(model.parameters()).dtype
         self.actors = [worker.remote(model.config, dtype, tok, weights, device="cuda" if num_gpus_per_actor else "cpu",
                                      threads=threads, engine_kwargs=engine_kwargs) for _ in range(num_actors)]

@@ -14,6 +14,7 @@ import torch
 
 from tether.models.char import char_model_dir, parse_char_alias
 from tether.models.loading import SMOLLM2, TINY_ALIAS, prepare_tokenizer, smollm2_dir, tiny_model_dir
+from tether.models.lora import adapter_base_name, is_adapter_dir, merge_adapter_dir
 from tether.models.vision import load_vision_policy, tiny_vlm
 
 
@@ -37,6 +38,8 @@ def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch
             character-level lab model ``"char-<hidden>x<layers>"`` (created once, :mod:`tether.models.char`), a
             random Llama with the SmolLM2 tokenizer ``"tiny-<hidden>x<layers>"`` (created once), a tiny random
             VLM of :data:`TINY_VLMS`, a local directory, or a Hub name already in the local Hugging Face cache.
+            A directory of LoRA adapters alone (a LoRA run's checkpoint) loads as the base model its
+            ``adapter_config.json`` names with the adapters merged in.
             A checkpoint whose config has a ``vision_config`` (Qwen2.5-VL, SmolVLM...) loads through
             ``AutoModelForImageTextToText`` and ``AutoProcessor``.
         dtype: parameter dtype, a ``torch.dtype`` or its name (``"float32"``, ``"bfloat16"``).
@@ -53,6 +56,9 @@ def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch
         model, processor = tiny_vlm(TINY_VLMS[name_or_path])
         return model.to(_dtype(dtype)), processor
     path = resolve_model_path(name_or_path)
+    if isinstance(path, (str, Path)) and is_adapter_dir(Path(path)):  # a LoRA run's checkpoint: base + adapters
+        base, tokenizer = load_policy(adapter_base_name(Path(path)), dtype=dtype)
+        return merge_adapter_dir(base, Path(path)).eval(), tokenizer
     if getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None:
         return load_vision_policy(path, dtype=_dtype(dtype))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))

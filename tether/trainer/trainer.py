@@ -33,7 +33,7 @@ from tether.config import Config, ConfigError
 from tether.distributed import DataParallel, build_strategy, resolve_device
 from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Intervention
-from tether.engine.registry import build_engine
+from tether.engine.registry import build_engine, engine_entry
 from tether.health import HealthError, HealthMonitor
 from tether.health.degenerate import vocab_size
 from tether.methods import MiniBatch, Reference, StepContext, build_methods
@@ -42,6 +42,7 @@ from tether.methods.context import step_seed
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
 from tether.models.layers import LayerCheckpointing, activation_bytes, checkpoint_layers
+from tether.models.lora import BaseModelView, add_lora, is_lora, serving_state_dict
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.collectors import collector_class
 from tether.track import Tracker, build_tracker, write_text_atomic
@@ -92,12 +93,16 @@ class Trainer:
         if policy is None:
             policy, tokenizer = load_policy(cfg.model.name)
         self.tokenizer = tokenizer
+        if cfg.model.lora is not None:  # only the adapters train (docs/lora.md)
+            policy = add_lora(policy, cfg.model.lora, base_name=cfg.model.name)
         policy.eval()  # no dropout: old and new log-probs must come from the same function
         ref = self._build_ref(policy) if needs_reference(cfg) else None  # copied before sharding changes the module
         self.checkpointing = layer_checkpointing(policy, cfg.train.gradient_checkpointing)
         self.policy = self.strategy.prepare(policy)  # on self.device from here on
-        # a method may move the reference (ARMOR's resets, Reference.reset_to): then checkpoints save it
-        self.reference = None if ref is None else Reference(self.strategy.prepare(ref))
+        # a method may move the reference (ARMOR's resets, Reference.reset_to): then checkpoints save it; a LoRA
+        # policy's reference is a view of the policy itself (adapters off), wherever the policy is
+        self.reference = None if ref is None else Reference(
+            ref if isinstance(ref, BaseModelView) else self.strategy.prepare(ref))
         # 3. engine, data, loss functions
         self.make_engine = partial(rollout_engine, strategy=self.strategy, tokenizer=tokenizer, cfg=cfg)
         self.log_probs = partial(score_log_probs, cfg=cfg, device=self.device)  # scoring passes, and ctx.log_probs
@@ -108,8 +113,8 @@ class Trainer:
         self.policy_loss_fn = algos.get_policy_loss(a.policy_loss)
         # 4. optimiser and warm-up schedule
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=o.lr, betas=o.betas,
-                                           weight_decay=o.weight_decay)
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]  # all, or the LoRA adapters
+        self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
         self.tracker = build_tracker(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
@@ -126,8 +131,12 @@ class Trainer:
     # -- construction helpers ----------------------------------------------------------------
 
     def _build_ref(self, policy: Any) -> Any:
+        """The frozen reference: ``model.ref_name``, else the initial policy: a copy, or with LoRA the policy with
+        its adapters off (no copy; it stays the initial policy since only the adapters train)."""
         if self.cfg.model.ref_name:
             ref, _ = load_policy(self.cfg.model.ref_name)
+        elif is_lora(policy):
+            return BaseModelView(policy)
         else:
             ref = copy.deepcopy(policy)
         ref.eval().requires_grad_(False)
@@ -159,8 +168,10 @@ class Trainer:
 
     def push_weights(self) -> None:
         """Give the engine the policy's current weights: free for the in-process engine, which holds the same
-        tensors; one broadcast for engines with their own copy (Ray actors, vLLM)."""
-        self.engine.load_weights(self.policy.state_dict())
+        tensors; one broadcast for engines with their own copy (Ray actors, vLLM), with LoRA adapters merged."""
+        if is_lora(self.policy) and engine_entry(self.cfg.rollout.engine).shares_policy:
+            return  # the engine runs the policy module, adapters included
+        self.engine.load_weights(serving_state_dict(self.policy))
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision context of every trainer forward pass (scoring and the loss alike)."""
