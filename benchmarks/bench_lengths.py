@@ -58,18 +58,21 @@ def child_command(args: argparse.Namespace, trainer: str, tokens: int, out: Path
     return cmd
 
 
-def run_cell(cmd: list[str]) -> float:
-    """Run one child to its end, its output passed through; its peak resident set in GiB.
+def run_cell(cmd: list[str]) -> tuple[float, int]:
+    """Run one child to its end, its output passed through; its peak resident set in GiB and its exit status.
 
     ``os.wait4`` gives the rusage of that child alone, where ``RUSAGE_CHILDREN`` would be the maximum over every
     child this process has waited for.
     """
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed with exit status {proc.returncode}")
-    return usage.ru_maxrss / 2**20  # Linux reports kilobytes
+    return usage.ru_maxrss / 2**20, os.waitstatus_to_exitcode(status)  # Linux reports kilobytes
+
+
+def failure(code: int) -> str:
+    """A failed cell's entry: a child the kernel killed (SIGKILL) here is the out-of-memory killer's work, which a
+    sweep over lengths exists to find, so the sweep records it and goes on."""
+    return f"exit status {code}" + (" (SIGKILL: out of memory)" if code == -9 else "")
 
 
 def table_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -80,8 +83,11 @@ def table_rows(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for c in cells:
             if c["max_new_tokens"] == tokens:
                 name = c["trainer"]
-                row.update({f"{name}_step_s": c["step_s"], f"{name}_peak_gb": c["peak_rss_gb"],
-                            f"{name}_tokens": c["tokens"]})
+                row[f"{name}_peak_gb"] = c["peak_rss_gb"]
+                if "failed" in c:
+                    row[f"{name}_failed"] = c["failed"]
+                else:
+                    row.update({f"{name}_step_s": c["step_s"], f"{name}_tokens": c["tokens"]})
         if "tether_step_s" in row and "trl_step_s" in row:
             row["trl_over_tether"] = row["trl_step_s"] / row["tether_step_s"]
         rows.append(row)
@@ -95,9 +101,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                ("tether tok/step", "tether_tokens", "{:.0f}"), ("TRL tok/step", "trl_tokens", "{:.0f}")]
     lines = ["| " + " | ".join(label for label, _, _ in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        cells = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in columns]
+        cells = [fmt.format(row[key]) if key in row else _missing(row, key) for _, key, fmt in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _missing(row: dict[str, Any], key: str) -> str:
+    trainer = key.split("_", 1)[0]
+    return f"failed: {row[f'{trainer}_failed']}" if key.endswith("step_s") and f"{trainer}_failed" in row else "-"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -113,11 +124,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for tokens in args.max_new_tokens:
             for trainer in trainers:
                 child_out = Path(work) / f"{tokens}-{trainer}.json"
-                peak = run_cell(child_command(args, trainer, tokens, child_out))
-                child = json.loads(child_out.read_text())
-                result["cells"].append({"max_new_tokens": tokens, "trainer": trainer, "peak_rss_gb": peak,
-                                        **{k: child["summary"][trainer][k] for k in ("step_s", "tokens")},
-                                        "child": child})
+                cmd = child_command(args, trainer, tokens, child_out)
+                peak, code = run_cell(cmd)
+                cell: dict[str, Any] = {"max_new_tokens": tokens, "trainer": trainer, "peak_rss_gb": peak}
+                if code:
+                    cell["failed"] = failure(code)
+                    print(f"{' '.join(cmd)} failed with {cell['failed']}; the sweep goes on", file=sys.stderr)
+                else:
+                    child = json.loads(child_out.read_text())
+                    cell.update({k: child["summary"][trainer][k] for k in ("step_s", "tokens")}, child=child)
+                result["cells"].append(cell)
                 result["rows"] = table_rows(result["cells"])
                 result["load_average"] = [load_start, os.getloadavg()[0]]
                 # written after every cell: a long sweep stopped early keeps what it measured

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.bench_lengths import child_command, format_table, parse_args, table_rows
+from benchmarks.bench_lengths import child_command, failure, format_table, parse_args, table_rows
 
 
 def test_each_child_runs_one_trainer_at_one_budget_with_the_tether_overrides():
@@ -28,3 +28,13 @@ def test_one_row_per_budget_with_the_ratio_where_both_ran():
     table = format_table(rows).splitlines()
     assert table[2] == "| 24 | 10.00 | 30.00 | 3.00 | 3.00 | 9.00 | 500 | 510 |"
     assert table[3] == "| 96 | 20.00 | - | - | 3.50 | - | 1500 | - |"
+
+
+def test_a_cell_the_kernel_killed_is_a_row_that_says_so_and_keeps_its_peak():
+    cells = [{"max_new_tokens": 256, "trainer": "tether", "step_s": 76.0, "peak_rss_gb": 4.5, "tokens": 1389.0},
+             {"max_new_tokens": 256, "trainer": "trl", "peak_rss_gb": 21.9, "failed": failure(-9)}]
+    rows = table_rows(cells)
+    assert "trl_over_tether" not in rows[0] and rows[0]["trl_peak_gb"] == 21.9
+    assert format_table(rows).splitlines()[2] == (
+        "| 256 | 76.00 | failed: exit status -9 (SIGKILL: out of memory) | - | 4.50 | 21.90 | 1389 | - |")
+    assert failure(1) == "exit status 1"
