@@ -46,7 +46,11 @@ def main() -> None:
     model.eval()
     with open(args.records) as f:
         records = [json.loads(line) for line in f]
-    assert all(r["response"] == response_text(r["meta"]["action"]) for r in records), "not thin-ice action records"
+    other = next((i for i, r in enumerate(records, 1)
+                  if r.get("response") != response_text(r.get("meta", {}).get("action", ""))), None)
+    if other is not None:
+        raise SystemExit(f"{args.records} line {other}: not a thin-ice action record (its response must be "
+                         "<action>MOVE</action> for meta.action; see tether/methods/seed/skill_data.py)")
     random.Random(0).shuffle(records)
     groups: dict[str, list[tuple[float, bool]]] = {}
     for r in records[: args.n]:

@@ -92,14 +92,19 @@ def episode_records(env: ThinIceEnv, seed: int, *, skill: str | None, skill_kind
                 "action": plan[0], "fatal": thin_ice_fatal(ep.observation, plan[0]), "trap": reset.info["trap"]}
         records.append({"prompt": augment_with_skill(prompt, skill) if skill else prompt,
                         "response": response_text(plan[0]), "meta": meta})
-        action = rng.choice(env.admissible) if rng.random() < explore else plan[0]
-        step = env.step(action)
-        ep.turns.append({"observation": ep.observation, "response": response_text(action), "action": action,
-                         "valid": True, "reward": step.reward})
-        ep.observation = step.observation
-        if step.done:
+        if take(env, ep, rng.choice(env.admissible) if rng.random() < explore else plan[0]):
             break
     return records
+
+
+def take(env: ThinIceEnv, ep: Episode, action: str) -> bool:
+    """Play ``action``, record the turn on ``ep`` as the agent loop does and move it on; True when the episode
+    ended."""
+    step = env.step(action)
+    ep.turns.append({"observation": ep.observation, "response": response_text(action), "action": action,
+                     "valid": True, "reward": step.reward})
+    ep.observation = step.observation
+    return step.done
 
 
 def correct_skill(env: ThinIceEnv, seed: int, rng: random.Random) -> tuple[str, str]:
@@ -183,11 +188,7 @@ def fork_pair_records(maps: Sequence[int], *, history: int = 0, explore: float =
                 action = safe[0]  # walk on around the ~, to reach any later fork
             else:
                 action = rng.choice(env.admissible) if rng.random() < explore else naive[0]
-            step = env.step(action)
-            ep.turns.append({"observation": ep.observation, "response": response_text(action), "action": action,
-                             "valid": True, "reward": step.reward})
-            ep.observation = step.observation
-            if step.done:
+            if take(env, ep, action):
                 break
     env.close()
     return records
