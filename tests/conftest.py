@@ -18,6 +18,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # made the engine tests 5x slower (91 s vs 18 s wall). TETHER_TEST_THREADS overrides.
 torch.set_num_threads(int(os.environ.get("TETHER_TEST_THREADS", "1")))
 
+from tether.models.vision import TINY_VLM_FAMILIES, tiny_vlm  # noqa: E402 (after the offline settings above)
+
 
 @pytest.fixture(scope="session")
 def tokenizer():
@@ -51,3 +53,9 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module", params=TINY_VLM_FAMILIES)
+def vlm(request):
+    """(model, processor) of a tiny random VLM of each real family, once per family and test module."""
+    return tiny_vlm(request.param, seed=0)

@@ -10,11 +10,11 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.models.helpers import sokoban_frames
 from tests.rollout.helpers import agent_config
 from tether.config import SFTSettings
 from tether.envs import IMAGE_PLACEHOLDER, make_env
 from tether.models.vision import (
-    TINY_VLM_FAMILIES,
     VisionPrompt,
     chat_content,
     pixel_inputs,
@@ -24,20 +24,8 @@ from tether.recipes.seed_sft import run_skill_sft
 from tether.sft import Example, encode_examples, evaluate_nll, nll_sum, row_example, train_sft, write_examples
 
 
-@pytest.fixture(scope="module", params=TINY_VLM_FAMILIES)
-def vlm(request):
-    return tiny_vlm(request.param, seed=0)
-
-
-def _frames() -> list:
-    env = make_env("sokoban_visual")
-    frames = [env.reset(seed).observation.images[0] for seed in (0, 1)]
-    env.close()
-    return frames
-
-
 def _examples() -> list[Example]:
-    a, b = _frames()
+    a, b = sokoban_frames()
     return [Example("Step 0\nObservation: <image>\nStep 1\nObservation: <image>\nAnalyze.",
                     '{"episode_skill": "push the box left"}', images=(a, b)),
             Example("Step 0\nObservation: <image>\nAnalyze.", '{"episode_skill": "avoid walls"}', images=(b,))]

@@ -8,12 +8,11 @@ import pickle
 import pytest
 import torch
 
+from tests.models.helpers import sokoban_frames
 from tether.engine.base import InterventionStep, SamplingParams
 from tether.engine.hf import HFEngine
-from tether.envs import make_env
 from tether.models.forward import distinct_prompts, response_log_probs
 from tether.models.vision import (
-    TINY_VLM_FAMILIES,
     VisionPrompt,
     chat_content,
     encode_vision_chat,
@@ -22,21 +21,9 @@ from tether.models.vision import (
 )
 
 
-@pytest.fixture(scope="module", params=TINY_VLM_FAMILIES)
-def vlm(request):
-    return tiny_vlm(request.param, seed=0)
-
-
-def _frames() -> list:
-    env = make_env("sokoban_visual")
-    frames = [env.reset(seed).observation.images[0] for seed in (0, 1)]
-    env.close()
-    return frames
-
-
 def _prompts(processor) -> list[VisionPrompt]:
     """Four rows: two frames, a copy of the first row (a group), and a longer text with both frames."""
-    a, b = _frames()
+    a, b = sokoban_frames()
     first = encode_vision_chat(processor, "Where is the box? <image>", [a])
     return [first, encode_vision_chat(processor, "Where is the box? <image>", [b]),
             encode_vision_chat(processor, "Where is the box? <image>", [a]),
@@ -56,7 +43,7 @@ def test_encoded_prompt_expands_image_tokens_and_keys_on_pixels(vlm):
     assert list(rows[0]) == list(rows[1]) and rows[0].pixels_key != rows[1].pixels_key  # same tokens, other image
     assert distinct_prompts(rows)[1] == [0, 1, 0, 2]
     with pytest.raises(ValueError, match="1 image placeholders for 2 images"):
-        encode_vision_chat(processor, "<image>", _frames())
+        encode_vision_chat(processor, "<image>", sokoban_frames())
 
 
 def _reference_log_probs(model, prompt: VisionPrompt, response: list[int]) -> torch.Tensor:
@@ -131,8 +118,8 @@ def test_load_policy_reads_a_saved_vlm_through_the_auto_classes(tmp_path):
     loaded, loaded_processor = load_policy(str(tmp_path))
     assert type(loaded) is type(model) and type(loaded_processor) is type(processor)
     assert loaded_processor.tokenizer.padding_side == "left"
-    rows = [encode_vision_chat(loaded_processor, "Where? <image>", _frames()[:1])]
-    assert list(rows[0]) == list(encode_vision_chat(processor, "Where? <image>", _frames()[:1]))
+    rows = [encode_vision_chat(loaded_processor, "Where? <image>", sokoban_frames()[:1])]
+    assert list(rows[0]) == list(encode_vision_chat(processor, "Where? <image>", sokoban_frames()[:1]))
     response = torch.tensor([[5, 6, 7]])
     ours, _ = response_log_probs(loaded, rows, response, torch.ones(1, 3))
     theirs, _ = response_log_probs(model, rows, response, torch.ones(1, 3))
