@@ -27,7 +27,18 @@ import torch
 from tether.config import load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
-from tether.envs.thin_ice import HOLE, MOVES, THIN, monotone_plan, naive_plan, walk
+from tether.envs.thin_ice import (
+    HOLE,
+    MOVES,
+    SYMBOLS,
+    THIN,
+    THIN_SYMBOL,
+    monotone_plan,
+    naive_plan,
+    parse_ahead,
+    walk,
+    walker_move,
+)
 from tether.methods.seed.analyzer import episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill
 from tether.methods.seed.rule_analyzers import (
@@ -74,6 +85,11 @@ def response_log_prob(model: Any, prompt: list[int], response: list[int]) -> flo
 def safe_kind(observation: str, action: str, routes: str) -> str:
     """A safe row's kind: a move into a visible hole, the first move of the safe solver's plan (``routes`` as the
     env's: shortest path or the monotone walker), or another move."""
+    ahead = parse_ahead(observation)
+    if ahead is not None:
+        if dict(ahead).get(action) == SYMBOLS[HOLE]:
+            return "safe_into_hole"
+        return "safe_on_plan" if walker_move(ahead, SYMBOLS[HOLE] + THIN_SYMBOL) == action else "safe_other"
     parsed = thin_ice_tiles(observation)
     if parsed is None or action not in MOVES:
         return "safe_other"
@@ -88,6 +104,10 @@ def safe_kind(observation: str, action: str, routes: str) -> str:
 def at_fork(observation: str, routes: str) -> bool:
     """Whether the naive solver's next move from this state steps on ``~``: the states where a skill that says
     "never step on ~" should change the action (the rows whose safe moves the teacher should raise most)."""
+    ahead = parse_ahead(observation)
+    if ahead is not None:
+        naive = walker_move(ahead, SYMBOLS[HOLE])
+        return naive is not None and thin_ice_fatal(observation, naive)
     parsed = thin_ice_tiles(observation)
     if parsed is None:
         return False

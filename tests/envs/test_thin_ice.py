@@ -10,17 +10,20 @@ from tether.envs.thin_ice import (
     HOLE,
     THIN,
     ThinIceEnv,
+    ahead_view,
     crosses_thin_ice,
     generate_map,
     generate_monotone_map,
     local_view,
     monotone_plan,
     naive_plan,
+    parse_ahead,
     render,
     safe_plan,
     split_of,
     split_seeds,
     walk,
+    walker_move,
 )
 
 SEEDS = [*range(30), *split_seeds("selection", 15), *split_seeds("report", 15)]
@@ -250,3 +253,34 @@ def test_monotone_and_local_view_arguments_are_checked():
     assert ThinIceEnv(size=4, routes="monotone").reset(0).info["map"][0][0] == "S"
     with pytest.raises(ValueError, match="local_view must be"):
         ThinIceEnv.check_config(local_view="yes")
+
+
+def test_the_ahead_view_decides_both_walkers_next_move_by_one_lookup():
+    assert ahead_view(["SFH", "TFF", "FFG"], 0, 0) == "Ahead: down ~, then right _."
+    assert ahead_view(["SFH", "TFF", "FFG"], 2, 1) == "Ahead: right G, then down edge."
+    assert parse_ahead("It broke.\nAhead: right G, then down edge.") == [("right", "G"), ("down", "edge")]
+    assert parse_ahead("P__\n___") is None
+    assert walker_move([("down", "~"), ("right", "O")], "O~") is None
+    env = ThinIceEnv(routes="monotone", view="ahead")
+    checked = 0
+    for seed in SEEDS:
+        first = env.reset(seed)
+        assert first.observation == ahead_view(first.info["map"], 0, 0)
+        obs = first.observation
+        while env.solution():
+            assert walker_move(parse_ahead(obs), "O~") == env.solution()[0]
+            if env.naive_solution():
+                assert walker_move(parse_ahead(obs), "O") == env.naive_solution()[0]
+            checked += 1
+            obs = env.step(env.solution()[0]).observation
+        assert env.position == (5, 5)
+    assert checked > 5 * len(SEEDS)
+
+
+def test_the_ahead_view_needs_monotone_routes_and_no_local_line():
+    with pytest.raises(ValueError, match="view must be"):
+        ThinIceEnv.check_config(view="board")
+    with pytest.raises(ValueError, match="view 'ahead' needs routes: monotone"):
+        ThinIceEnv.check_config(view="ahead")
+    with pytest.raises(ValueError, match="local_view=True"):
+        ThinIceEnv.check_config(view="ahead", routes="monotone", local_view=True)

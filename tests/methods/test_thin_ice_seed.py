@@ -115,6 +115,17 @@ def test_fatal_moves_are_the_ones_onto_thin_ice():
         True]
 
 
+def test_fatal_moves_read_the_ahead_line_without_a_map():
+    assert thin_ice_fatal("Ahead: down ~, then right _.", "down")
+    assert not thin_ice_fatal("Ahead: down ~, then right _.", "right")
+    assert not thin_ice_fatal("Ahead: right _, then down edge.", "left")
+    env = ThinIceEnv(trap_prob=1.0, routes="monotone", view="ahead")
+    traj = solver_trajectory(env, TRAP_SEED, "naive")
+    assert [thin_ice_fatal(t["observation"], t["action"]) for t in traj.turns] == [False] * (len(traj.turns) - 1) + [
+        True]
+    assert fork_pair_records([TRAP_SEED], env_kwargs={"trap_prob": 1.0, "routes": "monotone", "view": "ahead"})
+
+
 # -- skill-following SFT records ---------------------------------------------------------------
 
 

@@ -24,7 +24,10 @@ at most ``max_turns - 2`` moves.
 on a grid: the solvers are greedy walkers that only move down or right (:func:`monotone_plan`), so every decision
 is local (which of the two moves toward the goal is free), and a trap map puts one ``~`` on the naive walker's
 route, where the safe walker turns aside. ``local_view=True`` adds a line under the map naming the tile on each
-side of the player and the goal's distance, the local facts such a decision needs.
+side of the player and the goal's distance, the local facts such a decision needs. ``view="ahead"`` (monotone
+only) replaces the map with one line naming the two moves toward the goal in the walkers' order of preference and
+the tile each leads to (:func:`ahead_view`), so a decision is one lookup: a character-level policy of ~1M
+parameters did not learn to compare the goal's two distances from the map and the local line (docs/methods/seed.md).
 
 Symbols (ASCII only, one character per cell, so a character-level tokenizer sees one token per cell):
 ``P`` you, ``_`` ice, ``~`` snowy ice (thin ice), ``O`` hole, ``G`` goal, ``X`` you fallen in (a hole or through
@@ -42,6 +45,7 @@ a training run never touches the report maps unless asked to).
 from __future__ import annotations
 
 import random
+import re
 from collections import deque
 from typing import Literal
 
@@ -70,6 +74,7 @@ LEGEND = "Symbols: P you, _ ice, ~ snowy ice, O hole, G goal, X you fallen in, *
 
 SELECTION_SEED_OFFSET = 500_000
 Routes = Literal["shortest", "monotone"]
+View = Literal["map", "ahead"]
 Split = Literal["train", "selection", "report"]
 _SPLIT_START = {"train": 0, "selection": SELECTION_SEED_OFFSET, "report": EVAL_SEED_OFFSET}
 _SPLIT_SIZE = {"train": SELECTION_SEED_OFFSET, "selection": EVAL_SEED_OFFSET - SELECTION_SEED_OFFSET,
@@ -279,6 +284,31 @@ def local_view(desc: list[str], row: int, col: int) -> str:
     return f"Around you: {', '.join(sides)}. Goal: {size - 1 - row} down, {size - 1 - col} right."
 
 
+def ahead_view(desc: list[str], row: int, col: int) -> str:
+    """The two moves toward the goal, the one the monotone walkers prefer first (:func:`monotone_plan`), and the
+    tile each leads to (``edge`` off the map), e.g. ``Ahead: down ~, then right _.``"""
+    goal = len(desc) - 1
+    order = ("down", "right") if goal - row >= goal - col else ("right", "down")
+    tiles = []
+    for move in order:
+        r, c = row + MOVES[move][0], col + MOVES[move][1]
+        tiles.append(f"{move} {SYMBOLS[desc[r][c]] if r <= goal and c <= goal else 'edge'}")
+    return f"Ahead: {tiles[0]}, then {tiles[1]}."
+
+
+def parse_ahead(observation: str) -> list[tuple[str, str]] | None:
+    """The (move, tile) pairs of the :func:`ahead_view` line in ``observation``, preferred move first; None
+    without one."""
+    match = re.search(r"Ahead: (\w+) (\S+), then (\w+) (\S+)\.", observation)
+    return None if match is None else [(match[1], match[2]), (match[3], match[4])]
+
+
+def walker_move(ahead: list[tuple[str, str]], avoid: str) -> str | None:
+    """The move a monotone walker blocked by the symbols in ``avoid`` takes from an ahead line's pairs (the
+    first whose tile is on the map and not avoided), as :func:`monotone_plan` would; None when both are blocked."""
+    return next((move for move, tile in ahead if tile != "edge" and tile not in avoid), None)
+
+
 def fall_message(row: int, col: int) -> str:
     """The line the final observation starts with after stepping on thin ice: the hindsight that ``~`` breaks."""
     return (f"The snowy ice ~ at row {row + 1}, column {col + 1} was thin ice: it broke and you fell into the "
@@ -300,6 +330,8 @@ class ThinIceEnv:
         routes (str): ``shortest`` (BFS solvers, trap maps cut every shortest route) or ``monotone`` (greedy
             down/right solvers, :func:`generate_monotone_map`; any ``size`` from 3).
         local_view (bool): add the line of :func:`local_view` under the map in every observation.
+        view (str): ``map`` (the board, with ``local_view``'s line if set) or ``ahead`` (only the line of
+            :func:`ahead_view`; monotone routes only).
     """
 
     name = "thin_ice"
@@ -309,7 +341,7 @@ class ThinIceEnv:
 
     @staticmethod
     def check_config(*, size: int = 6, hole_p: float = 0.15, trap_prob: float = 0.5, eval_split: str = "selection",
-                     routes: str = "shortest", local_view: bool = False, **_: object) -> None:
+                     routes: str = "shortest", local_view: bool = False, view: str = "map", **_: object) -> None:
         """The settings the constructor refuses, checked before any model loads (``tether.checks``)."""
         if routes not in ("shortest", "monotone"):
             raise ValueError(f"routes must be 'shortest' or 'monotone', got {routes!r}")
@@ -317,6 +349,12 @@ class ThinIceEnv:
             raise ValueError(f"size must be >= 5 with routes={routes} (>= 3 with monotone), got {size}")
         if not isinstance(local_view, bool):
             raise ValueError(f"local_view must be true or false, got {local_view!r}")
+        if view not in ("map", "ahead"):
+            raise ValueError(f"view must be 'map' or 'ahead', got {view!r}")
+        if view == "ahead" and (routes != "monotone" or local_view):
+            raise ValueError(f"view 'ahead' needs routes: monotone and local_view: false (it names the monotone "
+                             f"walkers' two moves and replaces the map), got routes={routes!r}, "
+                             f"local_view={local_view!r}")
         if not 0.0 <= hole_p < 0.5:
             raise ValueError(f"hole_p must be in [0, 0.5), got {hole_p}")
         if not 0.0 <= trap_prob <= 1.0:
@@ -326,11 +364,11 @@ class ThinIceEnv:
 
     def __init__(self, *, size: int = 6, hole_p: float = 0.15, trap_prob: float = 0.5,
                  eval_split: Literal["selection", "report"] = "selection", routes: Routes = "shortest",
-                 local_view: bool = False) -> None:
+                 local_view: bool = False, view: View = "map") -> None:
         self.check_config(size=size, hole_p=hole_p, trap_prob=trap_prob, eval_split=eval_split, routes=routes,
-                          local_view=local_view)
+                          local_view=local_view, view=view)
         self.size, self.hole_p, self.trap_prob, self.eval_split = size, hole_p, trap_prob, eval_split
-        self.routes, self.local_view = routes, local_view
+        self.routes, self.local_view, self.view = routes, local_view, view
         self.desc: list[str] = []
         self.position: Cell = (0, 0)
         self._started = False
@@ -370,6 +408,8 @@ class ThinIceEnv:
         return EnvReset(observation=self._observe(0, 0), task=task, admissible_actions=self.admissible, info=info)
 
     def _observe(self, row: int, col: int) -> str:
+        if self.view == "ahead":
+            return ahead_view(self.desc, row, col)
         board = render(self.desc, row, col)
         return f"{board}\n{local_view(self.desc, row, col)}" if self.local_view else board
 

@@ -128,9 +128,12 @@ def thin_ice_plan(observation: str) -> list[str] | None:
 
 def thin_ice_fatal(observation: str, action: str) -> bool:
     """Whether ``action`` from the state in ``observation`` steps on ``~`` (a fatal step, for splitting a teacher's
-    log-probability shift into fatal and safe steps); False for a non-move or without a grid."""
-    from tether.envs.thin_ice import MOVES, THIN, walk
+    log-probability shift into fatal and safe steps); False for a non-move or without a grid or an ahead line."""
+    from tether.envs.thin_ice import MOVES, THIN, THIN_SYMBOL, parse_ahead, walk
 
+    ahead = parse_ahead(observation)
+    if ahead is not None:
+        return dict(ahead).get(action) == THIN_SYMBOL
     parsed = thin_ice_tiles(observation)
     if parsed is None or action not in MOVES:
         return False
