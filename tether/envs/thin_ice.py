@@ -147,6 +147,14 @@ def walk(cell: Cell, actions: list[str], size: int) -> list[Cell]:
     return cells
 
 
+def moves_ahead(goal: int, row: int, col: int) -> list[tuple[str, int, int]]:
+    """The two moves toward the goal at ``(goal, goal)`` from ``(row, col)`` and the cell each leads to (possibly
+    off the map), the monotone walkers' preferred one first: toward the axis with more distance left, down on a
+    tie."""
+    order = ("down", "right") if goal - row >= goal - col else ("right", "down")
+    return [(m, row + MOVES[m][0], col + MOVES[m][1]) for m in order]
+
+
 def monotone_plan(desc: list[str], row: int, col: int, avoid: str) -> list[str] | None:
     """The greedy walker of monotone maps: from ``(row, col)``, each move goes down or right, toward the axis with
     more distance left (down on a tie), or the other one when that tile is in ``avoid`` or off the map. None when
@@ -154,9 +162,8 @@ def monotone_plan(desc: list[str], row: int, col: int, avoid: str) -> list[str] 
     goal = len(desc) - 1
     plan: list[str] = []
     while (row, col) != (goal, goal):
-        order = ("down", "right") if goal - row >= goal - col else ("right", "down")
-        ahead = [(m, row + MOVES[m][0], col + MOVES[m][1]) for m in order]
-        free = [(m, r, c) for m, r, c in ahead if r <= goal and c <= goal and desc[r][c] not in avoid]
+        free = [(m, r, c) for m, r, c in moves_ahead(goal, row, col)
+                if r <= goal and c <= goal and desc[r][c] not in avoid]
         if not free:
             return None
         move, row, col = free[0]
@@ -285,15 +292,12 @@ def local_view(desc: list[str], row: int, col: int) -> str:
 
 
 def ahead_view(desc: list[str], row: int, col: int) -> str:
-    """The two moves toward the goal, the one the monotone walkers prefer first (:func:`monotone_plan`), and the
+    """The two moves toward the goal, the one the monotone walkers prefer first (:func:`moves_ahead`), and the
     tile each leads to (``edge`` off the map), e.g. ``Ahead: down ~, then right _.``"""
     goal = len(desc) - 1
-    order = ("down", "right") if goal - row >= goal - col else ("right", "down")
-    tiles = []
-    for move in order:
-        r, c = row + MOVES[move][0], col + MOVES[move][1]
-        tiles.append(f"{move} {SYMBOLS[desc[r][c]] if r <= goal and c <= goal else 'edge'}")
-    return f"Ahead: {tiles[0]}, then {tiles[1]}."
+    first, second = (f"{m} {SYMBOLS[desc[r][c]] if r <= goal and c <= goal else 'edge'}"
+                     for m, r, c in moves_ahead(goal, row, col))
+    return f"Ahead: {first}, then {second}."
 
 
 def parse_ahead(observation: str) -> list[tuple[str, str]] | None:
