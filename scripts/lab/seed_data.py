@@ -77,6 +77,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skill-share", type=float, default=0.3, help="share of prompts with a correct skill")
     ap.add_argument("--fork-maps", type=int, default=0, help="maps of contrastive fork pairs (skill_data.py)")
+    ap.add_argument("--off-fork", type=float, default=0.0,
+                    help="chance of a pair at a state of the fork maps that is not a fork (skill_data.py)")
     ap.add_argument("--config", help="take the maps' settings from this config's env.kwargs (default: the first "
                                      "warm start's 6x6 shortest-route maps)")
     args = ap.parse_args()
@@ -84,7 +86,7 @@ def main() -> None:
     actions = skill_following_records(args.episodes, skill_share=args.skill_share, history=0, explore=0.1,
                                       seed=args.seed, env_kwargs=env_kwargs)
     actions += fork_pair_records(range(FORK_SEED_START, FORK_SEED_START + args.fork_maps), seed=args.seed,
-                                 env_kwargs=env_kwargs)
+                                 off_fork=args.off_fork, env_kwargs=env_kwargs)
     analyses = analysis_records(args.analyses, explore=args.explore, seed=args.seed, env_kwargs=env_kwargs)
     path = write_jsonl(actions + analyses, args.out)
     print(json.dumps({"out": str(Path(path)), "action_records": len(actions),

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tether.envs.thin_ice import GOAL, HOLE, THIN, ThinIceEnv, generate_map, naive_plan, safe_plan, walk
+from tether.envs.thin_ice import GOAL, HOLE, THIN, ThinIceEnv, generate_map, naive_plan, parse_ahead, safe_plan, walk
 from tether.methods.seed.analyzer import parse_analysis
 from tether.methods.seed.prompting import augment_with_skill
 from tether.methods.seed.rule_analyzers import (
@@ -234,3 +234,21 @@ def test_fork_pairs_are_one_state_with_and_without_a_skill_and_only_the_skill_tu
         assert plain["response"] == response_text(plain["meta"]["action"]) != skilled["response"]
     with pytest.raises(ValueError, match="held out"):
         fork_pair_records([600_000], env_kwargs=kwargs)
+
+
+def test_off_fork_pairs_add_skilled_records_where_the_skill_changes_nothing():
+    # Without them every skilled record is a fork, and "with a skill, take the other move" fits the data
+    kwargs = {"routes": "monotone", "view": "ahead", "trap_prob": 0.5}
+    forks = fork_pair_records(range(60), seed=3, env_kwargs=kwargs)
+    both = fork_pair_records(range(60), seed=3, off_fork=1.0, env_kwargs=kwargs)
+    off = [r for r in both if not r["meta"]["fork"]]
+    assert forks and off and len(off) % 2 == 0
+    for plain, skilled in zip(off[::2], off[1::2], strict=True):
+        assert skilled["prompt"] == augment_with_skill(plain["prompt"], skilled["meta"]["skill"])
+        assert plain["meta"]["action"] == skilled["meta"]["action"]  # both walkers agree off a fork
+        assert not plain["meta"]["fatal"] and not skilled["meta"]["fatal"]
+    first_move = [r["meta"]["action"] == parse_ahead(r["prompt"].split("\n\nAdmissible")[0])[0][0] for r in off]
+    assert 0 < sum(first_move) < len(off)  # mostly the listed move, the other one where it is blocked
+    assert fork_pair_records(range(60), seed=3, off_fork=0.0, env_kwargs=kwargs) == forks
+    with pytest.raises(ValueError, match="off_fork"):
+        fork_pair_records(range(2), off_fork=1.5, env_kwargs=kwargs)

@@ -157,13 +157,19 @@ def skill_following_records(episodes: int, *, skill_share: float = 0.3, history:
 
 
 def fork_pair_records(maps: Sequence[int], *, history: int = 0, explore: float = 0.2, seed: int = 0,
-                      env_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                      off_fork: float = 0.0, env_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Contrastive records at *forks*, the states where the naive solver's next move steps on ``~``: each fork
     gives two records of the same state, without a skill (the naive solver's move) and with a correct skill (the
     safe solver's move). The skill changes the label only there, so the plain records of
     :func:`skill_following_records` teach it rarely (a few percent of their prompts); these pairs teach exactly
     that contrast. States come from the naive solver's walk with a random move with probability ``explore``;
-    ``meta`` as there, plus ``fork: True``."""
+    ``meta`` as there, plus ``fork`` (True at a fork).
+
+    ``off_fork`` is the chance of the same pair at a state that is not a fork, where both solvers agree. Without
+    them every skilled record of this data is a fork, and a model can learn "with a skill, take the other move"
+    instead of reading the tile (the ahead_sft3 warm start did, docs/methods/seed.md)."""
+    if not 0.0 <= off_fork <= 1.0:
+        raise ValueError(f"off_fork must be in [0, 1], got {off_fork}")
     env = ThinIceEnv(**(env_kwargs or {}))
     held_out = [s for s in maps if split_of(s) != "train"]
     if held_out:
@@ -177,17 +183,18 @@ def fork_pair_records(maps: Sequence[int], *, history: int = 0, explore: float =
                      observation=reset.observation, admissible=reset.admissible_actions)
         while (naive := env.naive_solution()) and len(ep.turns) < env.max_turns:
             safe = env.solution()
-            if safe and thin_ice_fatal(ep.observation, naive[0]):
+            fork = bool(safe) and thin_ice_fatal(ep.observation, naive[0])
+            # draw only when asked, so off_fork=0 keeps the data of the runs before the option byte-identical
+            if safe and (fork or (off_fork > 0 and rng.random() < off_fork)):
                 prompt = build_prompt(ep, history, env.action_format)
                 for text, action, solver in ((prompt, naive[0], "naive"),
                                              (augment_with_skill(prompt, skill), safe[0], "safe")):
                     meta = {"seed": map_seed, "turn": len(ep.turns), "skill": skill if solver == "safe" else None,
                             "skill_kind": kind if solver == "safe" else None, "solver": solver, "action": action,
-                            "fatal": solver == "naive", "trap": reset.info["trap"], "fork": True}
+                            "fatal": fork and solver == "naive", "trap": reset.info["trap"], "fork": fork}
                     records.append({"prompt": text, "response": response_text(action), "meta": meta})
-                action = safe[0]  # walk on around the ~, to reach any later fork
-            else:
-                action = rng.choice(env.admissible) if rng.random() < explore else naive[0]
+            explored = rng.choice(env.admissible) if not fork and rng.random() < explore else None
+            action = safe[0] if fork else explored or naive[0]  # at a fork, around the ~ to reach any later fork
             if take(env, ep, action):
                 break
     env.close()
