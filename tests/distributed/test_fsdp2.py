@@ -26,6 +26,7 @@ from tether.distributed.fsdp import gathered
 from tether.distributed.strategy import lock_step_micro_batches
 from tether.engine.hf import HFEngine
 from tether.models import forward, tiny_model
+from tether.models.lora import REFERENCE, BaseModelView, add_lora, reference_parameters
 from tether.trainer import Trainer
 from tether.trainer.checkpoint import load_state
 
@@ -36,6 +37,7 @@ BUDGET = 8
 # Resume runs: ARMOR's reference reset after step 2 moves the reference, which the KL term of step 3 then
 # reads, so an exact step 3 needs the reference restored from the sharded checkpoint as well.
 RESUME = (*FSDP, "algorithm.kl.coef=0.1", "methods.armor={anchors: false, reset: every, tau: 2}")
+LORA = ("model.lora.rank=4", "model.lora.alpha=8")
 COMPARED = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "train/reward_mean")
 
 
@@ -64,7 +66,7 @@ def update_fixed_batch(trainer: Trainer) -> dict[str, Any]:
     trainer.score(batch)
     trainer.compute_advantages(batch)
     metrics = trainer.update(batch)
-    params = list(trainer.policy.parameters())
+    params = [p for p in trainer.policy.parameters() if p.requires_grad]  # all, or a LoRA policy's adapters
     return {"metrics": metrics, "grads": torch.cat([full(p.grad).flatten() for p in params]),
             "params": flat_params(trainer.policy), "before": before,
             "stored": {p.dtype for p in params} | {p.grad.dtype for p in params}}
@@ -100,19 +102,32 @@ def _rollouts(out: Path) -> dict[str, Any]:
     return result
 
 
-def _resume(out: Path) -> dict[str, Any]:
-    straight = make_trainer(tiny_config(out / "straight", *RESUME, "train.steps=3"))
+def _resume(out: Path, *lora: str) -> dict[str, Any]:
+    """Three steps straight, and two steps + resume + one, with ARMOR's reference reset after step 2; with
+    ``lora``, the policy trains adapters and the reference is its own adapter (docs/lora.md)."""
+    name = "lora_" if lora else ""
+    straight = make_trainer(tiny_config(out / f"{name}straight", *RESUME, *lora, "train.steps=3"))
     straight_last = straight.fit()
-    first = make_trainer(tiny_config(out / "resumed", *RESUME, "train.steps=2", "val.every=2"))
+    first = make_trainer(tiny_config(out / f"{name}resumed", *RESUME, *lora, "train.steps=2", "val.every=2"))
     first.fit()  # validates at steps 0 and 2 (does not touch the training state), saves step 2 at the end
-    reset = torch.equal(flat_params(first.ref_policy), flat_params(first.policy))  # ARMOR's reset, shard to shard
-    resumed = make_trainer(tiny_config(out / "resumed", *RESUME, "train.steps=3"))
+    reset = torch.equal(*(flat_params(m) for m in reset_pair(first)))  # ARMOR's reset, shard to shard
+    resumed = make_trainer(tiny_config(out / f"{name}resumed", *RESUME, *lora, "train.steps=3"))
     loaded = {"step": resumed.step, "ref_modified": resumed.ref_modified, "reset": reset,
               "saved": shards(first), "loaded": shards(resumed)}
     resumed_last = resumed.fit()
     return {"straight": straight_last, "resumed": resumed_last, **loaded,
             "straight_params": flat_params(straight.policy), "resumed_params": flat_params(resumed.policy),
             "step2_params": flat_params(first.policy)}
+
+
+def reset_pair(trainer: Trainer) -> tuple[Any, Any]:
+    """What an ARMOR reset makes equal: the reference and the policy, or a LoRA run's two adapters."""
+    if not isinstance(trainer.ref_policy, BaseModelView):
+        return trainer.ref_policy, trainer.policy
+    own = dict(trainer.policy.named_parameters())
+    return (torch.nn.ParameterList(reference_parameters(trainer.policy).values()),
+            torch.nn.ParameterList(own[n.replace(f".{REFERENCE}.", ".default.")]
+                                   for n in reference_parameters(trainer.policy)))
 
 
 def _eapo(out: Path, rank: int) -> dict[str, Any]:
@@ -146,7 +161,8 @@ def _work(rank: int, out: Path) -> dict[str, Any]:
             "update_token_budget": run_update(out / "update_budget", *FSDP,
                                               f"optim.max_tokens_per_micro_batch={BUDGET}"),
             "rollouts": _rollouts(out), "resume": _resume(out), "bf16": _mixed_precision(out),
-            "eapo": _eapo(out, rank), "seed": _seed(out)}
+            "eapo": _eapo(out, rank), "seed": _seed(out),
+            "lora_update": run_update(out / "lora_update", *FSDP, *LORA), "lora_resume": _resume(out, *LORA)}
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +276,45 @@ def test_seed_scores_the_teacher_pass_with_the_sharded_policy(two_ranks):
         metrics = r["seed"]
         assert metrics["seed/analysis_success_rate"] > 0 and math.isfinite(metrics["actor/pg_loss"])
     assert results[0]["seed"]["actor/pg_loss"] == results[1]["seed"]["actor/pg_loss"]
+
+
+def test_sharded_lora_update_equals_the_single_process_update_in_float64(two_ranks, tmp_path, monkeypatch):
+    results, _ = two_ranks
+    monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)  # as for full fine-tuning
+    single = run_update(tmp_path, *LORA)
+    adapters = add_lora(tiny_model(seed=0)[0], tiny_config(tmp_path / "cfg", *LORA).model.lora)
+    assert single["grads"].numel() == sum(p.numel() for n, p in adapters.named_parameters() if ".lora_" in n)
+    for r in results:
+        got = r["lora_update"]
+        torch.testing.assert_close(got["grads"], single["grads"], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got["params"], single["params"], rtol=1e-9, atol=1e-12)
+        assert not torch.equal(got["params"], got["before"])
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+            assert got["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-6, abs=1e-9), key
+
+
+def test_sharded_lora_checkpoints_hold_the_adapters_and_resume_an_armor_reset_exactly(two_ranks):
+    from peft import PeftModel
+    from torch.distributed.checkpoint import FileSystemReader
+
+    results, tmp = two_ranks
+    for r in results:
+        res = r["lora_resume"]
+        assert res["step"] == 2 and res["ref_modified"] and res["reset"]
+        for key in COMPARED:
+            assert res["resumed"][key] == pytest.approx(res["straight"][key], rel=1e-6, abs=1e-7), key
+        torch.testing.assert_close(res["resumed_params"], res["straight_params"], rtol=0, atol=1e-6)
+    step = tmp / "lora_resumed" / "run" / "checkpoints" / "step_000002"
+    assert load_state(step)["sharded_parts"] == ["model", "optim", "ref"]
+    saved = FileSystemReader(step / "sharded").read_metadata().state_dict_metadata
+    model_keys = [k for k in saved if k.startswith("model.")]
+    assert model_keys and [k for k in model_keys if ".lora_" not in k or ".default." not in k] == []  # no base
+    assert all(f".{REFERENCE}." in k for k in saved if k.startswith("ref."))
+    best = tmp / "lora_resumed" / "run" / "checkpoints" / "best"
+    assert (best / "adapter_model.safetensors").is_file() and not (best / "config.json").exists()
+    loaded = PeftModel.from_pretrained(tiny_model(seed=0)[0], best)
+    b_norm = sum(float(p.norm()) for n, p in loaded.named_parameters() if "lora_B" in n)
+    assert (b_norm > 0) == (load_state(best)["step"] == 2)  # B starts at zero
 
 
 def test_fsdp2_without_a_process_group_fails_before_loading_a_model(tmp_path, monkeypatch):

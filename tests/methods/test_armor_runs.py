@@ -134,6 +134,20 @@ def test_with_lora_anchors_come_from_the_base_with_the_adapters_off(tiny, tmp_pa
     assert trainer.train_step()["armor/anchor_rows"] == 2
 
 
+def test_with_lora_and_resets_anchors_come_from_the_reference_adapter(tiny, tmp_path):
+    pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[lora]')")
+    trainer = make_trainer(tiny, tmp_path, [*ARMOR[:2], "methods.armor={ref_n: 4, reset: every, tau: 1}",
+                                            "model.lora.rank=4"])
+    trainer.train_step()  # the reset after step 1: the reference adapter holds the trained adapters
+    batch, _ = trainer.collector.collect(trainer)
+    trainer.score(batch)
+    anchor, mask = batch.source == 1, batch.response_mask
+    assert int(anchor.sum()) > 0
+    ref, old = batch.token["ref_log_probs"], batch.token["old_log_probs"]
+    torch.testing.assert_close(ref, old, atol=1e-6, rtol=0)  # the reference is the policy now
+    torch.testing.assert_close((batch.sample_log_probs * mask)[anchor], ref[anchor], atol=1e-4, rtol=0)
+
+
 def test_single_update_takes_pi_old_of_anchors_from_the_policy(tiny, tmp_path):
     # One optimizer step: the trainer uses the update's own detached forward as pi_old for all rows, so the
     # plain ratio is exactly 1 on anchors too; with pi/pi_ref on anchors (off-policy IS) it is not.

@@ -14,7 +14,8 @@ pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[lor
 from tests.trainer.helpers import tiny_config
 from tether.checks import check_config
 from tether.config import LLAMA_LINEAR, ConfigError, load_config
-from tether.models.lora import ADAPTER_WEIGHTS, BaseModelView, serving_state_dict
+from tether.models.forward import response_log_probs
+from tether.models.lora import ADAPTER_WEIGHTS, REFERENCE, BaseModelView, reference_parameters, serving_state_dict
 from tether.trainer import Trainer
 
 LORA = ["model.lora.rank=8", "model.lora.alpha=16"]
@@ -84,12 +85,64 @@ def test_the_reference_is_the_untrained_base_without_a_copy(tiny_policy, tmp_pat
         trainer.train_step()
     batch, _ = trainer.collector.collect(trainer)
     trainer.score(batch)
-    from tether.models.forward import response_log_probs
-
     want, _ = response_log_probs(base, batch.prompt_ids, batch.response_ids, batch.response_mask)
     torch.testing.assert_close(batch.token["ref_log_probs"], want * batch.response_mask, rtol=0, atol=1e-6)
     policy = trainer.log_probs(trainer.policy, batch)
     assert (policy - batch.token["ref_log_probs"]).abs().max() > 1e-4  # the adapters trained
+
+
+def test_armor_resets_move_the_lora_reference_into_its_own_adapter_and_resume_exactly(tiny_policy, tmp_path):
+    # reset after the updates of steps 2 and 4: steps 1-2 read the base, steps 3-4 the policy after step 2, so an
+    # exact resume at step 2 needs the reference adapter from the checkpoint
+    def config(where):
+        return tiny_config(where, *LORA, "algorithm.kl.coef=0.1", "algorithm.policy_loss=armor", "train.steps=4",
+                           "methods.armor={anchors: false, reset: every, tau: 2}")
+
+    base = copy.deepcopy(tiny_policy[0])
+    straight = make_trainer(tiny_policy, config(tmp_path / "a"))
+    view = straight.ref_policy
+    assert isinstance(view, BaseModelView) and view.policy is straight.policy and view.adapter == REFERENCE
+    reference = reference_parameters(straight.policy)
+    assert reference and not any(p.requires_grad for p in reference.values())
+    assert len(straight.optimizer.param_groups[0]["params"]) == 2 * 7 * 2  # the trained adapters alone
+
+    def reference_base_policy(trainer):
+        batch, _ = trainer.collector.collect(trainer)
+        trainer.score(batch)
+        mask = batch.response_mask
+        base_lp, _ = response_log_probs(base, batch.prompt_ids, batch.response_ids, mask)
+        return batch.token["ref_log_probs"], base_lp * mask, trainer.log_probs(trainer.policy, batch)
+
+    straight.train_step()
+    ref, base_lp, policy = reference_base_policy(straight)  # no reset yet: base + a zero adapter is the base
+    torch.testing.assert_close(ref, base_lp, rtol=0, atol=1e-6)
+    assert (policy - ref).abs().max() > 1e-4
+    straight.train_step()  # the reset after step 2
+    assert straight.ref_modified
+    ref, base_lp, policy = reference_base_policy(straight)
+    torch.testing.assert_close(ref, policy, rtol=0, atol=1e-6)  # the reference is now the policy...
+    assert (ref - base_lp).abs().max() > 1e-4  # ...no longer the base
+    snapshot = {n: p.detach().clone() for n, p in reference.items()}
+    straight.train_step()  # no reset after step 3
+    assert all(torch.equal(p, snapshot[n]) for n, p in reference.items())
+    straight.train_step()  # reset after step 4
+    assert not all(torch.equal(p, snapshot[n]) for n, p in reference.items())
+
+    uninterrupted = make_trainer(tiny_policy, config(tmp_path / "b"))  # the probes above drew rollouts: a new run
+    want_metrics = [uninterrupted.train_step() for _ in range(4)]
+    first = make_trainer(tiny_policy, config(tmp_path / "c"))
+    for _ in range(2):
+        first.train_step()
+    first.save()
+    resumed = make_trainer(tiny_policy, config(tmp_path / "c"))
+    assert resumed.step == 2 and resumed.ref_modified
+    resumed_metrics = [resumed.train_step() for _ in range(2)]
+    for want, got in zip(want_metrics[2:], resumed_metrics, strict=True):
+        assert got["actor/kl_loss"] == pytest.approx(want["actor/kl_loss"], abs=1e-6)
+        assert got["actor/pg_loss"] == pytest.approx(want["actor/pg_loss"], abs=1e-6)
+    for (name, want_p), got_p in zip(uninterrupted.policy.state_dict().items(), resumed.policy.state_dict().values(),
+                                     strict=True):
+        torch.testing.assert_close(got_p, want_p, rtol=0, atol=1e-6, msg=name)
 
 
 def test_lora_settings_are_validated(tmp_path):
@@ -99,10 +152,6 @@ def test_lora_settings_are_validated(tmp_path):
         tiny_config(tmp_path, "model.lora.target_modules=[]")
     with pytest.raises(ConfigError, match=r"model\.lora\.dropout"):
         tiny_config(tmp_path, "model.lora.dropout=0.1")  # not a setting: the policy runs in eval mode
-    with pytest.raises(ConfigError, match="fsdp2"):
-        tiny_config(tmp_path, *LORA, "distributed.strategy=fsdp2")
-    with pytest.raises(ConfigError, match=r"methods\.armor\.reset"):
-        tiny_config(tmp_path, *LORA, "algorithm.policy_loss=armor", "methods.armor={reset: every, tau: 2}")
     cfg = tiny_config(tmp_path, *LORA, "model.name=tiny-64x2")
     assert check_config(cfg) == []  # the default targets are the layers of tether's Llama aliases
     cfg = tiny_config(tmp_path, *LORA, "model.name=tiny-64x2", "model.lora.target_modules=[q_proj, c_attn]")

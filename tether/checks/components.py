@@ -165,13 +165,4 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
                    "(algorithm.kl.coef is 0, algorithm.use_ref is false, and no method needs one)")
 
 
-def check_lora(cfg: Config, found: Findings) -> None:
-    """``model.lora`` with what it cannot run with (each method refuses its own combinations in ``check_config``)."""
-    if cfg.model.lora is not None and cfg.distributed.strategy == "fsdp2":
-        raise ConfigError("model.lora with distributed.strategy=fsdp2 is not built (sharded adapter checkpoints and "
-                          "the adapters-off reference are not written for fully_shard); use "
-                          "distributed.strategy=replicate, or full fine-tuning under fsdp2 (docs/lora.md)")
-
-
-CONFIG_CHECKS = (check_advantage, check_policy_loss, check_engine, check_methods, check_saving, check_lora,
-                 warn_suspicious)
+CONFIG_CHECKS = (check_advantage, check_policy_loss, check_engine, check_methods, check_saving, warn_suspicious)

@@ -55,6 +55,7 @@ from tether.distributed.strategy import MicroBatch, lock_step_micro_batches
 from tether.engine.base import Generation, Intervention, SamplingParams
 from tether.models.forward import SHARDED_PASS, plain_head_pass
 from tether.models.layers import decoder_layers
+from tether.models.lora import BaseModelView, is_lora, save_adapter
 
 SHARDED_DIR = "sharded"  # the DCP directory inside a step checkpoint
 
@@ -159,27 +160,54 @@ class FSDP2:
 
     def save_training_state(self, directory: Path, policy: nn.Module, optimizer: torch.optim.Optimizer,
                             ref: nn.Module | None) -> dict[str, Any]:
-        model_state, optim_state = get_state_dict(policy, optimizer)
+        model_state, optim_state = _policy_state(policy, optimizer)
         parts = {"model": model_state, "optim": optim_state}
         if ref is not None:
-            parts["ref"] = get_model_state_dict(ref)
+            parts["ref"] = _reference_state(ref)
         dcp.save(parts, checkpoint_id=directory / SHARDED_DIR)
         return {"sharded_parts": sorted(parts)}
 
     def load_training_state(self, directory: Path, state: dict[str, Any], policy: nn.Module,
                             optimizer: torch.optim.Optimizer, ref: nn.Module | None) -> bool:
-        model_state, optim_state = get_state_dict(policy, optimizer)  # this rank's shards, filled in place
+        model_state, optim_state = _policy_state(policy, optimizer)  # this rank's shards
         parts = {"model": model_state, "optim": optim_state}
         has_ref = "ref" in state["sharded_parts"]
         if has_ref:
-            parts["ref"] = get_model_state_dict(ref)
-        dcp.load(parts, checkpoint_id=directory / SHARDED_DIR)
-        set_state_dict(policy, optimizer, model_state_dict=parts["model"], optim_state_dict=parts["optim"])
-        if has_ref:
+            parts["ref"] = _reference_state(ref)
+        dcp.load(parts, checkpoint_id=directory / SHARDED_DIR)  # fills the shards of ``parts`` in place
+        # not strict: a LoRA policy's frozen weights are not in the checkpoint (dcp.load has checked every key)
+        set_state_dict(policy, optimizer, model_state_dict=parts["model"], optim_state_dict=parts["optim"],
+                       options=StateDictOptions(ignore_frozen_params=is_lora(policy), strict=False))
+        if has_ref and isinstance(ref, BaseModelView):
+            ref.load_adapter_state(parts["ref"])
+        elif has_ref:
             set_model_state_dict(ref, parts["ref"])
         return has_ref
 
     def save_pretrained(self, directory: Path, model: nn.Module) -> None:
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.dp.is_main:  # the others received an empty dict
+        """A plain Hugging Face directory on rank 0 (the whole state gathered there), or for a LoRA policy its
+        adapters alone in PEFT's format."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=is_lora(model))
+        full = get_model_state_dict(model, options=options)
+        if not self.dp.is_main:  # the others received an empty dict
+            return
+        if is_lora(model):
+            save_adapter(model, directory, full)
+        else:
             model.save_pretrained(directory, state_dict=full, safe_serialization=True)
+
+
+def _policy_state(policy: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's shards of the policy and optimiser state. A LoRA policy's hold its trained adapters only: the
+    frozen base is ``model.name``, which a resumed run loads again (``ignore_frozen_params`` alone would keep a
+    tied LM head, which ``named_parameters`` lists once, under the embedding's name)."""
+    if not is_lora(policy):
+        return get_state_dict(policy, optimizer)
+    model_state, optim_state = get_state_dict(policy, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    trained = {name for name, p in policy.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model_state.items() if k in trained}, optim_state
+
+
+def _reference_state(ref: Any) -> dict[str, Any]:
+    """The sharded state of a moved reference: a model's, or a LoRA reference's own adapter."""
+    return ref.adapter_state() if isinstance(ref, BaseModelView) else get_model_state_dict(ref)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from tether.distributed.data_parallel import DataParallel, chunk_by_length
-from tether.models.lora import is_lora, load_adapter, save_adapter
+from tether.models.lora import BaseModelView, is_lora, load_adapter, save_adapter
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,8 @@ class Replicate:
     def save_training_state(self, directory: Path, policy: nn.Module, optimizer: torch.optim.Optimizer,
                             ref: nn.Module | None) -> dict[str, Any]:
         self.save_pretrained(directory, policy)
+        if isinstance(ref, BaseModelView):  # a LoRA run's moved reference: its adapter, not the merged weights
+            return {"optimizer": optimizer.state_dict(), "ref_adapter": ref.adapter_state()}
         return {"optimizer": optimizer.state_dict(), "ref_policy": None if ref is None else ref.state_dict()}
 
     def load_training_state(self, directory: Path, state: dict[str, Any], policy: nn.Module,
@@ -149,6 +151,9 @@ class Replicate:
             saved = AutoModelForCausalLM.from_pretrained(directory, dtype=next(policy.parameters()).dtype)
             policy.load_state_dict(saved.state_dict())
         optimizer.load_state_dict(state["optimizer"])
+        if "ref_adapter" in state:
+            ref.load_adapter_state(state["ref_adapter"])
+            return True
         if state["ref_policy"] is None:
             return False
         ref.load_state_dict(state["ref_policy"])

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from tether.engine.base import Generation, Intervention, SamplingParams
 from tether.models.forward import distinct_prompts, model_cache_kwarg, new_kv_cache, response_log_probs
+from tether.models.lora import BaseModelView
 from tether.models.vision import (
     check_vision_model,
     has_images,
@@ -312,7 +313,10 @@ class HFEngine:
         return (log_probs, torch.cat(ents)) if with_entropy else log_probs
 
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
-        """Copy weights into the engine's model; free when they are already its own tensors."""
+        """Copy weights into the engine's model; free when they are already its own tensors, or when its model is
+        a LoRA reference view, which computes with the policy's current tensors at every call."""
+        if isinstance(self.model, BaseModelView):
+            return
         own = self.model.state_dict()
         if all(k in own and own[k].data_ptr() == v.data_ptr() for k, v in state_dict.items()):
             return

@@ -180,10 +180,6 @@ class Armor(Method):
         if cfg.model.ref_name not in (None, cfg.model.name):
             warnings.append(f"methods.armor with model.ref_name={cfg.model.ref_name!r}: ARMOR's reference is the "
                             f"checkpoint the policy starts from ({cfg.model.name!r}, the default), not another model")
-        if settings.reset != "none" and cfg.model.lora is not None:
-            raise ConfigError(f"methods.armor.reset={settings.reset} with model.lora: a reset makes the reference the "
-                              "current policy, but a LoRA run's reference is its base with the adapters off; set "
-                              "methods.armor.reset=none, or unset model.lora")
         if settings.reset != "none" and (settings.tau or 1) > cfg.train.steps:
             warnings.append(f"methods.armor.tau={settings.tau} exceeds train.steps={cfg.train.steps}: the reference "
                             f"is never reset (reset: {settings.reset})")
@@ -196,6 +192,10 @@ class Armor(Method):
             raise ConfigError(f"methods.armor.anchors: rollout.group_size={cfg.rollout.group_size}; it must be >= 2, "
                               "or no group has 1 <= #correct <= group_size - 1 (the paper uses 15)")
         return warnings
+
+    @property
+    def moves_reference(self) -> bool:
+        return self.settings.reset != "none"
 
     def setup(self, ctx: StepContext) -> None:
         if not self.settings.anchors:

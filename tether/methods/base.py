@@ -92,6 +92,12 @@ class Method:
         model loads (``tether.checks.machine.check_model``)."""
         return {}
 
+    @property
+    def moves_reference(self) -> bool:
+        """Whether :meth:`after_update` may reset the reference (``ctx.reference.reset_to``); a LoRA run then keeps
+        the reference in an adapter of its own (docs/lora.md)."""
+        return False
+
     def setup(self, ctx: StepContext) -> None:
         """Called once; keep a reference to what the hooks need."""
 

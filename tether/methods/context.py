@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tether.models.lora import BaseModelView
+
 if TYPE_CHECKING:
     import torch
 
@@ -64,9 +66,13 @@ class Reference:
         self.moved = False
 
     def reset_to(self, policy: Any) -> None:
-        """``theta_ref <- theta``, copied in place (the reference keeps its own tensors, frozen, in eval mode); from
+        """``theta_ref <- theta``, copied in place (the reference keeps its own tensors, frozen, in eval mode; a LoRA
+        run's reference takes the policy's adapters into its own, :class:`tether.models.lora.BaseModelView`); from
         now on checkpoints save the reference. The one write a method hook makes to the run's state."""
-        self.model.load_state_dict(policy.state_dict())
+        if isinstance(self.model, BaseModelView):
+            self.model.reset_to(policy)
+        else:
+            self.model.load_state_dict(policy.state_dict())
         self.moved = True
 
 

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from tether.algos.logprobs import token_log_probs
-from tether.models.lora import BaseModelView, adapters_disabled
+from tether.models.lora import BaseModelView
 from tether.models.vision import check_vision_model, has_images, pixel_inputs, prompt_positions
 
 # Architectures whose logits are exactly ``lm_head(base_model(...).last_hidden_state)`` (no soft-capping,
@@ -206,7 +206,7 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         zero where ``response_mask`` is 0.
     """
     if isinstance(model, BaseModelView):  # a LoRA policy's reference: the pass below reaches past model(...)
-        with adapters_disabled(model.policy):
+        with model.active():
             return response_log_probs(model.policy, prompt_ids, response_ids, response_mask, temperature=temperature,
                                       with_entropy=with_entropy, chunk_size=chunk_size, share_prompts=share_prompts)
     device = next(model.parameters()).device

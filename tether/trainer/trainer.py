@@ -42,7 +42,7 @@ from tether.methods.context import step_seed
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
 from tether.models.layers import LayerCheckpointing, activation_bytes, checkpoint_layers
-from tether.models.lora import BaseModelView, add_lora, is_lora, serving_state_dict
+from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.collectors import collector_class
 from tether.track import Tracker, build_tracker, write_text_atomic
@@ -100,7 +100,8 @@ class Trainer:
         self.checkpointing = layer_checkpointing(policy, cfg.train.gradient_checkpointing)
         self.policy = self.strategy.prepare(policy)  # on self.device from here on
         # a method may move the reference (ARMOR's resets, Reference.reset_to): then checkpoints save it; a LoRA
-        # policy's reference is a view of the policy itself (adapters off), wherever the policy is
+        # policy's reference is a view of the policy itself (adapters off, or its reference adapter), wherever the
+        # policy is
         self.reference = None if ref is None else Reference(
             ref if isinstance(ref, BaseModelView) else self.strategy.prepare(ref))
         # 3. engine, data, loss functions
@@ -132,10 +133,14 @@ class Trainer:
 
     def _build_ref(self, policy: Any) -> Any:
         """The frozen reference: ``model.ref_name``, else the initial policy: a copy, or with LoRA the policy with
-        its adapters off (no copy; it stays the initial policy since only the adapters train)."""
+        its adapters off (no copy; it stays the initial policy since only the adapters train), or with a frozen
+        reference adapter of its own when a method resets the reference (docs/lora.md)."""
         if self.cfg.model.ref_name:
             ref, _ = load_policy(self.cfg.model.ref_name)
         elif is_lora(policy):
+            if any(m.moves_reference for m in self.methods):
+                add_reference_adapter(policy)
+                return BaseModelView(policy, adapter=REFERENCE)
             return BaseModelView(policy)
         else:
             ref = copy.deepcopy(policy)
