@@ -7,7 +7,8 @@
    analyzer, exactly as ``methods.seed.analyzer=rule`` does; per row, the skill's shift of the sampled response's
    log-probability, delta = log pi(a | h + skill) - log pi(a | h), split into *fatal* rows (the action steps on
    ``~``) and *safe* rows. The mechanism needs delta < 0 on fatal rows and delta > 0 on safe ones; if not, the
-   comparison is not run.
+   comparison is not run. Beside it, *deadly* rows (onto ``~`` or into a visible hole: any move that kills) and
+   *alive* rows, since the oracle rule forbids both hazards (docs/methods/seed.md says when this was added).
 3. **Self-analysis**: greedy analyses by the policy of some of those trajectories: parse rate and how many state
    the hidden lesson (:func:`thin_ice_skill_correct`).
 
@@ -126,6 +127,9 @@ def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict
                                 include_summary=False)
         skills[id(ep)] = answer.skill
     split: dict[str, list[float]] = {"fatal": [], "safe": []}
+    # the issue's own reading of "fatal": any move that ends the episode in death, onto ~ or into a visible hole
+    # (added 2026-12-05 after the ahead_balanced3 precheck, beside the pre-registered thin-ice split; a deviation)
+    deadly: dict[str, list[float]] = {"deadly": [], "alive": []}
     # diagnostic split of the safe rows: into a hole, the first move of the safe plan, any other move; and,
     # overlapping those, the safe rows at a fork (the naive move would step on ~)
     detail: dict[str, list[float]] = {"safe_into_hole": [], "safe_on_plan": [], "safe_other": [],
@@ -144,12 +148,14 @@ def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict
         teacher = response_log_prob(model, encode_chat(tok, augment_with_skill(message, skills[id(ep)])), response)
         fatal = thin_ice_fatal(t["observation"], t["action"])
         split["fatal" if fatal else "safe"].append(teacher - student)
-        if not fatal:
-            detail[safe_kind(t["observation"], t["action"], routes)].append(teacher - student)
+        kind = None if fatal else safe_kind(t["observation"], t["action"], routes)
+        deadly["deadly" if fatal or kind == "safe_into_hole" else "alive"].append(teacher - student)
+        if kind is not None:
+            detail[kind].append(teacher - student)
             if at_fork(t["observation"], routes):
                 detail["safe_at_fork"].append(teacher - student)
     out: dict[str, Any] = {}
-    for kind, values in {**split, **detail}.items():
+    for kind, values in {**split, **deadly, **detail}.items():
         x = torch.tensor(values or [float("nan")])
         out[kind] = {"rows": len(values), "delta_mean": float(x.mean()),
                      "delta_se": float(x.std() / len(values) ** 0.5) if len(values) > 1 else float("nan"),
@@ -193,7 +199,8 @@ def main() -> None:
               "positive_control": oracle_deltas(model, tok, plain, rows, cfg.env.history, collector.action_format,
                                                  cfg.env.kwargs.get("routes", "shortest"))}
     pc = result["positive_control"]
-    result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]
+    result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]  # pre-registered
+    result["control_passed_deadly"] = pc["deadly"]["delta_mean"] < 0 < pc["alive"]["delta_mean"]
     print(json.dumps(result, indent=2), flush=True)
     if args.analyses:  # a warm start without analysis records cannot write one; skip the generation then
         result["self_analysis"] = self_analysis(engine, tok, plain, args.analyses, args.analysis_tokens)
