@@ -148,13 +148,19 @@ def sft(config: Path, overrides: Overrides = None) -> None:
 
 @app.command()
 def experiment(protocol: Path,
-               report_only: Annotated[bool, typer.Option(help="only (re)write the report from finished runs")] = False
+               report_only: Annotated[bool, typer.Option(help="only (re)write the report from finished runs")] = False,
+               pool: Annotated[list[Path] | None, typer.Option(
+                   help="a finished replication of PROTOCOL on other seeds (repeatable): report them together")] = None,
+               into: Annotated[Path | None, typer.Option(help="with --pool: where the pooled report goes")] = None,
                ) -> None:
     """Run a pre-registered protocol (arms x seeds, separate processes, resumable) and write its report."""
-    from tether.lab.experiment import run_experiment
+    from tether.lab.experiment import pool_experiments, run_experiment
 
     with _config_errors():
-        data = run_experiment(protocol, report_only=report_only)
+        if pool and into is None:
+            raise ConfigError("--pool needs --into DIR, the directory of the pooled report")
+        data = pool_experiments([protocol, *pool], into) if pool else run_experiment(protocol,
+                                                                                     report_only=report_only)
     root = Path(data["protocol"]["run_root"])
     typer.echo((root / "report.md").read_text())
     if data["failures"]:

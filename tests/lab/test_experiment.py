@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tether.config import ConfigError
-from tether.lab.experiment import check_protocol, load_protocol, run_experiment
+from tether.lab.experiment import check_protocol, load_protocol, pool_experiments, run_experiment
+from tether.lab.protocol import run_dir
 from tether.tasks import TaskItem, register_task, unregister_task
 
 
@@ -38,6 +40,7 @@ def write_protocol(tmp_path, config, **changes):
                          "high": {"config": str(config), "overrides": ["optim.lr=1e-2"]}},
                 "endpoint": {"metric": "val/avg@k", "split": "report", "at": "best"},
                 "secondary": ["val/response_length", "val/mode/direct/share"], **changes}
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "protocol.yaml"
     path.write_text(yaml.safe_dump(protocol))
     return path
@@ -167,3 +170,45 @@ def test_an_env_with_a_report_split_is_evaluated_there_and_others_are_refused(tm
     scripted = write_protocol(tmp_path, write_env_config(tmp_path, "scripted"), endpoint=endpoint, secondary=[])
     with pytest.raises(ConfigError, match="one held-out split"):
         check_protocol(load_protocol(scripted))
+
+
+def fake_finished_runs(path, values):
+    """A protocol's lock and one endpoint.json per (arm, seed) with ``values[arm][seed]``, without any training."""
+    protocol = load_protocol(path)
+    Path(protocol.run_root).mkdir(parents=True)
+    (Path(protocol.run_root) / "protocol.lock.json").write_text(json.dumps(
+        {"sha256": "0" * 64, "commit": "c" * 40, "committed": True, "started": "2026-12-05T00:00:00+00:00"}))
+    for arm, per_seed in values.items():
+        for seed, value in per_seed.items():
+            record = {"arm": arm, "seed": seed, "split": "report", "checkpoint": "best",
+                      "metrics": {"val/avg@k": value, "val/response_length": 3.0, "val/mode/direct/share": 1.0}}
+            (run_dir(protocol, arm, seed)).mkdir(parents=True)
+            (run_dir(protocol, arm, seed) / "endpoint.json").write_text(json.dumps(record))
+
+
+def test_a_replication_on_other_seeds_pools_into_one_report(tmp_path):
+    config = write_config(tmp_path)
+    first = write_protocol(tmp_path, config)
+    second = write_protocol(tmp_path / "rep", config, name="smoke-replication", seeds=[2, 3],
+                            run_root=str(tmp_path / "study_rep"))
+    fake_finished_runs(first, {"low": {0: 0.5, 1: 0.25}, "high": {0: 0.75, 1: 0.25}})
+    fake_finished_runs(second, {"low": {2: 0.5, 3: 0.0}, "high": {2: 0.5}})  # high/seed3 never finished
+    data = pool_experiments([first, second], tmp_path / "pooled")
+    diff = data["summary"]["val/avg@k"]["versus_baseline"]["high"]
+    assert diff["n"] == 3 and diff["mean"] == pytest.approx((0.25 + 0.0 + 0.0) / 3)  # paired over seeds 0, 1, 2
+    assert data["summary"]["val/avg@k"]["arms"]["low"]["n"] == 4
+    assert data["failures"] == ["high/seed3 of smoke-replication: no endpoint.json"]
+    assert data["protocol"]["seeds"] == [0, 1, 2, 3] and len(data["registration"]["pooled"]) == 2
+    assert "smoke + smoke-replication" in (tmp_path / "pooled" / "report.md").read_text()
+
+    other_arms = write_protocol(tmp_path / "x", config, seeds=[4], run_root=str(tmp_path / "x_study"),
+                                paper_effect=0.2)
+    with pytest.raises(ConfigError, match="their paper_effect differ"):
+        pool_experiments([first, other_arms], tmp_path / "never")
+    same_seed = write_protocol(tmp_path / "y", config, seeds=[1, 5], run_root=str(tmp_path / "y_study"))
+    with pytest.raises(ConfigError, match=r"seed\(s\) \[1\] are in more than one protocol"):
+        pool_experiments([first, same_seed], tmp_path / "never")
+    not_run = write_protocol(tmp_path / "z", config, seeds=[6], run_root=str(tmp_path / "z_study"))
+    with pytest.raises(ConfigError, match="has not run"):
+        pool_experiments([first, not_run], tmp_path / "never")
+    assert not (tmp_path / "never").exists()

@@ -13,6 +13,9 @@ metrics and the comparisons. The runner
 4. writes ``report.md``, ``report.json`` and ``curves.png`` under ``run_root``: per-seed values, mean and 95%
    interval per arm, paired differences against the baseline, the minimum detectable effect, a label, the
    protocol's hash and commit, and whether the protocol changed after the first run.
+
+:func:`pool_experiments` reports several finished protocols that differ only in their seeds (a replication
+registered after the first) as one, over all their seeds.
 """
 
 from __future__ import annotations
@@ -238,3 +241,49 @@ def run_experiment(path: str | Path, *, report_only: bool = False) -> dict[str, 
                 if done.is_file():
                     records.append(json.loads(done.read_text()))
     return write_report(protocol, records, reg, failures)
+
+
+# -- pooling a replication ------------------------------------------------------------------------
+
+POOLED_FIELDS = ("arms", "baseline", "endpoint", "secondary", "comparisons", "paper_effect")
+
+
+def pool_protocols(protocols: list[Protocol]) -> Protocol:
+    """One protocol over the seeds of ``protocols``, which must agree on everything but name, seeds, run root and
+    parallelism (a replication on new seeds); it keeps the first one's run root.
+
+    Raises:
+        ConfigError: a field differs (which one, between which protocols), or a seed appears in two of them.
+    """
+    first = protocols[0]
+    for other in protocols[1:]:
+        for field in POOLED_FIELDS:
+            if getattr(other, field) != getattr(first, field):
+                raise ConfigError(f"cannot pool {other.name!r} with {first.name!r}: their {field} differ (only "
+                                  "name, seeds, run_root and parallel may)")
+    seeds = [s for p in protocols for s in p.seeds]
+    shared = sorted({s for s in seeds if seeds.count(s) > 1})
+    if shared:
+        raise ConfigError(f"cannot pool: seed(s) {shared} are in more than one protocol")
+    return first.model_copy(update={"name": " + ".join(p.name for p in protocols), "seeds": seeds})
+
+
+def pool_experiments(paths: list[str | Path], out: str | Path) -> dict[str, Any]:
+    """The report of :func:`pool_protocols` over finished runs, written under ``out``; each protocol must have
+    run (its ``protocol.lock.json`` exists), and a run without ``endpoint.json`` is listed as missing."""
+    protocols = [load_protocol(p) for p in paths]
+    pooled = pool_protocols(protocols).model_copy(update={"run_root": str(out)})
+    regs, records, missing = [], [], []
+    for protocol, path in zip(protocols, paths, strict=True):
+        if not (Path(protocol.run_root) / "protocol.lock.json").is_file():
+            raise ConfigError(f"{path}: has not run (no {protocol.run_root}/protocol.lock.json); run it first")
+        regs.append(registration(protocol, Path(path)))
+        for arm in protocol.arms:
+            for seed in protocol.seeds:
+                done = run_dir(protocol, arm, seed) / "endpoint.json"
+                if done.is_file():
+                    records.append(json.loads(done.read_text()))
+                else:
+                    missing.append(f"{arm}/seed{seed} of {protocol.name}: no endpoint.json")
+    reg = {**regs[0], "changed_after_first_run": any(r["changed_after_first_run"] for r in regs), "pooled": regs}
+    return write_report(pooled, records, reg, missing)
