@@ -18,6 +18,7 @@ loads such a directory as a merged model (``tether eval`` of a LoRA run's ``chec
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import warnings
@@ -92,8 +93,6 @@ def add_reference_adapter(model: nn.Module) -> None:
     """Give ``model`` (with :func:`add_lora`'s adapters) a frozen second adapter, :data:`REFERENCE`, of the same
     shape, with B = 0: base plus it is exactly the base until :meth:`BaseModelView.reset_to` copies the trained
     adapters into it. Added before the policy is sharded, so every strategy sees one fixed set of parameters."""
-    import copy
-
     from peft import inject_adapter_in_model
 
     with warnings.catch_warnings():  # "multiple adapters in the model": the point here
