@@ -252,6 +252,18 @@ def test_opsd_baseline_scores_under_the_solution_hint(tiny_policy, tmp_path):
     assert "seed/opsd_delta_mean" in trainer.methods[0].after_update(trainer.hook_context())
 
 
+def test_opsd_refuses_envs_it_cannot_hint_before_and_during_a_run(tiny_policy, tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"methods.opsd with env.name=textworld: no solver reads its observations"):
+        agent_config(tmp_path, "env.name=textworld", methods={"opsd": {}})
+    # a supported env whose observations (here: a view) hold no state it can solve: stopped at the first batch
+    monkeypatch.setattr("tether.methods.seed.plugin.solve_from_observation", lambda *args: None)
+    cfg = agent_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
+                       "rollout.max_new_tokens=6", methods={"opsd": {"coef": 0.1}})
+    trainer = Trainer(cfg, policy=tiny_policy[0], tokenizer=tiny_policy[1])
+    with pytest.raises(RuntimeError, match=r"methods\.opsd: no row of step 0 got a hint"):
+        scored_batch(trainer)
+
+
 def test_both_stages_end_to_end(tiny_policy, tmp_path):
     model, tok = tiny_policy
     initial = {k: v.clone() for k, v in model.state_dict().items()}

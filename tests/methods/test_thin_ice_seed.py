@@ -105,6 +105,19 @@ def test_plan_from_any_observation_matches_the_env():
     assert thin_ice_tiles("no grid here") is None
 
 
+def test_the_ahead_line_gives_the_safe_walkers_next_move_as_the_plan():
+    # OPSD's hint on the ahead view: the line shows no map, so the plan is the next move of the safe walker
+    env = ThinIceEnv(routes="monotone", view="ahead", trap_prob=1.0)
+    checked = 0
+    for seed in range(20):
+        obs = env.reset(seed).observation
+        while (plan := env.solution()) and len(plan) > 1:
+            assert solve_from_observation("thin_ice", obs) == plan[:1]
+            checked += 1
+            obs = env.step(plan[0]).observation
+    assert checked > 50
+
+
 def test_fatal_moves_are_the_ones_onto_thin_ice():
     obs = "P~_\n_O_\n__G"
     assert thin_ice_fatal(obs, "right") and not thin_ice_fatal(obs, "down") and not thin_ice_fatal(obs, "up")

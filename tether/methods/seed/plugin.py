@@ -44,6 +44,7 @@ from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, skill_section, user_message
 from tether.methods.seed.rule_analyzers import (
+    SOLVABLE_ENVS,
     Trajectory,
     rule_analysis,
     solve_from_observation,
@@ -351,7 +352,8 @@ class Opsd(Method):
     """GRPO + OPSD-style self-distillation: teacher = pi_old with the optimal remaining plan after the task line.
 
     The hint is the env solver's plan from the row's own state, recovered from its observation
-    (:func:`~.rule_analyzers.solve_from_observation`: sokoban, frozenlake, scripted). Rows without one are masked.
+    (:func:`~.rule_analyzers.solve_from_observation`: sokoban, frozenlake, thin ice, scripted). Rows without one are
+    masked; a run whose first scored batch has none stops there (the term would be silently zero).
     """
 
     name = "opsd"
@@ -362,11 +364,16 @@ class Opsd(Method):
         super().__init__(settings)
         self.settings: OpsdSettings = settings
         self.accounting = _OpdAccounting("seed/opsd_")
+        self.hinted = False  # some row of this process has had a hint
 
     @classmethod
     def check_config(cls, settings: OpsdSettings, cfg: Config) -> list[str]:
         if cfg.env is None:
             raise ConfigError("methods.opsd reads env observations: it needs an env (env: ...), not a task")
+        if cfg.env.name not in SOLVABLE_ENVS:
+            raise ConfigError(f"methods.opsd with env.name={cfg.env.name}: no solver reads its observations, so no "
+                              f"row would get a hint and the run would be plain GRPO; allowed: "
+                              f"{', '.join(SOLVABLE_ENVS)}")
         return []
 
     def setup(self, ctx: StepContext) -> None:
@@ -378,6 +385,11 @@ class Opsd(Method):
         for ep, turn in zip(batch.info["episode"], batch.info["turn"], strict=True):
             plan = solve_from_observation(self.env_name, ep.turns[turn]["observation"], ep.task)
             hints.append(skill_section(HINT_TITLE, HINT_INSTRUCTION, ", ".join(plan)) if plan else None)
+        if not self.hinted and hints and not any(hints):  # this env's observations hold no state we can solve
+            raise RuntimeError(f"methods.opsd: no row of step {ctx.step} got a hint (env {self.env_name}: "
+                               "solve_from_observation read no state from its observations), so the distillation "
+                               "term would be zero; this view of the env is not supported by OPSD")
+        self.hinted = self.hinted or any(hints)
         teacher, row_mask, lost = teacher_scores(ctx, batch, hints, insert_after_task_line)
         mask = row_mask[:, None] * batch.response_mask
         batch.token["teacher_log_probs"], batch.token["opsd_mask"] = teacher, mask

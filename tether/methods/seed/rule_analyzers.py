@@ -117,9 +117,14 @@ def thin_ice_tiles(observation: str) -> tuple[list[str], tuple[int, int]] | None
 
 
 def thin_ice_plan(observation: str) -> list[str] | None:
-    """The shortest path around every hole and every ``~`` from the player to the goal in ``observation``."""
-    from tether.envs.thin_ice import safe_plan
+    """The shortest path around every hole and every ``~`` from the player to the goal in ``observation``; from an
+    ahead line (``view: ahead``), which shows no map, the safe walker's next move alone."""
+    from tether.envs.thin_ice import HOLE, SYMBOLS, THIN, parse_ahead, safe_plan, walker_move
 
+    ahead = parse_ahead(observation)
+    if ahead is not None:
+        move = walker_move(ahead, SYMBOLS[HOLE] + SYMBOLS[THIN])
+        return None if move is None else [move]
     parsed = thin_ice_tiles(observation)
     if parsed is None or parsed[0][parsed[1][0]][parsed[1][1]] == "H":
         return None
@@ -146,6 +151,9 @@ def scripted_plan(task: str) -> list[str] | None:
     """The secret word, when the task reveals it."""
     match = re.search(r"secret word is '([^']+)'", task)
     return [match.group(1)] if match else None
+
+
+SOLVABLE_ENVS = ("sokoban", "frozenlake", "thin_ice", "scripted")  # the envs solve_from_observation reads
 
 
 def solve_from_observation(env_name: str, observation: str, task: str = "") -> list[str] | None:
