@@ -117,18 +117,24 @@ def thin_ice_tiles(observation: str) -> tuple[list[str], tuple[int, int]] | None
 
 
 def thin_ice_plan(observation: str) -> list[str] | None:
-    """The shortest path around every hole and every ``~`` from the player to the goal in ``observation``; from an
-    ahead line (``view: ahead``), which shows no map, the safe walker's next move alone."""
-    from tether.envs.thin_ice import HOLE, SYMBOLS, THIN, parse_ahead, safe_plan, walker_move
+    """The shortest path around every hole and every ``~`` from the player to the goal in ``observation``; None
+    without a map (the ahead view)."""
+    from tether.envs.thin_ice import safe_plan
 
-    ahead = parse_ahead(observation)
-    if ahead is not None:
-        move = walker_move(ahead, SYMBOLS[HOLE] + SYMBOLS[THIN])
-        return None if move is None else [move]
     parsed = thin_ice_tiles(observation)
     if parsed is None or parsed[0][parsed[1][0]][parsed[1][1]] == "H":
         return None
     return safe_plan(parsed[0], *parsed[1])
+
+
+def thin_ice_next_move(observation: str) -> list[str] | None:
+    """From an ahead line (``view: ahead``), which shows no map, the safe walker's next move as a one-move plan (the
+    hint OPSD can give there); None without one, or when both moves are blocked."""
+    from tether.envs.thin_ice import HOLE, SYMBOLS, THIN, parse_ahead, walker_move
+
+    ahead = parse_ahead(observation)
+    move = None if ahead is None else walker_move(ahead, SYMBOLS[HOLE] + SYMBOLS[THIN])
+    return None if move is None else [move]
 
 
 def thin_ice_fatal(observation: str, action: str) -> bool:
@@ -164,7 +170,7 @@ def solve_from_observation(env_name: str, observation: str, task: str = "") -> l
     if env_name == "frozenlake":
         return frozenlake_plan(observation)
     if env_name == "thin_ice":
-        return thin_ice_plan(observation)
+        return thin_ice_plan(observation) or thin_ice_next_move(observation)
     if env_name == "scripted":
         return scripted_plan(task)
     return None
