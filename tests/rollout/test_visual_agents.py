@@ -91,8 +91,10 @@ def test_training_rows_carry_their_images(tmp_path):
 def test_opsd_on_images_is_refused_before_any_rollout(tmp_path):
     from tether.config import ConfigError
 
-    cfg = agent_config(tmp_path, env={"name": "sokoban_visual", "kwargs": {}}, methods={"opsd": {}})
-    policy, processor = load_policy("tiny-idefics3")
+    with pytest.raises(ConfigError, match=r"methods\.opsd with env\.name=sokoban_visual: no solver reads"):
+        agent_config(tmp_path, env={"name": "sokoban_visual", "kwargs": {}}, methods={"opsd": {}})
+    cfg = agent_config(tmp_path, env={"name": "sokoban", "kwargs": {}}, methods={"opsd": {}})
+    policy, processor = load_policy("tiny-idefics3")  # text observations, but a policy that reads images
     with pytest.raises(ConfigError, match=r"methods\.opsd on a vision-language policy is not built"):
         Trainer(cfg, policy=policy, tokenizer=processor)
 
