@@ -11,8 +11,12 @@
    *alive* rows, since the oracle rule forbids both hazards (docs/methods/seed.md says when this was added).
 3. **Self-analysis**: greedy analyses by the policy of some of those trajectories: parse rate and how many state
    the hidden lesson (:func:`thin_ice_skill_correct`).
+4. With ``--own-skills`` (the self-analysis arm, after stage 1): check 2 again with the policy's own greedy
+   analysis of every trajectory as the skill, as ``methods.seed.analyzer=policy`` does; trajectories whose
+   analysis fails give no rows (their rows get no distillation in training either).
 
-Usage: python scripts/lab/seed_precheck.py CONFIG [--maps 32] [--copies 4] [--analyses 16] [--out FILE.json]
+Usage: python scripts/lab/seed_precheck.py CONFIG [--maps 32] [--copies 4] [--analyses 16] [--own-skills]
+       [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -117,15 +121,29 @@ def at_fork(observation: str, routes: str) -> bool:
     return bool(plan) and thin_ice_fatal(observation, plan[0])
 
 
-def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict[str, Any]], history: int,
-                  action_format: str, routes: str) -> dict[str, Any]:
-    """The positive control (module docstring, 2)."""
-    skills = {}
-    for ep in episodes:
-        answer = parse_analysis(rule_analysis(Trajectory.from_episode(ep), "thin_ice",
-                                              success=success_label(ep.ret) == "success", include_summary=False),
-                                include_summary=False)
-        skills[id(ep)] = answer.skill
+def oracle_skills(episodes: list[Episode]) -> dict[int, str]:
+    """The oracle rule analyzer's skill per episode (by ``id``), as ``methods.seed.analyzer=rule`` writes it."""
+    return {id(ep): parse_analysis(rule_analysis(Trajectory.from_episode(ep), "thin_ice",
+                                                 success=success_label(ep.ret) == "success", include_summary=False),
+                                   include_summary=False).skill for ep in episodes}
+
+
+def own_skills(engine: HFEngine, tok: Any, episodes: list[Episode], max_new_tokens: int) -> dict[int, str]:
+    """The policy's own greedy analysis per episode (by ``id``), as ``methods.seed.analyzer=policy`` writes it;
+    "" where it did not parse."""
+    prompts = [encode_chat(tok, episode_analysis_prompt(e, include_summary=False)) for e in episodes]
+    texts: list[str] = []
+    for k in range(0, len(prompts), 16):
+        texts += engine.generate(prompts[k:k + 16], SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
+                                 seed=k).texts
+    parsed = [parse_analysis(t, include_summary=False) for t in texts]
+    return {id(ep): p.skill if p.ok else "" for ep, p in zip(episodes, parsed, strict=True)}
+
+
+def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[str, Any]], history: int,
+                 action_format: str, routes: str) -> dict[str, Any]:
+    """The positive control (module docstring, 2 and 4) with ``skills`` per episode; episodes without one are
+    skipped."""
     split: dict[str, list[float]] = {"fatal": [], "safe": []}
     # the issue's own reading of "fatal": any move that ends the episode in death, onto ~ or into a visible hole
     # (added 2026-12-05 after the ahead_balanced3 precheck, beside the pre-registered thin-ice split; a deviation)
@@ -137,7 +155,7 @@ def oracle_deltas(model: Any, tok: Any, episodes: list[Episode], rows: list[dict
     for r in rows:
         ep, turn = r["episode"], r["turn"]
         t = ep.turns[turn]
-        if not t["valid"]:
+        if not t["valid"] or not skills[id(ep)].strip():
             continue
         response = r["response_ids"].tolist()
         # the row's prompt as the agent loop built it: the turns before this one, this turn's observation
@@ -183,6 +201,7 @@ def main() -> None:
     ap.add_argument("--analyses", type=int, default=16, help="0: skip check 3")
     ap.add_argument("--analysis-tokens", type=int, default=512, help="greedy analysis budget (characters)")
     ap.add_argument("--model", default=None, help="another checkpoint than the config's model.name")
+    ap.add_argument("--own-skills", action="store_true", help="check 4: the control with the policy's own analyses")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -193,14 +212,19 @@ def main() -> None:
     collector = AgentCollector(cfg, tok)
     seeds = collector.val_seeds[: args.maps]  # the selection split
     plain, rows = play(collector, engine, seeds, args.copies, None, seed=1)
+    where = (cfg.env.history, collector.action_format, cfg.env.kwargs.get("routes", "shortest"))
     skilled, _ = play(collector, engine, seeds, args.copies, THIN_ICE_RULE, seed=1)
     result = {"config": args.config, "model": cfg.model.name, "maps": len(seeds), "copies": args.copies,
               "no_skill": outcome(plain), "oracle_rule_in_prompt": outcome(skilled),
-              "positive_control": oracle_deltas(model, tok, plain, rows, cfg.env.history, collector.action_format,
-                                                 cfg.env.kwargs.get("routes", "shortest"))}
+              "positive_control": skill_deltas(model, tok, oracle_skills(plain), rows, *where)}
     pc = result["positive_control"]
     result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]  # pre-registered
     result["control_passed_deadly"] = pc["deadly"]["delta_mean"] < 0 < pc["alive"]["delta_mean"]
+    if args.own_skills:
+        own = own_skills(engine, tok, plain, args.analysis_tokens)
+        result["own_skills"] = {"analysis_success": sum(bool(v.strip()) for v in own.values()) / len(own),
+                                "skill_correct": sum(thin_ice_skill_correct(v) for v in own.values()) / len(own),
+                                "control": skill_deltas(model, tok, own, rows, *where)}
     print(json.dumps(result, indent=2), flush=True)
     if args.analyses:  # a warm start without analysis records cannot write one; skip the generation then
         result["self_analysis"] = self_analysis(engine, tok, plain, args.analyses, args.analysis_tokens)

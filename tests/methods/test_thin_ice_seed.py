@@ -28,6 +28,7 @@ from tether.methods.seed.skill_data import (
     write_jsonl,
 )
 
+FALL_LINE = "was thin ice: it broke"
 TRAP_SEED = 5  # with trap_prob=1.0 every map is a trap; seed 5's naive route breaks through at its first move
 
 
@@ -138,6 +139,33 @@ def test_fatal_moves_read_the_ahead_line_without_a_map():
         True]
     assert fork_pair_records([TRAP_SEED], env_kwargs={"trap_prob": 1.0, "routes": "monotone", "view": "ahead"})
 
+
+
+def test_the_ahead_view_analysis_names_the_deadly_move_and_no_edge_it_cannot_see():
+    # the ahead line repeats on many cells: an unchanged line is not a move off the map (the old reading said so)
+    ahead = {"routes": "monotone", "view": "ahead"}
+    env = ThinIceEnv(trap_prob=1.0, **ahead)
+    traj = solver_trajectory(env, TRAP_SEED, "naive")
+    assert not traj.won and FALL_LINE in traj.final_observation
+    _, skill = analyze_thin_ice(traj, False)
+    last = traj.turns[-1]["action"]
+    assert skill.startswith(f"Avoid: stepping on ~: the move '{last}' at step {len(traj.turns) - 1} broke through")
+    assert "edge" not in skill and THIN_ICE_RULE in skill
+    desc = env.reset(TRAP_SEED).info["map"]
+    r, c = walk((0, 0), [t["action"] for t in traj.turns], len(desc))[-1]
+    assert f"at row {r + 1}, column {c + 1}" in skill and desc[r][c] == THIN
+    env = ThinIceEnv(trap_prob=0.0, **ahead)
+    for seed in range(300):
+        reset = env.reset(seed)
+        first = parse_ahead(reset.observation)[0]
+        if first[1] == "O":
+            break
+    traj = play(env, seed, [first[0]])
+    _, skill = analyze_thin_ice(traj, False)
+    assert skill.startswith(f"Avoid: stepping into a hole O: the move '{first[0]}' at step 0 fell in.")
+    lines = [t["observation"] for t in solver_trajectory(env, 0, "safe").turns]
+    assert len(set(lines)) < len(lines)  # repeated lines: the case the edge clause misread
+    assert "edge" not in analyze_thin_ice(solver_trajectory(env, 0, "safe"), True)[1]
 
 # -- skill-following SFT records ---------------------------------------------------------------
 

@@ -192,9 +192,16 @@ class Events:
     stuck_at: int | None = None  # first step after which the goal became unreachable
 
 
-def count_events(traj: Trajectory, symbols: set[str] | None, plan: Callable[[str], list[str] | None] | None) -> Events:
-    """Failure events; board-based counts (noops, repeats, stalls, stuck_at) need ``symbols`` and ``plan``."""
+def count_events(traj: Trajectory, symbols: set[str] | None, plan: Callable[[str], list[str] | None] | None, *,
+                 boards_observed: bool = True) -> Events:
+    """Failure events; board-based counts (noops, repeats, stalls, stuck_at) need ``symbols`` and ``plan``, and
+    ``boards_observed``: False when observations do not show the state (thin ice's ahead line looks the same on
+    many cells), so an unchanged observation is not a move that changed nothing and only invalid replies count."""
     ev = Events(turns=len(traj.turns))
+    if not boards_observed:
+        ev.invalid = sum(not t.get("valid") for t in traj.turns)
+        ev.no_tag = sum(not t.get("valid") and not t.get("action") for t in traj.turns)
+        return ev
     obs = traj.observations
     boards = [grid_text(o, symbols) if symbols else o for o in obs]
     lengths = [len(p) if (p := plan(o)) is not None else None for o in obs] if plan else [None] * len(obs)
@@ -304,11 +311,17 @@ def thin_ice_skill_correct(skill: str) -> bool:
     return "~" in text and any(w in text for w in ("never step on ~", "avoid", "never", "do not", "don't"))
 
 
+FALL_MESSAGE = re.compile(r"The snowy ice ~ at row (\d+), column (\d+) was thin ice")
+
+
 def thin_ice_fall(traj: Trajectory) -> tuple[int, int] | None:
-    """The cell where the trajectory broke through thin ice, 0-based: its last move landed on a cell that showed
-    ``~`` in the observation before it; None if it did not."""
+    """The cell where the trajectory broke through thin ice, 0-based: the env's message in the final observation
+    (:func:`tether.envs.thin_ice.fall_message`), else its last move landed on a cell that showed ``~`` in the
+    observation before it; None if it did not."""
     if len(traj.turns) == 0:
         return None
+    if (message := FALL_MESSAGE.search(traj.final_observation)) is not None:
+        return int(message[1]) - 1, int(message[2]) - 1
     before, after = thin_ice_tiles(traj.observations[-2]), thin_ice_tiles(traj.final_observation)
     if before is None or after is None:
         return None
@@ -317,18 +330,37 @@ def thin_ice_fall(traj: Trajectory) -> tuple[int, int] | None:
     return (r, c) if fell else None
 
 
+def thin_ice_fell_in_hole(traj: Trajectory) -> bool:
+    """Whether the trajectory ended in a hole: the final map shows ``X``, or (ahead view, no map) the last move was
+    one the ahead line before it named with ``O``."""
+    from tether.envs.thin_ice import HOLE, SYMBOLS, parse_ahead
+
+    if "X" in (grid_text(traj.final_observation, THIN_ICE_SYMBOLS) or ""):
+        return True
+    moves = _moves(traj)
+    ahead = parse_ahead(traj.observations[-2]) if traj.turns and traj.turns[-1].get("valid") else None
+    return ahead is not None and dict(ahead).get(moves[-1]) == SYMBOLS[HOLE]
+
+
 def analyze_thin_ice(traj: Trajectory, success: bool) -> tuple[str, str]:
     """An oracle analyzer: it knows that every ``~`` is thin ice and says so in every skill, with the shortest
-    path around all hazards from the start (the positive control of SEED's mechanism on :mod:`tether.envs.thin_ice`)."""
+    path around all hazards from the start (the positive control of SEED's mechanism on :mod:`tether.envs.thin_ice`).
+
+    On the ahead view (no map in the observations) the failure events are read from the env's fall message and
+    the ahead lines; moves off the map and revisits cannot be seen there, and a plan is given only when the
+    caller passes the trajectory's ``solution``."""
+    from tether.envs.thin_ice import parse_ahead
+
     start = traj.solution or thin_ice_plan(traj.observations[0])
-    ev = count_events(traj, THIN_ICE_SYMBOLS, thin_ice_plan)
+    ev = count_events(traj, THIN_ICE_SYMBOLS, thin_ice_plan,
+                      boards_observed=parse_ahead(traj.observations[0]) is None)
     if success:
         skill = (f"{THIN_ICE_RULE} Trace a path from P to G on _ tiles only, then walk it one move per turn. "
                  f"Path here: {_plan_text(_moves(traj))}.")
         return _outcome_summary(traj, ev, None), skill
     rules = _common_rules(ev, "move (left, down, right or up)")
     broke = thin_ice_fall(traj)
-    fell = broke is None and "X" in (grid_text(traj.final_observation, THIN_ICE_SYMBOLS) or "")
+    fell = broke is None and thin_ice_fell_in_hole(traj)
     last = _moves(traj)[-1] if _moves(traj) else "?"
     if broke is not None:
         rules.insert(0, f"stepping on ~: the move '{last}' at step {ev.turns - 1} broke through the ~ at row "
