@@ -17,6 +17,7 @@ from pathlib import Path
 
 METRICS = ("env/success_rate", "env/fell_through_ice_frac", "env/fell_in_hole_frac", "env/all_fail_group_frac",
            "seed/analysis_success_rate", "seed/skill_correct_rate", "seed/delta_fatal", "seed/delta_safe",
+           "seed/delta_deadly", "seed/delta_alive",
            "seed/opd_gate_mean", "seed/opsd_delta_mean")
 
 

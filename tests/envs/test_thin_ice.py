@@ -174,7 +174,7 @@ def test_fatal_and_safe_deltas_split_rows_by_a_step_onto_thin_ice():
     import torch
 
     from tether.methods.seed.plugin import fatal_safe_deltas
-    from tether.methods.seed.rule_analyzers import thin_ice_fatal
+    from tether.methods.seed.rule_analyzers import thin_ice_deadly, thin_ice_fatal
 
     env = ThinIceEnv(size=6)
     seed = next(s for s in range(200) if env.reset(s).info["trap"])
@@ -192,7 +192,23 @@ def test_fatal_and_safe_deltas_split_rows_by_a_step_onto_thin_ice():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # the last row has no teacher
     teacher, student = torch.tensor([[-2.0, -1.0], [-0.5, -9.0], [5.0, 5.0]]), torch.full((3, 2), -1.0)
     out = fatal_safe_deltas(batch, teacher, student, mask)
-    assert out == {"seed/delta_fatal": -1.0, "seed/delta_safe": 0.5, "seed/fatal_rows": 1.0}
+    safe_deadly = thin_ice_deadly(observation, safe)  # a hole beside the ~ makes the safe row deadly too
+    assert out == {"seed/delta_fatal": -1.0, "seed/delta_safe": 0.5, "seed/fatal_rows": 1.0,
+                   **({"seed/delta_deadly": -0.25} if safe_deadly else
+                      {"seed/delta_deadly": -1.0, "seed/delta_alive": 0.5})}
+
+
+def test_deadly_moves_are_onto_thin_ice_or_into_a_visible_hole():
+    from tether.methods.seed.rule_analyzers import thin_ice_deadly, thin_ice_fatal
+
+    board = "P~_\nO__\n__G"
+    assert thin_ice_deadly(board, "right") and thin_ice_deadly(board, "down") and not thin_ice_deadly(board, "up")
+    assert thin_ice_fatal(board, "right") and not thin_ice_fatal(board, "down")
+    line = "Ahead: down O, then right ~."
+    assert thin_ice_deadly(line, "down") and thin_ice_deadly(line, "right") and not thin_ice_fatal(line, "down")
+    assert not thin_ice_deadly("Ahead: down _, then right edge.", "down")
+    assert not thin_ice_deadly("Ahead: down _, then right G.", "right")
+    assert not thin_ice_deadly(line, "left") and not thin_ice_deadly("no grid", "down")
 
 
 def test_skill_correctness_needs_the_lesson_about_thin_ice():

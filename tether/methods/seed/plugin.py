@@ -48,6 +48,7 @@ from tether.methods.seed.rule_analyzers import (
     Trajectory,
     rule_analysis,
     solve_from_observation,
+    thin_ice_deadly,
     thin_ice_fatal,
     thin_ice_skill_correct,
 )
@@ -134,16 +135,19 @@ def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mas
     """The skill's pre-update shift of each row's whole response, log pi_T(a|h~) - log pi(a|h) (the sum of the
     token deltas), averaged separately over rows whose action steps onto thin ice (*fatal*) and over the
     other valid rows (*safe*), on thin ice. The mechanism needs the first negative and the second positive.
+    Beside them, *deadly* rows (onto ``~`` or into a visible hole, both of which the oracle rule forbids) and
+    *alive* rows, the split the SEED study's control was read with (docs/methods/seed.md).
 
     ``student`` is pi_old's log-probs (the engine's sampled ones when the trainer skipped that pass: same weights,
     temperature 1). Rows without a teacher (``mask`` 0) are left out; a split with no row reports nothing.
     """
     delta = ((teacher - student) * mask).sum(1)
-    kinds: dict[str, list[float]] = {"fatal": [], "safe": []}
+    kinds: dict[str, list[float]] = {"fatal": [], "safe": [], "deadly": [], "alive": []}
     for i, (ep, turn) in enumerate(zip(batch.info["episode"], batch.info["turn"], strict=True)):
         row = ep.turns[turn]
         if mask[i].sum() > 0 and row["valid"]:
             kinds["fatal" if thin_ice_fatal(row["observation"], row["action"]) else "safe"].append(float(delta[i]))
+            kinds["deadly" if thin_ice_deadly(row["observation"], row["action"]) else "alive"].append(float(delta[i]))
     out = {f"seed/delta_{k}": sum(v) / len(v) for k, v in kinds.items() if v}
     out["seed/fatal_rows"] = float(len(kinds["fatal"]))
     return out

@@ -137,20 +137,36 @@ def thin_ice_next_move(observation: str) -> list[str] | None:
     return None if move is None else [move]
 
 
-def thin_ice_fatal(observation: str, action: str) -> bool:
-    """Whether ``action`` from the state in ``observation`` steps on ``~`` (a fatal step, for splitting a teacher's
-    log-probability shift into fatal and safe steps); False for a non-move or without a grid or an ahead line."""
-    from tether.envs.thin_ice import MOVES, THIN, THIN_SYMBOL, parse_ahead, walk
+def thin_ice_landing(observation: str, action: str) -> str | None:
+    """The tile letter (:mod:`tether.envs.thin_ice`) that ``action`` from the state in ``observation`` lands on;
+    None for a non-move, a move the ahead line does not name, or without a grid or an ahead line."""
+    from tether.envs.thin_ice import MOVES, SYMBOLS, parse_ahead, walk
 
     ahead = parse_ahead(observation)
     if ahead is not None:
-        return dict(ahead).get(action) == THIN_SYMBOL
+        letters = {symbol: letter for letter, symbol in SYMBOLS.items()}
+        return letters.get(dict(ahead).get(action, ""))
     parsed = thin_ice_tiles(observation)
     if parsed is None or action not in MOVES:
-        return False
+        return None
     desc, cell = parsed
     r, c = walk(cell, [action], len(desc))[-1]
-    return desc[r][c] == THIN
+    return desc[r][c]
+
+
+def thin_ice_fatal(observation: str, action: str) -> bool:
+    """Whether ``action`` from the state in ``observation`` steps on ``~`` (a fatal step, for splitting a teacher's
+    log-probability shift into fatal and safe steps); False for a non-move or without a grid or an ahead line."""
+    from tether.envs.thin_ice import THIN
+
+    return thin_ice_landing(observation, action) == THIN
+
+
+def thin_ice_deadly(observation: str, action: str) -> bool:
+    """Whether ``action`` kills: onto ``~`` or into a visible hole (both of which the oracle's rule forbids)."""
+    from tether.envs.thin_ice import HOLE, THIN
+
+    return thin_ice_landing(observation, action) in (THIN, HOLE)
 
 
 def scripted_plan(task: str) -> list[str] | None:
