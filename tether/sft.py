@@ -218,9 +218,13 @@ def split_examples(examples: list[Any], val_fraction: float, seed: int) -> tuple
     return [examples[i] for i in order[n_val:]], [examples[i] for i in order[:n_val]]
 
 
-def encode_examples(examples: list[Example], tokenizer: Any,
-                    max_length: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+def encode_examples(examples: list[Example], tokenizer: Any, max_length: int,
+                    prompt_tokens: int | None = None) -> tuple[list[tuple[list[int], list[int]]], int]:
     """(chat-templated prompt ids, response ids + EOS) per example; drops those over ``max_length``.
+
+    ``prompt_tokens`` keeps only the last that many ids of a text prompt (left truncation, as SEED's stage 2 cuts
+    its analyzer prompts, so stage 1 trains on the prompts the analyzer will see); a prompt with images is never
+    cut.
 
     ``tokenizer`` may be a vision-language model's processor: an example with images then gets a
     :class:`~tether.models.vision.VisionPrompt`, its ids with the processed pixels.
@@ -234,6 +238,8 @@ def encode_examples(examples: list[Example], tokenizer: Any,
     out, dropped = [], 0
     for ex in examples:
         prompt = encode_prompt(tokenizer, ex)
+        if prompt_tokens is not None and not ex.images:
+            prompt = prompt[-prompt_tokens:]
         response = [*text(ex.response, add_special_tokens=False).input_ids, text.eos_token_id]
         if len(prompt) + len(response) > max_length:
             dropped += 1

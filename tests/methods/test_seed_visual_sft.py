@@ -129,3 +129,18 @@ def test_tether_sft_trains_on_jsonl_rows_with_images(tmp_path):
     assert summary["train_examples"] == 2 and summary["steps"] == 1 and math.isfinite(summary["train_loss"])
     rows = [json.loads(line) for line in (tmp_path / "sft" / "data" / "train.jsonl").read_text().splitlines()]
     assert sorted(len(r["images"]) for r in rows) == [1, 2]  # the run's own record of its pairs keeps the frames
+
+
+def test_prompt_tokens_keeps_the_end_of_a_text_prompt_and_never_cuts_an_image_prompt(vlm, tokenizer):
+    # stage 1 trains on the analyzer prompts stage 2 feeds: left-truncated, images whole
+    from tether.models import encode_chat
+
+    text = Example("Step 0\nObservation: a long trajectory " * 20 + "Analyze.", '{"episode_skill": "x"}')
+    full = encode_chat(tokenizer, text.prompt)
+    ((cut, _),), _ = encode_examples([text], tokenizer, max_length=4096, prompt_tokens=16)
+    assert cut == full[-16:] and len(full) > 16
+    assert encode_examples([text], tokenizer, max_length=4096)[0][0][0] == full
+    _, processor = vlm
+    image = _examples()[1]
+    ((prompt, _),), _ = encode_examples([image], processor, max_length=4096, prompt_tokens=4)
+    assert list(prompt) == list(encode_examples([image], processor, max_length=4096)[0][0][0]) and len(prompt) > 4

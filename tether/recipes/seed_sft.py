@@ -7,7 +7,9 @@
    :mod:`tether.methods.seed.openai_analyzer`). The prompt is the stage-2 analyzer prompt; records whose answer
    parsed with a non-empty skill are kept (no behavioural validation, as the code).
 3. Split 90/10 with a seeded shuffle; fine-tune on (chat-templated analyzer prompt -> ``json.dumps`` of the
-   parsed fields + EOS) with NLL on response tokens only, token-mean over each optimiser batch.
+   parsed fields + EOS) with NLL on response tokens only, token-mean over each optimiser batch. A text prompt is
+   left-truncated to ``analysis_context_length`` tokens, as stage 2 truncates it (not in the paper's code, whose
+   stage 1 drops examples over its max length instead; the two agree whenever prompts fit).
    On a visual env the prompt is the authors' ``seed_visual`` variant, as at stage 2: each step's observation is an
    ``<image>`` slot, filled with the episode's frames, one per step; the record carries the frames, and the SFT
    encodes each prompt with them through the policy's processor (:mod:`tether.sft`).
@@ -209,8 +211,10 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     if not train_records:
         raise RuntimeError(f"no parseable analyzer record among {len(records)} trajectories; see "
                            f"{run_dir / 'data' / 'records.jsonl'}")
-    train, dropped_train = encode_examples(to_examples(train_records) + replay, tokenizer, s.max_length)
-    val, dropped_val = encode_examples(to_examples(val_records), tokenizer, s.max_length)
+    # the analyzer prompts stage 2 gives the policy: left-truncated to analysis_context_length (replay is shorter)
+    cut = seed.analysis_context_length
+    train, dropped_train = encode_examples(to_examples(train_records) + replay, tokenizer, s.max_length, cut)
+    val, dropped_val = encode_examples(to_examples(val_records), tokenizer, s.max_length, cut)
     probe = val_records[:s.eval_examples] if val_records else train_records[:s.eval_examples]
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
                        include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
