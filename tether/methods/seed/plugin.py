@@ -68,7 +68,8 @@ class SeedSettings(MethodSettings):
     gate_beta: float = Field(5.0, ge=0, description="beta of the gate sigmoid(beta * (l_T - l)) (paper: 5.0)")
     analysis_max_new_tokens: int = Field(4096, ge=1, description="analysis answer budget (paper: 4096, greedy)")
     analysis_context_length: int = Field(16384, ge=16,
-                                         description="analysis prompt tokens kept, from the end (paper: 16384)")
+                                         description="analysis prompt tokens kept, from the end, at stage 2 and "
+                                                     "in stage 1's SFT data (paper: 16384)")
     analysis_batch_size: int = Field(16, ge=1, description="trajectories per analysis generate call")
     analyzer: Literal["policy", "rule"] = Field(
         "policy", description="who writes the hindsight skill: policy = the pre-update policy itself, greedily "
