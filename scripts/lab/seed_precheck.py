@@ -34,23 +34,22 @@ from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
 from tether.envs.thin_ice import (
     HOLE,
-    MOVES,
     SYMBOLS,
     THIN,
     THIN_SYMBOL,
     monotone_plan,
     naive_plan,
     parse_ahead,
-    walk,
     walker_move,
 )
-from tether.methods.seed.analyzer import episode_analysis_prompt, parse_analysis, success_label
+from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill
 from tether.methods.seed.rule_analyzers import (
     THIN_ICE_RULE,
     Trajectory,
     rule_analysis,
     thin_ice_fatal,
+    thin_ice_landing,
     thin_ice_plan,
     thin_ice_skill_correct,
     thin_ice_tiles,
@@ -90,19 +89,16 @@ def response_log_prob(model: Any, prompt: list[int], response: list[int]) -> flo
 def safe_kind(observation: str, action: str, routes: str) -> str:
     """A safe row's kind: a move into a visible hole, the first move of the safe solver's plan (``routes`` as the
     env's: shortest path or the monotone walker), or another move."""
-    ahead = parse_ahead(observation)
-    if ahead is not None:
-        if dict(ahead).get(action) == SYMBOLS[HOLE]:
-            return "safe_into_hole"
-        return "safe_on_plan" if walker_move(ahead, SYMBOLS[HOLE] + THIN_SYMBOL) == action else "safe_other"
-    parsed = thin_ice_tiles(observation)
-    if parsed is None or action not in MOVES:
-        return "safe_other"
-    (desc, cell), avoid = parsed, HOLE + THIN
-    r, c = walk(cell, [action], len(desc))[-1]
-    if desc[r][c] == HOLE:
+    if thin_ice_landing(observation, action) == HOLE:
         return "safe_into_hole"
-    plan = monotone_plan(desc, *cell, avoid) if routes == "monotone" else thin_ice_plan(observation)
+    ahead, parsed = parse_ahead(observation), thin_ice_tiles(observation)
+    if ahead is not None:
+        plan = [walker_move(ahead, SYMBOLS[HOLE] + THIN_SYMBOL)]
+    elif parsed is not None and routes == "monotone":
+        desc, cell = parsed
+        plan = monotone_plan(desc, *cell, HOLE + THIN)
+    else:
+        plan = thin_ice_plan(observation)
     return "safe_on_plan" if plan and plan[0] == action else "safe_other"
 
 
@@ -128,16 +124,14 @@ def oracle_skills(episodes: list[Episode]) -> dict[int, str]:
                                    include_summary=False).skill for ep in episodes}
 
 
-def own_skills(engine: HFEngine, tok: Any, episodes: list[Episode], max_new_tokens: int) -> dict[int, str]:
-    """The policy's own greedy analysis per episode (by ``id``), as ``methods.seed.analyzer=policy`` writes it;
-    "" where it did not parse."""
+def own_analyses(engine: HFEngine, tok: Any, episodes: list[Episode], max_new_tokens: int) -> list[Analysis]:
+    """The policy's own greedy analysis of each episode, parsed, as ``methods.seed.analyzer=policy`` writes it."""
     prompts = [encode_chat(tok, episode_analysis_prompt(e, include_summary=False)) for e in episodes]
     texts: list[str] = []
     for k in range(0, len(prompts), 16):
         texts += engine.generate(prompts[k:k + 16], SamplingParams(max_new_tokens=max_new_tokens, greedy=True),
                                  seed=k).texts
-    parsed = [parse_analysis(t, include_summary=False) for t in texts]
-    return {id(ep): p.skill if p.ok else "" for ep, p in zip(episodes, parsed, strict=True)}
+    return [parse_analysis(t, include_summary=False) for t in texts]
 
 
 def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[str, Any]], history: int,
@@ -184,13 +178,12 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
 def self_analysis(engine: HFEngine, tok: Any, episodes: list[Episode], n: int, max_new_tokens: int) -> dict:
     """The module docstring's check 3 on the first ``n`` episodes, failures first."""
     picked = sorted(episodes, key=lambda e: e.won)[:n]
-    prompts = [encode_chat(tok, episode_analysis_prompt(e, include_summary=False)) for e in picked]
-    gen = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, greedy=True), seed=0)
-    parsed = [parse_analysis(t, include_summary=False) for t in gen.texts]
+    parsed = own_analyses(engine, tok, picked, max_new_tokens)
     ok = [p for p in parsed if p.ok]
     return {"analyses": len(parsed), "parse_rate": len(ok) / max(len(parsed), 1),
             "correct_rate": sum(thin_ice_skill_correct(p.skill) for p in ok) / max(len(parsed), 1),
-            "failures_analysed": sum(not e.won for e in picked), "example": ok[0].skill if ok else gen.texts[0]}
+            "failures_analysed": sum(not e.won for e in picked),
+            "example": ok[0].skill if ok else parsed[0].raw if parsed else ""}
 
 
 def main() -> None:
@@ -221,7 +214,8 @@ def main() -> None:
     result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]  # pre-registered
     result["control_passed_deadly"] = pc["deadly"]["delta_mean"] < 0 < pc["alive"]["delta_mean"]
     if args.own_skills:
-        own = own_skills(engine, tok, plain, args.analysis_tokens)
+        own = {id(ep): a.skill if a.ok else "" for ep, a in
+               zip(plain, own_analyses(engine, tok, plain, args.analysis_tokens), strict=True)}
         result["own_skills"] = {"analysis_success": sum(bool(v.strip()) for v in own.values()) / len(own),
                                 "skill_correct": sum(thin_ice_skill_correct(v) for v in own.values()) / len(own),
                                 "control": skill_deltas(model, tok, own, rows, *where)}

@@ -347,15 +347,13 @@ def thin_ice_fall(traj: Trajectory) -> tuple[int, int] | None:
 
 
 def thin_ice_fell_in_hole(traj: Trajectory) -> bool:
-    """Whether the trajectory ended in a hole: the final map shows ``X``, or (ahead view, no map) the last move was
-    one the ahead line before it named with ``O``."""
-    from tether.envs.thin_ice import HOLE, SYMBOLS, parse_ahead
+    """Whether the trajectory's last move landed in a hole, read from the observation before it (a map or an
+    ahead line)."""
+    from tether.envs.thin_ice import HOLE
 
-    if "X" in (grid_text(traj.final_observation, THIN_ICE_SYMBOLS) or ""):
-        return True
-    moves = _moves(traj)
-    ahead = parse_ahead(traj.observations[-2]) if traj.turns and traj.turns[-1].get("valid") else None
-    return ahead is not None and dict(ahead).get(moves[-1]) == SYMBOLS[HOLE]
+    last = traj.turns[-1] if traj.turns else None
+    return last is not None and bool(last.get("valid")) and thin_ice_landing(traj.observations[-2],
+                                                                          last["action"]) == HOLE
 
 
 def analyze_thin_ice(traj: Trajectory, success: bool) -> tuple[str, str]:
