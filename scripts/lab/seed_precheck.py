@@ -8,7 +8,9 @@
    log-probability, delta = log pi(a | h + skill) - log pi(a | h), split into *fatal* rows (the action steps on
    ``~``) and *safe* rows. The mechanism needs delta < 0 on fatal rows and delta > 0 on safe ones; if not, the
    comparison is not run. Beside it, *deadly* rows (onto ``~`` or into a visible hole: any move that kills) and
-   *alive* rows, since the oracle rule forbids both hazards (docs/methods/seed.md says when this was added).
+   *alive* rows, since the oracle rule forbids both hazards (docs/methods/seed.md says when this was added), and
+   a counterfactual diagnostic, *fork_safe_move*: at every row at a fork (the naive move steps on ``~``), the
+   skill's shift of the safe move's log-probability, sampled or not.
 3. **Self-analysis**: greedy analyses by the policy of some of those trajectories: parse rate and how many state
    the hidden lesson (:func:`thin_ice_skill_correct`).
 4. With ``--own-skills`` (the self-analysis arm, after stage 1): check 2 again with the policy's own greedy
@@ -54,6 +56,7 @@ from tether.methods.seed.rule_analyzers import (
     thin_ice_skill_correct,
     thin_ice_tiles,
 )
+from tether.methods.seed.skill_data import response_text
 from tether.models import encode_chat, load_policy
 from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt
 
@@ -86,20 +89,24 @@ def response_log_prob(model: Any, prompt: list[int], response: list[int]) -> flo
     return float(torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).sum())
 
 
-def safe_kind(observation: str, action: str, routes: str) -> str:
-    """A safe row's kind: a move into a visible hole, the first move of the safe solver's plan (``routes`` as the
-    env's: shortest path or the monotone walker), or another move."""
-    if thin_ice_landing(observation, action) == HOLE:
-        return "safe_into_hole"
+def safe_move(observation: str, routes: str) -> str | None:
+    """The safe solver's next move (``routes`` as the env's: shortest path or the monotone walker), or None."""
     ahead, parsed = parse_ahead(observation), thin_ice_tiles(observation)
     if ahead is not None:
-        plan = [walker_move(ahead, SYMBOLS[HOLE] + THIN_SYMBOL)]
-    elif parsed is not None and routes == "monotone":
+        return walker_move(ahead, SYMBOLS[HOLE] + THIN_SYMBOL)
+    if parsed is not None and routes == "monotone":
         desc, cell = parsed
         plan = monotone_plan(desc, *cell, HOLE + THIN)
     else:
         plan = thin_ice_plan(observation)
-    return "safe_on_plan" if plan and plan[0] == action else "safe_other"
+    return plan[0] if plan else None
+
+
+def safe_kind(observation: str, action: str, routes: str) -> str:
+    """A safe row's kind: a move into a visible hole, the first move of the safe solver's plan, or another move."""
+    if thin_ice_landing(observation, action) == HOLE:
+        return "safe_into_hole"
+    return "safe_on_plan" if safe_move(observation, routes) == action else "safe_other"
 
 
 def at_fork(observation: str, routes: str) -> bool:
@@ -146,6 +153,11 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
     # overlapping those, the safe rows at a fork (the naive move would step on ~)
     detail: dict[str, list[float]] = {"safe_into_hole": [], "safe_on_plan": [], "safe_other": [],
                                       "safe_at_fork": []}
+    # counterfactual, at every fork row whatever was sampled: the shift of the safe move's response. A policy that
+    # always steps on ~ without a skill has almost no sampled safe rows at forks, and its sampled safe rows elsewhere
+    # sit near log-prob 0, where no skill can raise them; this reads "raises the safe move" where the skill matters
+    # (added 2026-12-05, second session, before the joint stage-1 candidates were checked; a diagnostic, not a gate)
+    counterfactual: dict[str, list[float]] = {"fork_safe_move": []}
     for r in rows:
         ep, turn = r["episode"], r["turn"]
         t = ep.turns[turn]
@@ -156,8 +168,13 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
         view = Episode(env=None, task=ep.task, group_id=0, episode_id=0, seed=ep.seed, observation=t["observation"],
                        admissible=ep.admissible, turns=ep.turns[:turn])
         message = build_prompt(view, history, action_format)
+        skilled_prompt = encode_chat(tok, augment_with_skill(message, skills[id(ep)]))
         student = response_log_prob(model, list(r["prompt_ids"]), response)
-        teacher = response_log_prob(model, encode_chat(tok, augment_with_skill(message, skills[id(ep)])), response)
+        teacher = response_log_prob(model, skilled_prompt, response)
+        if at_fork(t["observation"], routes) and (move := safe_move(t["observation"], routes)):
+            alt = tok.encode(response_text(move), add_special_tokens=False)
+            counterfactual["fork_safe_move"].append(response_log_prob(model, skilled_prompt, alt)
+                                                    - response_log_prob(model, list(r["prompt_ids"]), alt))
         fatal = thin_ice_fatal(t["observation"], t["action"])
         split["fatal" if fatal else "safe"].append(teacher - student)
         kind = None if fatal else safe_kind(t["observation"], t["action"], routes)
@@ -167,7 +184,7 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
             if at_fork(t["observation"], routes):
                 detail["safe_at_fork"].append(teacher - student)
     out: dict[str, Any] = {}
-    for kind, values in {**split, **deadly, **detail}.items():
+    for kind, values in {**split, **deadly, **detail, **counterfactual}.items():
         x = torch.tensor(values or [float("nan")])
         out[kind] = {"rows": len(values), "delta_mean": float(x.mean()),
                      "delta_se": float(x.std() / len(values) ** 0.5) if len(values) > 1 else float("nan"),
