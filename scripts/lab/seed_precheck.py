@@ -168,20 +168,22 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
         view = Episode(env=None, task=ep.task, group_id=0, episode_id=0, seed=ep.seed, observation=t["observation"],
                        admissible=ep.admissible, turns=ep.turns[:turn])
         message = build_prompt(view, history, action_format)
+        plain_prompt = list(r["prompt_ids"])
         skilled_prompt = encode_chat(tok, augment_with_skill(message, skills[id(ep)]))
-        student = response_log_prob(model, list(r["prompt_ids"]), response)
+        student = response_log_prob(model, plain_prompt, response)
         teacher = response_log_prob(model, skilled_prompt, response)
-        if at_fork(t["observation"], routes) and (move := safe_move(t["observation"], routes)):
+        fork = at_fork(t["observation"], routes)
+        if fork and (move := safe_move(t["observation"], routes)):
             alt = tok.encode(response_text(move), add_special_tokens=False)
             counterfactual["fork_safe_move"].append(response_log_prob(model, skilled_prompt, alt)
-                                                    - response_log_prob(model, list(r["prompt_ids"]), alt))
+                                                    - response_log_prob(model, plain_prompt, alt))
         fatal = thin_ice_fatal(t["observation"], t["action"])
         split["fatal" if fatal else "safe"].append(teacher - student)
         kind = None if fatal else safe_kind(t["observation"], t["action"], routes)
         deadly["deadly" if fatal or kind == "safe_into_hole" else "alive"].append(teacher - student)
         if kind is not None:
             detail[kind].append(teacher - student)
-            if at_fork(t["observation"], routes):
+            if fork:
                 detail["safe_at_fork"].append(teacher - student)
     out: dict[str, Any] = {}
     for kind, values in {**split, **deadly, **detail, **counterfactual}.items():
