@@ -70,12 +70,12 @@ EVALS = {"quickstart": "checkpoints/step_000004", "agent_grpo": "checkpoints/ste
 
 
 def metrics_digest(path: Path) -> str:
-    """SHA-256 of metrics.jsonl with the timing fields (``perf/*`` and wall-clock keys) left out."""
+    """SHA-256 of metrics.jsonl with the timing fields (``perf/*``, and seconds: ``*_s``) left out."""
     lines = []
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        lines.append(json.dumps({k: v for k, v in row.items() if not k.startswith("perf/") and k not in
-                                 ("time", "wall_s", "elapsed_s", "sft/elapsed_s")}, sort_keys=True))
+        lines.append(json.dumps({k: v for k, v in row.items() if not k.startswith("perf/") and not k.endswith("_s")},
+                                sort_keys=True))
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 

@@ -202,5 +202,6 @@ def test_the_metrics_best_metric_may_name_are_what_validation_logs(tmp_path, tin
     for kind, cfg in (("task", tiny_config(tmp_path / "task", "val.max_prompts=2")),
                       ("env", agent_config(tmp_path / "env", "env.val_tasks=1"))):
         trainer = Trainer(cfg, policy=copy.deepcopy(model), tokenizer=tok)
-        logged = [key for key in trainer.collector.validate(trainer) if key.startswith("val/")]
+        metrics = trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
+        logged = [key for key in metrics if key.startswith("val/")]
         assert sorted(logged) == sorted(VALIDATION_METRICS[kind])

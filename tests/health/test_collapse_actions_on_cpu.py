@@ -19,6 +19,7 @@ from tether.cli import app
 from tether.config import ConfigError
 from tether.health import CollapseError, CollapseGuard
 from tether.rollout.single_turn import SingleTurnCollector
+from tether.seeding import step_seed
 from tether.trainer import Trainer
 from tether.trainer.checkpoint import load_state
 
@@ -31,7 +32,8 @@ COLLAPSE = ["val.every=1", "val.samples=2", "health.collapse.patience=1", "train
 @pytest.fixture
 def scripted_collapse(monkeypatch):
     """Validation follows VAL and the training reward rises every step, so the guard sees a collapse at step 2."""
-    monkeypatch.setattr(SingleTurnCollector, "validate", lambda self, trainer: {"val/avg@k": VAL[trainer.step]})
+    step_of = {step_seed(0, step, "val"): step for step in VAL}  # validation's seed names its step (tether.seeding)
+    monkeypatch.setattr(SingleTurnCollector, "validate", lambda self, engine, seed: {"val/avg@k": VAL[step_of[seed]]})
     rewards, observe = itertools.count(1), CollapseGuard.observe_train
     monkeypatch.setattr(CollapseGuard, "observe_train", lambda self, _: observe(self, float(next(rewards))))
 

@@ -74,7 +74,7 @@ def test_the_trainer_stops_at_the_validation_that_completes_a_collapse(tmp_path,
     trainer = Trainer(tiny_config(tmp_path, "health.collapse.action=stop", "health.collapse.patience=1"),
                       policy=model, tokenizer=tok)
     values = iter([0.5, 0.2])
-    monkeypatch.setattr(trainer.collector, "validate", lambda _: {METRIC: next(values)})
+    monkeypatch.setattr(trainer.collector, "validate", lambda engine, seed: {METRIC: next(values)})
     trainer.health.collapse.observe_train(0.1)
     assert trainer.validate()["health/val_peak"] == 0.5
     trainer.health.collapse.observe_train(0.9)

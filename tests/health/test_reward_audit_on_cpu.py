@@ -136,7 +136,7 @@ def test_the_audit_can_be_switched_off(tmp_path, tiny_policy):
 def test_validation_and_eval_tell_no_answer_from_wrong_answers(tmp_path, tiny_policy):
     model, tok = tiny_policy
     trainer = Trainer(tiny_config(tmp_path, f"task.name={MUTE}"), policy=model, tokenizer=tok)
-    metrics = trainer.collector.validate(trainer)  # what `tether eval` prints
+    metrics = trainer.collector.validate(trainer.engine, trainer.seed_for("val"))  # what `tether eval` prints
     assert (metrics["val/no_answer_frac"], metrics["val/wrong_answer_frac"], metrics["val/fault_frac"]) == (1, 0, 0)
 
 
@@ -152,7 +152,7 @@ def test_a_composite_reward_is_audited_in_training_validation_and_eval(tmp_path,
     # accuracy is 1 on correct rows, format 0.5 on every row: their masses are in the ratio accuracy / 0.5
     assert shares["reward/component/accuracy"] / shares["reward/component/format"] == \
         pytest.approx(metrics["train/accuracy"] / 0.5)
-    val = trainer.collector.validate(trainer)
+    val = trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
     assert {"val/component/accuracy", "val/component/format", "val/component/overlong"} <= set(val)
     trainer.save()
     runner = CliRunner()

@@ -38,8 +38,8 @@ def test_a_method_filter_that_keeps_nothing_makes_a_step_that_teaches_nothing(tm
                       "rollout.partial_batches=true", "algorithm.advantage=grpo")
     trainer = Trainer(cfg, policy=model, tokenizer=tok)
     trainer.collector.task.score = lambda item, text: Score(reward=float(len(text)), correct=False, extracted=None)
-    trainer.run_generation_hooks = lambda batch: (batch.select([]), {})
-    batch, metrics = trainer.collector.collect(trainer)
+    trainer.methods.on_generation = lambda batch, ctx: (batch.select([]), {})
+    batch, metrics = trainer.collect()
     assert metrics["rollout/short_batch"] == 1.0 and len(batch) > 0
     lengths = torch.tensor([float(len(text)) for text in batch.info["text"]])
     for gid in batch.group_ids.unique():

@@ -79,7 +79,7 @@ ARMOR = ["algorithm.policy_loss=armor", "algorithm.loss_kwargs={alpha: 0.75}", "
 def test_anchor_groups_and_old_log_probs_from_the_policy(tiny, tmp_path):
     trainer = make_trainer(tiny, tmp_path, ARMOR)
     perturb(trainer.ref_policy)
-    batch, metrics = trainer.collector.collect(trainer)
+    batch, metrics = trainer.collect()
     trainer.score(batch)  # two mini-batches: the trainer computes old log-probs for every row
 
     gids = batch.group_ids.unique()
@@ -121,7 +121,7 @@ def test_with_lora_anchors_come_from_the_base_with_the_adapters_off(tiny, tmp_pa
         for name, p in trainer.policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
-    batch, _ = trainer.collector.collect(trainer)
+    batch, _ = trainer.collect()
     trainer.score(batch)
     anchor = batch.source == 1
     assert int(anchor.sum()) == 2
@@ -139,7 +139,7 @@ def test_with_lora_and_resets_anchors_come_from_the_reference_adapter(tiny, tmp_
     trainer = make_trainer(tiny, tmp_path, [*ARMOR[:2], "methods.armor={ref_n: 4, reset: every, tau: 1}",
                                             "model.lora.rank=4"])
     trainer.train_step()  # the reset after step 1: the reference adapter holds the trained adapters
-    batch, _ = trainer.collector.collect(trainer)
+    batch, _ = trainer.collect()
     trainer.score(batch)
     anchor, mask = batch.source == 1, batch.response_mask
     assert int(anchor.sum()) > 0
@@ -188,7 +188,7 @@ def test_reset_every_step_makes_the_next_reference_the_policy(tiny, tmp_path):
     assert not all(torch.equal(ref[k], initial[k]) for k in ref)
     assert trainer.ref_modified and load_state(trainer.save())["ref_policy"] is not None  # checkpointed too
 
-    batch, _ = trainer.collector.collect(trainer)
+    batch, _ = trainer.collect()
     trainer.score(batch)
     torch.testing.assert_close(batch.token["ref_log_probs"], batch.token["old_log_probs"], atol=1e-6, rtol=0)
 

@@ -284,8 +284,8 @@ def make_trainer(tmp_path, tiny_policy, name, loss="eapo", advantage="grpo", **e
     batches = []
     collect = trainer.collector.collect
 
-    def keep(tr):
-        batch, metrics = collect(tr)
+    def keep(*args):
+        batch, metrics = collect(*args)
         batches.append(batch)
         return batch, metrics
 

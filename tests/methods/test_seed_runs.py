@@ -71,7 +71,7 @@ def whole(batch) -> MiniBatch:
 
 
 def scored_batch(trainer: Trainer):
-    batch, metrics = trainer.collector.collect(trainer)
+    batch, metrics = trainer.collect()
     metrics.update(trainer.score(batch))
     trainer.compute_advantages(batch)
     return batch, metrics

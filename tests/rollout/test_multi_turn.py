@@ -28,7 +28,7 @@ RETURNS = [1.0 if w else 0.0 for w in WON]
 
 
 def collect(trainer):
-    return trainer.collector.collect(trainer)
+    return trainer.collect()
 
 
 def test_rows_masks_rewards_and_ids_are_exact(tmp_path, agent_trainer):
@@ -141,7 +141,7 @@ def test_env_that_hangs_times_out_as_a_fault(tmp_path, agent_trainer):
 def test_reset_faults_are_counted_and_validation_reports_them(tmp_path, agent_trainer):
     cfg = agent_config(tmp_path, env={"kwargs": {"turns": 3, "fault": "reset_raise"}})
     trainer = agent_trainer(cfg)
-    metrics = trainer.collector.validate(trainer)
+    metrics = trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
     assert metrics["val/success_rate"] == 0.0 and metrics["val/faults"] == 3.0
     with pytest.raises(RuntimeError, match="every reset faulted"):
         collect(trainer)
@@ -155,7 +155,7 @@ def test_validation_gives_success_rate_and_never_shifts_training_ids(tmp_path, a
     want, _ = collect(plain)
 
     trainer = agent_trainer(agent_config(tmp_path / "b"))
-    metrics = trainer.collector.validate(trainer)
+    metrics = trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
     # one episode per held-out seed, kinds win / invalid / wrong: 2 of 3 won
     assert metrics["val/success_rate"] == pytest.approx(2 / 3)
     assert metrics["val/episodes"] == 3.0 and metrics["val/invalid_action_frac"] == pytest.approx(1 / 6)
@@ -168,13 +168,13 @@ def test_validation_gives_success_rate_and_never_shifts_training_ids(tmp_path, a
 
 def test_sampled_validation_plays_each_seed_val_samples_times(tmp_path, agent_trainer):
     trainer = agent_trainer(agent_config(tmp_path, "val.greedy=false", "val.samples=2"))
-    metrics = trainer.collector.validate(trainer)
+    metrics = trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
     # episodes [s0, s0, s1, s1, s2, s2] take win / invalid / wrong by position: won 1 1 | 0 1 | 1 0
     assert metrics["val/episodes"] == 6.0
     assert metrics["val/avg@k"] == pytest.approx(4 / 6) and metrics["val/success_rate"] == pytest.approx(4 / 6)
     assert metrics["val/pass@k"] == 1.0
     greedy_trainer = agent_trainer(agent_config(tmp_path / "greedy", "val.samples=2"))
-    greedy = greedy_trainer.collector.validate(greedy_trainer)
+    greedy = greedy_trainer.collector.validate(greedy_trainer.engine, greedy_trainer.seed_for("val"))
     assert greedy["val/episodes"] == 3.0 and greedy["val/pass@k"] == pytest.approx(2 / 3)
 
 

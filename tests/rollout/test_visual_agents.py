@@ -78,7 +78,7 @@ def test_training_rows_carry_their_images(tmp_path):
                        "env.max_turns=2", "env.history=1", env={"name": "sokoban_visual", "kwargs": {}})
     policy, processor = load_policy("tiny-qwen2.5-vl")
     trainer = Trainer(cfg, policy=policy, tokenizer=processor)
-    batch, _ = trainer.collector.collect(trainer)
+    batch, _ = trainer.collect()
     assert all(isinstance(p, VisionPrompt) for p in batch.prompt_ids)
     for i, turn in enumerate(batch.info["turn"]):
         grids = batch.prompt_ids[i].pixels["image_grid_thw"]
@@ -111,7 +111,7 @@ def test_seed_analyses_with_the_frames_and_rescores_on_the_same_pixels(tmp_path)
     calls = []
     generate = trainer.engine.generate
     trainer.engine.generate = lambda prompts, *a, **k: calls.append(prompts) or generate(prompts, *a, **k)
-    batch, metrics = trainer.collector.collect(trainer)
+    batch, metrics = trainer.collect()
     analysis = calls[-1]  # after the turns, one analysis prompt per trajectory
     episodes = list({id(e): e for e in batch.info["episode"]}.values())
     assert len(analysis) == len(episodes) and "seed/analysis_success_rate" in metrics

@@ -83,7 +83,7 @@ def test_the_reference_is_the_untrained_base_without_a_copy(tiny_policy, tmp_pat
     assert len(trainer.optimizer.param_groups[0]["params"]) == 2 * 7 * 2  # A and B of 7 projections x 2 layers
     for _ in range(2):
         trainer.train_step()
-    batch, _ = trainer.collector.collect(trainer)
+    batch, _ = trainer.collect()
     trainer.score(batch)
     want, _ = response_log_probs(base, batch.prompt_ids, batch.response_ids, batch.response_mask)
     torch.testing.assert_close(batch.token["ref_log_probs"], want * batch.response_mask, rtol=0, atol=1e-6)
@@ -107,7 +107,7 @@ def test_armor_resets_move_the_lora_reference_into_its_own_adapter_and_resume_ex
     assert len(straight.optimizer.param_groups[0]["params"]) == 2 * 7 * 2  # the trained adapters alone
 
     def reference_base_policy(trainer):
-        batch, _ = trainer.collector.collect(trainer)
+        batch, _ = trainer.collect()
         trainer.score(batch)
         mask = batch.response_mask
         base_lp, _ = response_log_probs(base, batch.prompt_ids, batch.response_ids, mask)

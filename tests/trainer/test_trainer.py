@@ -80,7 +80,7 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path):
 def test_separate_old_log_prob_pass_equals_the_detached_forward(tmp_path):
     """Two mini-batches force a scoring pass; at step start pi_old must equal the trainer's forward."""
     trainer = make_trainer(tiny_config(tmp_path, "optim.mini_batches=2"))
-    batch, _ = trainer.collector.collect(trainer)
+    batch, _ = trainer.collect()
     trainer.score(batch)
     again = trainer.log_probs(trainer.policy, batch)
     torch.testing.assert_close(batch.token["old_log_probs"], again, rtol=0, atol=0)
@@ -107,7 +107,7 @@ def test_dapo_overlong_penalty_and_dynamic_sampling_keep_only_informative_groups
     cfg = tiny_config(tmp_path, "rollout.dynamic_sampling=true", "rollout.max_gen_batches=6",
                       "rollout.overlong.enabled=true", "rollout.overlong.buffer=2")
     trainer = make_trainer(cfg)
-    batch, metrics = trainer.collector.collect(trainer)
+    batch, metrics = trainer.collect()
     assert len(batch.group_ids.unique()) == 2
     for gid in batch.group_ids.unique():
         rewards = batch.rewards[batch.group_ids == gid]
@@ -127,7 +127,7 @@ def test_accuracy_all_counts_every_sampled_row_before_the_filters(tmp_path):
         return Score(reward=float(correct), correct=correct, extracted=None)
 
     trainer.collector.task.score = by_group
-    batch, metrics = trainer.collector.collect(trainer)
+    batch, metrics = trainer.collect()
     # three generation batches of two groups: right / mixed, wrong / right, mixed / wrong -> 10 of 24 rows
     assert metrics["rollout/num_gen_batches"] == 3 and len(scored) == 24
     assert metrics["rollout/accuracy_all"] == pytest.approx(10 / 24)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +25,8 @@ if TYPE_CHECKING:
 class HealthMonitor:
     """Runs the checks configured in ``cfg.health`` (docs/health.md).
 
-    The trainer calls, per step: :meth:`recording` around collection, :meth:`check_batch` before any training
+    The trainer wraps its engine once (:meth:`wrap`) and calls, per step: :meth:`start_collection` before
+    collection, :meth:`check_batch` before any training
     work, :meth:`observe` with each micro-batch's pi_old log-probs, :meth:`end_step` with the step's metrics and
     :meth:`stop_if_unhealthy` after logging them; per validation, :meth:`on_validation` and again
     :meth:`stop_if_unhealthy`.
@@ -44,20 +43,15 @@ class HealthMonitor:
         self.samples: set[Sample] = set()
         self.warned_no_answer = False
 
-    @contextlib.contextmanager
-    def recording(self, trainer: Any) -> Iterator[None]:
-        """While the collector runs, ``trainer.engine`` records what it samples; the trainer's own engine object
-        is put back afterwards (so callers that replace or inspect it see their own)."""
-        if not self.cfg.round_trip.enabled:
-            yield
-            return
-        self.samples = set()
-        engine = trainer.engine
-        trainer.engine = RecordingEngine(engine, self.samples)
-        try:
-            yield
-        finally:
-            trainer.engine = engine
+    def wrap(self, engine: Any) -> Any:
+        """The engine the run samples with: with the token round trip on, ``engine`` inside a recorder of what it
+        samples (:class:`~tether.health.round_trip.RecordingEngine`), else ``engine`` itself. Called once, when the
+        trainer builds its engine."""
+        return RecordingEngine(engine, self.samples) if self.cfg.round_trip.enabled else engine
+
+    def start_collection(self) -> None:
+        """A step's collection begins: forget what the engine sampled before (the check reads this step's)."""
+        self.samples.clear()
 
     def check_batch(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         """The round trip (raises on a mismatch) and the reward audit, on the collected batch of ``step`` (the step

@@ -49,7 +49,8 @@ from tether.rollout.single_turn import GENERATE_ROWS, PromptStream
 
 if TYPE_CHECKING:
     from tether.config import Config
-    from tether.trainer.trainer import Trainer
+    from tether.rollout.base import GenerationHooks
+    from tether.seeding import StepSeeds
 
 
 @dataclass
@@ -270,17 +271,17 @@ class AgentCollector:
 
     # -- trainer interface ---------------------------------------------------------------------
 
-    def collect(self, trainer: Trainer) -> tuple[RolloutBatch, dict[str, float]]:
+    def collect(self, engine: Any, seeds: StepSeeds, hooks: GenerationHooks) -> tuple[RolloutBatch, dict[str, float]]:
+        """``prompts_per_step`` training tasks, ``group_size`` episodes each, sampled from ``seeds("rollout")``."""
         r = self.cfg.rollout
-        seeds = [self.train_seeds[i] for i in self.stream.take(r.prompts_per_step)]
-        episodes = self._start(seeds, r.group_size)
-        rows = self.run_episodes(trainer.engine, episodes, self.sampling(), trainer.seed_for("rollout"),
-                                 intervention=trainer.intervention())
+        tasks = [self.train_seeds[i] for i in self.stream.take(r.prompts_per_step)]
+        episodes = self._start(tasks, r.group_size)
+        rows = self.run_episodes(engine, episodes, self.sampling(), seeds("rollout"), intervention=hooks.intervention())
         if not rows:
             raise RuntimeError("no episode produced a turn (every reset faulted?); see env faults in the log")
         batch = self.to_batch(rows)
-        batch, metrics = trainer.run_generation_hooks(batch)
-        self.write_transcripts(trainer, episodes[::r.group_size])
+        batch, metrics = hooks.on_generation(batch)
+        self.write_transcripts(seeds.step, episodes[::r.group_size])
         metrics.update({
             "env/success_rate": sum(e.won for e in episodes) / len(episodes),
             "env/episode_return": sum(e.ret for e in episodes) / len(episodes),
@@ -293,7 +294,7 @@ class AgentCollector:
         })
         return batch, metrics
 
-    def validate(self, trainer: Any) -> dict[str, float]:
+    def validate(self, engine: Any, seed: int) -> dict[str, float]:
         """Play each held-out seed ``val.samples`` times (once with ``val.greedy``): success rate, pass@k and more."""
         v = self.cfg.val
         seeds = self.val_seeds[: v.max_prompts] if v.max_prompts else self.val_seeds
@@ -302,7 +303,7 @@ class AgentCollector:
         faults = self.faults
         episodes = self._start(seeds, k)
         params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p)
-        rows = self.run_episodes(trainer.engine, episodes, params, trainer.seed_for("val"))
+        rows = self.run_episodes(engine, episodes, params, seed)
         self._next_group, self._next_episode = saved
         n = len(episodes)
         won = torch.tensor([e.won for e in episodes], dtype=torch.float32).view(len(seeds), k)
@@ -314,13 +315,14 @@ class AgentCollector:
                 "val/invalid_action_frac": sum(not r["valid"] for r in rows) / max(1, len(rows)),
                 "val/episodes": float(n), "val/faults": float(self.faults - faults), **hazard_deaths(episodes, "val")}
 
-    def write_transcripts(self, trainer: Trainer, episodes: list[Episode], limit: int = 4) -> None:
-        """The first ``limit`` of ``episodes`` (one per group) as JSON lines, for ``tether show``."""
-        out = Path(trainer.run_dir) / "transcripts.jsonl"
-        with out.open("a") as f:
+    def write_transcripts(self, step: int, episodes: list[Episode], limit: int = 4) -> None:
+        """The first ``limit`` of ``episodes`` (one per group), sampled in step ``step + 1``, as JSON lines of
+        ``run_dir/transcripts.jsonl``, for ``tether show``."""
+        run_dir = Path(self.cfg.run_dir)
+        with (run_dir / "transcripts.jsonl").open("a") as f:
             for ep in episodes[:limit]:
-                turns = save_frames(Path(trainer.run_dir), ep, trainer.step)
-                f.write(json.dumps({"step": trainer.step, "episode": ep.episode_id, "group": ep.group_id,
+                turns = save_frames(run_dir, ep, step)
+                f.write(json.dumps({"step": step, "episode": ep.episode_id, "group": ep.group_id,
                                     "seed": ep.seed, "task": ep.task, "won": ep.won, "return": ep.ret,
                                     "fault": ep.fault, "turns": turns, **ep_extra(ep)}) + "\n")
 

@@ -18,8 +18,9 @@ from tether.tasks.base import task_split
 
 if TYPE_CHECKING:
     from tether.config import Config, OverlongConfig
+    from tether.rollout.base import GenerationHooks
+    from tether.seeding import StepSeeds
     from tether.tasks import Task, TaskItem
-    from tether.trainer.trainer import Trainer
 
 GENERATE_ROWS = 64  # rows per engine call: bounds KV-cache memory on CPU
 
@@ -176,8 +177,10 @@ class SingleTurnCollector:
 
     # -- one RL step's batch -------------------------------------------------------------------
 
-    def collect(self, trainer: Trainer) -> tuple[RolloutBatch, dict[str, float]]:
-        """Generation batches until ``prompts_per_step`` groups survive the filters (DAPO refill)."""
+    def collect(self, engine: RolloutEngine, seeds: StepSeeds,
+                hooks: GenerationHooks) -> tuple[RolloutBatch, dict[str, float]]:
+        """Generation batches until ``prompts_per_step`` groups survive the filters (DAPO refill); batch ``k`` samples
+        from ``seeds("rollout", k)``."""
         r = self.cfg.rollout
         per_batch = r.gen_batch_prompts or r.prompts_per_step
         kept: list[RolloutBatch] = []
@@ -187,14 +190,13 @@ class SingleTurnCollector:
         described: list[tuple[list, list]] = []  # every row's item and text, for the task's response features
         for gen_batch in range(r.max_gen_batches):
             items = [self.task.train[i] for i in self.stream.take(per_batch)]
-            seed = trainer.seed_for("rollout", gen_batch)
-            batch = self.generate(trainer.engine, items, r.group_size, self.sampling(), seed,
-                                  intervention=trainer.intervention())
+            batch = self.generate(engine, items, r.group_size, self.sampling(), seeds("rollout", gen_batch),
+                                  intervention=hooks.intervention())
             n_seen += per_batch
             generated.append(batch.correct)
             described.append((batch.info["item"], batch.info["text"]))
             generated_batch = batch
-            batch, hook_metrics = trainer.run_generation_hooks(batch)
+            batch, hook_metrics = hooks.on_generation(batch)
             metrics.update(hook_metrics)
             unfiltered = batch
             if r.dynamic_sampling and len(batch):
@@ -228,15 +230,15 @@ class SingleTurnCollector:
 
     # -- validation --------------------------------------------------------------------------
 
-    def validate(self, trainer: Trainer) -> dict[str, float]:
+    def validate(self, engine: RolloutEngine, seed: int) -> dict[str, float]:
+        """``val.samples`` samples (one greedy with ``val.greedy``) of each held-out item: avg@k, pass@k and more."""
         v = self.cfg.val
         held_out = task_split(self.task, v.split)
         items = held_out[: v.max_prompts] if v.max_prompts else held_out
         k = 1 if v.greedy else v.samples
         params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=v.temperature,
                                 top_p=v.top_p, greedy=v.greedy, stop=tuple(self.cfg.rollout.stop))
-        batch = self.generate(trainer.engine, items, k, params, trainer.seed_for("val", 0),
-                              group_ids=list(range(len(items))))
+        batch = self.generate(engine, items, k, params, seed, group_ids=list(range(len(items))))
         correct = batch.correct.view(len(items), k).float()
         per_item = correct.sum(1)
 

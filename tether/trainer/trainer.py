@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -32,19 +31,19 @@ from tether.checks.components import needs_reference
 from tether.config import Config, ConfigError
 from tether.distributed import DataParallel, build_strategy, resolve_device
 from tether.distributed.strategy import own_micro_batches
-from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, engine_entry
 from tether.health import HealthError, HealthMonitor
 from tether.health.degenerate import vocab_size
-from tether.methods import MiniBatch, Reference, StepContext, build_methods
-from tether.methods.base import Method
-from tether.methods.context import step_seed
+from tether.methods import MiniBatch, Reference, StepContext
+from tether.methods.hooks import MethodSet
 from tether.models import load_policy
 from tether.models.forward import response_log_probs
 from tether.models.layers import LayerCheckpointing, activation_bytes, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
+from tether.rollout.base import Collector
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.collectors import collector_class
+from tether.seeding import StepSeeds
 from tether.track import Tracker, build_tracker, write_text_atomic
 from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
 from tether.trainer.rundir import prepare_run_dir
@@ -55,7 +54,7 @@ from tether.trainer.stop import StopSignals, TrainingStopped
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
 
 
-def build_collector(cfg: Config, tokenizer: Any) -> Any:
+def build_collector(cfg: Config, tokenizer: Any) -> Collector:
     """Single-turn groups for a ``task``, the multi-turn agent loop for an ``env`` (:func:`collector_class`)."""
     collector = collector_class(cfg)
     if cfg.task is not None:
@@ -86,9 +85,7 @@ class Trainer:
         self.skipped_updates = self.skipped_in_a_row = 0  # optimiser steps skipped for a non-finite gradient
 
         # 1. methods first: they may need a reference model
-        self.methods: list[Method] = build_methods(cfg.methods)
-        # the per-token tensors methods add for the loss, passed to it by name (LossInputs.tokens)
-        self.loss_tokens = sorted({name for m in self.methods for name in m.loss_tokens})
+        self.methods = MethodSet.from_config(cfg.methods)
         # 2. models
         if policy is None:
             policy, tokenizer = load_policy(cfg.model.name)
@@ -107,7 +104,9 @@ class Trainer:
         # 3. engine, data, loss functions
         self.make_engine = partial(rollout_engine, strategy=self.strategy, tokenizer=tokenizer, cfg=cfg)
         self.log_probs = partial(score_log_probs, cfg=cfg, device=self.device)  # scoring passes, and ctx.log_probs
-        self.engine = self.make_engine(self.policy)
+        self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main,  # docs/health.md
+                                    vocab_size=vocab_size(policy))
+        self.engine = self.make_engine(self.policy)  # inside the health checks' recorder (the engine property)
         self.collector = build_collector(cfg, tokenizer)
         a = cfg.algorithm
         self.advantage_fn = algos.get_advantage(a.advantage)
@@ -122,10 +121,7 @@ class Trainer:
                                      mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
         if self.dp.is_main:  # W&B and MLflow record the run's settings (TensorBoard as text); config.yaml again
             self.tracker.log_config(cfg.model_dump(mode="json"))
-        self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main,  # docs/health.md
-                                    vocab_size=vocab_size(policy))
-        for m in self.methods:
-            m.setup(self.hook_context())
+        self.methods.setup(self.hook_context())
         if resume_from is not None:
             self.resume(resume_from)
 
@@ -138,7 +134,7 @@ class Trainer:
         if self.cfg.model.ref_name:
             ref, _ = load_policy(self.cfg.model.ref_name)
         elif is_lora(policy):
-            if any(m.moves_reference for m in self.methods):
+            if self.methods.moves_reference:
                 add_reference_adapter(policy)
                 return BaseModelView(policy, adapter=REFERENCE)
             return BaseModelView(policy)
@@ -157,14 +153,27 @@ class Trainer:
         """Whether a method moved the reference (then it is checkpointed)."""
         return self.reference is not None and self.reference.moved
 
+    @property
+    def engine(self) -> Any:
+        """The engine the run samples with, inside the health checks' recorder when they record
+        (:meth:`tether.health.HealthMonitor.wrap`); setting it wraps the new engine the same way."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Any) -> None:
+        self._engine = self.health.wrap(engine)
+
+    def seeds(self) -> StepSeeds:
+        """The seeds of the step under way (:mod:`tether.seeding`): resumes replay exactly."""
+        return StepSeeds(self.cfg.seed, self.step)
+
     def seed_for(self, purpose: str, k: int = 0) -> int:
-        """A sampling seed that depends only on (run seed, step, purpose, k): resumes replay exactly."""
-        return step_seed(self.cfg.seed, self.step, purpose, k)
+        """A sampling seed that depends only on (run seed, step, purpose, k)."""
+        return self.seeds()(purpose, k)
 
     def hook_context(self, mini_batch: MiniBatch | None = None) -> StepContext:
         """What a method hook sees of the run now (tether/methods/context.py): the step, settings, models, engine
-        and helpers, never the trainer. Built per call, so ``engine`` is the one sampling at that moment (the
-        health monitor's recorder while the collector runs)."""
+        and helpers, never the trainer."""
         return StepContext(step=self.step, cfg=self.cfg, device=self.device, run_dir=self.run_dir,
                            tokenizer=self.tokenizer, policy=self.policy, reference=self.reference,
                            engine=self.engine, sampling=self.collector.sampling(),
@@ -252,8 +261,7 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()
-        with self.health.recording(self):              # 1-2. generate, reward, method hooks, filters
-            batch, metrics = self.collector.collect(self)  # (the engine records what it samples)
+        batch, metrics = self.collect()                # 1-2. generate, reward, method hooks, filters
         metrics.update(self.health.check_batch(batch, self.step + 1))  # the token round trip; the reward audit
         batch = batch.to(self.device)                  #    the one move of the batch to the models' device
         t_rollout = time.perf_counter() - start
@@ -265,8 +273,7 @@ class Trainer:
         self.push_weights()                            #    engines with their own weights sample with the new ones
         t_sync = time.perf_counter() - t_sync
         self.step += 1
-        for m in self.methods:                         # 6. method bookkeeping (reference resets...)
-            metrics.update(m.after_update(self.hook_context()))
+        metrics.update(self.methods.after_update(self.hook_context()))  # 6. method bookkeeping (reference resets...)
         metrics.update(batch_metrics(batch))
         metrics.update(self.health.end_step(metrics, self.dp, self.step))  # parity; a collapsed policy
         n_tokens = float(batch.response_mask.sum())
@@ -280,20 +287,14 @@ class Trainer:
         self.health.stop_if_unhealthy()                #    after logging: the failing step's numbers are kept
         return metrics
 
-    # -- hooks the collector calls -----------------------------------------------------------
+    # -- 1-2. collection ---------------------------------------------------------------------
 
-    def intervention(self) -> Intervention | None:
-        hooks = [h for m in self.methods if (h := m.intervention(self.hook_context())) is not None]
-        if len(hooks) > 1:
-            raise RuntimeError("two methods want to intervene in sampling; at most one may")
-        return hooks[0] if hooks else None
-
-    def run_generation_hooks(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
-        metrics: dict[str, float] = {}
-        for m in self.methods:
-            batch, extra = m.on_generation(batch, self.hook_context())
-            metrics.update(extra)
-        return batch, metrics
+    def collect(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """The step's batch, from the collector: it gets the engine, the step's seeds and the methods' generation
+        hooks, never the trainer."""
+        self.health.start_collection()  # the round trip checks what the engine samples from here on
+        hooks = self.methods.generation_hooks(self.hook_context())
+        return self.collector.collect(self.engine, self.seeds(), hooks)
 
     # -- 3. scoring --------------------------------------------------------------------------
 
@@ -307,9 +308,7 @@ class Trainer:
             batch.token["old_log_probs"] = self.log_probs(self.policy, batch)
         if self.ref_policy is not None:
             batch.token["ref_log_probs"] = self.log_probs(self.ref_policy, batch)
-        metrics: dict[str, float] = {}
-        for m in self.methods:
-            metrics.update(m.on_score(batch, self.hook_context()))
+        metrics = self.methods.on_score(batch, self.hook_context())
         kl = self.cfg.algorithm.kl
         if kl.in_reward and kl.coef > 0:
             batch.token.setdefault("old_log_probs", self.log_probs(self.policy, batch))
@@ -326,13 +325,9 @@ class Trainer:
         tags (GiGPO's step returns, EAPO's injected rows), broadcast to response tokens. Methods then only read
         them."""
         out = self.advantage_fn(advantage_inputs(batch), **self.cfg.algorithm.advantage_kwargs)
-        advantages = batch.token["advantages"] = out.advantages[:, None] * batch.response_mask
+        batch.token["advantages"] = out.advantages[:, None] * batch.response_mask
         metrics = {k: v.item() for k, v in out.metrics.items()}
-        for m in self.methods:
-            metrics.update(m.on_advantages(batch, self.hook_context()))
-            if batch.token["advantages"] is not advantages:
-                raise RuntimeError(f"methods.{m.name} replaced the advantages in on_advantages; the trainer makes "
-                                   "them (algorithm.advantage), a method may only read them")
+        metrics.update(self.methods.on_advantages(batch, self.hook_context()))  # read only (MethodSet checks)
         metrics["train/advantage_abs_mean"] = algos.masked_mean(batch.token["advantages"].abs(),
                                                                 batch.response_mask).item()
         return metrics
@@ -434,7 +429,7 @@ class Trainer:
             response_mask=micro.response_mask, behaviour_log_probs=micro.sample_log_probs, source=micro.source,
             ref_log_probs=micro.token.get("ref_log_probs"), num_tokens=num_tokens, num_seqs=num_seqs,
             max_response_len=self.cfg.rollout.max_new_tokens,
-            tokens={k: micro.token[k] for k in self.loss_tokens if k in micro.token})
+            tokens=self.methods.loss_token_inputs(micro))
         out = self.policy_loss_fn(inputs, agg=a.loss_agg, **a.loss_kwargs)
         loss = out.loss
         metrics = {**out.metrics, "actor/pg_loss": out.loss.detach()}
@@ -448,18 +443,14 @@ class Trainer:
                                  micro.response_mask, a.loss_agg, **agg)
             loss = loss + a.kl.coef * kl
             metrics["actor/kl_loss"] = kl.detach()
-        ctx = self.hook_context(mini)
-        for m in self.methods:
-            extra = m.extra_loss(inputs, micro, ctx)
-            if extra is not None:
-                loss = loss + extra.loss
-                metrics.update(extra.metrics)
+        loss, extra = self.methods.extra_loss(loss, inputs, micro, self.hook_context(mini))
+        metrics.update(extra)
         return loss, metrics
 
     # -- validation and checkpoints ----------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
-        metrics = self.collector.validate(self)
+        metrics = self.collector.validate(self.engine, self.seed_for("val"))
         metrics.update(self.health.on_validation(self.step, metrics))  # the over-optimisation guard
         self.tracker.log(metrics, self.step)
         self.val_history.append((self.step, metrics))
@@ -488,7 +479,7 @@ class Trainer:
         return {
             "step": self.step, "best_value": self.best_value, "val_history": self.val_history, "rng": rng_state(),
             "scheduler": self.scheduler.state_dict(), "collector": self.collector.state_dict(),
-            "methods": {m.name: m.state_dict() for m in self.methods}, "strategy": self.strategy.name,
+            "methods": self.methods.state_dict(), "strategy": self.strategy.name,
             "health": self.health.state_dict(),
             "skipped_updates": self.skipped_updates,
         }
@@ -517,8 +508,7 @@ class Trainer:
             self.reference.moved = moved
         self.scheduler.load_state_dict(state["scheduler"])
         self.collector.load_state_dict(state["collector"])
-        for m in self.methods:
-            m.load_state_dict(state["methods"].get(m.name, {}))
+        self.methods.load_state_dict(state["methods"])
         set_rng_state(state["rng"])
         self.health.load_state_dict(state.get("health", {}))  # checkpoints from before the checks have none
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
@@ -599,6 +589,4 @@ def evaluate(cfg: Config) -> dict[str, float]:
     policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
-    evaluator = SimpleNamespace(cfg=cfg, engine=engine, step=0,
-                                seed_for=lambda purpose, k=0: cfg.seed * 1_000_003 + k)
-    return build_collector(cfg, tokenizer).validate(evaluator)
+    return build_collector(cfg, tokenizer).validate(engine, cfg.seed * 1_000_003)

@@ -1,0 +1,138 @@
+"""The configured methods as one object: :class:`MethodSet` calls every method's hooks and enforces their rules.
+
+The rules (docs in :mod:`tether.methods.base`):
+
+* at most one method intervenes in sampling;
+* a method's per-token tensors reach the loss only when it declares them (``loss_tokens``);
+* advantages are the trainer's: a method reads them in ``on_advantages`` and never replaces them.
+
+The trainer holds one :class:`MethodSet` and calls it at fixed points of the step, each time with the
+:class:`~tether.methods.context.StepContext` of that point. A collector gets the set bound to the step's context
+(:meth:`MethodSet.generation_hooks`), which is all it sees of the methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from tether.methods.base import Method, build_methods
+
+if TYPE_CHECKING:
+    import torch
+
+    from tether.algos import LossInputs
+    from tether.engine.base import Intervention
+    from tether.methods.context import StepContext
+    from tether.rollout.batch import RolloutBatch
+
+
+class MethodSet:
+    """The run's methods (``methods:`` of the config), in the order the config lists them."""
+
+    def __init__(self, methods: list[Method]) -> None:
+        self.methods = methods
+        # the per-token tensors methods add for the loss, passed to it by name (LossInputs.tokens)
+        self.loss_tokens = sorted({name for m in methods for name in m.loss_tokens})
+
+    @classmethod
+    def from_config(cls, sections: dict[str, dict[str, Any]]) -> MethodSet:
+        return cls(build_methods(sections))
+
+    def __iter__(self) -> Iterator[Method]:
+        return iter(self.methods)
+
+    def __len__(self) -> int:
+        return len(self.methods)
+
+    def __getitem__(self, i: int) -> Method:
+        return self.methods[i]
+
+    @property
+    def moves_reference(self) -> bool:
+        """Whether a method may reset the reference (a LoRA run then gives it an adapter of its own)."""
+        return any(m.moves_reference for m in self.methods)
+
+    # -- the hooks, in the order of a step -------------------------------------------------------
+
+    def setup(self, ctx: StepContext) -> None:
+        for m in self.methods:
+            m.setup(ctx)
+
+    def generation_hooks(self, ctx: StepContext) -> BoundHooks:
+        """The set bound to the collection phase's context: what a collector calls (:class:`GenerationHooks`)."""
+        return BoundHooks(self, ctx)
+
+    def intervention(self, ctx: StepContext) -> Intervention | None:
+        hooks = [h for m in self.methods if (h := m.intervention(ctx)) is not None]
+        if len(hooks) > 1:
+            raise RuntimeError("two methods want to intervene in sampling; at most one may")
+        return hooks[0] if hooks else None
+
+    def on_generation(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, float]]:
+        metrics: dict[str, float] = {}
+        for m in self.methods:
+            batch, extra = m.on_generation(batch, ctx)
+            metrics.update(extra)
+        return batch, metrics
+
+    def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for m in self.methods:
+            metrics.update(m.on_score(batch, ctx))
+        return metrics
+
+    def on_advantages(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, float]:
+        """Each method reads the advantages; one that replaced them is stopped with the rule it broke."""
+        advantages = batch.token["advantages"]
+        metrics: dict[str, float] = {}
+        for m in self.methods:
+            metrics.update(m.on_advantages(batch, ctx))
+            if batch.token["advantages"] is not advantages:
+                raise RuntimeError(f"methods.{m.name} replaced the advantages in on_advantages; the trainer makes "
+                                   "them (algorithm.advantage), a method may only read them")
+        return metrics
+
+    def loss_token_inputs(self, micro: RolloutBatch) -> dict[str, torch.Tensor]:
+        """The declared per-token tensors of ``micro`` (``LossInputs.tokens``); undeclared ones never reach a loss."""
+        return {k: micro.token[k] for k in self.loss_tokens if k in micro.token}
+
+    def extra_loss(self, loss: torch.Tensor, inputs: LossInputs, micro: RolloutBatch,
+                   ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``loss`` plus every method's extra term for ``micro``, and their metrics."""
+        metrics: dict[str, torch.Tensor] = {}
+        for m in self.methods:
+            extra = m.extra_loss(inputs, micro, ctx)
+            if extra is not None:
+                loss = loss + extra.loss
+                metrics.update(extra.metrics)
+        return loss, metrics
+
+    def after_update(self, ctx: StepContext) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for m in self.methods:
+            metrics.update(m.after_update(ctx))
+        return metrics
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        return {m.name: m.state_dict() for m in self.methods}
+
+    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
+        for m in self.methods:
+            m.load_state_dict(state.get(m.name, {}))
+
+
+class BoundHooks:
+    """A :class:`MethodSet` bound to one step's context: the :class:`~tether.rollout.base.GenerationHooks` a
+    collector calls."""
+
+    def __init__(self, methods: MethodSet, ctx: StepContext) -> None:
+        self.methods, self.ctx = methods, ctx
+
+    def intervention(self) -> Intervention | None:
+        return self.methods.intervention(self.ctx)
+
+    def on_generation(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
+        return self.methods.on_generation(batch, self.ctx)

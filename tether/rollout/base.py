@@ -1,0 +1,64 @@
+"""What a collector is: the :class:`Collector` protocol, and the :class:`GenerationHooks` it calls.
+
+The trainer calls a collector; the collector never calls the trainer back. It receives what one step needs:
+
+* the engine to sample with (the health checks' recorder around the policy's engine, when they record);
+* the step's seeds (:class:`~tether.seeding.StepSeeds`: ``seeds("rollout", k)`` for generation batch ``k``);
+* the methods' generation hooks (:class:`GenerationHooks`, :class:`tether.methods.hooks.MethodSet` bound to the step):
+  the sampling intervention of each batch, and the hook that sees each fresh generation batch.
+
+Validation takes the engine and one seed (``seeds("val")``), so the trainer's validation and ``tether eval`` are the
+same call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from tether.engine.base import Intervention, RolloutEngine, SamplingParams
+    from tether.rollout.batch import RolloutBatch
+    from tether.seeding import StepSeeds
+
+
+class GenerationHooks(Protocol):
+    """The methods' hooks a collector calls while it generates a step's batch."""
+
+    def intervention(self) -> Intervention | None:
+        """The sampling intervention of the next generation batch (at most one method gives one)."""
+
+    def on_generation(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
+        """A fresh generation batch, rewards known, through every method: rows added, groups dropped; metrics."""
+
+
+class NoHooks:
+    """No method: no intervention, every batch as generated."""
+
+    def intervention(self) -> None:
+        return None
+
+    def on_generation(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
+        return batch, {}
+
+
+class Collector(Protocol):
+    """Makes a step's :class:`~tether.rollout.batch.RolloutBatch`, and the validation metrics."""
+
+    # Fields of tether.algos.AdvantageInputs the collector's rows carry (tether.advantage_inputs reads them).
+    advantage_tags: ClassVar[frozenset[str]]
+
+    def sampling(self) -> SamplingParams:
+        """The sampling parameters of a training rollout."""
+
+    def collect(self, engine: RolloutEngine, seeds: StepSeeds,
+                hooks: GenerationHooks) -> tuple[RolloutBatch, dict[str, float]]:
+        """One RL step's batch, on the CPU, and its rollout metrics."""
+
+    def validate(self, engine: RolloutEngine, seed: int) -> dict[str, float]:
+        """Validation metrics (``val/...``) on the held-out set, sampled from ``seed``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training data stands (checkpointed)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""

@@ -1,0 +1,49 @@
+"""The one seed formula of tether: every sampling seed is a function of (run seed, step, purpose, k).
+
+Training rollouts, validation, ``tether eval``, the shuffles of the update and the methods' own sampling all draw
+their seeds here, so a resumed run replays exactly and ``tether eval`` of the checkpoint of step ``s`` samples with
+the seeds the run's own validation used at step ``s`` (and reproduces its value).
+
+==================  ==================================================================================
+purpose             used by
+==================  ==================================================================================
+``rollout``         the collector's generation batches of a training step (``k``: the batch's index)
+``val``             validation inside the run, and ``tether eval`` of a checkpoint of that step
+``shuffle``         the order of the rows over the update's mini-batches
+``armor/ref``       ARMOR's reference samples (``k``: the generation batch)
+``eapo``            EAPO's prior injections (``k``: 1,000 x the generation batch)
+``seed/analysis``   SEED's self-analyses (``k``: the analysis batch)
+==================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def step_seed(run_seed: int, step: int, purpose: str, k: int = 0) -> int:
+    """A sampling seed that depends only on (run seed, step, purpose, k): resumes replay exactly.
+
+    >>> step_seed(0, 0, "", 5)  # no step, no purpose: the run seed's block, offset by k
+    5
+    >>> step_seed(1, 2, "val") == step_seed(1, 2, "val")
+    True
+    """
+    salt = sum(ord(c) * 31**i for i, c in enumerate(purpose)) % 100_003
+    return (run_seed * 1_000_003 + step * 10_007 + salt * 101 + k) % 2**62
+
+
+@dataclass(frozen=True)
+class StepSeeds:
+    """The seeds of one step of a run: ``seeds("rollout", k)`` is :func:`step_seed` of (run seed, step, purpose, k).
+
+    Attributes:
+        run_seed: the run's ``seed``.
+        step: RL steps done (``k`` during step ``k + 1``; a checkpoint's step for ``tether eval``).
+    """
+
+    run_seed: int
+    step: int
+
+    def __call__(self, purpose: str, k: int = 0) -> int:
+        return step_seed(self.run_seed, self.step, purpose, k)
