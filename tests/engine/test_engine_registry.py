@@ -91,7 +91,7 @@ def test_vllm_is_refused_before_any_model_loads(tmp_path, monkeypatch):
     def no_load(*args, **kwargs):
         raise AssertionError("the policy was loaded before the engine check")
 
-    monkeypatch.setattr("tether.trainer.trainer.load_policy", no_load)
+    monkeypatch.setattr("tether.trainer.build.load_policy", no_load)
     with pytest.raises(ConfigError, match=r"^rollout\.engine=vllm needs"):
         Trainer(tiny_config(tmp_path, "rollout.engine=vllm"))
     assert not (tmp_path / "run").exists()

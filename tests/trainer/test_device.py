@@ -81,7 +81,7 @@ def no_model_loads(*args, **kwargs):
 
 def test_cuda_without_a_gpu_stops_the_trainer_before_any_work(tmp_path, gpus, monkeypatch):
     gpus(0)
-    monkeypatch.setattr("tether.trainer.trainer.load_policy", no_model_loads)
+    monkeypatch.setattr("tether.trainer.build.load_policy", no_model_loads)
     cfg = tiny_config(tmp_path, "train.device=cuda")
     with pytest.raises(ConfigError, match=r"train\.device=cuda: .*allowed here: auto or cpu"):
         Trainer(cfg)

@@ -92,7 +92,9 @@ def reached(phase):
 
 
 validate = single_turn.SingleTurnCollector.validate
-single_turn.SingleTurnCollector.validate = lambda self, tr: {**validate(self, tr), "val/avg@k": float(tr.step)}
+# the validation seed grows with the step (tether.seeding), so this value does too
+single_turn.SingleTurnCollector.validate = lambda self, engine, seed: {**validate(self, engine, seed),
+                                                                       "val/avg@k": float(seed)}
 train_step = trainer.Trainer.train_step
 trainer.Trainer.train_step = lambda self: (reached("start_of_a_step"), train_step(self))[1]
 replace = os.replace

@@ -24,7 +24,7 @@ field              what it is
 ``mini_batch``     in ``extra_loss`` only: the :class:`MiniBatch` the micro-batch belongs to
 =================  ==============================================================================================
 
-Sampling seeds come from :meth:`StepContext.seed_for`, a function of (run seed, step, purpose), as the trainer's own.
+Sampling seeds come from :meth:`StepContext.seed_for`, the one formula of :mod:`tether.seeding`, as the trainer's own.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tether.models.lora import BaseModelView
+from tether.seeding import step_seed
 
 if TYPE_CHECKING:
     import torch
@@ -42,12 +43,6 @@ if TYPE_CHECKING:
     from tether.config import Config
     from tether.engine.base import SamplingParams
     from tether.rollout.batch import RolloutBatch
-
-
-def step_seed(run_seed: int, step: int, purpose: str, k: int = 0) -> int:
-    """A sampling seed that depends only on (run seed, step, purpose, k): resumes replay exactly."""
-    salt = sum(ord(c) * 31**i for i, c in enumerate(purpose)) % 100_003
-    return (run_seed * 1_000_003 + step * 10_007 + salt * 101 + k) % 2**62
 
 
 class Reference:
@@ -119,5 +114,5 @@ class StepContext:
     mini_batch: MiniBatch | None = None
 
     def seed_for(self, purpose: str, k: int = 0) -> int:
-        """The trainer's sampling seed for ``purpose`` at this step (:func:`step_seed`)."""
+        """The trainer's sampling seed for ``purpose`` at this step (:func:`tether.seeding.step_seed`)."""
         return step_seed(self.cfg.seed, self.step, purpose, k)

@@ -1,0 +1,111 @@
+"""The training loop: steps until ``train.steps``, the validation and save schedule, signals, the best checkpoint."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tether.health import HealthError
+from tether.track import write_text_atomic
+from tether.trainer.stop import StopSignals, TrainingStopped
+
+
+class TrainingLoop:
+    """:meth:`fit` and what it schedules around the steps: validation, checkpoints, the summary."""
+
+    def fit(self) -> dict[str, float]:
+        """Train until ``train.steps``; validate and checkpoint on schedule. Returns the last metrics.
+
+        Raises:
+            TrainingStopped: SIGTERM or SIGINT arrived (the step under way was finished and saved first), or
+                ``train.max_skipped_updates`` optimiser steps in a row were non-finite.
+            HealthError: a health check stopped the run (docs/health.md); its metrics and ``summary.json`` are
+                written first, and ``checkpoints/best`` keeps the validation peak.
+        """
+        try:
+            return self._fit()
+        except HealthError:
+            self._finish()
+            raise
+
+    def _finish(self) -> None:
+        """Close the metric sinks and write ``summary.json``: at the end, and when a health check stops the run."""
+        self.tracker.close()
+        if self.dp.is_main:
+            write_text_atomic(self.run_dir / "summary.json", json.dumps(self.summary(), indent=2))
+
+    def _fit(self) -> dict[str, float]:
+        t = self.cfg.train
+        last: dict[str, float] = {}
+        if self.step == 0 and self.cfg.val.every:
+            last.update(self.validate())
+        from tether.trainer.progress import Progress
+
+        with Progress(t.steps, start=self.step, enabled=self.cfg.logging.progress and self.dp.is_main) as bar, \
+                StopSignals() as signals:
+            saved_at = time.monotonic()
+            while self.step < t.steps:
+                metrics = self.train_step()
+                if self.cfg.val.every and self.step % self.cfg.val.every == 0:
+                    metrics.update(self.validate())
+                save, stop = self._save_or_stop(saved_at, signals.signal is not None)
+                if save:
+                    path = self.save()
+                    saved_at = time.monotonic()
+                bar.update(self.step, metrics)
+                last.update(metrics)
+                if stop:
+                    self.tracker.close()
+                    signum = signals.signal or signal.SIGTERM  # under torchrun another rank may have had it
+                    raise TrainingStopped(f"stopped by {signal.Signals(signum).name} after step {self.step}, saved "
+                                          f"in {path}; run the same command again to resume", 128 + signum)
+        self._finish()
+        return last
+
+    def _save_or_stop(self, saved_at: float, signalled: bool) -> tuple[bool, bool]:
+        """Whether to checkpoint now (the step schedule, ``train.save_every_s`` or a signal) and whether to stop.
+        Every rank takes part in a save, so one rank's clock or signal decides for all."""
+        t = self.cfg.train
+        scheduled = self.step == t.steps or bool(t.save_every and self.step % t.save_every == 0)
+        late = bool(t.save_every_s) and time.monotonic() - saved_at >= t.save_every_s
+        votes = self.dp.sum_metrics({"late": float(late), "signalled": float(signalled)})
+        return scheduled or votes["late"] > 0 or votes["signalled"] > 0, votes["signalled"] > 0
+
+    def summary(self) -> dict[str, Any]:
+        """First and last validation, the best value of ``train.best_metric``, steps done."""
+        out: dict[str, Any] = {"steps": self.step, "best": {self.cfg.train.best_metric: self.best_value}}
+        if self.val_history:
+            out["first_val"] = {"step": self.val_history[0][0], **self.val_history[0][1]}
+            out["last_val"] = {"step": self.val_history[-1][0], **self.val_history[-1][1]}
+        return out
+
+    def validate(self) -> dict[str, float]:
+        metrics = self.collector.validate(self.sampling_engine, self.seed_for("val"))
+        metrics.update(self.health.on_validation(self.step, metrics))  # the over-optimisation guard
+        self.tracker.log(metrics, self.step)
+        self.val_history.append((self.step, metrics))
+        value = metrics.get(self.cfg.train.best_metric)
+        if value is not None and value > self.best_value:
+            self.best_value = value
+            self.checkpoints.save_best(self._best_writer({"step": self.step, "metric": value,
+                                                          "name": self.cfg.train.best_metric}))
+            if self.dp.is_main:
+                write_text_atomic(self.run_dir / "best.txt",
+                                  f"{self.cfg.train.best_metric}={value} step={self.step}\n")
+        self.health.stop_if_unhealthy()
+        return metrics
+
+    def _best_writer(self, state: dict[str, Any]) -> Callable[[Path], None]:
+        def write(directory: Path) -> None:  # every rank: a sharded policy is gathered to rank 0 first
+            self.strategy.save_pretrained(directory, self.policy)
+            if self.dp.is_main:
+                self.tokenizer.save_pretrained(directory)
+                torch.save(state, directory / "trainer_state.pt")
+
+        return write

@@ -1,0 +1,274 @@
+"""One RL step, read top to bottom: collect -> score -> advantages -> update -> after.
+
+The trainer knows the steps of on-policy RL, never the methods: ARMOR, EAPO and SEED reach in through the hooks of
+:class:`tether.methods.Method`, called by the run's :class:`~tether.methods.hooks.MethodSet` with a
+:class:`~tether.methods.StepContext`, never the trainer. The collector gets the engine, the step's seeds and the
+methods' generation hooks, never the trainer.
+
+Every model lives on ``device`` (``train.device``), and so does the batch from scoring on: the collector builds it
+on the CPU, :meth:`StepPhases.train_step` moves it once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tether import algos
+from tether.advantage_inputs import advantage_inputs
+from tether.algos import LossInputs
+from tether.config import Config
+from tether.distributed import DataParallel
+from tether.distributed.strategy import own_micro_batches
+from tether.methods import MiniBatch
+from tether.models.forward import response_log_probs
+from tether.models.layers import activation_bytes
+from tether.rollout.batch import RolloutBatch
+from tether.trainer.stop import TrainingStopped
+
+# Micro-batch terms normalised by the whole mini-batch's counts: their mini-batch value is the sum over
+# micro-batches. Every other micro-batch metric is a local mean, averaged weighted by rows.
+SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
+
+
+class StepPhases:
+    """The phases of :meth:`train_step`, in the order it calls them (attributes built by ``TrainerBuild``)."""
+
+    def train_step(self) -> dict[str, float]:
+        start = time.perf_counter()
+        batch, metrics = self.collect()                # 1-2. generate, reward, method hooks, filters
+        metrics.update(self.health.check_batch(batch, self.step + 1))  # the token round trip; the reward audit
+        batch = batch.to(self.device)                  #    the one move of the batch to the models' device
+        t_rollout = time.perf_counter() - start
+        metrics.update(self.score(batch))              # 3. old / ref / method log-probs
+        metrics.update(self.compute_advantages(batch))  # 4. advantages
+        t_update = time.perf_counter()
+        metrics.update(self.update(batch))             # 5. mini-batch updates
+        t_sync = time.perf_counter()
+        self.push_weights()                            #    engines with their own weights sample with the new ones
+        t_sync = time.perf_counter() - t_sync
+        self.step += 1
+        metrics.update(self.methods.after_update(self.hook_context()))  # 6. method bookkeeping (reference resets...)
+        metrics.update(batch_metrics(batch))
+        metrics.update(self.health.end_step(metrics, self.dp, self.step))  # parity; a collapsed policy
+        n_tokens = float(batch.response_mask.sum())
+        now = time.perf_counter()
+        metrics.update({"perf/step_s": now - start, "perf/rollout_s": t_rollout,
+                        "perf/rollout_tok_s": n_tokens / max(t_rollout, 1e-9),
+                        "perf/train_tok_s": n_tokens / max(now - t_update - t_sync, 1e-9),
+                        "perf/weight_sync_s": t_sync,
+                        "actor/lr": self.scheduler.get_last_lr()[0]})
+        self.tracker.log(metrics, self.step)
+        self.health.stop_if_unhealthy()                #    after logging: the failing step's numbers are kept
+        return metrics
+
+    # -- 1-2. collection ---------------------------------------------------------------------
+
+    def collect(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """The step's batch, from the collector: it gets the engine, the step's seeds and the methods' generation
+        hooks, never the trainer."""
+        self.health.start_collection()  # the round trip checks what the engine samples from here on
+        hooks = self.methods.generation_hooks(self.hook_context())
+        return self.collector.collect(self.sampling_engine, self.seeds(), hooks)
+
+    # -- 3. scoring --------------------------------------------------------------------------
+
+    def _updates_per_step(self) -> int:
+        return self.cfg.optim.mini_batches * self.cfg.optim.ppo_epochs
+
+    def score(self, batch: RolloutBatch) -> dict[str, float]:
+        # With one optimiser step per RL step the update's own forward, detached, *is* pi_old
+        # (same weights, same function), so the separate pass is skipped (as TRL does).
+        if self._updates_per_step() > 1:
+            batch.token["old_log_probs"] = self.log_probs(self.policy, batch)
+        if self.ref_policy is not None:
+            batch.token["ref_log_probs"] = self.log_probs(self.ref_policy, batch)
+        metrics = self.methods.on_score(batch, self.hook_context())
+        kl = self.cfg.algorithm.kl
+        if kl.in_reward and kl.coef > 0:
+            batch.token.setdefault("old_log_probs", self.log_probs(self.policy, batch))
+            per_token = algos.kl_estimate(batch.token["old_log_probs"], batch.token["ref_log_probs"], kl.estimator)
+            penalty = (per_token * batch.response_mask).sum(1)
+            batch.rewards = batch.rewards - kl.coef * penalty
+            metrics["reward/kl_penalty"] = penalty.mean().item()
+        return metrics
+
+    # -- 4. advantages -----------------------------------------------------------------------
+
+    def compute_advantages(self, batch: RolloutBatch) -> dict[str, float]:
+        """The one place advantages are made: the configured estimator over the batch's rewards, group ids and
+        tags (GiGPO's step returns, EAPO's injected rows), broadcast to response tokens. Methods then only read
+        them."""
+        out = self.advantage_fn(advantage_inputs(batch), **self.cfg.algorithm.advantage_kwargs)
+        batch.token["advantages"] = out.advantages[:, None] * batch.response_mask
+        metrics = {k: v.item() for k, v in out.metrics.items()}
+        metrics.update(self.methods.on_advantages(batch, self.hook_context()))  # read only (MethodSet checks)
+        metrics["train/advantage_abs_mean"] = algos.masked_mean(batch.token["advantages"].abs(),
+                                                                batch.response_mask).item()
+        return metrics
+
+    # -- 5. update ---------------------------------------------------------------------------
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        o = self.cfg.optim
+        order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.seed_for("shuffle")))
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for _ in range(o.ppo_epochs):
+            for rows in order.chunk(o.mini_batches):
+                part = batch.select(rows)
+                mini = MiniBatch(rows=rows, num_tokens=float(part.response_mask.sum()), num_seqs=len(part), batch=part)
+                for key, value in self._mini_batch_step(mini).items():
+                    sums[key] = sums.get(key, 0.0) + value
+                    counts[key] = counts.get(key, 0) + 1
+        return {**{k: sums[k] / counts[k] for k in sums}, "actor/skipped_updates": float(self.skipped_updates)}
+
+    def _mini_batch_step(self, mini: MiniBatch) -> dict[str, float]:
+        o = self.cfg.optim
+        lengths = mini.batch.row_lengths()
+        metrics: dict[str, torch.Tensor] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        # this rank's share of the rows, by count or by token budget; normalisers stay the mini-batch's
+        activations = []  # (estimated GiB, checkpointed) of each micro-batch
+        for mb in self.strategy.micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
+            micro = narrowed(mini.batch, mb.rows, lengths)
+            activations.append(self._choose_checkpointing(mb.rows, lengths))
+            if mb.padding:
+                self._lock_step_pass(micro)
+                continue
+            loss, micro_metrics = self._micro_batch_loss(micro, mini)
+            loss.backward()
+            share = len(micro) / mini.num_seqs
+            for k, v in micro_metrics.items():
+                weight = 1.0 if k in SUMMED_METRICS else share
+                metrics[k] = metrics.get(k, 0.0) + weight * v.detach().float()
+        metrics = self.dp.sum_metrics(metrics)  # N processes: partial sums -> mini-batch values
+        grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()  # a skipped update does not advance the warm-up either
+            self.skipped_in_a_row = 0
+        else:
+            self._skip_update()
+        metrics["actor/grad_norm"] = grad_norm
+        # this rank's (a rank of a replicated run may have no rows of a small mini-batch)
+        metrics["perf/activation_gb"] = max((gb for gb, _ in activations), default=0.0)
+        metrics["perf/checkpointed_micro_batches"] = sum(on for _, on in activations) / max(1, len(activations))
+        return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
+
+    def _choose_checkpointing(self, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> tuple[float, bool]:
+        """The micro-batch's estimated activation memory in GiB (:func:`~tether.models.layers.activation_bytes` of
+        its padded tokens) and whether its decoder layers recompute in backward. Under
+        ``train.gradient_checkpointing: auto`` they do when the estimate exceeds
+        ``train.activation_memory_budget_gb``: small micro-batches keep the faster forward (and the shared-prompt
+        pass), large ones fit the budget."""
+        tokens = len(rows) * (max(lengths[r][0] for r in rows) + max(lengths[r][1] for r in rows))
+        gb = activation_bytes(self.policy.config, tokens, next(self.policy.parameters()).element_size()) / 2**30
+        if self.checkpointing is None:
+            return gb, False
+        if self.cfg.train.gradient_checkpointing == "auto":
+            self.checkpointing.on = gb > self.cfg.train.activation_memory_budget_gb
+        return gb, self.checkpointing.on
+
+    def _skip_update(self) -> None:
+        """A non-finite loss or gradient: no optimiser step (weights and optimiser state stay finite); a run where
+        that keeps happening stops rather than spending its budget standing still."""
+        self.skipped_updates += 1
+        self.skipped_in_a_row += 1
+        limit = self.cfg.train.max_skipped_updates
+        if self.skipped_in_a_row >= limit:
+            raise TrainingStopped(f"{limit} optimiser steps in a row had a non-finite loss or gradient "
+                                  f"(train.max_skipped_updates={limit}) at step {self.step}; the checkpoints hold "
+                                  "finite weights; check the rewards or lower optim.lr", 1)
+
+    def _lock_step_pass(self, micro: RolloutBatch) -> None:
+        """A forward and backward that add nothing: a sharded model gathers and reduces inside them, so a rank
+        with fewer rows than the others still makes the same calls. Method hooks do not see it."""
+        with self.autocast():
+            log_probs, _ = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids, micro.response_mask,
+                                              temperature=self.cfg.rollout.temperature)
+        (log_probs.sum() * 0.0).backward()
+
+    def _micro_batch_loss(self, micro: RolloutBatch, mini: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one micro-batch, normalised by its whole mini-batch ``mini``, with every method's term."""
+        a = self.cfg.algorithm
+        num_tokens, num_seqs = mini.num_tokens, mini.num_seqs
+        with self.autocast():
+            log_probs, entropy = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids,
+                                                    micro.response_mask, temperature=self.cfg.rollout.temperature,
+                                                    with_entropy=True)
+        old = micro.token.get("old_log_probs", log_probs.detach())
+        self.health.observe(micro, old)  # pi_old under the weights the engine sampled with: parity, free
+        inputs = LossInputs(
+            log_probs=log_probs, old_log_probs=old, advantages=micro.token["advantages"],
+            response_mask=micro.response_mask, behaviour_log_probs=micro.sample_log_probs, source=micro.source,
+            ref_log_probs=micro.token.get("ref_log_probs"), num_tokens=num_tokens, num_seqs=num_seqs,
+            max_response_len=self.cfg.rollout.max_new_tokens,
+            tokens=self.methods.loss_token_inputs(micro))
+        out = self.policy_loss_fn(inputs, agg=a.loss_agg, **a.loss_kwargs)
+        loss = out.loss
+        metrics = {**out.metrics, "actor/pg_loss": out.loss.detach()}
+        agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=self.cfg.rollout.max_new_tokens)
+        ent = algos.aggregate(entropy, micro.response_mask, "token-mean", num_tokens=num_tokens)
+        metrics["actor/entropy"] = ent.detach()
+        if a.entropy_coef:
+            loss = loss - a.entropy_coef * algos.aggregate(entropy, micro.response_mask, a.loss_agg, **agg)
+        if a.kl.coef > 0 and not a.kl.in_reward:
+            kl = algos.aggregate(algos.kl_estimate(log_probs, inputs.require("ref_log_probs", "kl"), a.kl.estimator),
+                                 micro.response_mask, a.loss_agg, **agg)
+            loss = loss + a.kl.coef * kl
+            metrics["actor/kl_loss"] = kl.detach()
+        loss, extra = self.methods.extra_loss(loss, inputs, micro, self.hook_context(mini))
+        metrics.update(extra)
+        return loss, metrics
+
+
+def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast on ``device`` when ``model.bf16_autocast``, else nothing: every trainer forward's precision."""
+    if not cfg.model.bf16_autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+
+@torch.no_grad()
+def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]] | None = None, *, cfg: Config,
+                    device: torch.device) -> torch.Tensor:
+    """log-probs of the batch's response tokens under ``model`` (optionally after other prompts), no grad: in the
+    trainer's micro-batches, precision and sampling temperature. [N, T], 0 on padding."""
+    prompts = batch.prompt_ids if prompt_ids is None else prompt_ids
+    lengths = [(len(p), t) for p, (_, t) in zip(prompts, batch.row_lengths(), strict=True)]
+    o = cfg.optim
+    out = None
+    for rows in own_micro_batches(DataParallel(), lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
+        micro = narrowed(batch, rows, lengths)
+        with autocast(cfg, device):
+            lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids, micro.response_mask,
+                                       temperature=cfg.rollout.temperature)
+        out = lp.new_zeros(batch.response_mask.shape) if out is None else out
+        out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
+    return out * batch.response_mask
+
+
+
+def narrowed(batch: RolloutBatch, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> RolloutBatch:
+    """``rows`` of ``batch``, cut to the longest response among them: a micro-batch of short rows does not run
+    the padding columns of the batch's longest one (masked out, they change no log-prob)."""
+    return batch.select(rows).narrow(max(1, *(lengths[r][1] for r in rows)))
+
+
+
+def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
+    lengths = batch.response_mask.sum(1)
+    on_policy = batch.source == 0
+    return {
+        "train/reward_mean": batch.rewards[on_policy].mean().item(),
+        "train/accuracy": batch.correct[on_policy].float().mean().item(),
+        "train/response_length": lengths[on_policy].mean().item(),
+        "train/rows": float(len(batch)),
+    }
+
