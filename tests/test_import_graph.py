@@ -35,13 +35,13 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imported_names(tree: ast.AST, package: str) -> Iterator[tuple[str, int]]:
+def _imported_names(tree: ast.AST, package: str, annotations: bool = False) -> Iterator[tuple[str, int]]:
     """Every absolute module name imported in ``tree`` (``from m import x`` gives ``m.x`` and ``m``), with its line,
-    skipping ``if TYPE_CHECKING:`` bodies."""
+    skipping ``if TYPE_CHECKING:`` bodies unless ``annotations``."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not annotations:
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import):
@@ -56,8 +56,9 @@ def _imported_names(tree: ast.AST, package: str) -> Iterator[tuple[str, int]]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
-    """Module -> {imported module of the same package: first line}."""
+def import_graph(root: Path = ROOT, annotations: bool = False) -> dict[str, dict[str, int]]:
+    """Module -> {imported module of the same package: first line}; with ``annotations``, the imports under
+    ``if TYPE_CHECKING:`` count too."""
     files = module_files(root)
 
     def known(name: str) -> str | None:
@@ -69,7 +70,7 @@ def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
     for module, path in files.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         edges: dict[str, int] = {}
-        for name, line in _imported_names(ast.parse(path.read_text()), package):
+        for name, line in _imported_names(ast.parse(path.read_text()), package, annotations):
             target = known(name)
             if target is None or target == module:
                 continue
@@ -135,6 +136,7 @@ def test_the_graph_sees_lazy_imports_and_parent_packages(tmp_path):
     (pkg / "sub" / "c.py").write_text("import pkg.b\n")
     g = import_graph(pkg)
     assert g["pkg.a"] == {"pkg.sub": 5, "pkg.sub.c": 5}  # the TYPE_CHECKING import is no edge
+    assert import_graph(pkg, annotations=True)["pkg.a"] == {"pkg.b": 3, "pkg.sub": 5, "pkg.sub.c": 5}
     assert g["pkg.b"] == {"pkg.a": 1} and g["pkg.sub.c"] == {"pkg.b": 1}
 
 
@@ -155,6 +157,7 @@ def test_pending_edges_still_exist(graph):
 @pytest.mark.parametrize("layer, allowed", [
     ("tether.algos", ("tether.algos",)),  # pure math
     ("tether.config", ()),                # the schema every layer reads
+    ("tether.seeding", ()),               # the one seed formula
 ])
 def test_the_bottom_layers_import_nothing_above_them(graph, layer, allowed):
     above = sorted((m, t) for m, targets in graph.items() if m == layer or m.startswith(layer + ".")
@@ -166,4 +169,15 @@ def test_methods_import_neither_the_trainer_nor_the_recipes(graph):
     """Multi-stage runs live in tether.recipes, above the trainer and the methods (issue 23)."""
     upward = sorted((m, t) for m, targets in graph.items() if m.startswith("tether.methods")
                     for t in targets if t.startswith(("tether.trainer", "tether.recipes")))
+    assert upward == []
+
+
+@pytest.mark.parametrize("layer", ["tether.rollout", "tether.health"])
+def test_collectors_and_health_checks_never_see_the_trainer_or_the_methods(layer):
+    """The trainer calls them and nothing calls back (issue 37): a collector gets the engine, the step's seeds and
+    the methods' generation hooks (tether.rollout.base); the health monitor wraps the engine it is given. Not even an
+    annotation names the trainer, the methods or the recipes."""
+    graph = import_graph(annotations=True)
+    upward = sorted((m, t) for m, targets in graph.items() if m == layer or m.startswith(layer + ".")
+                    for t in targets if t.startswith(("tether.trainer", "tether.methods", "tether.recipes")))
     assert upward == []

@@ -13,7 +13,11 @@ purpose             used by
 ``armor/ref``       ARMOR's reference samples (``k``: the generation batch)
 ``eapo``            EAPO's prior injections (``k``: 1,000 x the generation batch)
 ``seed/analysis``   SEED's self-analyses (``k``: the analysis batch)
+``""`` (none)       ``tether seed-sft``'s rollouts, at step 0 (``k``: the first task of the batch)
 ==================  ==================================================================================
+
+``tether sft`` draws its split, its batch order and its rejection samples from ``sft.data_seed``: a seed of the
+data, the same whatever the run's ``seed``.
 """
 
 from __future__ import annotations

@@ -365,19 +365,16 @@ def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[s
         The summary also written to ``run_dir/sft_summary.json``.
     """
     from tether.config import ConfigError
-    from tether.distributed import resolve_device
     from tether.models import load_policy
+    from tether.start import start_run
     from tether.track import build_tracker
 
     if cfg.sft is None:
         raise ConfigError("tether sft needs an sft: section (data, epochs, lr, ...; docs/lab.md)")
     s = cfg.sft
-    device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any model load
+    device = start_run(cfg)  # a missing GPU fails now, before any model load
     examples = sft_examples(cfg, device)
     train_ex, val_ex = split_examples(examples, s.val_fraction, s.data_seed)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # an SFT run is short: it restarts rather than resumes

@@ -90,7 +90,7 @@ def test_cuda_without_a_gpu_stops_the_trainer_before_any_work(tmp_path, gpus, mo
 
 def test_cuda_without_a_gpu_stops_eval_and_seed_sft_before_any_model_loads(tmp_path, gpus, monkeypatch):
     gpus(0)
-    monkeypatch.setattr("tether.trainer.trainer.load_policy", no_model_loads)
+    monkeypatch.setattr("tether.trainer.evaluation.load_policy", no_model_loads)
     monkeypatch.setattr("tether.models.load_policy", no_model_loads)
     with pytest.raises(ConfigError, match=r"train\.device=cuda:0"):
         evaluate(tiny_config(tmp_path / "eval", "train.device=cuda:0"))

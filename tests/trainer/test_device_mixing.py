@@ -51,7 +51,7 @@ def place(request, monkeypatch) -> Iterator[Place]:
             pytest.skip("no GPU here; the simulated device runs the same case")
         device, context = torch.device("cuda", 0), contextlib.nullcontext()
     else:
-        monkeypatch.setattr("tether.trainer.build.resolve_device", lambda spec: SIM)
+        monkeypatch.setattr("tether.start.resolve_device", lambda spec: SIM)
         device, context = SIM, SimulatedDevice()
     with context as sim:
         yield Place(device, sim)

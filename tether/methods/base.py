@@ -1,7 +1,8 @@
 """Method plug-ins: how ARMOR, EAPO and SEED reach into a training step without the trainer naming them.
 
 A method is a class with a pydantic settings model and a few optional hooks, registered by name.
-The trainer calls every hook of every configured method at fixed points of the step, with a
+The trainer calls every hook of every configured method at fixed points of the step, through the run's
+:class:`~tether.methods.hooks.MethodSet` (which also enforces the rules below), with a
 :class:`~tether.methods.context.StepContext` (step, seeds, config, device, run directory, tokenizer, policy,
 reference, engines, log-prob and sampling helpers), never the trainer itself:
 

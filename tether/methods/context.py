@@ -1,7 +1,8 @@
 """What a method hook sees of a run: a :class:`StepContext`, never the trainer.
 
-The trainer builds a fresh context for every hook call (:meth:`tether.trainer.Trainer.hook_context`), so its fields
-are the values at that point of the step. A hook reads them; the one thing it may change in the run is the
+The trainer builds a fresh context for each phase of a step (:meth:`tether.trainer.Trainer.hook_context`), and its
+:class:`~tether.methods.hooks.MethodSet` hands it to every method's hook of that phase, so its fields are the values
+at that point of the step. A hook reads them; the one thing it may change in the run is the
 reference policy, through :meth:`Reference.reset_to` (ARMOR's resets), which the trainer then checkpoints.
 
 =================  ==============================================================================================

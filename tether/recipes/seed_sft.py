@@ -31,10 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tether.config import Config, ConfigError, dump_config, load_config
-from tether.distributed import resolve_device
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
 from tether.methods import method_config
@@ -44,7 +41,9 @@ from tether.methods.seed.sft import SkillSFTSettings
 from tether.models import load_policy
 from tether.models.vision import encode_message, has_images, observation_images
 from tether.rollout.multi_turn import AgentCollector
+from tether.seeding import step_seed
 from tether.sft import Example, encode_examples, row_example, train_sft, write_examples
+from tether.start import start_run
 from tether.tasks.jsonl_task import read_jsonl
 from tether.track import build_tracker
 
@@ -70,7 +69,7 @@ def rollout_episodes(cfg: Config, policy: Any, tokenizer: Any, s: SkillSFTSettin
         batch = collector._start(seeds[k:k + s.rollout_batch_tasks], s.rollouts_per_task)
         for ep in batch:
             ep.x_solution = None if ep.done else ep.env.solution()
-        collector.run_episodes(engine, batch, params, seed=cfg.seed * 1_000_003 + k)
+        collector.run_episodes(engine, batch, params, seed=step_seed(cfg.seed, 0, "", k))
         episodes += batch
     return episodes
 
@@ -186,11 +185,8 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
         raise ConfigError("seed-sft rolls out an agent: the config needs an env (env: ...)")
     seed = method_config("seed", cfg.methods.get("seed", {}))
     s: SkillSFTSettings = seed.sft
-    device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any rollout or model load
+    device = start_run(cfg)  # a missing GPU fails now, before any rollout or model load
     replay = load_replay(s)  # so does a bad replay file
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir)
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))

@@ -21,7 +21,7 @@ from tether import algos
 from tether.checks import run_checks
 from tether.checks.components import needs_reference
 from tether.config import Config
-from tether.distributed import build_strategy, resolve_device
+from tether.distributed import build_strategy
 from tether.engine.registry import build_engine, engine_entry
 from tether.health import HealthMonitor
 from tether.health.degenerate import vocab_size
@@ -33,6 +33,7 @@ from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference
 from tether.rollout.base import Collector
 from tether.rollout.collectors import collector_class
 from tether.seeding import StepSeeds
+from tether.start import start_run
 from tether.track import Tracker, build_tracker
 from tether.trainer.checkpoint import CheckpointManager
 from tether.trainer.rundir import prepare_run_dir
@@ -55,13 +56,10 @@ class TrainerBuild:
     def __init__(self, cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> None:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
-        self.device = resolve_device(cfg.train.device)  # a missing GPU fails now, before any model loads
+        self.device = start_run(cfg)  # a missing GPU fails now, before any model loads; threads; the seed
         run_checks(cfg, policy=policy is None)  # tether.checks: the config, and what it names is here
         self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
-        torch.manual_seed(cfg.seed)
         self.run_dir = Path(cfg.run_dir)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         # the lock, a crash's leftovers, the checkpoint to resume and its settings: settled before any model loads

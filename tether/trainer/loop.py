@@ -7,7 +7,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,9 +15,19 @@ from tether.health import HealthError
 from tether.track import write_text_atomic
 from tether.trainer.stop import StopSignals, TrainingStopped
 
+if TYPE_CHECKING:
+    from tether.config import Config
+
 
 class TrainingLoop:
     """:meth:`fit` and what it schedules around the steps: validation, checkpoints, the summary."""
+
+    # what the loop reads and updates, built by tether.trainer.build.TrainerBuild
+    cfg: Config
+    run_dir: Path
+    step: int
+    best_value: float
+    val_history: list[tuple[int, dict[str, float]]]
 
     def fit(self) -> dict[str, float]:
         """Train until ``train.steps``; validate and checkpoint on schedule. Returns the last metrics.

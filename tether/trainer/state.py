@@ -14,6 +14,12 @@ from tether.trainer.checkpoint import load_state, rng_state, set_rng_state
 class RunState:
     """Save and resume: weights and optimiser through the distributed strategy, the rest in ``trainer_state.pt``."""
 
+    # what a checkpoint holds besides the weights, built by tether.trainer.build.TrainerBuild
+    step: int
+    best_value: float
+    val_history: list[tuple[int, dict[str, float]]]
+    skipped_updates: int
+
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state; weights and optimiser state go through the distributed strategy."""
         return {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,13 +30,31 @@ from tether.models.layers import activation_bytes
 from tether.rollout.batch import RolloutBatch
 from tether.trainer.stop import TrainingStopped
 
+if TYPE_CHECKING:
+    from tether.health import HealthMonitor
+    from tether.methods.hooks import MethodSet
+    from tether.rollout.base import Collector
+
 # Micro-batch terms normalised by the whole mini-batch's counts: their mini-batch value is the sum over
 # micro-batches. Every other micro-batch metric is a local mean, averaged weighted by rows.
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
 
 
 class StepPhases:
-    """The phases of :meth:`train_step`, in the order it calls them (attributes built by ``TrainerBuild``)."""
+    """The phases of :meth:`train_step`, in the order it calls them."""
+
+    # what the phases read and update, built by tether.trainer.build.TrainerBuild
+    cfg: Config
+    device: torch.device
+    step: int
+    skipped_updates: int
+    skipped_in_a_row: int
+    policy: Any
+    collector: Collector
+    methods: MethodSet
+    health: HealthMonitor
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
 
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()

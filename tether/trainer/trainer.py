@@ -14,14 +14,7 @@ file                   what it holds
 
 from __future__ import annotations
 
-import torch
-
-from tether.checks import run_checks
-from tether.config import Config
-from tether.distributed import resolve_device
-from tether.engine.registry import build_engine
-from tether.models import load_policy
-from tether.trainer.build import TrainerBuild, build_collector
+from tether.trainer.build import TrainerBuild
 from tether.trainer.loop import TrainingLoop
 from tether.trainer.state import RunState
 from tether.trainer.step import StepPhases
@@ -29,16 +22,3 @@ from tether.trainer.step import StepPhases
 
 class Trainer(TrainerBuild, StepPhases, TrainingLoop, RunState):
     """On-policy RL of ``cfg``: ``Trainer(cfg).fit()``. ``policy``/``tokenizer`` override ``cfg.model``."""
-
-
-def evaluate(cfg: Config) -> dict[str, float]:
-    """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    device = resolve_device(cfg.train.device)
-    run_checks(cfg)
-    policy, tokenizer = load_policy(cfg.model.name)
-    policy.to(device).eval()
-    engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
-    return build_collector(cfg, tokenizer).validate(engine, cfg.seed * 1_000_003)
-

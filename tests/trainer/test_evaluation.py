@@ -1,0 +1,45 @@
+"""``tether eval`` of a checkpoint reproduces the run's own validation at that step, exactly (one seed formula)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.rollout.helpers import agent_config
+from tests.trainer.helpers import tiny_config
+from tether.seeding import step_seed
+from tether.trainer import Trainer, evaluate
+from tether.trainer.evaluation import checkpoint_step
+
+RUN = ["val.every=1", "train.steps=2", "train.save_every=1", "train.keep_last=2", "val.samples=2"]
+
+
+def logged_validation(run_dir: Path) -> dict[int, dict[str, float]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: {k: v for k, v in row.items() if k.startswith("val/")} for row in rows
+            if any(k.startswith("val/") for k in row)}
+
+
+@pytest.mark.parametrize("kind", ["task", "env"])
+def test_eval_of_each_checkpoint_reproduces_the_logged_validation(tmp_path, tiny_policy, kind):
+    make = tiny_config if kind == "task" else agent_config
+    cfg = make(tmp_path, *RUN, "env.val_tasks=2") if kind == "env" else make(tmp_path, *RUN)
+    model, tok = tiny_policy
+    Trainer(cfg, policy=model, tokenizer=tok).fit()
+    logged = logged_validation(Path(cfg.run_dir))
+    assert sorted(logged) == [0, 1, 2]
+    checkpoints = Path(cfg.run_dir) / "checkpoints"
+    for path, step in ((checkpoints / "step_000001", 1), (checkpoints / "step_000002", 2),
+                       (checkpoints / "best", None)):
+        step = checkpoint_step(path) if step is None else step  # best: the step of the validation peak
+        assert checkpoint_step(path) == step
+        overrides = [*RUN, f"model.name={path}", "train.resume=false", f"run_dir={tmp_path / 'eval'}"]
+        again = make(tmp_path, *overrides, "env.val_tasks=2") if kind == "env" else make(tmp_path, *overrides)
+        assert evaluate(again) == logged[step]  # every value, bit for bit
+
+
+def test_a_model_no_run_saved_is_evaluated_as_at_step_0(tmp_path):
+    assert checkpoint_step(tmp_path) == 0
+    assert step_seed(0, 0, "val") != step_seed(0, 1, "val")  # so the step decides which samples eval draws
