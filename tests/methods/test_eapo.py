@@ -13,18 +13,11 @@ import pytest
 import torch
 
 from tether.algos import LossInputs, eapo, ppo
+from tether.algos.eapo_gate import LN2, gate_statistic, js_divergence, mixture_log_probs, scheduled_lambda
 from tether.config import ConfigError
 from tether.engine import HFEngine, SamplingParams
 from tether.methods import METHODS, method_config
-from tether.methods.eapo import (
-    LN2,
-    PriorInjection,
-    check_vocabulary,
-    gate_statistic,
-    js_divergence,
-    mixture_log_probs,
-    scheduled_lambda,
-)
+from tether.methods.eapo import PriorInjection, check_vocabulary
 from tether.models import tiny_model
 from tether.models.forward import response_log_probs
 
