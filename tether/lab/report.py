@@ -138,7 +138,8 @@ def _seeds(unpaired: dict[str, list[int]], baseline: str) -> str:
 
 def test_size_lines(protocol: Protocol) -> list[str]:
     t = protocol.test_size
-    lines = [f"**Test size** δ = {t.delta:g} ({protocol.endpoint.metric}, absolute). Derivation: {t.derivation}"]
+    lines = [f"**Test size** δ = {t.delta:g} ({protocol.endpoint.metric}, absolute). Derivation: "
+             f"{t.derivation.strip().rstrip('.')}."]
     if t.paper_relative_gain is not None:
         lines.append(f"The paper's relative gain {t.paper_relative_gain:g} ({t.paper_rows}) x this setting's "
                      f"baseline {t.setting_baseline:g} = {t.paper_relative_gain * t.setting_baseline:.4f}.")
