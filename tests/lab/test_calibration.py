@@ -55,6 +55,11 @@ def test_a_run_not_yet_trained_leaves_the_calibration_incomplete(tmp_path):
     result = measure(protocol, locate(protocol))
     assert result["status"] == "incomplete"
     assert result["missing"] == ["high/seed0", "high/seed1", "low/seed1"]
+    for arm, seed in [("high", 0), ("high", 1), ("low", 1)]:
+        fake_run(protocol, arm, seed)
+    (run_dir(protocol, "high", 1) / "best.txt").unlink()  # trained, but no validation became the best
+    result = measure(protocol, locate(protocol))
+    assert result["status"] == "incomplete" and "no best.txt" in result["missing"][0]
 
 
 class FakeRunner:

@@ -53,6 +53,13 @@ def test_code_state_reads_the_commit_and_whether_the_tree_is_clean(tmp_path):
                                                           "changed": ["(not a git checkout)"]}
 
 
+def test_a_report_of_a_study_that_never_ran_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    with pytest.raises(ConfigError, match="has not run"):
+        run_experiment(three_arms(tmp_path), report_only=True)
+    assert not (tmp_path / "study").exists()
+
+
 def test_a_dirty_tree_is_refused_before_anything_is_written(tmp_path, monkeypatch, fake_runner):
     monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(DIRTY))
     path = three_arms(tmp_path)
@@ -111,6 +118,7 @@ def report_of(tmp_path, monkeypatch, endpoint_values, **changes):
     monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
     path = three_arms(tmp_path, **changes)
     protocol = load_protocol(path)
+    experiment.registration(protocol, path, dict(CLEAN))  # the lock a first run would have written
     for arm, per_seed in endpoint_values.items():
         for seed, value in per_seed.items():
             fake_run(protocol, arm, seed, start=0.2, end=0.5 if arm == "high" else 0.3, value=value,
@@ -226,3 +234,18 @@ def test_publishing_copies_a_finished_study_and_refuses_an_unfinished_one(tmp_pa
         publish_report(unfinished, tmp_path / "elsewhere")
     assert not (tmp_path / "elsewhere").exists()
     assert yaml.safe_load((dest / "per_seed.csv").read_text().splitlines()[0].replace(",", " ")) is not None
+
+
+def test_the_cli_refuses_a_dirty_tree_unless_allowed_and_publishes(tmp_path, monkeypatch, fake_runner):
+    from typer.testing import CliRunner
+
+    from tether import cli
+
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(DIRTY))
+    path = three_arms(tmp_path)
+    refused = CliRunner().invoke(cli.app, ["experiment", str(path)])
+    assert refused.exit_code == 2 and "--allow-dirty" in refused.output
+    dest = tmp_path / "docs" / "results" / "smoke"
+    done = CliRunner().invoke(cli.app, ["experiment", str(path), "--allow-dirty", "--publish", str(dest)])
+    assert done.exit_code == 0, done.output
+    assert "ran with --allow-dirty" in done.output and (dest / "protocol.lock.json").is_file()

@@ -10,7 +10,7 @@ picks (``best.txt`` for ``best``, ``checkpoints/latest`` for ``final``). The mov
 * ``rise``: the arm's endpoint minus its start.
 
 The calibration passes when the mean movement over its seeds reaches ``min_movement``; it is incomplete while a
-run it needs has not finished training.
+run it needs has not finished training or lacks a validation it reads.
 """
 
 from __future__ import annotations
@@ -47,13 +47,20 @@ def selection_values(directory: Path, metric: str) -> dict[int, float]:
 
 def endpoint_step(directory: Path, at: str) -> int:
     """The step of the endpoint checkpoint: the validation that wrote ``checkpoints/best`` (``best.txt``), or the
-    step directory ``checkpoints/latest`` names."""
+    step directory ``checkpoints/latest`` names.
+
+    Raises:
+        RuntimeError: the run wrote neither (no validation became the best, or no step was saved).
+    """
+    path = directory / ("best.txt" if at == "best" else "checkpoints/latest")
+    if not path.is_file():
+        raise RuntimeError(f"{directory}: no {path.name}, so no endpoint checkpoint (endpoint.at={at})")
     if at == "best":
-        found = BEST_STEP.search((directory / "best.txt").read_text())
+        found = BEST_STEP.search(path.read_text())
         if found is None:
-            raise RuntimeError(f"{directory / 'best.txt'} names no step")
+            raise RuntimeError(f"{path} names no step")
         return int(found.group(1))
-    return int((directory / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+    return int(path.read_text().strip().removeprefix("step_"))
 
 
 def trained(directory: Path) -> bool:
@@ -77,7 +84,10 @@ def measure(protocol: Protocol, locate: Callable[[str, int], Path]) -> dict[str,
                               "added_after_registration": c.added_after_registration, "missing": missing}
     if missing:
         return {**result, "status": INCOMPLETE, "per_seed": {}, "mean": None}
-    per_seed = {seed: movement(protocol, locate, seed) for seed in seeds}
+    try:
+        per_seed = {seed: movement(protocol, locate, seed) for seed in seeds}
+    except RuntimeError as err:  # a trained run without the validation the calibration reads
+        return {**result, "status": INCOMPLETE, "per_seed": {}, "mean": None, "missing": [str(err)]}
     ci = stats.mean_ci(list(per_seed.values()))
     status = PASSED if ci.mean >= c.min_movement else FAILED
     return {**result, "status": status, "per_seed": per_seed, "mean": ci.mean, "ci_low": ci.low,

@@ -366,6 +366,9 @@ def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: 
     protocol = load_protocol(path)
     check_protocol(protocol)
     code = code_state()
+    if report_only and not (Path(protocol.run_root) / "protocol.lock.json").is_file():
+        raise ConfigError(f"{path}: has not run (no {protocol.run_root}/protocol.lock.json), so there is nothing "
+                          "to report; the lock is written by the first run")
     if not report_only and not allow_dirty:
         refuse_dirty(code)
     reg = registration(protocol, path, code, allow_dirty)
