@@ -119,8 +119,8 @@ def _interval(ci: stats.Interval) -> dict[str, float]:
     return {"n": ci.n, "mean": ci.mean, "sd": ci.sd, "ci_low": ci.low, "ci_high": ci.high}
 
 
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))) else f"{x:.{digits}f}"
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))) else f"{x:.3f}"
 
 
 def _p(x: float) -> str:
