@@ -152,15 +152,24 @@ def experiment(protocol: Path,
                pool: Annotated[list[Path] | None, typer.Option(
                    help="a finished replication of PROTOCOL on other seeds (repeatable): report them together")] = None,
                into: Annotated[Path | None, typer.Option(help="with --pool: where the pooled report goes")] = None,
+               allow_dirty: Annotated[bool, typer.Option(
+                   help="run although the code's tree has uncommitted changes (the report says so)")] = False,
+               publish: Annotated[Path | None, typer.Option(
+                   help="a finished study: copy its report, per-seed table and lock here (docs/results/<study>)")]
+               = None,
                ) -> None:
-    """Run a pre-registered protocol (arms x seeds, separate processes, resumable) and write its report."""
+    """Run a pre-registered protocol (calibration first, then arms x seeds, separate processes, resumable) and write
+    its report."""
     from tether.lab.experiment import pool_experiments, run_experiment
+    from tether.lab.report import publish_report
 
     with _config_errors():
         if pool and into is None:
             raise ConfigError("--pool needs --into DIR, the directory of the pooled report")
-        data = pool_experiments([protocol, *pool], into) if pool else run_experiment(protocol,
-                                                                                     report_only=report_only)
+        data = pool_experiments([protocol, *pool], into) if pool else run_experiment(
+            protocol, report_only=report_only, allow_dirty=allow_dirty)
+        if publish is not None:
+            publish_report(data, publish)
     root = Path(data["protocol"]["run_root"])
     typer.echo((root / "report.md").read_text())
     if data["failures"]:

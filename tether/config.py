@@ -179,6 +179,8 @@ class TrainConfig(Section):
                                      "loss or gradient before the run stops (its checkpoints hold finite weights)")
     keep_last: int = Field(2, ge=1, description="step checkpoints kept (checkpoints/best is kept apart)")
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
+    best_from_step: int = Field(0, ge=0, description="the first step whose validation may become checkpoints/best "
+                                "(1: never the starting policy; tether experiment sets it for endpoint.at=best)")
     resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     gradient_checkpointing: bool | Literal["auto"] = Field(

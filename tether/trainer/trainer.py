@@ -464,7 +464,7 @@ class Trainer:
         self.tracker.log(metrics, self.step)
         self.val_history.append((self.step, metrics))
         value = metrics.get(self.cfg.train.best_metric)
-        if value is not None and value > self.best_value:
+        if value is not None and self.step >= self.cfg.train.best_from_step and value > self.best_value:
             self.best_value = value
             self.checkpoints.save_best(self._best_writer({"step": self.step, "metric": value,
                                                           "name": self.cfg.train.best_metric}))
