@@ -340,6 +340,10 @@ class HealthConfig(Section):
 
 
 class Config(Section):
+    imports: list[str] = Field(default_factory=list, description="Python modules (my_pkg.rewards) or .py files "
+                               "(relative to the config file) imported before any check, so the tasks, "
+                               "environments, reward functions, estimators, losses and methods they register are "
+                               "known (docs/tasks.md)")
     seed: int = Field(0, description="run seed: sampling seeds are functions of (seed, step, purpose)")
     run_dir: str = Field("runs/default", description="where config.yaml, metrics, checkpoints and logs go")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its reference")
@@ -433,13 +437,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         data = {**loaded, **data}
+        _anchor_import_files(data, path.parent)
     data = apply_overrides(data, overrides or [])
+    _anchor_import_files(data, Path.cwd())
     migrate_advantage_keys(data)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
         _raise_validation(err)
     return cfg
+
+
+def _anchor_import_files(data: dict[str, Any], base: Path) -> None:
+    """Make each relative ``.py`` entry of ``imports:`` absolute against ``base`` (the config file's directory, or
+    the working directory for an override), so the run directory's copy of the config imports the same files."""
+    imports = data.get("imports")
+    if isinstance(imports, list):
+        data["imports"] = [str((base / entry).resolve()) if isinstance(entry, str) and entry.endswith(".py")
+                           and not Path(entry).is_absolute() else entry for entry in imports]
 
 
 def migrate_advantage_keys(data: dict[str, Any]) -> None:
