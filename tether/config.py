@@ -53,9 +53,33 @@ class ModelConfig(Section):
                                       "pip install -e '.[lora]'; docs/lora.md); unset: full fine-tuning")
 
 
+class RewardTermConfig(Section):
+    """One reward function: TRL's signature, ``fn(prompts, completions, **columns) -> list[float | None]``."""
+
+    fn: str = Field(description="module:function (or module:Class, built once with kwargs and then called) of the "
+                    "reward, e.g. my_rewards:format_reward or tether.rewards:RewardModel (docs/tasks.md)")
+    weight: float = Field(1.0, description="the term added to the reward is weight x the function's value")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of the function (of "
+                                   "the class's constructor for a class)")
+    name: str | None = Field(None, description="the term's name in reward/component/<name> (default: the "
+                             "function's or class's name)")
+
+
 class TaskConfig(Section):
-    name: str = Field(description="a registered single-turn task, e.g. reasoning_gym or jsonl")
+    name: str = Field(description="a registered single-turn task (e.g. reasoning_gym, jsonl, dataset), or "
+                      "module:Name of your own task class or factory")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to tether.tasks.make_task")
+    rewards: list[RewardTermConfig] = Field(default_factory=list, description="reward functions called once per "
+                                            "batch of responses, each weighted term added to the task's own score "
+                                            "(docs/tasks.md)")
+    score: bool = Field(True, description="add the task's own score to the reward; false: the reward is the sum of "
+                        "task.rewards alone (the task still judges `correct` where it has a gold answer)")
+
+    @model_validator(mode="after")
+    def _some_reward(self) -> TaskConfig:
+        if not self.score and not self.rewards:
+            raise ValueError("task.score=false leaves no reward; add task.rewards or set task.score=true")
+        return self
 
 
 class EnvConfig(Section):

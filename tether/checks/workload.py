@@ -42,6 +42,9 @@ def check_workload(cfg: Config, found: Findings) -> None:
             registry.check_task_kwargs(cfg.task.name, registry.task_factory(cfg.task.name), cfg.task.kwargs)
         except TypeError as err:
             raise ConfigError(f"task.kwargs: {err}") from None
+        from tether.rewards import check_reward_terms
+
+        check_reward_terms(cfg.task.rewards)
     else:
         from tether.envs import registry as envs
 

@@ -59,9 +59,9 @@ def build_collector(cfg: Config, tokenizer: Any) -> Any:
     """Single-turn groups for a ``task``, the multi-turn agent loop for an ``env`` (:func:`collector_class`)."""
     collector = collector_class(cfg)
     if cfg.task is not None:
-        from tether.tasks import make_task
+        from tether.rewards import build_config_task
 
-        return collector(make_task(cfg.task.name, **cfg.task.kwargs), tokenizer, cfg)
+        return collector(build_config_task(cfg), tokenizer, cfg)  # the task, with task.rewards added
     return collector(cfg, tokenizer)
 
 
