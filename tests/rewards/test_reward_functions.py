@@ -21,7 +21,6 @@ class Exact:
     """A task scoring 1 for the exact gold answer, with a gold answer or not."""
 
     name, system_prompt = "exact", None
-    train = val = []
 
     def score(self, item, text):
         ok = item.answer is not None and text == item.answer

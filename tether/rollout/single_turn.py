@@ -148,7 +148,7 @@ class SingleTurnCollector:
         gen = gen.to("cpu")  # the batch is built on the CPU, next to the rewards; the trainer moves it
         rewards, correct, extracted, faults, components = [], [], [], [], []
         items = [item for item, _ in rows]
-        for item, score in zip(items, score_batch(self.task, items, gen.texts), strict=True):
+        for score in score_batch(self.task, items, gen.texts):
             faults.append(bool(getattr(score, "fault", False)))
             self.reward_faults += int(faults[-1])
             rewards.append(score.reward)
