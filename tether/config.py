@@ -51,6 +51,8 @@ class ModelConfig(Section):
                                  "(with model.lora: the policy with its adapters switched off, no copy)")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of every weight (needs peft: "
                                       "pip install -e '.[lora]'; docs/lora.md); unset: full fine-tuning")
+    chat_template: str | None = Field(None, description="a Jinja chat template file (relative to the config file) "
+                                      "that replaces the tokenizer's own, for prompts and checkpoints (docs/tasks.md)")
 
 
 class RewardTermConfig(Section):
@@ -473,12 +475,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def _anchor_import_files(data: dict[str, Any], base: Path) -> None:
-    """Make each relative ``.py`` entry of ``imports:`` absolute against ``base`` (the config file's directory, or
-    the working directory for an override), so the run directory's copy of the config imports the same files."""
+    """Make each relative ``.py`` entry of ``imports:`` and a relative ``model.chat_template`` file absolute against
+    ``base`` (the config file's directory, or the working directory for an override), so the run directory's copy
+    of the config names the same files."""
+    def anchored(entry: Any) -> Any:
+        return str((base / entry).resolve()) if isinstance(entry, str) and not Path(entry).is_absolute() else entry
+
     imports = data.get("imports")
     if isinstance(imports, list):
-        data["imports"] = [str((base / entry).resolve()) if isinstance(entry, str) and entry.endswith(".py")
-                           and not Path(entry).is_absolute() else entry for entry in imports]
+        data["imports"] = [anchored(e) if isinstance(e, str) and e.endswith(".py") else e for e in imports]
+    model = data.get("model")
+    if isinstance(model, dict) and model.get("chat_template") is not None:
+        model["chat_template"] = anchored(model["chat_template"])
 
 
 def migrate_advantage_keys(data: dict[str, Any]) -> None:
