@@ -96,6 +96,7 @@ class RewardTerm:
         self.name = spec.name or getattr(target, "__name__", spec.fn.rpartition(":")[2])
         if inspect.isclass(target):
             check_class_kwargs(target, spec.kwargs, f"{key}.kwargs")
+            check_settings(target, spec.kwargs, f"{key}.kwargs")
             check_batch_signature(functools.partial(target.__call__, None), {}, f"{key}.fn")  # without self
             self.fn: Callable | None = target(**spec.kwargs) if build else None
             self.kwargs: dict[str, Any] = {}
@@ -119,10 +120,12 @@ class RewardTerm:
         if not isinstance(out, Sequence) or isinstance(out, (str, bytes)) or len(out) != n:
             got = f"{len(out)} values" if isinstance(out, Sequence) else type(out).__name__
             return TermResult([0.0] * n, [f"returned {got} for {n} completions"] * n)
+        reasons = getattr(self.fn, "last_errors", None)  # a judge says why a row has no score
+        reasons = reasons if isinstance(reasons, list) and len(reasons) == n else [None] * n
         values, faults = [], []
-        for value in out:
+        for value, reason in zip(out, reasons, strict=True):
             number = _number(value)
-            faults.append(None if number is not None else f"returned {value!r}, not a finite number or None")
+            faults.append(None if number is not None else reason or f"returned {value!r}, not a finite number or None")
             values.append(number if number is not None else 0.0)
         return TermResult(values, faults)
 
@@ -149,6 +152,18 @@ def check_class_kwargs(cls: type, kwargs: dict[str, Any], key: str) -> None:
                and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if missing:
         raise ConfigError(f"{key}: {cls.__name__} needs {missing[0]!r}")
+
+
+def check_settings(cls: type, kwargs: dict[str, Any], key: str) -> None:
+    """A reward class's own check of its settings, ``cls.check(**kwargs)`` where it has one (the reward model's and
+    the judge's), run before anything loads."""
+    check = getattr(cls, "check", None)
+    if check is None:
+        return
+    try:
+        check(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{key}: {err}") from None
 
 
 def check_reward_terms(specs: list[RewardTermConfig]) -> None:
