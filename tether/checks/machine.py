@@ -112,6 +112,15 @@ def check_chat_template(cfg: Config, found: Findings) -> None:
         raise ConfigError(str(err)) from None
 
 
+def check_rewards_here(cfg: Config, found: Findings) -> None:
+    """Each reward class's own check of its settings (``task.rewards``): a reward model's directory or cached Hub
+    id, a judge's URL and parser."""
+    if cfg.task is not None and cfg.task.rewards:
+        from tether.rewards import check_reward_terms
+
+        check_reward_terms(cfg.task.rewards)
+
+
 def check_sft_data(cfg: Config, found: Findings) -> None:
     """``sft.data: jsonl``: the file exists and every line has a prompt and a response (the first bad line named)."""
     if cfg.sft is None or cfg.sft.data != "jsonl":
@@ -171,4 +180,5 @@ def machine_checks(*, policy: bool = True, sft: bool = False) -> tuple:
         check_models(cfg, found, policy=policy)
 
     optional = ((warn_context, check_lora_targets) if policy else ()) + ((check_sft_data,) if sft else ())
-    return (models, check_packages, check_engine_here, check_chat_template, check_workload_inputs, *optional)
+    return (models, check_packages, check_engine_here, check_chat_template, check_workload_inputs,
+            check_rewards_here, *optional)

@@ -7,6 +7,7 @@ batches of ``batch_size`` on the run's device, without gradients; the reward of 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,16 @@ def conversation(prompt: str | list[dict[str, str]], completion: str | list[dict
     head = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     tail = [{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion)
     return head + tail
+
+
+def _cached(repo_id: str) -> bool:
+    """Whether the Hub model ``repo_id`` is in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid Hub id
+        return False
 
 
 class RewardModel:
@@ -60,8 +71,13 @@ class RewardModel:
             raise ValueError(f"batch_size={batch_size}, max_length={max_length}, output={output}: need batch_size "
                              ">= 1, max_length >= 2, output >= 0")
         local = Path(model).expanduser()
-        if model.startswith((".", "/", "~")) and not (local / "config.json").is_file():
+        if (local / "config.json").is_file():
+            return
+        if model.startswith((".", "/", "~")) or model.count("/") > 1:
             raise ValueError(f"model: {model!r} is not a directory holding a model (no config.json)")
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") and not _cached(model):
+            raise ValueError(f"model: {model!r} is not a local directory, nor in the local Hugging Face cache, and "
+                             "HF_HUB_OFFLINE is set")
 
     def render(self, prompt: Any, completion: Any) -> str:
         messages = conversation(prompt, completion)

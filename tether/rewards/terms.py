@@ -90,13 +90,14 @@ class RewardTerm:
         ConfigError: the reference does not resolve, or the signature cannot take a batch.
     """
 
-    def __init__(self, spec: RewardTermConfig, key: str, *, build: bool = True) -> None:
+    def __init__(self, spec: RewardTermConfig, key: str, *, build: bool = True, settings: bool = True) -> None:
         target = resolve_target(f"{key}.fn", spec.fn)
         self.weight = spec.weight
         self.name = spec.name or getattr(target, "__name__", spec.fn.rpartition(":")[2])
         if inspect.isclass(target):
             check_class_kwargs(target, spec.kwargs, f"{key}.kwargs")
-            check_settings(target, spec.kwargs, f"{key}.kwargs")
+            if settings:
+                check_settings(target, spec.kwargs, f"{key}.kwargs")
             check_batch_signature(functools.partial(target.__call__, None), {}, f"{key}.fn")  # without self
             self.fn: Callable | None = target(**spec.kwargs) if build else None
             self.kwargs: dict[str, Any] = {}
@@ -166,9 +167,14 @@ def check_settings(cls: type, kwargs: dict[str, Any], key: str) -> None:
         raise ConfigError(f"{key}: {err}") from None
 
 
-def check_reward_terms(specs: list[RewardTermConfig]) -> None:
+def check_reward_terms(specs: list[RewardTermConfig], *, settings: bool = True) -> None:
     """Each ``task.rewards`` entry resolves and can take a batch, and the terms' names differ (without building
     a class: that may load a model).
+
+    Args:
+        specs: the entries.
+        settings: also run each reward class's own ``check`` of its settings (what it names is here: a reward
+            model's directory, a judge's URL); the machine checks do, the config checks do not.
 
     Raises:
         ConfigError: the first problem.
@@ -176,7 +182,7 @@ def check_reward_terms(specs: list[RewardTermConfig]) -> None:
     seen: dict[str, int] = {}
     for index, spec in enumerate(specs):
         key = f"task.rewards[{index}]"
-        term = RewardTerm(spec, key, build=False)
+        term = RewardTerm(spec, key, build=False, settings=settings)
         if term.name in seen or term.name in ("task", "overlong", "fault"):
             raise ConfigError(f"{key}.name: {term.name!r} is taken (by task.rewards[{seen.get(term.name, '-')}] or "
                               "by tether's own terms task, overlong, fault); set a distinct name")

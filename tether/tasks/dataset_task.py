@@ -218,8 +218,8 @@ class DatasetTask(JsonlTask):
         """
         local = Path(path).expanduser()
         if not local.exists():
-            if local.suffix.lower() in _FORMATS or path.startswith((".", "/", "~")):
-                raise ValueError(f"path: {path!r} does not exist")
+            if local.suffix.lower() in _FORMATS or path.startswith((".", "/", "~")) or path.count("/") > 1:
+                raise ValueError(f"path: {path!r} does not exist here (and is not a Hub id, org/name)")
             return []
         fn = load_format_fn(format_fn)
         prompt_key, answer_key = ("prompt", "answer") if fn else (prompt_field, answer_field)
