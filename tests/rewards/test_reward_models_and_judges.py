@@ -106,3 +106,30 @@ class Clean:
 
     def score(self, item, text):
         return Score(0.0, False, text)
+
+
+VERL_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    if solution_str == "boom":
+        raise RuntimeError("boom")
+    if data_source == "dict":
+        return {"score": 0.5, "acc": True}
+    return float(solution_str.strip() == ground_truth) + bonus
+'''
+
+
+def test_a_verl_compute_score_runs_unchanged_and_faults_per_row(tmp_path):
+    file = tmp_path / "verl_reward.py"
+    file.write_text(VERL_REWARD)
+    spec = RewardTermConfig(fn="tether.rewards:VerlScore", kwargs={"path": str(file),
+                                                                   "reward_kwargs": {"bonus": 0.25}})
+    task = RewardedTask(Clean(), [RewardTerm(spec, "task.rewards[0]")], keep_score=False)
+    items = [TaskItem("q", "7", meta={"columns": {"data_source": d}}, id=str(i))
+             for i, d in enumerate(["gsm8k", "gsm8k", "dict", "gsm8k"])]
+    with pytest.warns(UserWarning, match="compute_score raised RuntimeError: boom"):
+        right, wrong, as_dict, boom = task.score_batch(items, ["7", "8", "x", "boom"])
+    assert (right.reward, wrong.reward, as_dict.reward) == (1.25, 0.25, 0.5)
+    assert boom.fault and boom.reward == 0.25 and not right.fault
+    with pytest.raises(ConfigError, match=r"kwargs: name: .* has no function 'score'"):
+        check_reward_terms([RewardTermConfig(fn="tether.rewards:VerlScore",
+                                             kwargs={"path": str(file), "name": "score"})])
