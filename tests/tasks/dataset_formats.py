@@ -17,3 +17,9 @@ def no_args():
 
 def not_a_dict(row):
     return [row]
+
+
+def verl_row(row):
+    """verl's parquet layout: chat prompt, ground truth nested under reward_model, data_source and extra_info."""
+    return {"prompt": row["prompt"], "answer": row["reward_model"]["ground_truth"],
+            "data_source": row["data_source"], "extra_info": row["extra_info"]}

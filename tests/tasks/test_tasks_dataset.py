@@ -162,3 +162,26 @@ def test_one_word_hub_ids_are_accepted(tmp_path, monkeypatch):
     check_model("model.name", "gpt2")
     with pytest.raises(ConfigError, match="nor a Hub id"):
         check_model("model.name", "gpt 2")
+
+
+def verl_rows(start: int, n: int) -> list[dict]:
+    return [{"data_source": "toy", "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}, "extra_info": {"index": i}}
+            for i in range(start, start + n)]
+
+
+def test_verl_train_and_val_files_with_a_format_function(tmp_path):
+    train, val = tmp_path / "train.parquet", tmp_path / "test.parquet"
+    datasets.Dataset.from_list(verl_rows(0, 12)).to_parquet(str(train))
+    datasets.Dataset.from_list(verl_rows(100, 5)).to_parquet(str(val))
+    task = DatasetTask(path=str(train), val_path=str(val), val_size=5, format_fn=f"{FMT}:verl_row")
+    assert len(task.train) == 12 and len(task.val) == 5
+    assert {i.answer for i in task.val} == {str(i + 1) for i in range(100, 105)}
+    assert task.train[0].meta["columns"]["data_source"] == "toy"
+    check_config(config_with(tmp_path, path=str(train), val_path=str(val), val_size=5, format_fn=f"{FMT}:verl_row"),
+                 policy=False)
+    with pytest.raises(ConfigError, match=r"val_path: .*missing\.parquet' does not exist"):
+        check_config(config_with(tmp_path, path=str(train), val_path=str(tmp_path / "missing.parquet"),
+                                 format_fn=f"{FMT}:verl_row"), policy=False)
+    with pytest.raises(ValueError, match="has only 5 rows"):
+        DatasetTask(path=str(train), val_path=str(val), val_size=6, format_fn=f"{FMT}:verl_row")

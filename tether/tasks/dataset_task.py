@@ -98,15 +98,15 @@ def shuffled(rows: list[Any], seed: int) -> list[Any]:
 
 
 def take_held_out(rows: list[Any], sizes: dict[str, int], seed: int, split: str) -> dict[str, list[Any]]:
-    """The held-out splits from a seeded shuffle of ``rows`` (the dataset's own held-out split), in the order of
-    ``sizes``.
+    """The held-out splits from a seeded shuffle of ``rows`` (the dataset's own held-out split or file), in the
+    order of ``sizes``; ``split`` names that source in the error.
 
     Raises:
         ValueError: ``rows`` are fewer than the sizes ask for.
     """
     if sum(sizes.values()) > len(rows):
         named = ", ".join(f"{name}_size={size}" for name, size in sizes.items())
-        raise ValueError(f"{named}: val_split={split!r} has only {len(rows)} rows")
+        raise ValueError(f"{named}: the held-out source ({split}) has only {len(rows)} rows")
     order, out, start = shuffled(rows, seed), {}, 0
     for name, size in sizes.items():
         out[name], start = order[start:start + size], start + size
@@ -126,6 +126,8 @@ class DatasetTask(JsonlTask):
         config: the dataset's configuration (``main`` for gsm8k), or None.
         split: the split the training rows (and, without ``val_split``, the held-out ones) come from.
         val_split: another split to take val and report rows from (e.g. ``test``), or None.
+        val_path: another source to take them from (verl's ``data.val_files``), its split ``val_split`` (default
+            ``split``).
         val_size: val (selection) rows.
         report_size: report rows (0: no report split).
         train_size: keep at most this many training rows, or all.
@@ -140,6 +142,7 @@ class DatasetTask(JsonlTask):
     """
 
     def __init__(self, *, path: str, config: str | None = None, split: str = "train", val_split: str | None = None,
+                 val_path: str | None = None,
                  val_size: int = 100, report_size: int = 0, train_size: int | None = None, seed: int = 0,
                  prompt_field: str = "prompt", answer_field: str | None = "answer", format_fn: str | None = None,
                  system_prompt: str | None = None, prompt_template: str = "{question}", extract: str = "auto",
@@ -155,11 +158,12 @@ class DatasetTask(JsonlTask):
         self.reward_map = RewardMap(reward, reward_correct, reward_wrong)
         rows = [self._formatted(row, i) for i, row in enumerate(load_split(path, config, split))]
         sizes = {"report": report_size, "val": val_size} if report_size else {"val": val_size}
-        if val_split is None:
+        if val_split is None and val_path is None:
             parts = carve(rows, sizes, seed)
         else:
-            held = [self._formatted(row, i) for i, row in enumerate(load_split(path, config, val_split))]
-            parts = take_held_out(held, sizes, seed, val_split)
+            held_split = val_split or split
+            held = [self._formatted(row, i) for i, row in enumerate(load_split(val_path or path, config, held_split))]
+            parts = take_held_out(held, sizes, seed, f"{val_path or path} split {held_split}")
             parts["train"] = shuffled(rows, seed)
         source = Path(path).stem if Path(path).expanduser().exists() else path.replace("/", "_")
         self.name = f"dataset/{source}"
@@ -207,8 +211,8 @@ class DatasetTask(JsonlTask):
 
     @staticmethod
     def check_inputs(*, path: str, config: str | None = None, split: str = "train", val_split: str | None = None,
-                     prompt_field: str = "prompt", answer_field: str | None = "answer", format_fn: str | None = None,
-                     **_: Any) -> list[str]:
+                     val_path: str | None = None, prompt_field: str = "prompt", answer_field: str | None = "answer",
+                     format_fn: str | None = None, **_: Any) -> list[str]:
         """Before any model loads: a local source is read, and its first rows have the prompt (a string or a list of
         messages) and answer columns (after ``format_fn``). A Hub id is left to the run (reading it here would
         download it).
@@ -216,27 +220,27 @@ class DatasetTask(JsonlTask):
         Raises:
             ValueError: the first problem, naming the column, the row and what was expected.
         """
-        local = Path(path).expanduser()
-        if not local.exists():
-            if local.suffix.lower() in _FORMATS or path.startswith((".", "/", "~")) or path.count("/") > 1:
-                raise ValueError(f"path: {path!r} does not exist here (and is not a Hub id, org/name)")
-            return []
+        sources = [(path, split)]
+        if val_path is not None or val_split is not None:
+            sources.append((val_path or path, val_split or split))
         fn = load_format_fn(format_fn)
         prompt_key, answer_key = ("prompt", "answer") if fn else (prompt_field, answer_field)
-        for name in dict.fromkeys([split, *([val_split] if val_split else [])]):
-            rows = load_split(path, config, name)
+        for key, (source, name) in zip(("path", "val_path"), dict.fromkeys(sources), strict=False):
+            if not _is_local(source, key):
+                continue
+            rows = load_split(source, config, name)
             if not rows:
-                raise ValueError(f"{path} split {name!r} holds no rows")
+                raise ValueError(f"{source} split {name!r} holds no rows")
             for i, row in enumerate(rows[:ROWS_CHECKED]):
                 formatted = _apply(fn, format_fn, row, i) if fn else row
                 for key, column in (("prompt_field", prompt_key), ("answer_field", answer_key)):
                     if column is not None and column not in formatted:
                         what = f"format_fn {format_fn!r} returned no {column!r}" if fn else \
                             f"{key}: no column {column!r}"
-                        raise ValueError(f"{what} in row {i} of {path} (columns: {', '.join(formatted)})")
+                        raise ValueError(f"{what} in row {i} of {source} (columns: {', '.join(formatted)})")
                 prompt = formatted[prompt_key]
                 if not isinstance(prompt, str):
-                    check_messages(prompt, f"column {prompt_key!r} of row {i} of {path}")
+                    check_messages(prompt, f"column {prompt_key!r} of row {i} of {source}")
         return []
 
     def _formatted(self, row: dict[str, Any], index: int) -> dict[str, Any]:
@@ -278,6 +282,20 @@ class DatasetTask(JsonlTask):
         if item.answer is None and self.answer_field is None:
             return Score(self.reward_map.wrong, False, response_text)
         return super().score(item, response_text)
+
+
+def _is_local(source: str, key: str) -> bool:
+    """Whether ``source`` is here (then it is checked); a Hub id is not (it is read by the run).
+
+    Raises:
+        ValueError: ``source`` looks like a local path (a data-file suffix, ``./``, more than one ``/``) that is not
+            here.
+    """
+    if Path(source).expanduser().exists():
+        return True
+    if Path(source).suffix.lower() in _FORMATS or source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ValueError(f"{key}: {source!r} does not exist here (and is not a Hub id, org/name)")
+    return False
 
 
 def _apply(fn: Callable, name: str | None, row: dict[str, Any], index: int) -> dict[str, Any]:
