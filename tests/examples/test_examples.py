@@ -116,3 +116,27 @@ def test_llm_judge(tmp_path, tiny_policy_dir):
     finally:
         server.shutdown()
     assert all(row["reward/faults"] == 0 for row in steps)
+
+
+def test_the_example_environment_follows_the_protocol():
+    from tether.envs import EnvReset, EnvStep, EpisodeOverError, TextEnv
+
+    GuessNumber = import_example("my_environment", "guess_number").GuessNumber
+    env = GuessNumber(high=20, guesses=5)
+    assert isinstance(env, TextEnv) and "<action>" in env.action_format
+    assert not set(env.train_seeds(50)) & set(env.eval_seeds(50))
+    first = env.reset(3)
+    assert isinstance(first, EnvReset) and first.task
+    secret = int(env.solution()[0])
+    assert env.reset(3).observation == first.observation and int(env.solution()[0]) == secret  # seeded
+    invalid = env.step("banana")
+    assert isinstance(invalid, EnvStep) and invalid.info["invalid_action"] and not invalid.done
+    if secret > 1:
+        low = env.step("1")
+        assert "too low" in low.observation and low.reward == 0.0 and not low.info["won"]
+    win = env.step(str(secret))
+    assert win.done and win.won and win.reward == 1.0
+    with pytest.raises(EpisodeOverError):
+        env.step("1")
+    assert env.parse_action("I say <action>12</action>") == ("12", True)
+    assert env.parse_action("<action>twelve</action>")[1] is False

@@ -95,6 +95,9 @@ class RewardTerm:
         self.weight = spec.weight
         self.name = spec.name or getattr(target, "__name__", spec.fn.rpartition(":")[2])
         if inspect.isclass(target):
+            if not any("__call__" in vars(base) for base in target.__mro__[:-1]):
+                raise ConfigError(f"{key}.fn: {spec.fn!r} is a class without __call__; a reward class is built once "
+                                  "with kwargs and called as instance(prompts, completions, **columns)")
             check_class_kwargs(target, spec.kwargs, f"{key}.kwargs")
             if settings:
                 check_settings(target, spec.kwargs, f"{key}.kwargs")
