@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -126,3 +127,17 @@ def test_an_env_class_by_module_name(tmp_path):
     from tether.envs import make_env
 
     assert make_env("tether.envs.scripted:ScriptedEnv", turns=2).reset(0).task.startswith("Say the secret word")
+
+
+def test_a_fresh_process_imports_them_too(tmp_path):
+    """What `tether experiment` does for each run: a new ``python -m tether.cli`` process, another directory."""
+    import os
+    import subprocess
+
+    (tmp_path / "cfg").mkdir()
+    config = write_config(tmp_path / "cfg", "shout_d", model={"name": "tiny-64x2"})
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    command = [sys.executable, "-m", "tether.cli", "validate", str(config), "task.name=plugin_shout_d:Shout"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "task plugin_shout_d:Shout" in done.stdout

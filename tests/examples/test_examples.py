@@ -87,6 +87,11 @@ def test_trl_reward_function(tmp_path, tiny_policy_dir):
     assert rewards.format_reward(["p"] * 3, completions) == [1.0, 0.0, 0.0]
     steps = run_example("trl_reward_function", tmp_path, tiny_policy_dir)
     assert all(row["reward/faults"] == 0 for row in steps)
+    # `tether eval` reads the run's config.yaml, whose imports: name the file by its absolute path
+    checkpoint = next(p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step"))
+    evaluated = CliRunner().invoke(app, ["eval", str(checkpoint), "val.max_prompts=2", "val.samples=1"])
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads(evaluated.stdout)["val/reward_mean"] >= 0.0
 
 
 def test_my_environment(tmp_path, tiny_policy_dir):
