@@ -129,6 +129,7 @@ def test_an_env_class_by_module_name(tmp_path):
     assert make_env("tether.envs.scripted:ScriptedEnv", turns=2).reset(0).task.startswith("Say the secret word")
 
 
+@pytest.mark.slow
 def test_a_fresh_process_imports_them_too(tmp_path):
     """What `tether experiment` does for each run: a new ``python -m tether.cli`` process, another directory."""
     import os

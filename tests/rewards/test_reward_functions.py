@@ -104,6 +104,7 @@ def test_build_task_applies_the_config(tmp_path):
     ({"fn": "no_such_module_x:f"}, "does not import"),
     ({"fn": f"{M}:Counter", "kwargs": {"bonsu": 1}}, "takes no such argument"),
     ({"fn": f"{M}:NoCall"}, "a class without __call__"),
+    ({"fn": f"{M}:needs_ids"}, "requires 'completion_ids', which TRL passes and tether does not"),
 ])
 def test_bad_reward_functions_are_one_line_config_errors(spec, message):
     with pytest.raises(ConfigError, match=message) as err:

@@ -32,6 +32,10 @@ def nan_on_first(prompts, completions, **kwargs):
     return [math.nan] + [1.0] * (len(completions) - 1)
 
 
+def needs_ids(prompts, completions, completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+
+
 def one_arg(completions):
     return [0.0] * len(completions)
 

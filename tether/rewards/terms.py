@@ -27,6 +27,8 @@ from tether.user_code import resolve_target
 
 #: What TRL passes positionally.
 BATCH_ARGS = ("prompts", "completions")
+#: Keywords TRL passes that tether has no counterpart for (token ids are the engine's, the trainer state TRL's).
+NOT_PASSED = ("completion_ids", "trainer_state")
 
 
 @dataclass
@@ -68,6 +70,11 @@ def check_batch_signature(fn: Callable, kwargs: dict[str, Any], key: str) -> Non
         raise ConfigError(f"{key}: {_name(fn)!r} takes {slots} positional argument(s); a "
                           "reward function takes (prompts, completions, **columns) and returns one float per "
                           "completion (TRL's reward_funcs signature)")
+    params = inspect.signature(fn).parameters
+    never = [n for n in NOT_PASSED if n in params and params[n].default is inspect.Parameter.empty]
+    if never:
+        raise ConfigError(f"{key}: {_name(fn)!r} requires {never[0]!r}, which TRL passes and tether does not; give it "
+                          "a default (or take **kwargs)")
     unknown = sorted(k for k in kwargs if k not in names and not var_kw)
     if unknown:
         raise ConfigError(f"{key}: {_name(fn)!r} takes no keyword {unknown[0]!r}; it takes: "
