@@ -29,8 +29,12 @@ def _config_errors() -> Iterator[None]:
 
 
 def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None) -> Config:
+    from tether.user_code import import_user_modules
+
     with _config_errors():
-        return load_config(config, overrides or [], data=data)
+        cfg = load_config(config, overrides or [], data=data)
+        import_user_modules(cfg.imports)  # the config's own code, before anything looks a name up
+        return cfg
 
 
 @app.command()

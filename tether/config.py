@@ -51,11 +51,37 @@ class ModelConfig(Section):
                                  "(with model.lora: the policy with its adapters switched off, no copy)")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of every weight (needs peft: "
                                       "pip install -e '.[lora]'; docs/lora.md); unset: full fine-tuning")
+    chat_template: str | None = Field(None, description="a Jinja chat template file (relative to the config file) "
+                                      "that replaces the tokenizer's own, for prompts and checkpoints (docs/tasks.md)")
+
+
+class RewardTermConfig(Section):
+    """One reward function: TRL's signature, ``fn(prompts, completions, **columns) -> list[float | None]``."""
+
+    fn: str = Field(description="module:function (or module:Class, built once with kwargs and then called) of the "
+                    "reward, e.g. my_rewards:format_reward or tether.rewards:RewardModel (docs/tasks.md)")
+    weight: float = Field(1.0, description="the term added to the reward is weight x the function's value")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of the function (of "
+                                   "the class's constructor for a class)")
+    name: str | None = Field(None, description="the term's name in reward/component/<name> (default: the "
+                             "function's or class's name)")
 
 
 class TaskConfig(Section):
-    name: str = Field(description="a registered single-turn task, e.g. reasoning_gym or jsonl")
+    name: str = Field(description="a registered single-turn task (e.g. reasoning_gym, jsonl, dataset), or "
+                      "module:Name of your own task class or factory")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to tether.tasks.make_task")
+    rewards: list[RewardTermConfig] = Field(default_factory=list, description="reward functions called once per "
+                                            "batch of responses, each weighted term added to the task's own score "
+                                            "(docs/tasks.md)")
+    score: bool = Field(True, description="add the task's own score to the reward; false: the reward is the sum of "
+                        "task.rewards alone (the task still judges `correct` where it has a gold answer)")
+
+    @model_validator(mode="after")
+    def _some_reward(self) -> TaskConfig:
+        if not self.score and not self.rewards:
+            raise ValueError("task.score=false leaves no reward; add task.rewards or set task.score=true")
+        return self
 
 
 class EnvConfig(Section):
@@ -342,6 +368,10 @@ class HealthConfig(Section):
 
 
 class Config(Section):
+    imports: list[str] = Field(default_factory=list, description="Python modules (my_pkg.rewards) or .py files "
+                               "(relative to the config file) imported before any check, so the tasks, "
+                               "environments, reward functions, estimators, losses and methods they register are "
+                               "known (docs/tasks.md)")
     seed: int = Field(0, description="run seed: sampling seeds are functions of (seed, step, purpose)")
     run_dir: str = Field("runs/default", description="where config.yaml, metrics, checkpoints and logs go")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its reference")
@@ -435,13 +465,30 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         data = {**loaded, **data}
+        _anchor_import_files(data, path.parent)
     data = apply_overrides(data, overrides or [])
+    _anchor_import_files(data, Path.cwd())
     migrate_advantage_keys(data)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
         _raise_validation(err)
     return cfg
+
+
+def _anchor_import_files(data: dict[str, Any], base: Path) -> None:
+    """Make each relative ``.py`` entry of ``imports:`` and a relative ``model.chat_template`` file absolute against
+    ``base`` (the config file's directory, or the working directory for an override), so the run directory's copy
+    of the config names the same files."""
+    def anchored(entry: Any) -> Any:
+        return str((base / entry).resolve()) if isinstance(entry, str) and not Path(entry).is_absolute() else entry
+
+    imports = data.get("imports")
+    if isinstance(imports, list):
+        data["imports"] = [anchored(e) if isinstance(e, str) and e.endswith(".py") else e for e in imports]
+    model = data.get("model")
+    if isinstance(model, dict) and model.get("chat_template") is not None:
+        model["chat_template"] = anchored(model["chat_template"])
 
 
 def migrate_advantage_keys(data: dict[str, Any]) -> None:

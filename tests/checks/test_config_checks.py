@@ -69,7 +69,7 @@ def warnings_of(data: dict) -> list[str]:
      r"^task\.kwargs\.train_size: '10' is not a valid int"),
     ({"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum", "extract": "xml"}}}, r"^task\.kwargs: "),
     ({"task": {"name": "jsonl", "kwargs": {"train_path": "a.jsonl"}}}, r"^task\.kwargs: the jsonl task needs either"),
-    ({"task": {"name": "jsonl", "kwargs": {"path": "a.csv"}}}, r"^task\.kwargs: path: 'a\.csv' is not one of"),
+    ({"task": {"name": "jsonl", "kwargs": {"path": "a.txt"}}}, r"^task\.kwargs: path: 'a\.txt' is not one of"),
     # the environment's own check
     ({**ENV, "env": {"name": "scripted", "kwargs": {"turns": 0}}}, r"^env\.kwargs: turns must be >= 1, got 0$"),
     ({**ENV, "env": {"name": "sokoban", "kwargs": {"num_boxes": 0}}}, r"^env\.kwargs: num_boxes must be >= 1"),

@@ -14,6 +14,7 @@ import torch
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types, check_kwargs
 from tether.config import Config, ConfigError
+from tether.user_code import is_target, resolve_target
 
 # Every metric validation logs (tether/rollout/single_turn.py and multi_turn.py ``validate``): train.best_metric
 # must be one, or no best checkpoint is ever saved.
@@ -35,9 +36,11 @@ def needs_reference(cfg: Config) -> bool:
 
 
 def _lookup(get: Callable[[str], Any], name: str, key: str) -> Any:
+    if is_target(name):  # import it here first, so a typo gets the did-you-mean
+        resolve_target(key, name)
     try:
         return get(name)
-    except KeyError as err:
+    except (KeyError, TypeError) as err:  # TypeError: a module:function without the family's signature
         raise ConfigError(f"{key}: {err.args[0]}") from None
 
 

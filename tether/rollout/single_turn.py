@@ -14,7 +14,7 @@ from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.tasks import metrics as task_metrics
-from tether.tasks.base import task_split
+from tether.tasks.base import score_batch, task_split
 
 if TYPE_CHECKING:
     from tether.config import Config, OverlongConfig
@@ -147,8 +147,8 @@ class SingleTurnCollector:
     def _score(self, rows: list, prompts: list[list[int]], gen: Any, source: int) -> RolloutBatch:
         gen = gen.to("cpu")  # the batch is built on the CPU, next to the rewards; the trainer moves it
         rewards, correct, extracted, faults, components = [], [], [], [], []
-        for (item, _), text in zip(rows, gen.texts, strict=True):
-            score = self.task.score(item, text)
+        items = [item for item, _ in rows]
+        for score in score_batch(self.task, items, gen.texts):
             faults.append(bool(getattr(score, "fault", False)))
             self.reward_faults += int(faults[-1])
             rewards.append(score.reward)

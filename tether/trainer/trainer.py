@@ -40,6 +40,7 @@ from tether.methods import MiniBatch, Reference, StepContext, build_methods
 from tether.methods.base import Method
 from tether.methods.context import step_seed
 from tether.models import load_policy
+from tether.models.chat_template import apply_chat_template
 from tether.models.forward import response_log_probs
 from tether.models.layers import LayerCheckpointing, activation_bytes, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
@@ -58,10 +59,11 @@ SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
 def build_collector(cfg: Config, tokenizer: Any) -> Any:
     """Single-turn groups for a ``task``, the multi-turn agent loop for an ``env`` (:func:`collector_class`)."""
     collector = collector_class(cfg)
+    apply_chat_template(tokenizer, cfg.model.chat_template)  # before any prompt is encoded
     if cfg.task is not None:
-        from tether.tasks import make_task
+        from tether.rewards import build_config_task
 
-        return collector(make_task(cfg.task.name, **cfg.task.kwargs), tokenizer, cfg)
+        return collector(build_config_task(cfg), tokenizer, cfg)  # the task, with task.rewards added
     return collector(cfg, tokenizer)
 
 
