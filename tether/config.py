@@ -3,12 +3,14 @@
 Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an
 out-of-range value stops the run with one :class:`ConfigError` naming the key path, the value and
 what is allowed. Method plug-ins bring their own section class (see :mod:`tether.methods`). This module
-imports nothing of tether's: the checks that need the registries or the machine are :mod:`tether.checks`.
+imports nothing of tether's but :mod:`tether.errors`: the checks that need the registries or the machine are
+:mod:`tether.checks`.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 import warnings
 from pathlib import Path
@@ -17,9 +19,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tether.errors import EXIT_CONFIG, TetherError
 
-class ConfigError(ValueError):
+
+class ConfigError(TetherError, ValueError):
     """A configuration problem, reported before any model is loaded."""
+
+    exit_code = EXIT_CONFIG
 
 
 class Section(BaseModel):
@@ -373,13 +379,63 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
 
 
-def _raise_validation(err: ValidationError) -> None:
+def _section_class(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section class at ``loc`` under ``model`` (``("optim",)`` -> OptimConfig), or None when ``loc`` leaves
+    the typed sections (a free-form dict such as ``task.kwargs``)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        sections = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not sections:
+            return None
+        model = sections[0]
+    return model
+
+
+# The YAML an override's value needs, by the type pydantic expected: `logging.wandb=true` wants a mapping.
+SYNTAX_HINTS = {
+    "dict_type": "a mapping: in YAML `key: {a: 1, b: x}`, on the command line key='{a: 1, b: x}' ({} for the "
+                 "defaults)",
+    "list_type": "a list: in YAML `key: [a, b]`, on the command line key='[a, b]'",
+    "tuple_type": "a list: in YAML `key: [0.9, 0.999]`, on the command line key='[0.9, 0.999]'",
+}
+
+
+def _close_keys(key: str, allowed: list[str]) -> list[str]:
+    """Allowed keys ``key`` may have meant: spelled alike, or abbreviated by its words' initials
+    (``learning_rate`` -> ``lr``)."""
+    initials = "".join(word[:1] for word in key.split("_"))
+    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
+    return [*close, *(k for k in allowed if k == initials and k not in close)]
+
+
+def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per error of ``err`` (validating ``model``): the key path, what is wrong, the value; an unknown key
+    gets the closest allowed keys (did you mean) and every key its section allows; a wrong container type gets the
+    YAML syntax it needs."""
     lines = []
     for e in err.errors():
+        loc = _format_loc(e["loc"])
+        key = f"{prefix}.{loc}" if prefix else loc
         value = e.get("input")
+        if e["type"] == "extra_forbidden":
+            section = _section_class(model, e["loc"][:-1])
+            allowed = sorted(section.model_fields) if section is not None else []
+            close = _close_keys(str(e["loc"][-1]), allowed)
+            where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"][:-1])) or "the top level"
+            guess = f"did you mean {' or '.join(close)}? " if close else ""
+            lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
+            continue
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {_format_loc(e['loc'])}: {e['msg']}{shown}")
-    raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+        hint = f"; write {SYNTAX_HINTS[e['type']]}" if e["type"] in SYNTAX_HINTS else ""
+        lines.append(f"  {key}: {e['msg']}{shown}{hint}")
+    return lines
+
+
+def _raise_validation(err: ValidationError) -> None:
+    raise ConfigError("invalid configuration:\n" + "\n".join(validation_lines(err, Config))) from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

@@ -409,7 +409,7 @@ class Trainer:
         if self.skipped_in_a_row >= limit:
             raise TrainingStopped(f"{limit} optimiser steps in a row had a non-finite loss or gradient "
                                   f"(train.max_skipped_updates={limit}) at step {self.step}; the checkpoints hold "
-                                  "finite weights; check the rewards or lower optim.lr", 1)
+                                  "finite weights; check the rewards or lower optim.lr")
 
     def _lock_step_pass(self, micro: RolloutBatch) -> None:
         """A forward and backward that add nothing: a sharded model gathers and reduces inside them, so a rank
