@@ -92,7 +92,7 @@ def evaluate(path: Path, overrides: Overrides = None,
              config: Annotated[Path | None, typer.Option(help="config with the task/env")] = None) -> None:
     """Evaluate a checkpoint (or a run's best) on the held-out set: avg@k / pass@k, or an env's success rate."""
     run_config = config or _find_run_config(path)
-    cfg = _load(run_config, [*(overrides or []), f"model.name={path}", "train.resume=false",
+    cfg = _load(run_config, [*(overrides or []), f"model.name={path}",
                              "logging.tensorboard=false"])
     from tether.trainer import evaluate as run_eval
 
@@ -227,10 +227,12 @@ def validate(config: Path, overrides: Overrides = None) -> None:
     """Check a config (names, types, ranges, component settings) and that the files, models and packages it names
     are here, without loading any model."""
     from tether.checks import run_checks
+    from tether.trainer.rundir import check_run_dir
 
     cfg = _load(config, overrides)
     run_checks(cfg, sft=True)
-    typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name})")
+    start = check_run_dir(cfg)  # the run directory as `tether train` would find it: layout, resume, settings
+    typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name}); {start}")
 
 
 if __name__ == "__main__":

@@ -185,7 +185,13 @@ class TrainConfig(Section):
                                      "loss or gradient before the run stops (its checkpoints hold finite weights)")
     keep_last: int = Field(2, ge=1, description="step checkpoints kept (checkpoints/best is kept apart)")
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
-    resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")
+    resume: Literal["auto", "never", "must"] = Field(
+        "auto", description="auto: continue from the newest checkpoint in run_dir when there is one, else start at "
+        "step 0 (an earlier run with nothing to resume is refused); never: start at step 0 (an earlier run in "
+        "run_dir is refused unless train.overwrite); must: continue, or stop when there is no checkpoint. The "
+        "start prints which (docs/reliability.md)")
+    overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir, "
+                            "delete that run's checkpoints, best/ and metric rows instead of refusing to start")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="recompute each decoder layer in backward instead of keeping its activations (less "
@@ -198,6 +204,21 @@ class TrainConfig(Section):
     device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
                         "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
                         "cuda:N (one process only); checked against the machine when the trainer starts")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _boolean_resume(cls, data: Any) -> Any:
+        """``train.resume: true/false``, from before there were three policies: true is auto; false keeps its old
+        meaning, start afresh deleting the earlier run, now spelled never plus overwrite (with a warning)."""
+        if isinstance(data, dict) and isinstance(data.get("resume"), bool):
+            data = dict(data)
+            if data["resume"]:
+                data["resume"] = "auto"
+            else:
+                warnings.warn("train.resume=false is now train.resume=never train.overwrite=true (it deletes the "
+                              "earlier run in run_dir); write those", FutureWarning, stacklevel=2)
+                data.update(resume="never", overwrite=data.get("overwrite", True))
+        return data
 
     @field_validator("device")
     @classmethod
