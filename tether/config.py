@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from tether.errors import EXIT_CONFIG, TetherError
 
@@ -384,6 +384,13 @@ class Config(Section):
     health: HealthConfig = Field(default_factory=HealthConfig, description="run health checks (docs/health.md)")
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
     sft: SFTConfig | None = Field(None, description="settings of `tether sft` (ignored by `tether train`)")
+    # the commands that write this config's inputs, from its "# written by: COMMAND" lines (tether.checks.startup)
+    _written_by: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def written_by(self) -> list[str]:
+        """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
+        return list(self._written_by)
 
     @model_validator(mode="after")
     def _one_workload(self) -> Config:
@@ -503,8 +510,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
+        text = path.read_text()
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(_yaml_error(path, err)) from None
         if not isinstance(loaded, dict):
@@ -516,7 +524,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = Config.model_validate(data)
     except ValidationError as err:
         _raise_validation(err)
+    cfg._written_by = written_by_lines(text) if path is not None else []
     return cfg
+
+
+WRITTEN_BY = re.compile(r"^\s*#\s*written by:\s*(.+?)\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+def written_by_lines(text: str) -> list[str]:
+    """The commands of a config file's ``# written by: COMMAND`` comment lines, in order: what writes the
+    checkpoints or data the config reads (named when they are missing, :mod:`tether.checks.startup`)."""
+    return WRITTEN_BY.findall(text)
 
 
 def migrate_advantage_keys(data: dict[str, Any]) -> None:
