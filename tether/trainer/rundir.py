@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import yaml
 from tether.config import Config, ConfigError, dump_config
 from tether.distributed import DataParallel
 from tether.track import write_text_atomic
+from tether.track.progress import status
 from tether.trainer.checkpoint import STEP_DIR, CheckpointManager, checkpoint_problem
 
 LOCK = ".lock"
@@ -262,7 +262,7 @@ def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParalle
             truncate_metrics(run_dir / "metrics.jsonl", int(start.name[5:]))
         elif overwrites:
             _start_afresh(run_dir, checkpoints)
-        print(start_line(run_dir, start, overwrites), file=sys.stderr)
+        status(start_line(run_dir, start, overwrites))
         write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     dp.barrier()
     return start

@@ -46,6 +46,7 @@ from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.collectors import collector_class
 from tether.track import Tracker, build_tracker, write_text_atomic
+from tether.track.progress import status
 from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
 from tether.trainer.rundir import prepare_run_dir
 from tether.trainer.stop import StopSignals, TrainingStopped
@@ -91,6 +92,7 @@ class Trainer:
         self.loss_tokens = sorted({name for m in self.methods for name in m.loss_tokens})
         # 2. models
         if policy is None:
+            self.status(f"loading the policy {cfg.model.name}")
             policy, tokenizer = load_policy(cfg.model.name)
         self.tokenizer = tokenizer
         if cfg.model.lora is not None:  # only the adapters train (docs/lora.md)
@@ -107,6 +109,7 @@ class Trainer:
         # 3. engine, data, loss functions
         self.make_engine = partial(rollout_engine, strategy=self.strategy, tokenizer=tokenizer, cfg=cfg)
         self.log_probs = partial(score_log_probs, cfg=cfg, device=self.device)  # scoring passes, and ctx.log_probs
+        self.status(f"starting the {cfg.rollout.engine} engine and the {'task' if cfg.task else 'environment'}")
         self.engine = self.make_engine(self.policy)
         self.collector = build_collector(cfg, tokenizer)
         a = cfg.algorithm
@@ -210,7 +213,7 @@ class Trainer:
         last: dict[str, float] = {}
         if self.step == 0 and self.cfg.val.every:
             last.update(self.validate())
-        from tether.trainer.progress import Progress
+        from tether.track.progress import Progress
 
         with Progress(t.steps, start=self.step, enabled=self.cfg.logging.progress and self.dp.is_main) as bar, \
                 StopSignals() as signals:
@@ -458,8 +461,18 @@ class Trainer:
 
     # -- validation and checkpoints ----------------------------------------------------------
 
+    def status(self, message: str) -> None:
+        """A phase's one line on stderr (``logging.progress``), so the minutes before the first step are not silent."""
+        if self.cfg.logging.progress:
+            status(message)
+
     def validate(self) -> dict[str, float]:
+        v, start = self.cfg.val, time.monotonic()
+        self.status(f"validating at step {self.step} on split {v.split!r} ({v.max_prompts or 'all'} prompts x "
+                    f"{1 if v.greedy else v.samples} samples)")
         metrics = self.collector.validate(self)
+        self.status(f"validation at step {self.step}: {self.cfg.train.best_metric}="
+                    f"{metrics.get(self.cfg.train.best_metric, float('nan')):.4f} ({time.monotonic() - start:.0f} s)")
         metrics.update(self.health.on_validation(self.step, metrics))  # the over-optimisation guard
         self.tracker.log(metrics, self.step)
         self.val_history.append((self.step, metrics))
@@ -597,8 +610,11 @@ def evaluate(cfg: Config) -> dict[str, float]:
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
     run_checks(cfg)
+    status(f"loading {cfg.model.name}")
     policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
+    status(f"evaluating on split {cfg.val.split!r} ({cfg.val.max_prompts or 'all'} prompts x "
+           f"{1 if cfg.val.greedy else cfg.val.samples} samples)")
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
     evaluator = SimpleNamespace(cfg=cfg, engine=engine, step=0,
                                 seed_for=lambda purpose, k=0: cfg.seed * 1_000_003 + k)
