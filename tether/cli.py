@@ -12,7 +12,6 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -24,7 +23,7 @@ class _TetherGroup(TyperGroup):
     """Catches tether's errors once, for every command and subcommand: one red message and the error's exit
     code; the traceback only under ``--debug``."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except TetherError as err:
