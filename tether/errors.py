@@ -36,3 +36,10 @@ class EnvFaultError(TetherError, RuntimeError):
     """An environment kept failing to construct or reset: no episode could start."""
 
     exit_code = EXIT_ENV_FAULT
+
+
+class RefillShortfall(TetherError, RuntimeError):
+    """DAPO's dynamic sampling spent ``rollout.max_gen_batches`` without enough groups; the trainer adds the last
+    checkpoint to the message. Resuming with ``rollout.partial_batches`` or more ``max_gen_batches`` is accepted."""
+
+    exit_code = EXIT_STOPPED

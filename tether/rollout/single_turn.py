@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from tether.engine.base import Intervention, RolloutEngine, SamplingParams
+from tether.errors import RefillShortfall
 from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
@@ -208,10 +209,10 @@ class SingleTurnCollector:
                 break
         else:
             if not r.partial_batches:
-                raise RuntimeError(
-                    f"only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups survived the filters in "
-                    f"rollout.max_gen_batches={r.max_gen_batches} generation batches; raise max_gen_batches, set "
-                    "rollout.partial_batches, or the task is too easy/hard for the policy")
+                raise RefillShortfall(
+                    f"step {trainer.step + 1}: only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups "
+                    f"survived the filters in rollout.max_gen_batches={r.max_gen_batches} generation batches (the "
+                    "task is too easy or too hard for the policy now)")
             if n_kept == 0:  # nothing survived: the last batch teaches nothing (zero advantages) but keeps the step
                 # A method's filter (ARMOR's acceptance) may have left nothing at all: fall back to the rows as
                 # generated, each rewarded its group's mean so that every advantage is zero.

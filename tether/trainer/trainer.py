@@ -34,6 +34,7 @@ from tether.distributed import DataParallel, build_strategy, resolve_device
 from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, engine_entry
+from tether.errors import RefillShortfall
 from tether.health import HealthError, HealthMonitor
 from tether.health.degenerate import vocab_size
 from tether.methods import MiniBatch, Reference, StepContext, build_methods
@@ -47,7 +48,7 @@ from tether.rollout.batch import RolloutBatch
 from tether.rollout.collectors import collector_class
 from tether.track import Tracker, build_tracker, write_text_atomic
 from tether.track.progress import status
-from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
+from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, seed_everything, set_rng_state
 from tether.trainer.rundir import prepare_run_dir
 from tether.trainer.stop import StopSignals, TrainingStopped
 
@@ -76,7 +77,7 @@ class Trainer:
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        torch.manual_seed(cfg.seed)
+        seed_everything(cfg.seed)  # Python's, NumPy's and torch's global generators; restored on resume
         self.run_dir = Path(cfg.run_dir)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         # the lock, a crash's leftovers, the checkpoint to resume and its settings: settled before any model loads
@@ -201,6 +202,9 @@ class Trainer:
         except HealthError:
             self._finish()
             raise
+        except RefillShortfall as err:  # one line naming where a resume starts and what it may change
+            self.tracker.close()
+            raise TrainingStopped(refill_stop_message(str(err), self.checkpoints.latest())) from None
 
     def _finish(self) -> None:
         """Close the metric sinks and write ``summary.json``: at the end, and when a health check stops the run."""
@@ -538,6 +542,14 @@ class Trainer:
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
         self.skipped_updates = state.get("skipped_updates", 0)  # absent from checkpoints before it was counted
         self.push_weights()
+
+
+def refill_stop_message(shortfall: str, latest: Path | None) -> str:
+    """The stop of a DAPO refill shortfall: what fell short, where the same command resumes, the settings a resume
+    may change (neither is a setting that changes what the run means)."""
+    where = f"the last checkpoint is {latest}" if latest is not None else "no checkpoint yet (a resume starts at 0)"
+    return (f"{shortfall}; {where}: run the same command with rollout.partial_batches=true (train on the groups that "
+            "survived) or a larger rollout.max_gen_batches to resume from it")
 
 
 def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:
