@@ -3,23 +3,29 @@
 Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an
 out-of-range value stops the run with one :class:`ConfigError` naming the key path, the value and
 what is allowed. Method plug-ins bring their own section class (see :mod:`tether.methods`). This module
-imports nothing of tether's: the checks that need the registries or the machine are :mod:`tether.checks`.
+imports nothing of tether's but :mod:`tether.errors`: the checks that need the registries or the machine are
+:mod:`tether.checks`.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from tether.errors import EXIT_CONFIG, TetherError
 
 
-class ConfigError(ValueError):
+class ConfigError(TetherError, ValueError):
     """A configuration problem, reported before any model is loaded."""
+
+    exit_code = EXIT_CONFIG
 
 
 class Section(BaseModel):
@@ -207,7 +213,13 @@ class TrainConfig(Section):
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
     best_from_step: int = Field(0, ge=0, description="the first step whose validation may become checkpoints/best "
                                 "(1: never the starting policy; tether experiment sets it for endpoint.at=best)")
-    resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")
+    resume: Literal["auto", "never", "must"] = Field(
+        "auto", description="auto: continue from the newest checkpoint in run_dir when there is one, else start at "
+        "step 0 (an earlier run with nothing to resume is refused); never: start at step 0 (an earlier run in "
+        "run_dir is refused unless train.overwrite); must: continue, or stop when there is no checkpoint. The "
+        "start prints which (docs/reliability.md)")
+    overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir, "
+                            "delete that run's checkpoints, best/ and metric rows instead of refusing to start")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="recompute each decoder layer in backward instead of keeping its activations (less "
@@ -220,6 +232,21 @@ class TrainConfig(Section):
     device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
                         "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
                         "cuda:N (one process only); checked against the machine when the trainer starts")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _boolean_resume(cls, data: Any) -> Any:
+        """``train.resume: true/false``, from before there were three policies: true is auto; false keeps its old
+        meaning, start afresh deleting the earlier run, now spelled never plus overwrite (with a warning)."""
+        if isinstance(data, dict) and isinstance(data.get("resume"), bool):
+            data = dict(data)
+            if data["resume"]:
+                data["resume"] = "auto"
+            else:
+                warnings.warn("train.resume=false is now train.resume=never train.overwrite=true (it deletes the "
+                              "earlier run in run_dir); write those", FutureWarning, stacklevel=2)
+                data.update(resume="never", overwrite=data.get("overwrite", True))
+        return data
 
     @field_validator("device")
     @classmethod
@@ -389,6 +416,13 @@ class Config(Section):
     health: HealthConfig = Field(default_factory=HealthConfig, description="run health checks (docs/health.md)")
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
     sft: SFTConfig | None = Field(None, description="settings of `tether sft` (ignored by `tether train`)")
+    # the commands that write this config's inputs, from its "# written by: COMMAND" lines (tether.checks.startup)
+    _written_by: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def written_by(self) -> list[str]:
+        """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
+        return list(self._written_by)
 
     @model_validator(mode="after")
     def _one_workload(self) -> Config:
@@ -405,13 +439,63 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
 
 
-def _raise_validation(err: ValidationError) -> None:
+def _section_class(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section class at ``loc`` under ``model`` (``("optim",)`` -> OptimConfig), or None when ``loc`` leaves
+    the typed sections (a free-form dict such as ``task.kwargs``)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        sections = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not sections:
+            return None
+        model = sections[0]
+    return model
+
+
+# The YAML an override's value needs, by the type pydantic expected: `logging.wandb=true` wants a mapping.
+SYNTAX_HINTS = {
+    "dict_type": "a mapping: in YAML `key: {a: 1, b: x}`, on the command line key='{a: 1, b: x}' ({} for the "
+                 "defaults)",
+    "list_type": "a list: in YAML `key: [a, b]`, on the command line key='[a, b]'",
+    "tuple_type": "a list: in YAML `key: [0.9, 0.999]`, on the command line key='[0.9, 0.999]'",
+}
+
+
+def _close_keys(key: str, allowed: list[str]) -> list[str]:
+    """Allowed keys ``key`` may have meant: spelled alike, or abbreviated by its words' initials
+    (``learning_rate`` -> ``lr``)."""
+    initials = "".join(word[:1] for word in key.split("_"))
+    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
+    return [*close, *(k for k in allowed if k == initials and k not in close)]
+
+
+def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per error of ``err`` (validating ``model``): the key path, what is wrong, the value; an unknown key
+    gets the closest allowed keys (did you mean) and every key its section allows; a wrong container type gets the
+    YAML syntax it needs."""
     lines = []
     for e in err.errors():
+        loc = _format_loc(e["loc"])
+        key = f"{prefix}.{loc}" if prefix else loc
         value = e.get("input")
+        if e["type"] == "extra_forbidden":
+            section = _section_class(model, e["loc"][:-1])
+            allowed = sorted(section.model_fields) if section is not None else []
+            close = _close_keys(str(e["loc"][-1]), allowed)
+            where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"][:-1])) or "the top level"
+            guess = f"did you mean {' or '.join(close)}? " if close else ""
+            lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
+            continue
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {_format_loc(e['loc'])}: {e['msg']}{shown}")
-    raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+        hint = f"; write {SYNTAX_HINTS[e['type']]}" if e["type"] in SYNTAX_HINTS else ""
+        lines.append(f"  {key}: {e['msg']}{shown}{hint}")
+    return lines
+
+
+def _raise_validation(err: ValidationError) -> None:
+    raise ConfigError("invalid configuration:\n" + "\n".join(validation_lines(err, Config))) from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -458,8 +542,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
+        text = path.read_text()
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(_yaml_error(path, err)) from None
         if not isinstance(loaded, dict):
@@ -473,6 +558,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = Config.model_validate(data)
     except ValidationError as err:
         _raise_validation(err)
+    cfg._written_by = written_by_lines(text) if path is not None else []
     return cfg
 
 
@@ -489,6 +575,15 @@ def _anchor_import_files(data: dict[str, Any], base: Path) -> None:
     model = data.get("model")
     if isinstance(model, dict) and model.get("chat_template") is not None:
         model["chat_template"] = anchored(model["chat_template"])
+
+
+WRITTEN_BY = re.compile(r"^\s*#\s*written by:\s*(.+?)\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+def written_by_lines(text: str) -> list[str]:
+    """The commands of a config file's ``# written by: COMMAND`` comment lines, in order: what writes the
+    checkpoints or data the config reads (named when they are missing, :mod:`tether.checks.startup`)."""
+    return WRITTEN_BY.findall(text)
 
 
 def migrate_advantage_keys(data: dict[str, Any]) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from tether.engine.base import Intervention, RolloutEngine, SamplingParams
+from tether.errors import RefillShortfall
 from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
@@ -206,10 +209,10 @@ class SingleTurnCollector:
                 break
         else:
             if not r.partial_batches:
-                raise RuntimeError(
-                    f"only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups survived the filters in "
-                    f"rollout.max_gen_batches={r.max_gen_batches} generation batches; raise max_gen_batches, set "
-                    "rollout.partial_batches, or the task is too easy/hard for the policy")
+                raise RefillShortfall(
+                    f"step {trainer.step + 1}: only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups "
+                    f"survived the filters in rollout.max_gen_batches={r.max_gen_batches} generation batches (the "
+                    "task is too easy or too hard for the policy now)")
             if n_kept == 0:  # nothing survived: the last batch teaches nothing (zero advantages) but keeps the step
                 # A method's filter (ARMOR's acceptance) may have left nothing at all: fall back to the rows as
                 # generated, each rewarded its group's mean so that every advantage is zero.
@@ -224,6 +227,7 @@ class SingleTurnCollector:
         metrics.update(task_metrics.feature_metrics(
             self.task, [i for items, _ in described for i in items], [t for _, texts in described for t in texts],
             torch.cat(generated).tolist(), "rollout"))
+        write_samples(trainer, batch)
         return batch, metrics
 
     # -- validation --------------------------------------------------------------------------
@@ -251,3 +255,21 @@ class SingleTurnCollector:
             **task_metrics.feature_metrics(self.task, batch.info["item"], batch.info["text"],
                                            batch.correct.tolist(), "val"),
         }
+
+
+def write_samples(trainer: Trainer, batch: RolloutBatch, limit: int = 4) -> None:
+    """The first row of the first ``limit`` groups of a step's batch as JSON lines in ``RUN_DIR/samples.jsonl``, for
+    ``tether show``: prompt, completion, reward and its components, correctness, the extracted answer."""
+    run_dir = getattr(trainer, "run_dir", None)
+    if run_dir is None or not getattr(getattr(trainer, "dp", None), "is_main", True):
+        return
+    firsts = list(dict.fromkeys(batch.group_ids.tolist()))[:limit]
+    rows = [batch.group_ids.tolist().index(g) for g in firsts]
+    with (Path(run_dir) / "samples.jsonl").open("a") as f:
+        for i in rows:
+            item = batch.info["item"][i]
+            f.write(json.dumps({"step": trainer.step, "group": firsts[rows.index(i)], "prompt": item.prompt,
+                                "answer": item.answer, "completion": batch.info["text"][i],
+                                "reward": float(batch.rewards[i]), "correct": bool(batch.correct[i]),
+                                "extracted": batch.info["extracted"][i],
+                                "components": batch.info["reward_components"][i]}, default=str) + "\n")

@@ -34,6 +34,7 @@ from tether.distributed import DataParallel, build_strategy, resolve_device
 from tether.distributed.strategy import own_micro_batches
 from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, engine_entry
+from tether.errors import RefillShortfall
 from tether.health import HealthError, HealthMonitor
 from tether.health.degenerate import vocab_size
 from tether.methods import MiniBatch, Reference, StepContext, build_methods
@@ -47,7 +48,8 @@ from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.collectors import collector_class
 from tether.track import Tracker, build_tracker, write_text_atomic
-from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, set_rng_state
+from tether.track.progress import status
+from tether.trainer.checkpoint import CheckpointManager, load_state, rng_state, seed_everything, set_rng_state
 from tether.trainer.rundir import prepare_run_dir
 from tether.trainer.stop import StopSignals, TrainingStopped
 
@@ -77,7 +79,7 @@ class Trainer:
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
-        torch.manual_seed(cfg.seed)
+        seed_everything(cfg.seed)  # Python's, NumPy's and torch's global generators; restored on resume
         self.run_dir = Path(cfg.run_dir)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         # the lock, a crash's leftovers, the checkpoint to resume and its settings: settled before any model loads
@@ -93,6 +95,7 @@ class Trainer:
         self.loss_tokens = sorted({name for m in self.methods for name in m.loss_tokens})
         # 2. models
         if policy is None:
+            self.status(f"loading the policy {cfg.model.name}")
             policy, tokenizer = load_policy(cfg.model.name)
         self.tokenizer = tokenizer
         if cfg.model.lora is not None:  # only the adapters train (docs/lora.md)
@@ -109,6 +112,7 @@ class Trainer:
         # 3. engine, data, loss functions
         self.make_engine = partial(rollout_engine, strategy=self.strategy, tokenizer=tokenizer, cfg=cfg)
         self.log_probs = partial(score_log_probs, cfg=cfg, device=self.device)  # scoring passes, and ctx.log_probs
+        self.status(f"starting the {cfg.rollout.engine} engine and the {'task' if cfg.task else 'environment'}")
         self.engine = self.make_engine(self.policy)
         self.collector = build_collector(cfg, tokenizer)
         a = cfg.algorithm
@@ -200,6 +204,9 @@ class Trainer:
         except HealthError:
             self._finish()
             raise
+        except RefillShortfall as err:  # one line naming where a resume starts and what it may change
+            self.tracker.close()
+            raise TrainingStopped(refill_stop_message(str(err), self.checkpoints.latest())) from None
 
     def _finish(self) -> None:
         """Close the metric sinks and write ``summary.json``: at the end, and when a health check stops the run."""
@@ -212,7 +219,7 @@ class Trainer:
         last: dict[str, float] = {}
         if self.step == 0 and self.cfg.val.every:
             last.update(self.validate())
-        from tether.trainer.progress import Progress
+        from tether.track.progress import Progress
 
         with Progress(t.steps, start=self.step, enabled=self.cfg.logging.progress and self.dp.is_main) as bar, \
                 StopSignals() as signals:
@@ -411,7 +418,7 @@ class Trainer:
         if self.skipped_in_a_row >= limit:
             raise TrainingStopped(f"{limit} optimiser steps in a row had a non-finite loss or gradient "
                                   f"(train.max_skipped_updates={limit}) at step {self.step}; the checkpoints hold "
-                                  "finite weights; check the rewards or lower optim.lr", 1)
+                                  "finite weights; check the rewards or lower optim.lr")
 
     def _lock_step_pass(self, micro: RolloutBatch) -> None:
         """A forward and backward that add nothing: a sharded model gathers and reduces inside them, so a rank
@@ -460,8 +467,18 @@ class Trainer:
 
     # -- validation and checkpoints ----------------------------------------------------------
 
+    def status(self, message: str) -> None:
+        """A phase's one line on stderr (``logging.progress``), so the minutes before the first step are not silent."""
+        if self.cfg.logging.progress:
+            status(message)
+
     def validate(self) -> dict[str, float]:
+        v, start = self.cfg.val, time.monotonic()
+        self.status(f"validating at step {self.step} on split {v.split!r} ({v.max_prompts or 'all'} prompts x "
+                    f"{1 if v.greedy else v.samples} samples)")
         metrics = self.collector.validate(self)
+        self.status(f"validation at step {self.step}: {self.cfg.train.best_metric}="
+                    f"{metrics.get(self.cfg.train.best_metric, float('nan')):.4f} ({time.monotonic() - start:.0f} s)")
         metrics.update(self.health.on_validation(self.step, metrics))  # the over-optimisation guard
         self.tracker.log(metrics, self.step)
         self.val_history.append((self.step, metrics))
@@ -513,7 +530,8 @@ class Trainer:
         written_by = state.get("strategy", "replicate")  # checkpoints before sharding existed were replicated
         if written_by != self.strategy.name:
             raise ConfigError(f"{path} was written with distributed.strategy={written_by}; resume with that "
-                              f"strategy, or start afresh (train.resume=false or another run_dir)")
+                              "strategy, or another run_dir (or train.resume=never train.overwrite=true: deletes this "
+                              "run)")
         moved = self.strategy.load_training_state(path, state, self.policy, self.optimizer, self.ref_policy)
         if self.reference is not None:
             self.reference.moved = moved
@@ -526,6 +544,14 @@ class Trainer:
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
         self.skipped_updates = state.get("skipped_updates", 0)  # absent from checkpoints before it was counted
         self.push_weights()
+
+
+def refill_stop_message(shortfall: str, latest: Path | None) -> str:
+    """The stop of a DAPO refill shortfall: what fell short, where the same command resumes, the settings a resume
+    may change (neither is a setting that changes what the run means)."""
+    where = f"the last checkpoint is {latest}" if latest is not None else "no checkpoint yet (a resume starts at 0)"
+    return (f"{shortfall}; {where}: run the same command with rollout.partial_batches=true (train on the groups that "
+            "survived) or a larger rollout.max_gen_batches to resume from it")
 
 
 def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:
@@ -598,8 +624,11 @@ def evaluate(cfg: Config) -> dict[str, float]:
         torch.set_num_threads(cfg.train.threads)
     device = resolve_device(cfg.train.device)
     run_checks(cfg)
+    status(f"loading {cfg.model.name}")
     policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
+    status(f"evaluating on split {cfg.val.split!r} ({cfg.val.max_prompts or 'all'} prompts x "
+           f"{1 if cfg.val.greedy else cfg.val.samples} samples)")
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
     evaluator = SimpleNamespace(cfg=cfg, engine=engine, step=0,
                                 seed_for=lambda purpose, k=0: cfg.seed * 1_000_003 + k)
