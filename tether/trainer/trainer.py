@@ -36,6 +36,7 @@ from tether.engine.base import Intervention
 from tether.engine.registry import build_engine, engine_entry
 from tether.health import HealthError, HealthMonitor
 from tether.health.degenerate import vocab_size
+from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch, Reference, StepContext, build_methods
 from tether.methods.base import Method
 from tether.methods.context import step_seed
@@ -428,16 +429,20 @@ class Trainer:
                                                     micro.response_mask, temperature=self.cfg.rollout.temperature,
                                                     with_entropy=True)
         old = micro.token.get("old_log_probs", log_probs.detach())
-        self.health.observe(micro, old)  # pi_old under the weights the engine sampled with: parity, free
+        c = self.cfg.rollout.correction  # the engine's mu against pi_old, on the tokens parity compares
+        corr = None if c.mode == "none" else algos.rollout_correction(
+            c.mode, old, micro.sample_log_probs, micro.response_mask, compared_tokens(micro), **c.bounds())
+        self.health.observe(micro, old, corr)  # pi_old under the weights the engine sampled with: parity, free
         inputs = LossInputs(
             log_probs=log_probs, old_log_probs=old, advantages=micro.token["advantages"],
             response_mask=micro.response_mask, behaviour_log_probs=micro.sample_log_probs, source=micro.source,
             ref_log_probs=micro.token.get("ref_log_probs"), num_tokens=num_tokens, num_seqs=num_seqs,
             max_response_len=self.cfg.rollout.max_new_tokens,
-            tokens={k: micro.token[k] for k in self.loss_tokens if k in micro.token})
+            tokens={k: micro.token[k] for k in self.loss_tokens if k in micro.token},
+            token_weights=None if corr is None else corr.weights)
         out = self.policy_loss_fn(inputs, agg=a.loss_agg, **a.loss_kwargs)
         loss = out.loss
-        metrics = {**out.metrics, "actor/pg_loss": out.loss.detach()}
+        metrics = {**out.metrics, **({} if corr is None else corr.metrics), "actor/pg_loss": out.loss.detach()}
         agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=self.cfg.rollout.max_new_tokens)
         ent = algos.aggregate(entropy, micro.response_mask, "token-mean", num_tokens=num_tokens)
         metrics["actor/entropy"] = ent.detach()
