@@ -136,6 +136,11 @@ class RolloutConfig(Section):
                                           description="prompts per generation batch (default: prompts_per_step)")
     overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO's soft overlong "
                                      "punishment")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="the precision the engine samples in: hf keeps a copy of the policy in it, refreshed "
+        "after every update; vllm loads the model in it (unset: the policy's own dtype, and the in-process engine "
+        "samples with the policy itself). bfloat16 is about twice as fast on CPUs with native bfloat16 "
+        "(avx512_bf16, amx_bf16) and slower without; pair it with rollout.correction (docs/engine.md)")
     correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig, description="importance "
                                                 "weights and masks for the engine-trainer gap, applied with every "
                                                 "policy loss (docs/engine.md)")
@@ -215,6 +220,11 @@ class TrainConfig(Section):
         4.0, gt=0, description="gradient_checkpointing=auto: checkpoint a micro-batch whose estimated activations, "
         "padded tokens x hidden size x decoder layers x 19.5 x bytes per parameter (measured on SmolLM2), exceed "
         "this many GiB")
+    logprob_chunk_tokens: int = Field(1024, ge=1, description="response tokens (across the rows of a micro-batch) "
+                                      "per LM-head call in every trainer forward: the float32 logits of one call, "
+                                      "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (201 MB at "
+                                      "1,024 tokens and a 49k vocabulary); smaller saves memory, larger calls the "
+                                      "head fewer times (docs/engine.md)")
     device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
                         "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
                         "cuda:N (one process only); checked against the machine when the trainer starts")

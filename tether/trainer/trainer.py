@@ -417,7 +417,8 @@ class Trainer:
         with fewer rows than the others still makes the same calls. Method hooks do not see it."""
         with self.autocast():
             log_probs, _ = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids, micro.response_mask,
-                                              temperature=self.cfg.rollout.temperature)
+                                              temperature=self.cfg.rollout.temperature,
+                                              chunk_size=self.cfg.train.logprob_chunk_tokens)
         (log_probs.sum() * 0.0).backward()
 
     def _micro_batch_loss(self, micro: RolloutBatch, mini: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -427,7 +428,7 @@ class Trainer:
         with self.autocast():
             log_probs, entropy = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids,
                                                     micro.response_mask, temperature=self.cfg.rollout.temperature,
-                                                    with_entropy=True)
+                                                    with_entropy=True, chunk_size=self.cfg.train.logprob_chunk_tokens)
         old = micro.token.get("old_log_probs", log_probs.detach())
         c = self.cfg.rollout.correction  # the engine's mu against pi_old, on the tokens parity compares
         corr = None if c.mode == "none" else algos.rollout_correction(
@@ -539,10 +540,11 @@ def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextMan
 
 
 def rollout_engine(model: Any, *, strategy: Any, tokenizer: Any, cfg: Config) -> Any:
-    """The configured engine (``rollout.engine``) over ``model``; under data parallelism each rank samples its share
-    of the prompts."""
+    """The configured engine (``rollout.engine``) over ``model``, sampling in ``rollout.dtype`` when set; under data
+    parallelism each rank samples its share of the prompts."""
     r = cfg.rollout
-    return strategy.rollout_engine(build_engine(r.engine, model, tokenizer, cfg.model, r.engine_kwargs))
+    settings = r.engine_kwargs if r.dtype is None else {**r.engine_kwargs, "dtype": r.dtype}
+    return strategy.rollout_engine(build_engine(r.engine, model, tokenizer, cfg.model, settings))
 
 
 @torch.no_grad()
@@ -558,7 +560,7 @@ def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]]
         micro = narrowed(batch, rows, lengths)
         with autocast(cfg, device):
             lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids, micro.response_mask,
-                                       temperature=cfg.rollout.temperature)
+                                       temperature=cfg.rollout.temperature, chunk_size=cfg.train.logprob_chunk_tokens)
         out = lp.new_zeros(batch.response_mask.shape) if out is None else out
         out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
     return out * batch.response_mask
