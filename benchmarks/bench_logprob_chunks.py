@@ -1,13 +1,16 @@
 """Peak memory of the trainer's loss pass as the LM-head chunk changes (``train.logprob_chunk_tokens``).
 
-    .venv/bin/python benchmarks/bench_logprob_chunks.py --rows 8 --new-tokens 256 --chunks full 2048 1024 256
+    .venv/bin/python benchmarks/bench_logprob_chunks.py --rows 8 --new-tokens 256 --chunks full 2048 1024 256 \
+        --checkpoint-layers
 
 One forward with gradient (log-probs and entropy of every response token, as the update's forward) and its
 backward, on SmolLM2-135M (49,152-token vocabulary) in float32, each cell in a fresh child process: the peak
 resident set (``ru_maxrss``) is a high-water mark of the whole process. The number reported is the peak of the pass
 above the process's peak after loading the model and building the batch. ``full`` is the full-logits path (the
 ``[rows, tokens, vocab]`` logits of one ``model(...)`` call, what an unknown architecture runs); a number is the
-chunk in response tokens across rows. Results go to ``--out`` as JSON, with the CPU's flags.
+chunk in response tokens across rows. ``--checkpoint-layers`` recomputes the decoder layers in backward, as the
+trainer does for a micro-batch this large, so that the decoder's activations (5 GB here without it) do not hide the
+logits. Results go to ``--out`` as JSON, with the CPU's flags.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunks", nargs="+", default=["full", "2048", "1024", "256"],
                    help="cells: full, or a chunk in tokens")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--checkpoint-layers", action="store_true",
+                   help="recompute each decoder layer in backward, as train.gradient_checkpointing=auto does for a "
+                   "micro-batch this large: the decoder's activations then no longer hide the logits")
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<date>-logprob-chunks.json")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -48,10 +54,13 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
 
     from tether.models import forward, load_policy, smollm2_dir
     from tether.models.forward import response_log_probs
+    from tether.models.layers import checkpoint_layers
 
     torch.set_num_threads(cell["threads"])
     model, _ = load_policy(str(smollm2_dir()), dtype=torch.float32)
     model.eval()
+    if cell.get("checkpoint_layers"):
+        checkpoint_layers(model)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompts = [torch.randint(0, vocab, (cell["prompt_tokens"],), generator=g).tolist() for _ in range(cell["rows"])]
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for chunk in args.chunks:
         cell = {"chunk": chunk, "rows": args.rows, "prompt_tokens": args.prompt_tokens,
-                "new_tokens": args.new_tokens, "threads": args.threads}
+                "new_tokens": args.new_tokens, "threads": args.threads, "checkpoint_layers": args.checkpoint_layers}
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         out = subprocess.run([sys.executable, __file__, "--child", json.dumps(cell)], check=True, env=env,
                              capture_output=True, text=True).stdout
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps({"rows": args.rows, "prompt_tokens": args.prompt_tokens,
                                     "new_tokens": args.new_tokens, "threads": args.threads,
+                                    "checkpoint_layers": args.checkpoint_layers,
                                     "cpu_flags": cpu_flags(), "cells": rows}, indent=2))
     print(f"wrote {out_path}")
 
