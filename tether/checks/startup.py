@@ -92,10 +92,25 @@ def check_model_dirs(cfg: Config, found: Findings, *, policy: bool = True) -> No
                               f"tokenizer.model); {listing}")
 
 
+def _offline_hub_dataset(cfg: Config) -> str | None:
+    """The task's data ``path`` when it can only come from the Hub and the Hub is switched off, else ``None``."""
+    path = cfg.task.kwargs.get("path") if cfg.task is not None else None
+    if not isinstance(path, str) or Path(path).expanduser().exists():
+        return None
+    from huggingface_hub import constants
+
+    return path if constants.HF_HUB_OFFLINE else None
+
+
 def check_task_builds(cfg: Config, found: Findings) -> None:
     """Build the task as the trainer will (reading, splitting and typing its data): a 50-row file with
     ``val_size=100``, or a prompt field holding a list, fails here as one line."""
     if cfg.task is None:
+        return
+    hub_id = _offline_hub_dataset(cfg)
+    if hub_id is not None:
+        found.warn(f"task.kwargs.path={hub_id!r}: a Hub dataset cannot be read offline (HF_HUB_OFFLINE), so its rows, "
+                   "columns and splits are checked when the run loads it")
         return
     from tether.tasks import make_task
     from tether.tasks.base import task_split
