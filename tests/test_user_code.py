@@ -142,3 +142,22 @@ def test_a_fresh_process_imports_them_too(tmp_path):
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "task plugin_shout_d:Shout" in done.stdout
+
+
+def test_the_capitals_example_of_docs_tasks_md_runs_from_its_yaml(tmp_path):
+    """docs/tasks.md "Adding a task": its Python block as a file, its YAML block beside it, validated as written."""
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    section = page.split("## Adding a task", 1)[1]
+    code, config = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0], \
+        re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)[0]
+    (tmp_path / "capitals.py").write_text(code)
+    data = yaml.safe_load(config)
+    (tmp_path / "capitals.yaml").write_text(yaml.safe_dump({**data, "logging": {"tensorboard": False}}))
+    cfg = load_checked_config(tmp_path / "capitals.yaml")
+    from tether.tasks import make_task
+
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    assert len(task.val) == 1 and task.score(task.val[0], f"<answer>{task.val[0].answer}</answer>").correct
+    load_checked_config(tmp_path / "capitals.yaml", ["task.name=capitals:CapitalsTask"])
