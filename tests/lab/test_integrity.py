@@ -199,7 +199,9 @@ def test_the_trainer_never_makes_step_0_the_best_checkpoint_when_told(tmp_path):
     class Fake:  # just what Trainer.validate reads and writes
         def __init__(self, best_from_step):
             self.cfg = type("C", (), {"train": type("T", (), {"best_metric": "val/avg@k",
-                                                              "best_from_step": best_from_step})})
+                                                              "best_from_step": best_from_step}),
+                                      "val": type("W", (), {"split": "val", "max_prompts": None, "greedy": True,
+                                                            "samples": 1})})
             self.step, self.best_value, self.val_history, self.saved = 0, float("-inf"), [], []
             self.collector = type("V", (), {"validate": staticmethod(lambda trainer: {"val/avg@k": 0.5})})
             self.health = type("H", (), {"on_validation": staticmethod(lambda step, m: {}),
@@ -211,6 +213,9 @@ def test_the_trainer_never_makes_step_0_the_best_checkpoint_when_told(tmp_path):
 
         def _best_writer(self, state):
             return None
+
+        def status(self, message):
+            pass
 
     for best_from_step, chosen in ((0, [0]), (1, [1])):
         fake = Fake(best_from_step)
