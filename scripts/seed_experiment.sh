@@ -8,7 +8,7 @@
 #   scripts/seed_experiment.sh train.threads=2 # extra arguments: dotted overrides for every RL run
 #
 # Environment: ROOT (default runs/seed); BASE, the stage-1 starting model (default the FrozenLake action warm start
-# runs/agents/sft_frozenlake/final of docs/agents.md; smollm2-135m-instruct works too but rarely acts);
+# runs/agents/sft_frozenlake/checkpoint of docs/agents.md; smollm2-135m-instruct works too but rarely acts);
 # STEPS (RL updates, default the configs' 30); RUNS (default "grpo seed grpo_opsd"); SEEDS (default "0"); SFT_OVERRIDES, dotted overrides
 # for stage 1 only (space-separated); TETHER, PY.
 # Layout: $ROOT/experiment.log; $ROOT/sft (sft_summary.json, data/, checkpoint/); one run dir per RL run with
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-runs/seed}
-BASE=${BASE:-runs/agents/sft_frozenlake/final}
+BASE=${BASE:-runs/agents/sft_frozenlake/checkpoint}
 RUNS=${RUNS:-grpo seed grpo_opsd}
 TETHER=${TETHER:-.venv/bin/tether}
 PY=${PY:-.venv/bin/python}

@@ -12,7 +12,7 @@ from tether.config_docs import DOC_PATH, method_sections, render_config_docs, se
 
 def test_checked_in_reference_is_current() -> None:
     assert DOC_PATH.read_text(encoding="utf-8") == render_config_docs(), \
-        "docs/config.md is out of date: run `tether config-docs`"
+        "docs/config.md is out of date: run `tether config-docs --write`"
 
 
 @pytest.mark.parametrize("path,model", [(p, m) for p, _, m in [*sections(Config, "", None), *method_sections()]])
@@ -40,6 +40,6 @@ def test_check_option_fails_on_a_stale_file(tmp_path: Path, monkeypatch: pytest.
     runner = CliRunner()
     failed = runner.invoke(cli.app, ["config-docs", "--check"])
     assert failed.exit_code == 1 and "out of date" in failed.output
-    assert runner.invoke(cli.app, ["config-docs"]).exit_code == 0  # rewrites it
+    assert runner.invoke(cli.app, ["config-docs", "--write"]).exit_code == 0  # rewrites it
     assert runner.invoke(cli.app, ["config-docs", "--check"]).exit_code == 0
     assert stale.read_text() == render_config_docs()

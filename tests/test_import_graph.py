@@ -156,7 +156,8 @@ def test_pending_edges_still_exist(graph):
 
 @pytest.mark.parametrize("layer, allowed", [
     ("tether.algos", ("tether.algos",)),  # pure math
-    ("tether.config", ()),                # the schema every layer reads
+    ("tether.errors", ()),                # the errors and exit codes every layer raises
+    ("tether.config", ("tether.errors",)),  # the schema every layer reads
     ("tether.seeding", ()),               # the one seed formula
 ])
 def test_the_bottom_layers_import_nothing_above_them(graph, layer, allowed):

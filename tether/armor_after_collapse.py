@@ -69,8 +69,8 @@ def train_with_armor_after_collapse(cfg: Config, *, policy: Any = None, tokenize
     """
     armor_stage_config(cfg, 0)  # stage 2's settings are checked before stage 1 loads a model
     record_path = Path(cfg.run_dir) / RECORD
-    if not cfg.train.resume:
-        record_path.unlink(missing_ok=True)  # a fresh start replays stage 1
+    if cfg.train.resume == "never" and cfg.train.overwrite:
+        record_path.unlink(missing_ok=True)  # a fresh start over the earlier run replays stage 1
     out: dict[str, Any] = {}
     if record_path.is_file():
         record = json.loads(record_path.read_text())

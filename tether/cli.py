@@ -1,55 +1,80 @@
-"""``tether train | sft | eval | experiment | plot | show | validate | recipe | config-docs``."""
+"""``tether train | sft | eval | experiment | plot | show | validate | recipe | config-docs``.
+
+Every command ends a :class:`~tether.errors.TetherError` (a bad config, a health stop, an environment fault...)
+with its message and its exit code (docs/reliability.md); ``tether --debug COMMAND`` shows the traceback too.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from tether.config import Config, ConfigError, load_config
+from tether.errors import TetherError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="tether: RL for language models.")
+
+class _TetherGroup(TyperGroup):
+    """Catches tether's errors once, for every command and subcommand: one red message and the error's exit
+    code; the traceback only under ``--debug``."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TetherError as err:
+            if ctx.params.get("debug"):
+                raise
+            typer.secho(str(err), fg=typer.colors.RED, err=True)
+            raise typer.Exit(err.exit_code) from None
+
+
+app = typer.Typer(cls=_TetherGroup, add_completion=False, no_args_is_help=True,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="tether: RL for language models. Exit codes: docs/reliability.md.")
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. optim.lr=1e-5")]
 
 
-@contextmanager
-def _config_errors() -> Iterator[None]:
-    """A ConfigError -- from the file, or from a check that needs the machine (train.device, a strategy's
-    launch) -- ends the command with its one red line and exit code 2, not a traceback."""
+def tether_version() -> str:
     try:
-        yield
-    except ConfigError as err:
-        typer.secho(str(err), fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        return package_version("tether")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tether {tether_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error, not one line")]
+         = False,
+         version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="print tether's version and exit")] = False) -> None:
+    """tether: RL for language models. Exit codes: 0 done, 1 crash, 2 bad input, 3 health stop, 4 stopped early
+    (resumable), 5 environment fault, 128+N signal N (docs/reliability.md)."""
 
 
 def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None) -> Config:
-    with _config_errors():
-        return load_config(config, overrides or [], data=data)
+    from tether.user_code import import_user_modules
+
+    cfg = load_config(config, overrides or [], data=data)
+    import_user_modules(cfg.imports)  # the config's own code, before anything looks a name up
+    return cfg
 
 
 @app.command()
 def train(config: Path, overrides: Overrides = None) -> None:
     """Train with a YAML config; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
     cfg = _load(config, overrides)
-    from tether.health import HealthError
-    from tether.trainer.stop import TrainingStopped
-
-    try:
-        with _config_errors():  # e.g. a checkpoint the disk has no room for: one line naming path and cause
-            summary = _train(cfg)
-    except TrainingStopped as stop:  # a signal (after a checkpoint), or updates that stayed non-finite
-        typer.secho(str(stop), fg=typer.colors.RED, err=True)
-        raise typer.Exit(stop.exit_code) from None
-    except HealthError as failure:  # a health check's verdict, with its causes: a message, not a traceback
-        typer.secho(str(failure), fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
-    typer.echo(json.dumps(summary, indent=2))
+    typer.echo(json.dumps(_train(cfg), indent=2))
 
 
 def _train(cfg: Config) -> dict:
@@ -70,12 +95,11 @@ def evaluate(path: Path, overrides: Overrides = None,
              config: Annotated[Path | None, typer.Option(help="config with the task/env")] = None) -> None:
     """Evaluate a checkpoint (or a run's best) on the held-out set: avg@k / pass@k, or an env's success rate."""
     run_config = config or _find_run_config(path)
-    cfg = _load(run_config, [*(overrides or []), f"model.name={path}", "train.resume=false",
+    cfg = _load(run_config, [*(overrides or []), f"model.name={path}",
                              "logging.tensorboard=false"])
     from tether.trainer import evaluate as run_eval
 
-    with _config_errors():
-        result = run_eval(cfg)
+    result = run_eval(cfg)
     if cfg.env is not None:  # agents: name the environment the success rate belongs to
         result = {"env": cfg.env.name, **result}
     from tether.health.reward_audit import audit_summary
@@ -90,7 +114,7 @@ def _find_run_config(path: Path) -> Path:
     for candidate in (path, *path.parents):
         if (candidate / "config.yaml").is_file():
             return candidate / "config.yaml"
-    raise typer.BadParameter(f"no config.yaml in {path} or its parents; pass --config")
+    raise ConfigError(f"no config.yaml in {path} or its parents; pass --config")
 
 
 @app.command()
@@ -98,6 +122,9 @@ def plot(run_dir: Path) -> None:
     """Write PNG curves of a run's metrics into RUN_DIR/plots."""
     from tether.track import plot_run
 
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise ConfigError(f"{run_dir} has no metrics.jsonl: not a run directory (tether train, sft and eval write "
+                          "one into their run_dir)")
     for p in plot_run(run_dir):
         typer.echo(str(p))
 
@@ -105,7 +132,8 @@ def plot(run_dir: Path) -> None:
 @app.command()
 def show(run_dir: Path, html: Annotated[bool, typer.Option(help="write RUN_DIR/transcripts.html")] = False,
          limit: int = 3) -> None:
-    """Print sampled episodes turn by turn (agents), or write them as HTML."""
+    """Print sampled episodes turn by turn (agents) or samples (single-turn tasks: prompt, completion, reward per
+    component), or write them as HTML."""
     from tether.rollout.transcripts import show_transcripts
 
     typer.echo(show_transcripts(run_dir, html=html, limit=limit))
@@ -126,10 +154,9 @@ def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = N
     from tether.recipes.armor import run_two_stage
 
     first, second = _load(stage1, stage1_override), _load(stage2, stage2_override)
-    with _config_errors():
-        run_checks(first)
-        run_checks(second, policy=False)  # its policy is the checkpoint stage 1 will write
-        result = run_two_stage(first, second)
+    run_checks(first)
+    run_checks(second, policy=False)  # its policy is the checkpoint stage 1 will write
+    result = run_two_stage(first, second)
     typer.echo(json.dumps(result, indent=2, default=str))
 
 
@@ -140,9 +167,8 @@ def sft(config: Path, overrides: Overrides = None) -> None:
     from tether.checks import run_checks
     from tether.sft import run_sft
 
-    with _config_errors():
-        run_checks(cfg, sft=True)
-        summary = run_sft(cfg)
+    run_checks(cfg, sft=True)
+    summary = run_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
 
@@ -152,15 +178,23 @@ def experiment(protocol: Path,
                pool: Annotated[list[Path] | None, typer.Option(
                    help="a finished replication of PROTOCOL on other seeds (repeatable): report them together")] = None,
                into: Annotated[Path | None, typer.Option(help="with --pool: where the pooled report goes")] = None,
+               allow_dirty: Annotated[bool, typer.Option(
+                   help="run although the code's tree has uncommitted changes (the report says so)")] = False,
+               publish: Annotated[Path | None, typer.Option(
+                   help="a finished study: copy its report, per-seed table and lock here (docs/results/<study>)")]
+               = None,
                ) -> None:
-    """Run a pre-registered protocol (arms x seeds, separate processes, resumable) and write its report."""
+    """Run a pre-registered protocol (calibration first, then arms x seeds, separate processes, resumable) and write
+    its report."""
     from tether.lab.experiment import pool_experiments, run_experiment
+    from tether.lab.report import publish_report
 
-    with _config_errors():
-        if pool and into is None:
-            raise ConfigError("--pool needs --into DIR, the directory of the pooled report")
-        data = pool_experiments([protocol, *pool], into) if pool else run_experiment(protocol,
-                                                                                     report_only=report_only)
+    if pool and into is None:
+        raise ConfigError("--pool needs --into DIR, the directory of the pooled report")
+    data = pool_experiments([protocol, *pool], into) if pool else run_experiment(
+        protocol, report_only=report_only, allow_dirty=allow_dirty)
+    if publish is not None:
+        publish_report(data, publish)
     root = Path(data["protocol"]["run_root"])
     typer.echo((root / "report.md").read_text())
     if data["failures"]:
@@ -175,25 +209,30 @@ def seed_sft(config: Path, overrides: Overrides = None) -> None:
     from tether.distributed import resolve_device
     from tether.recipes.seed_sft import run_skill_sft
 
-    with _config_errors():
-        resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report
-        run_checks(cfg)
-        summary = run_skill_sft(cfg)
+    resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report
+    run_checks(cfg)
+    summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
 
 @app.command("config-docs")
 def config_docs(check: Annotated[bool, typer.Option(help="only say whether docs/config.md is current (exit 1 if not)")]
-                = False) -> None:
-    """Write docs/config.md, the reference of every config key, from the schema."""
+                = False,
+                write: Annotated[bool, typer.Option(help="(re)write docs/config.md of this source tree instead of "
+                                                    "printing")] = False) -> None:
+    """Print the reference of every config key (Markdown, from the schema); --write updates docs/config.md."""
     from tether.config_docs import DOC_PATH, render_config_docs
 
-    if not check:
+    if check:
+        if not DOC_PATH.is_file() or DOC_PATH.read_text(encoding="utf-8") != render_config_docs():
+            typer.secho(f"{DOC_PATH} is out of date: run `tether config-docs --write`", fg=typer.colors.RED,
+                        err=True)
+            raise typer.Exit(1)
+    elif write:
         DOC_PATH.write_text(render_config_docs(), encoding="utf-8")
         typer.echo(str(DOC_PATH))
-    elif not DOC_PATH.is_file() or DOC_PATH.read_text(encoding="utf-8") != render_config_docs():
-        typer.secho(f"{DOC_PATH} is out of date: run `tether config-docs`", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1)
+    else:
+        typer.echo(render_config_docs(), nl=False)
 
 
 @app.command()
@@ -201,11 +240,12 @@ def validate(config: Path, overrides: Overrides = None) -> None:
     """Check a config (names, types, ranges, component settings) and that the files, models and packages it names
     are here, without loading any model."""
     from tether.checks import run_checks
+    from tether.trainer.rundir import check_run_dir
 
     cfg = _load(config, overrides)
-    with _config_errors():
-        run_checks(cfg, sft=True)
-    typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name})")
+    run_checks(cfg, sft=True)
+    start = check_run_dir(cfg)  # the run directory as `tether train` would find it: layout, resume, settings
+    typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name}); {start}")
 
 
 if __name__ == "__main__":

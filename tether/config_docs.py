@@ -2,8 +2,8 @@
 
 Every section of :class:`tether.config.Config` (and every method plug-in's settings class, under ``methods.<name>``)
 becomes a table of its fields: key, type, default, allowed values (a ``Literal``'s choices, a number's bounds) and
-the field's ``description``. ``tether config-docs`` writes the file; ``tests/test_config_docs.py`` fails when the
-checked-in file differs from what the schema gives.
+the field's ``description``. ``tether config-docs`` prints it, ``--write`` writes the file;
+``tests/test_config_docs.py`` fails when the checked-in file differs from what the schema gives.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
 HEADER = """# Configuration reference
 
-Generated from the schema (`tether/config.py` and each method's settings class) by `tether config-docs`; do not
-edit by hand: `tests/test_config_docs.py` fails when this file differs from what the schema gives. A config is YAML
-whose sections are the headings below; any key can be overridden on the command line as `key.path=value`
+Generated from the schema (`tether/config.py` and each method's settings class) by `tether config-docs --write`;
+do not edit by hand: `tests/test_config_docs.py` fails when this file differs from what the schema gives. A config
+is YAML whose sections are the headings below; any key can be overridden on the command line as `key.path=value`
 (`tether train configs/quickstart.yaml optim.lr=1e-5`). Unknown keys, wrong types and values outside the allowed
 ones stop the run before any model loads (`tether validate CONFIG` checks only that).
 """

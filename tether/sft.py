@@ -302,6 +302,28 @@ def evaluate_nll(model: Any, examples: list, pad_id: int, micro: int, bf16_autoc
     return total / max(sum(len(r) for _, r in examples), 1)
 
 
+def sft_steps(n_train: int, s: SFTSettings) -> int:
+    """Optimiser steps of :func:`train_sft` on ``n_train`` examples."""
+    per_epoch = math.ceil(n_train / s.batch_size)
+    return min(per_epoch * s.epochs, s.max_steps or per_epoch * s.epochs)
+
+
+def progress_log(log: Any, total: int) -> Any:
+    """``log`` that also prints one line per optimiser step (loss, s/step, ETA) and each held-out loss."""
+    from tether.track.progress import StepLines, status
+
+    lines = StepLines(total, label="sft step")
+
+    def logged(metrics: dict[str, float], step: int) -> None:
+        log(metrics, step)
+        if "sft/loss" in metrics:
+            lines.update(step, f"loss {metrics['sft/loss']:.4f}")
+        if "sft/val_loss" in metrics:
+            status(f"held-out loss after step {step}: {metrics['sft/val_loss']:.4f}")
+
+    return logged
+
+
 def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings, *,
               log: Any = None, bf16_autocast: bool = False) -> dict[str, float]:
     """Response-only SFT: AdamW, warm-up then cosine, grad clip; token-mean NLL per optimiser batch.
@@ -323,8 +345,7 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
     from tether.models.vision import text_tokenizer
 
     pad = pad_token_id(text_tokenizer(tokenizer))
-    per_epoch = math.ceil(len(train) / s.batch_size)
-    total = min(per_epoch * s.epochs, s.max_steps or per_epoch * s.epochs)
+    total = sft_steps(len(train), s)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
     schedule = get_cosine_schedule_with_warmup(optimizer, int(s.warmup_ratio * total), total)
     model.eval()
@@ -372,7 +393,10 @@ def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[s
     if cfg.sft is None:
         raise ConfigError("tether sft needs an sft: section (data, epochs, lr, ...; docs/lab.md)")
     s = cfg.sft
+    from tether.track.progress import status
+
     device = start_run(cfg)  # a missing GPU fails now, before any model load
+    status(f"building the sft examples (sft.data={s.data})")
     examples = sft_examples(cfg, device)
     train_ex, val_ex = split_examples(examples, s.val_fraction, s.data_seed)
     run_dir = Path(cfg.run_dir)
@@ -382,6 +406,7 @@ def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[s
         write_examples(run_dir / "data" / f"{name}.jsonl", part)
     start = time.perf_counter()
     if policy is None:
+        status(f"loading the policy {cfg.model.name}")
         policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
     train, dropped_train = encode_examples(train_ex, tokenizer, s.max_length)
@@ -391,7 +416,9 @@ def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[s
     with build_tracker(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
                        mlflow=cfg.logging.mlflow) as tracker:
         tracker.log_config(cfg.model_dump(mode="json"))
-        result = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast)
+        status(f"training on {len(train)} examples ({len(val)} held out) for {s.epochs} epoch(s)")
+        log = progress_log(tracker.log, sft_steps(len(train), s)) if cfg.logging.progress else tracker.log
+        result = train_sft(policy, tokenizer, train, val, s, log=log, bf16_autocast=cfg.model.bf16_autocast)
         checkpoint = run_dir / "checkpoint"
         policy.save_pretrained(checkpoint)
         tokenizer.save_pretrained(checkpoint)

@@ -22,7 +22,15 @@ def jsonl_config(tmp_path: Path, lines: list[str] | None, **kwargs) -> object:
     if lines is not None:
         path.write_text("".join(line + "\n" for line in lines))
     return load_config(data={"run_dir": str(tmp_path / "run"),
-                             "task": {"name": "jsonl", "kwargs": {"path": str(path), **kwargs}}})
+                             "task": {"name": "jsonl", "kwargs": {"path": str(path), "val_size": 1, **kwargs}}})
+
+
+def model_dir(path: Path) -> Path:
+    """A directory that passes for a local model (config, weights, tokenizer files; their contents unread)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (path / name).write_text("{}")
+    return path
 
 
 GOOD = json.dumps({"prompt": "1+1?", "answer": "2"})
@@ -41,8 +49,8 @@ def test_jsonl_data_is_checked_to_the_first_bad_line(tmp_path, lines, message):
 
 
 def test_jsonl_fields_can_be_renamed(tmp_path):
-    check_config(jsonl_config(tmp_path, [json.dumps({"q": "1+1?", "a": "2"})], prompt_field="q", answer_field="a"),
-                 policy=False)
+    lines = [json.dumps({"q": "1+1?", "a": "2"}), json.dumps({"q": "2+2?", "a": "4"})]
+    check_config(jsonl_config(tmp_path, lines, prompt_field="q", answer_field="a"), policy=False)
 
 
 @pytest.mark.parametrize("name, message", [
@@ -56,7 +64,7 @@ def test_a_model_that_is_not_here_is_one_line(tmp_path, monkeypatch, name, messa
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(ConfigError, match=message):
         check_config(tiny_config(tmp_path, f"model.name={name}"))
-    check_config(tiny_config(tmp_path, f"model.name={tmp_path}"))  # a local directory
+    check_config(tiny_config(tmp_path, f"model.name={model_dir(tmp_path / 'local')}"))  # a local directory
     for alias in ("smollm2-135m-instruct", "char-64x2", "tiny-64x2"):  # tether's aliases, never built here
         check_config(tiny_config(tmp_path, f"model.name={alias}"))
 
@@ -122,7 +130,8 @@ def test_the_eapo_prior_must_be_here_before_any_model_loads(tmp_path, monkeypatc
                                           r"cache and HF_HUB_OFFLINE is set"):
         check_config(tiny_config(tmp_path, "algorithm.policy_loss=eapo", "methods.eapo.prior=org/prior"),
                      policy=False)
-    check_config(tiny_config(tmp_path, "algorithm.policy_loss=eapo", f"methods.eapo.prior={tmp_path}"), policy=False)
+    check_config(tiny_config(tmp_path, "algorithm.policy_loss=eapo", f"methods.eapo.prior={model_dir(tmp_path / 'p')}"),
+                 policy=False)
 
 
 @pytest.mark.parametrize("overrides, package, message", [
@@ -140,8 +149,7 @@ def test_an_optional_package_the_config_needs_is_one_line(tmp_path, monkeypatch,
 
 
 def test_responses_longer_than_the_models_context_are_a_warning(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
+    model = model_dir(tmp_path / "model")
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 32}))
     assert check_config(tiny_config(tmp_path, f"model.name={model}", "rollout.max_new_tokens=16")) == []
     assert check_config(tiny_config(tmp_path, f"model.name={model}", "rollout.max_new_tokens=32")) == [
@@ -173,8 +181,9 @@ def test_a_prompt_that_fills_the_context_stops_before_any_model_loads(tmp_path):
 def test_prompts_that_leave_too_little_room_for_the_response_are_a_warning(tmp_path):
     from tether.models.char import char_tokenizer
 
-    model = tmp_path / "model"  # a local checkpoint: config.json and the tokenizer, no weights needed
+    model = tmp_path / "model"  # a local checkpoint: config.json and the tokenizer (the weights are never read)
     char_tokenizer().save_pretrained(model)
+    (model / "model.safetensors").write_text("")
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
     prompts = ["x" * 40, "y" * 30, "1+1?"]  # 46, 36 and 10 tokens
     assert check_config(prompt_config(tmp_path, str(model), prompts, 20)) == [
@@ -196,7 +205,7 @@ def test_validate_prints_each_error_and_each_warning_on_one_line(tmp_path):
     result = CliRunner().invoke(app, ["validate", str(config)])
     assert result.exit_code == 0, result.output
     assert sorted(result.output.splitlines()) == [
-        f"ok: {config} (task parity)",
+        f"ok: {config} (task parity); would start {tmp_path / 'run'}",
         "warning: model.ref_name='char-16x1' is never loaded: nothing uses a reference (algorithm.kl.coef is 0, "
         "algorithm.use_ref is false, and no method needs one)"]
     assert not (tmp_path / "run").exists()

@@ -72,7 +72,7 @@ def test_tether_train_says_why_it_stopped(tmp_path, tiny_policy, scripted_collap
     config.write_text(yaml.safe_dump(tiny_config(tmp_path, *COLLAPSE).model_dump(mode="json")))
     out = CliRunner().invoke(app, ["train", str(config), f"model.name={tmp_path / 'model'}",
                                    "health.collapse.action=stop"])
-    assert out.exit_code == 1 and "over-optimisation" in out.stderr and "Traceback" not in out.output
+    assert out.exit_code == 3 and "over-optimisation" in out.stderr and "Traceback" not in out.output
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -11,22 +12,28 @@ import pytest
 import yaml
 
 from tether.config import ConfigError
+from tether.lab import experiment
+from tether.lab.calibration import measure
 from tether.lab.experiment import check_protocol, load_protocol, pool_experiments, run_experiment
 from tether.lab.protocol import run_dir
 from tether.tasks import TaskItem, register_task, unregister_task
+
+CLEAN = {"commit": "c" * 40, "clean": True, "changed": []}
 
 
 @pytest.fixture(autouse=True)
 def char_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TETHER_CACHE", str(tmp_path / "cache"))  # subprocesses inherit it
+    # the tests' own checkout may have uncommitted changes: the dirty-tree rule has its own tests
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
 
 
-def write_config(tmp_path, name="arm.yaml", **task_kwargs):
+def write_config(tmp_path, name="arm.yaml", val=None, **task_kwargs):
     cfg = {"model": {"name": "char-64x1"},
            "task": {"name": "addition", "kwargs": {"digits": 1, "train_size": 8, "val_size": 6, "report_size": 6,
                                                    **task_kwargs}},
            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
-           "optim": {"lr": 1e-3, "micro_batch_size": 4}, "val": {"every": 1, "samples": 1},
+           "optim": {"lr": 1e-3, "micro_batch_size": 4}, "val": val or {"every": 1, "samples": 1},
            "train": {"steps": 2, "device": "cpu"}, "logging": {"tensorboard": False, "progress": False}}
     path = tmp_path / name
     path.write_text(yaml.safe_dump(cfg))
@@ -35,7 +42,10 @@ def write_config(tmp_path, name="arm.yaml", **task_kwargs):
 
 def write_protocol(tmp_path, config, **changes):
     protocol = {"name": "smoke", "question": "does a higher lr change accuracy?", "seeds": [0, 1],
-                "baseline": "low", "paper_effect": 0.1, "run_root": str(tmp_path / "study"), "parallel": 2,
+                "baseline": "low", "run_root": str(tmp_path / "study"), "parallel": 2,
+                "test_size": {"delta": 0.1, "derivation": "a smoke test's number"},
+                "calibration": {"kind": "positive_control", "arm": "high", "min_movement": 0.1,
+                                "why": "the higher rate must move the endpoint at all"},
                 "arms": {"low": {"config": str(config)},
                          "high": {"config": str(config), "overrides": ["optim.lr=1e-2"]}},
                 "endpoint": {"metric": "val/avg@k", "split": "report", "at": "best"},
@@ -71,15 +81,32 @@ def overlapping_task():
     ({"secondary": ["val/mode/other/share"]}, "no run logs the metric 'val/mode/other/share'"),
     ({"endpoint": {"split": "val", "at": "best"}}, "would report on the split that chose the checkpoint"),
     ({"endpoint": {"split": "test"}}, "has no split 'test'"),
-    ({"arms": {"low": {"config": "missing.yaml"}}},
+    ({"arms": {"low": {"config": "missing.yaml"}, "high": {"config": "ARM"}}},
      "arm 'low' \\(missing.yaml\\): config file 'missing.yaml' does not exist"),
-    ({"arms": {"low": {"config": "ARM", "overrides": ["optim.lr=-1"]}}},
+    ({"arms": {"low": {"config": "ARM", "overrides": ["optim.lr=-1"]}, "high": {"config": "ARM"}}},
      r"arm 'low' \(.*\): invalid configuration:\n  optim.lr"),
+    ({"calibration": {"kind": "positive_control", "min_movement": 0.1, "why": "w"}},
+     "positive_control needs calibration.arm"),
+    ({"calibration": {"kind": "positive_control", "arm": "nope", "min_movement": 0.1, "why": "w"}},
+     "calibration.arm 'nope' is not an arm"),
+    ({"calibration": {"kind": "positive_control", "arm": "high", "min_movement": 0.05, "why": "w"}},
+     r"min_movement=0.05 is below test_size.delta \(0.1\)"),
+    ({"calibration": {"kind": "fall", "min_movement": 0.15, "why": "w"}},
+     r"below 2 x test_size.delta: the test size may be at most half the fall \(0.2\)"),
+    ({"test_size": {"delta": 0.1, "derivation": "d", "paper_relative_gain": 0.16}}, "go together"),
+    ({"test_size": {"delta": 0.1, "derivation": "d", "paper_relative_gain": 0.16, "paper_rows": "Table 2",
+                    "setting_baseline": 0.3}}, r"paper_relative_gain x setting_baseline = 0.0480"),
+    ({"test_size": {"delta": 0.1}}, "test_size.derivation: Field required"),
+    ({"endpoint": {"split": "report", "at": "final"}},
+     "calibrated at its last step, which val.every=3 does not validate"),
 ])
 def test_bad_protocols_stop_before_any_run(tmp_path, change, match):
     config = write_config(tmp_path)
+    if change.get("endpoint", {}).get("at") == "final":
+        config = write_config(tmp_path, val={"every": 3, "samples": 1})
     if "arms" in change:
-        change["arms"]["low"]["config"] = change["arms"]["low"]["config"].replace("ARM", str(config))
+        for arm in change["arms"].values():
+            arm["config"] = arm["config"].replace("ARM", str(config))
     path = write_protocol(tmp_path, config, **change)
     with pytest.raises(ConfigError, match=match):
         check_protocol(load_protocol(path))
@@ -90,23 +117,38 @@ def test_overlapping_splits_are_refused(tmp_path, overlapping_task):
     config = tmp_path / "overlap.yaml"
     config.write_text(yaml.safe_dump({"model": {"name": "char-64x1"}, "task": {"name": "overlapping_test_task"}}))
     path = write_protocol(tmp_path, config, endpoint={"split": "val", "at": "final"},
-                          arms={"low": {"config": str(config)}}, secondary=["val/response_length"])
+                          arms={"low": {"config": str(config)}}, secondary=["val/response_length"],
+                          calibration={"kind": "rise", "min_movement": 0.1, "why": "training moves it"})
     with pytest.raises(ConfigError, match="splits 'train' and 'val' of task 'overlapping_test_task' share 1"):
         check_protocol(load_protocol(path))
 
 
-def test_runs_arms_by_seeds_resumes_and_reports(tmp_path):
+def test_runs_arms_by_seeds_resumes_and_reports(tmp_path, monkeypatch):
+    measured = []
+
+    def calibration_passes(protocol, locate):
+        # two steps of a 64-wide model cannot move accuracy, so the real calibration is measured here and then
+        # passed by hand to reach the comparison; the calibration's rule has its own tests (test_calibration.py)
+        result = measure(protocol, locate)
+        measured.append(result)
+        return {**result, "status": "passed"}
+
+    monkeypatch.setattr(experiment, "measure", calibration_passes)
     path = write_protocol(tmp_path, write_config(tmp_path))
     killed = tmp_path / "study" / "low" / "seed0"  # a run killed before its first checkpoint: started afresh
     killed.mkdir(parents=True)
     (killed / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.5}\n')
     data = run_experiment(path)
     assert not data["failures"] and len(data["runs"]) == 4
+    assert measured[0]["status"] in ("passed", "failed") and set(measured[0]["per_seed"]) == {0, 1}
     root = tmp_path / "study"
     for arm in ("low", "high"):
         for seed in (0, 1):
             record = json.loads((root / arm / f"seed{seed}" / "endpoint.json").read_text())
             assert record["split"] == "report" and record["checkpoint"].endswith("checkpoints/best")
+            # step 0's validation never becomes the endpoint (ties at step 0 would otherwise keep it)
+            assert record["step"] > 0 and "step=0" not in (root / arm / f"seed{seed}" / "best.txt").read_text()
+            assert [c["what"] for c in experiment.code_records(root / arm / f"seed{seed}")] == ["train", "eval"]
             per_seed = data["summary"]["val/avg@k"]["arms"][arm]["per_seed"]
             assert per_seed[seed] == record["metrics"]["val/avg@k"]
             modes = record["metrics"]["val/mode/direct/share"] + record["metrics"]["val/mode/scratchpad/share"]
@@ -119,19 +161,25 @@ def test_runs_arms_by_seeds_resumes_and_reports(tmp_path):
     diffs = [data["summary"]["val/avg@k"]["arms"]["high"]["per_seed"][s]
              - data["summary"]["val/avg@k"]["arms"]["low"]["per_seed"][s] for s in (0, 1)]
     assert comparison["mean"] == pytest.approx(sum(diffs) / 2)
-    assert comparison["label"] in ("effect detected", "no effect of the paper's size", "inconclusive")
+    assert comparison["label"] in ("better", "worse", "no effect of size delta", "inconclusive")
+    assert comparison["p_holm"] == comparison["p"] or math.isnan(comparison["p"])  # a family of one
     assert data["answers_per_run"] == 6
-    assert not data["registration"]["changed_after_first_run"]
+    assert not data["registration"]["protocol_changed"] and not data["registration"]["arms_changed"]
+    assert data["endpoint_steps"]["low"] == {str(data["runs"][0]["step"]): 2} or sum(
+        data["endpoint_steps"]["low"].values()) == 2
+    assert "0" not in data["endpoint_steps"]["low"] and "0" not in data["endpoint_steps"]["high"]
     report = (root / "report.md").read_text()
     assert "| high | 2 |" in report and "MDE" in report and (root / "curves.png").stat().st_size > 1000
+    assert "## Endpoint steps" in report and "p (Holm)" in report
+    assert (root / "per_seed.csv").read_text().count("\n") == 5
 
     # a second invocation skips finished runs; a changed protocol is reported as changed
     stamps = {p: p.stat().st_mtime_ns for p in root.glob("*/seed*/endpoint.json")}
     path.write_text(path.read_text().replace("does a higher lr", "does a larger lr"))
     again = run_experiment(path)
     assert {p: p.stat().st_mtime_ns for p in root.glob("*/seed*/endpoint.json")} == stamps
-    assert again["registration"]["changed_after_first_run"]
-    assert "changed after the first run: **True**" in (root / "report.md").read_text()
+    assert again["registration"]["protocol_changed"] and not again["registration"]["arms_changed"]
+    assert "protocol changed: **True**" in (root / "report.md").read_text()
 
 
 def test_cli_reports_a_bad_protocol_in_one_line(tmp_path):
@@ -172,18 +220,38 @@ def test_an_env_with_a_report_split_is_evaluated_there_and_others_are_refused(tm
         check_protocol(load_protocol(scripted))
 
 
-def fake_finished_runs(path, values):
-    """A protocol's lock and one endpoint.json per (arm, seed) with ``values[arm][seed]``, without any training."""
+def fake_run(protocol, arm, seed, *, start=0.0, end=0.0, value=None, step=1, commit="c" * 40, clean=True):
+    """The files training and the endpoint evaluation leave in a run directory, without either: selection-split
+    validations at step 0 (``start``) and ``step`` (``end``), the best checkpoint's step, ``trained.json``, the
+    commit its process imported and, with a ``value``, ``endpoint.json``."""
+    directory = run_dir(protocol, arm, seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    metric = protocol.endpoint.metric
+    rows = [{"step": 0, metric: start}, {"step": step, "train/loss": 0.5}, {"step": step, metric: end}]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (directory / "best.txt").write_text(f"{metric}={end} step={step}\n")
+    (directory / "checkpoints").mkdir(exist_ok=True)
+    (directory / "checkpoints" / "latest").write_text(f"step_{step:06d}")
+    (directory / "trained.json").write_text(json.dumps({"endpoint_step": step}))
+    (directory / "code.jsonl").write_text(json.dumps({"what": "train", "commit": commit, "clean": clean}) + "\n")
+    if value is not None:
+        record = {"arm": arm, "seed": seed, "split": "report", "checkpoint": "best", "step": step,
+                  "metrics": {metric: value, "val/response_length": 3.0, "val/mode/direct/share": 1.0}}
+        (directory / "endpoint.json").write_text(json.dumps(record))
+
+
+def fake_finished_runs(path, values, lift=0.2):
+    """A protocol's lock (an earlier lab version's: the protocol's hash only) and finished runs with
+    ``values[arm][seed]`` at the endpoint; the selection split sees the same values, the calibration's arm lifted
+    by ``lift``."""
     protocol = load_protocol(path)
     Path(protocol.run_root).mkdir(parents=True)
     (Path(protocol.run_root) / "protocol.lock.json").write_text(json.dumps(
         {"sha256": "0" * 64, "commit": "c" * 40, "committed": True, "started": "2026-12-05T00:00:00+00:00"}))
     for arm, per_seed in values.items():
         for seed, value in per_seed.items():
-            record = {"arm": arm, "seed": seed, "split": "report", "checkpoint": "best",
-                      "metrics": {"val/avg@k": value, "val/response_length": 3.0, "val/mode/direct/share": 1.0}}
-            (run_dir(protocol, arm, seed)).mkdir(parents=True)
-            (run_dir(protocol, arm, seed) / "endpoint.json").write_text(json.dumps(record))
+            lifted = value + (lift if arm == protocol.calibration.arm else 0.0)
+            fake_run(protocol, arm, seed, end=lifted, value=value)
 
 
 def test_a_replication_on_other_seeds_pools_into_one_report(tmp_path):
@@ -199,11 +267,14 @@ def test_a_replication_on_other_seeds_pools_into_one_report(tmp_path):
     assert data["summary"]["val/avg@k"]["arms"]["low"]["n"] == 4
     assert data["failures"] == ["high/seed3 of smoke-replication: no endpoint.json"]
     assert data["protocol"]["seeds"] == [0, 1, 2, 3] and len(data["registration"]["pooled"]) == 2
-    assert "smoke + smoke-replication" in (tmp_path / "pooled" / "report.md").read_text()
+    assert data["calibration"]["status"] == "incomplete" and data["calibration"]["missing"] == ["high/seed3"]
+    assert data["registration"]["legacy"]  # an earlier lab version's lock, which the report says covers less
+    report = (tmp_path / "pooled" / "report.md").read_text()
+    assert "smoke + smoke-replication" in report and "hashes the protocol file only" in report
 
     other_arms = write_protocol(tmp_path / "x", config, seeds=[4], run_root=str(tmp_path / "x_study"),
-                                paper_effect=0.2)
-    with pytest.raises(ConfigError, match="their paper_effect differ"):
+                                test_size={"delta": 0.05, "derivation": "another"})
+    with pytest.raises(ConfigError, match="their test_size differ"):
         pool_experiments([first, other_arms], tmp_path / "never")
     same_seed = write_protocol(tmp_path / "y", config, seeds=[1, 5], run_root=str(tmp_path / "y_study"))
     with pytest.raises(ConfigError, match=r"seed\(s\) \[1\] are in more than one protocol"):

@@ -10,7 +10,6 @@ from tether.lab import stats
 
 T_975_DF4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (tables)
 T_80_DF4 = 0.9409645470242280
-Z_975, Z_80 = 1.959963984540054, 0.8416212335729143
 
 
 def test_mean_ci_matches_the_textbook_formula():
@@ -43,17 +42,57 @@ def test_paired_difference_uses_only_common_seeds():
 def test_mde_matches_its_formula():
     assert stats.mde(0.05, 5) == pytest.approx((T_975_DF4 + T_80_DF4) * 0.05 / math.sqrt(5))
     assert math.isnan(stats.mde(0.05, 1))
-    floor = stats.evaluation_floor_mde(0.5, 2048, 5)
-    assert floor == pytest.approx((Z_975 + Z_80) * math.sqrt(2 * 0.25 / 2048) / math.sqrt(5))
 
 
-@pytest.mark.parametrize(("low", "high", "paper", "want"), [
-    (0.01, 0.05, 0.1, stats.EFFECT),
-    (-0.05, -0.01, 0.1, stats.EFFECT),
-    (-0.02, 0.03, 0.05, stats.NO_PAPER_EFFECT),
-    (-0.02, 0.08, 0.05, stats.INCONCLUSIVE),
-    (-0.02, 0.03, None, stats.INCONCLUSIVE),
+def test_paired_p_value_is_the_two_sided_t_test():
+    diff = stats.mean_ci([0.01, 0.03, 0.02, 0.05, 0.04])
+    t = diff.mean / (diff.sd / math.sqrt(5))
+    p = stats.paired_p_value(diff)
+    assert p == pytest.approx(2 * (1 - stats.stats.t.cdf(t, 4)))
+    # p < 0.05 exactly when the 95% interval excludes 0: the interval's low end at p = 0.05 is 0
+    assert (p < 0.05) == (diff.low > 0)
+    assert math.isnan(stats.paired_p_value(stats.mean_ci([0.1])))
+    assert stats.paired_p_value(stats.mean_ci([0.0, 0.0, 0.0])) == 1.0  # identical arms: nothing to detect
+    assert stats.paired_p_value(stats.mean_ci([0.25, 0.25, 0.25])) == 0.0
+
+
+def holm_by_definition(p):
+    """Holm (1979), per element: the adjusted p of p_i is the largest, over every p_j <= p_i, of
+    min(1, (m - r_j + 1) p_j), where r_j is p_j's rank from 1 in ascending order."""
+    m = len(p)
+    ranked = sorted(p)
+    return [max(min(1.0, (m - r) * ranked[r]) for r in range(m) if ranked[r] <= pi) for pi in p]
+
+
+def test_holm_on_a_textbook_family():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04; running max 0.02, 0.03,
+    # 0.06, 0.06; back in the given order:
+    assert stats.holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm(p) == pytest.approx(holm_by_definition(p))
+    # ARMOR's KL beta=1 (p ~ 0.043) among six comparisons: significant alone, not after Holm
+    family = [0.043, 0.25, 0.31, 0.45, 0.62, 0.71]
+    assert stats.holm(family)[0] == pytest.approx(min(1.0, 6 * 0.043)) and stats.holm(family)[0] > 0.05
+    assert stats.holm(family) == pytest.approx(holm_by_definition(family))
+
+
+def test_holm_counts_a_missing_comparison_as_p_one():
+    assert stats.holm([0.01, math.nan]) == pytest.approx([0.02, 1.0])
+
+
+@pytest.mark.parametrize(("low", "high", "p_holm", "delta", "want"), [
+    (0.01, 0.05, 0.01, 0.1, stats.BETTER),
+    (-0.05, -0.01, 0.01, 0.1, stats.WORSE),           # a detected harm is labelled as one
+    (0.01, 0.05, 0.2, 0.1, stats.NO_EFFECT),          # excludes 0 alone, not after Holm; inside +-delta
+    (-0.02, 0.03, 0.6, 0.05, stats.NO_EFFECT),
+    (-0.02, 0.08, 0.6, 0.05, stats.INCONCLUSIVE),
+    (-0.024, 0.079, 0.3, 0.10, stats.NO_EFFECT),
+    (-0.024, 0.079, 0.3, 0.034, stats.INCONCLUSIVE),  # ARMOR's interval against half its fall
 ])
-def test_labels(low, high, paper, want):
+def test_labels(low, high, p_holm, delta, want):
     diff = stats.Interval(n=5, mean=(low + high) / 2, sd=0.1, low=low, high=high)
-    assert stats.label(diff, paper) == want
+    assert stats.label(diff, p_holm, delta) == want
+
+
+def test_unpaired_seeds_are_named():
+    assert stats.unpaired_seeds({0: 1.0, 1: 1.0, 4: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}) == ([4], [2])

@@ -29,7 +29,8 @@ TOY = "armor_toy"
 TINY = [f"task.name={TOY}", "task.kwargs={}", "rollout.prompts_per_step=2", "rollout.group_size=4",
         "rollout.max_new_tokens=4", "rollout.gen_batch_prompts=2", "rollout.max_gen_batches=30",
         "rollout.overlong.enabled=false", "optim.micro_batch_size=16", "optim.mini_batches=2",
-        "optim.lr=1e-3", "optim.warmup_steps=0", "val.every=0", "train.steps=1", "train.resume=false",
+        "optim.lr=1e-3", "optim.warmup_steps=0", "val.every=0", "train.steps=1", "train.resume=never",
+        "train.overwrite=true",
         "train.save_every=0", "logging.tensorboard=false", "logging.progress=false"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from tether.models import forward
@@ -146,3 +147,44 @@ def test_prompt_sharing_off_for_flash_attention_and_checkpointing(tiny_policy, m
     switch.on = False
     monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
     assert not forward._can_share_prompts(model, model.model)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_token_chunks_equal_the_full_logits_path_values_and_gradients(tiny_policy, monkeypatch, chunk):
+    """Chunks of real response tokens across rows against the full [N, T, V] logits, in float64: one rounding of
+    the same sums (1e-12), for values, entropies and every parameter's gradient."""
+    model64 = copy.deepcopy(tiny_policy[0]).double()
+    ids, mask = _responses([6, 3, 0, 5, 6, 1])
+
+    def run(**kwargs):
+        model64.zero_grad()
+        # prompts not shared: the full-logits path packs every row, and HF's float32 RMSNorm would round a shared
+        # prompt's gradient sums differently (see the test above)
+        lp, ent = response_log_probs(model64, GROUPED, ids, mask, temperature=0.7, with_entropy=True,
+                                     share_prompts=False, **kwargs)
+        (lp.sum() + 0.3 * ent.sum()).backward()
+        return lp.detach(), ent.detach(), [p.grad.clone() for p in model64.parameters()]
+
+    shapes = []
+    hook = model64.lm_head.register_forward_hook(lambda _m, args, _out: shapes.append(args[0].shape))
+    chunked = run(chunk_size=chunk)
+    hook.remove()
+    tokens = int(mask.sum())  # 21 real response tokens: padding never reaches the head
+    assert [s[1] for s in shapes[:len(shapes) // 2]] == [min(chunk, tokens - s) for s in range(0, tokens, chunk)]
+    assert max(s[1] for s in shapes) <= chunk  # one chunk's logits at a time, forward and recomputed backward
+    monkeypatch.setattr(forward, "PLAIN_HEAD_MODEL_TYPES", frozenset())  # the full-logits path, one chunk
+    full = run(chunk_size=ids.shape[1])
+    torch.testing.assert_close(chunked[0], full[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(chunked[1], full[1], rtol=0, atol=1e-12)
+    for got, want in zip(chunked[2], full[2], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_pass_without_response_tokens_still_has_a_graph(tiny_policy):
+    """A lock-step pass over rows with no response token runs backward through the head (0 gradient)."""
+    model = tiny_policy[0]
+    ids, mask = _responses([0, 0, 0])
+    lp, _ = response_log_probs(model, PROMPTS, ids, mask)
+    assert torch.equal(lp, torch.zeros_like(lp)) and lp.requires_grad
+    (lp.sum() * 0.0).backward()
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())

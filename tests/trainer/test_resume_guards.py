@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.helpers import tiny_config
+from tether.config import dump_config
 from tether.distributed import DataParallel
 from tether.trainer.checkpoint import CheckpointManager
-from tether.trainer.rundir import RunDirError, lock_run_dir, prepare_run_dir
+from tether.trainer.rundir import LOCK, RunDirError, lock_run_dir, prepare_run_dir
 
 
 def write_marker(text: str):
@@ -95,7 +96,8 @@ def test_an_earlier_run_that_cannot_be_resumed_stops_the_start(tmp_path, leftove
     write_metrics(run_dir, [0, 1, 2])
     if leftover == "damaged_checkpoint":
         (ckpts.save(2, write_marker("two")) / "trainer_state.pt").write_text("zz")
-    with pytest.raises(RunDirError, match=r"holds an earlier run .* start afresh with train\.resume=false"), \
+    with pytest.raises(RunDirError, match=r"holds an earlier run .*: nothing to resume; set another run_dir, or add "
+                                          r"train\.overwrite=true"), \
             pytest.warns(UserWarning) if leftover == "damaged_checkpoint" else contextlib.nullcontext():
         prepare_run_dir(cfg, ckpts, DataParallel())
     assert metric_steps(run_dir) == [0, 1, 2]  # nothing touched
@@ -171,5 +173,74 @@ def test_one_process_per_run_directory_and_a_dead_holder_leaves_no_stale_lock(tm
 def test_a_run_dir_that_is_a_file_is_one_line(tmp_path):
     cfg = tiny_config(tmp_path)
     Path(cfg.run_dir).write_text("not a directory")
-    with pytest.raises(RunDirError, match=r"^run_dir .*run: File exists"):
+    with pytest.raises(RunDirError, match=r"^run_dir .*run is a file, not a directory"):
         prepare_run_dir(cfg, manager(cfg), DataParallel())
+
+
+def test_resume_never_refuses_an_earlier_run_without_overwrite_and_deletes_nothing(tmp_path):
+    cfg = tiny_config(tmp_path, "train.resume=never")
+    run_dir, ckpts = Path(cfg.run_dir), manager(cfg)
+    write_metrics(run_dir, [0, 1, 2])
+    ckpts.save(2, write_marker("two"))
+    with pytest.raises(RunDirError, match=r"holds an earlier run with checkpoints up to step_000002: train\.resume="
+                                          r"never starts at step 0; .* train\.overwrite=true"):
+        prepare_run_dir(cfg, ckpts, DataParallel())
+    assert metric_steps(run_dir) == [0, 1, 2] and [p.name for p in ckpts.step_dirs()] == ["step_000002"]
+    fresh = tiny_config(tmp_path, "train.resume=never", "train.overwrite=true")
+    assert prepare_run_dir(fresh, ckpts, DataParallel()) is None
+    assert not ckpts.step_dirs() and (run_dir / "metrics.jsonl").read_text() == ""
+
+
+def test_resume_must_stops_without_a_checkpoint_and_resumes_with_one(tmp_path):
+    cfg = tiny_config(tmp_path, "train.resume=must")
+    with pytest.raises(RunDirError, match=r"train\.resume=must but run_dir .* has no checkpoint to resume"):
+        prepare_run_dir(cfg, manager(cfg), DataParallel())
+    ckpts = manager(cfg)
+    ckpts.save(3, write_marker("three"))
+    assert prepare_run_dir(cfg, ckpts, DataParallel()) == ckpts.root / "step_000003"
+
+
+def test_the_start_says_whether_it_resumes(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    ckpts = manager(cfg)
+    prepare_run_dir(cfg, ckpts, DataParallel())
+    assert f"starting {cfg.run_dir}" in capsys.readouterr().err
+    ckpts.save(50, write_marker("fifty"))
+    prepare_run_dir(cfg, ckpts, DataParallel())
+    assert f"resuming {cfg.run_dir} at step 50" in capsys.readouterr().err
+
+
+def test_a_boolean_resume_keeps_its_meaning():
+    assert tiny_config(Path("x"), "train.resume=true").train.resume == "auto"
+    with pytest.warns(FutureWarning, match="train.resume=never train.overwrite=true"):
+        old = tiny_config(Path("x"), "train.resume=false")
+    assert (old.train.resume, old.train.overwrite) == ("never", True)
+
+
+def test_validate_sees_what_the_start_would_refuse_without_touching_anything(tmp_path):
+    from tether.trainer.rundir import check_run_dir
+
+    cfg = tiny_config(tmp_path)
+    assert check_run_dir(cfg) == f"would start {cfg.run_dir}" and not Path(cfg.run_dir).exists()
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("a file")
+    with pytest.raises(RunDirError, match=r"checkpoints is a file, not the run's checkpoint directory"):
+        check_run_dir(cfg)
+    (run_dir / "checkpoints").unlink()
+    ckpts = manager(cfg)
+    ckpts.save(4, write_marker("four"))
+    assert check_run_dir(cfg) == f"would resume {cfg.run_dir} at step 4"
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    with pytest.raises(RunDirError, match="differs from"):
+        check_run_dir(tiny_config(tmp_path, "seed=3"))
+    assert [p.name for p in ckpts.step_dirs()] == ["step_000004"] and not (run_dir / LOCK).exists()
+
+
+def test_a_garbage_latest_pointer_is_reported(tmp_path):
+    cfg = tiny_config(tmp_path)
+    ckpts = manager(cfg)
+    ckpts.save(1, write_marker("one"))
+    (ckpts.root / "latest").write_text("\x00\x07garbage")
+    with pytest.warns(UserWarning, match=r"latest holds .*not a step directory's name; it is ignored"):
+        assert prepare_run_dir(cfg, ckpts, DataParallel()) == ckpts.root / "step_000001"

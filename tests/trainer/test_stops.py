@@ -72,7 +72,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path):
     with pytest.raises(TrainingStopped, match=r"2 optimiser steps in a row had a non-finite loss or gradient "
                                               r"\(train\.max_skipped_updates=2\)") as stop:
         trainer.fit()
-    assert stop.value.exit_code == 1
+    assert stop.value.exit_code == 4
     assert torch.equal(params(trainer.policy), before)
     assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))  # nothing non-finite was saved
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

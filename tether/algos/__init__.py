@@ -1,4 +1,5 @@
-"""Pure tensor math of RL for language models: advantages, policy losses, aggregation, KL, distillation.
+"""Pure tensor math of RL for language models: advantages, policy losses, aggregation, KL, distillation, rollout
+correction.
 
 No I/O, no config objects, no device logic, no host syncs (but in the two advantage estimators whose reference
 code groups rows in Python: ``gigpo`` and ``clean_baseline``). Advantage estimators and policy losses
@@ -26,6 +27,12 @@ from tether.algos.registry import (
     register_advantage,
     register_policy_loss,
 )
+from tether.algos.rollout_correction import (
+    ROLLOUT_CORRECTIONS,
+    RolloutCorrection,
+    register_rollout_correction,
+    rollout_correction,
+)
 from tether.algos.types import (
     ADVANTAGE_TAGS,
     TOKEN_PRODUCERS,
@@ -42,6 +49,7 @@ __all__ = [
     "AGG_MODES",
     "KL_KINDS",
     "POLICY_LOSSES",
+    "ROLLOUT_CORRECTIONS",
     "TOKEN_PRODUCERS",
     "AdvantageFn",
     "AdvantageInputs",
@@ -50,6 +58,7 @@ __all__ = [
     "LossOutput",
     "PolicyLossFn",
     "Registry",
+    "RolloutCorrection",
     "UnknownNameError",
     "aggregate",
     "armor",
@@ -77,8 +86,10 @@ __all__ = [
     "record_token_producer",
     "register_advantage",
     "register_policy_loss",
+    "register_rollout_correction",
     "reverse_kl_estimate",
     "rloo",
+    "rollout_correction",
     "seed_opd_loss",
     "step_advantages",
     "token_log_probs",

@@ -79,7 +79,7 @@ def armor(inputs: LossInputs, *, agg: str = "token-mean", alpha: float = 0.9375,
     log_ratio = new - old
     s = clipped_surrogate(log_ratio, inputs.advantages, clip_low=clip_low, clip_high=clip_high,
                           dual_clip=dual_clip)
-    loss = aggregate(s.loss, mask, agg, **agg_kwargs(inputs))
+    loss = aggregate(inputs.weighted(s.loss), mask, agg, **agg_kwargs(inputs))
     metrics = surrogate_metrics(s, log_ratio.detach(), inputs.advantages, mask)
     with torch.no_grad():
         weight = torch.where(mixed, (inputs.log_probs + math.log(alpha) - new).exp(), torch.ones_like(new))

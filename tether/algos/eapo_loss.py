@@ -101,7 +101,7 @@ def eapo(inputs: LossInputs, *, agg: str = "token-mean", correction: str = "seq_
         with torch.no_grad():
             weights, raw, units = _correction_weights(inputs, correction, cap)
         loss_mat = weights * s.loss
-    loss = aggregate(loss_mat, mask, agg, **agg_kwargs(inputs))
+    loss = aggregate(inputs.weighted(loss_mat), mask, agg, **agg_kwargs(inputs))
     metrics = surrogate_metrics(s, log_ratio.detach(), inputs.advantages, mask)
     with torch.no_grad():
         metrics.update(_weight_metrics(weights, raw, cap, units))

@@ -113,7 +113,7 @@ def ppo(inputs: LossInputs, *, agg: str = "token-mean", clip_low: float = 0.2, c
     log_ratio = inputs.log_probs - inputs.old_log_probs
     s = clipped_surrogate(log_ratio, inputs.advantages, clip_low=clip_low, clip_high=clip_high,
                           dual_clip=dual_clip)
-    loss = aggregate(s.loss, inputs.response_mask, agg, **agg_kwargs(inputs))
+    loss = aggregate(inputs.weighted(s.loss), inputs.response_mask, agg, **agg_kwargs(inputs))
     return LossOutput(loss, surrogate_metrics(s, log_ratio, inputs.advantages, inputs.response_mask))
 
 
@@ -132,5 +132,5 @@ def gspo(inputs: LossInputs, *, agg: str = "token-mean", clip_low: float = 3e-4,
     seq_log_ratio = masked_mean(token_log_ratio.detach(), mask, dim=-1)
     log_ratio = inputs.log_probs - inputs.log_probs.detach() + seq_log_ratio[:, None]
     s = clipped_surrogate(log_ratio, inputs.advantages, clip_low=clip_low, clip_high=clip_high)
-    loss = aggregate(s.loss, mask, agg, **agg_kwargs(inputs))
+    loss = aggregate(inputs.weighted(s.loss), mask, agg, **agg_kwargs(inputs))
     return LossOutput(loss, surrogate_metrics(s, log_ratio.detach(), inputs.advantages, mask))

@@ -16,6 +16,7 @@ silently replacing the first.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
@@ -108,11 +109,25 @@ class Registry(Mapping[str, Callable]):
         return self._entries.pop(name)
 
     def needs(self, name: str) -> frozenset[str]:
-        """The optional inputs the entry ``name`` needs (UnknownNameError for an unknown name)."""
-        self[name]  # an unknown name raises here, listing the known ones
-        return self._needs[name]
+        """The optional inputs the entry ``name`` needs (UnknownNameError for an unknown name); a ``module:function``
+        declares them as its ``needs`` attribute (a tuple of tags), if any."""
+        fn = self[name]  # an unknown name raises here, listing the known ones
+        return self._needs[name] if name in self._needs else frozenset(getattr(fn, "needs", ()))
+
+    def _import(self, target: str) -> Callable:
+        """The function ``"module:function"`` names, checked like a registered one (the config checks resolve it
+        first, with a did-you-mean; this is the trainer's lookup)."""
+        module, _, attr = target.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise UnknownNameError(f"{self.kind} '{target}' cannot be imported ({err})") from None
+        self._check(fn)
+        return fn
 
     def __getitem__(self, name: str) -> Callable:
+        if ":" in name:
+            return self._import(name)
         try:
             return self._entries[name]
         except KeyError:

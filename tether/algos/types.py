@@ -93,6 +93,9 @@ class LossInputs:
         tokens: the per-token tensors that methods add, by name, each [B, T]: ``gate_mask`` (1.0 where EAPO's gate
             fired) and ``injected_mask`` (1.0 where the token came from EAPO's prior), ``teacher_log_probs`` (the same
             tokens under a teacher context: SEED, OPSD). Read them with :meth:`require`.
+        token_weights: a detached factor of each token's policy loss, the rollout correction's weights
+            (:mod:`tether.algos.rollout_correction`; 0 drops a token); None: 1 everywhere. Every policy loss applies
+            it with :meth:`weighted` before aggregating. [B, T]
     """
 
     log_probs: Tensor
@@ -106,11 +109,13 @@ class LossInputs:
     num_seqs: float | None = None
     max_response_len: int | None = None
     tokens: Mapping[str, Tensor] = field(default_factory=dict)
+    token_weights: Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = self.log_probs.shape
         per_token = {name: getattr(self, name) for name in ("old_log_probs", "advantages", "response_mask",
-                                                            "ref_log_probs", "behaviour_log_probs")}
+                                                            "ref_log_probs", "behaviour_log_probs",
+                                                            "token_weights")}
         per_token.update({f"tokens[{name!r}]": value for name, value in self.tokens.items()})
         for name, value in per_token.items():
             if value is not None and value.shape != shape:
@@ -119,6 +124,10 @@ class LossInputs:
         if self.source is not None and self.source.shape != shape[:1]:
             raise ValueError(f"LossInputs.source has shape {tuple(self.source.shape)}, "
                              f"expected {(shape[0],)}")
+
+    def weighted(self, loss_mat: Tensor) -> Tensor:
+        """``loss_mat`` times :attr:`token_weights` (itself when there are none, so no correction changes no bit)."""
+        return loss_mat if self.token_weights is None else loss_mat * self.token_weights
 
     def require(self, name: str, loss: str) -> Tensor:
         """An optional field, or a tensor of :attr:`tokens`; raise naming the loss that needs it (and, for a tensor

@@ -4,7 +4,10 @@
 * :mod:`tether.config` reads a config and checks its schema (keys, types, ranges); it imports nothing of tether's.
 * What the config says, against the registries (:mod:`~tether.checks.components`, :mod:`~tether.checks.workload`):
   component names and settings, each method's ``check_config``, the task's or environment's ``check_config``.
-* What it names on this machine (:mod:`~tether.checks.machine`): models, data files, packages, the engine.
+* What it names on this machine (:mod:`~tether.checks.machine`): models, data files, packages, the engine;
+  inputs an earlier command writes are named with that command (``# written by:`` lines of the config).
+* What ``tether train`` would otherwise find only after its model loads (:mod:`~tether.checks.startup`): the task
+  built from its data, a local model directory's contents, the device, the launch, the batch arithmetic.
 
 Each error is one line (key, value, what is allowed); :func:`check_config` runs every check and raises one
 :class:`~tether.config.ConfigError` holding all of them. Legal but suspicious settings are warning lines.
@@ -14,14 +17,17 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tether.checks.components import CONFIG_CHECKS
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types, check_kwargs
 from tether.checks.machine import check_model, machine_checks
+from tether.checks.startup import check_prerequisites, startup_checks
 from tether.checks.workload import check_workload
 from tether.config import Config, ConfigError, load_config
+from tether.user_code import import_user_modules
 
 __all__ = ["Findings", "check_config", "check_kwarg_types", "check_kwargs", "check_model", "load_checked_config",
            "run_checks"]
@@ -37,6 +43,14 @@ def _run(checks: tuple, cfg: Config, found: Findings) -> list[str]:
     return errors
 
 
+def prerequisites(policy: bool) -> Callable[[Config, Findings], None]:
+    """:func:`~tether.checks.startup.check_prerequisites` as a check of the machine phase."""
+    def check(cfg: Config, found: Findings) -> None:
+        check_prerequisites(cfg, found, policy=policy)
+
+    return check
+
+
 def check_config(cfg: Config, *, machine: bool = True, policy: bool = True, sft: bool = False) -> list[str]:
     """Run the checks; return the warning lines.
 
@@ -50,10 +64,15 @@ def check_config(cfg: Config, *, machine: bool = True, policy: bool = True, sft:
     Raises:
         ConfigError: one line per failed check.
     """
+    import_user_modules(cfg.imports)  # what they register is what the checks below look up
     found = Findings()
     errors = _run((*CONFIG_CHECKS, check_workload), cfg, found)
     if machine and not errors:
-        errors = _run(machine_checks(policy=policy, sft=sft), cfg, found)
+        # a missing input an earlier command writes is named with that command, instead of what is missing
+        errors = _run((prerequisites(policy),), cfg, found) or _run(machine_checks(policy=policy, sft=sft), cfg,
+                                                                      found)
+    if machine and not errors:  # what train would otherwise find after its model loads (tether.checks.startup)
+        errors = _run(startup_checks(policy=policy), cfg, found)
     if errors:
         raise ConfigError("\n".join(errors))
     return found.warnings

@@ -6,7 +6,10 @@ listed here: a new one is checked by the ``ValueError`` it raises for a bad sett
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -14,6 +17,7 @@ import torch
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types, check_kwargs
 from tether.config import Config, ConfigError
+from tether.user_code import is_target, resolve_target
 
 # Every metric validation logs (tether/rollout/single_turn.py and multi_turn.py ``validate``): train.best_metric
 # must be one, or no best checkpoint is ever saved.
@@ -35,9 +39,11 @@ def needs_reference(cfg: Config) -> bool:
 
 
 def _lookup(get: Callable[[str], Any], name: str, key: str) -> Any:
+    if is_target(name):  # import it here first, so a typo gets the did-you-mean
+        resolve_target(key, name)
     try:
         return get(name)
-    except KeyError as err:
+    except (KeyError, TypeError) as err:  # TypeError: a module:function without the family's signature
         raise ConfigError(f"{key}: {err.args[0]}") from None
 
 
@@ -125,6 +131,69 @@ def check_engine(cfg: Config, found: Findings) -> None:
                               f"rollout.engine={r.engine} cannot do; set rollout.engine to one of: {able}")
 
 
+def check_rollout_correction(cfg: Config, found: Findings) -> None:
+    """``rollout.correction``: a registered mode, only the bounds its function takes, values it accepts (asked of
+    the function on a toy batch), and a policy loss that applies its weights (``LossInputs.token_weights``)."""
+    from tether import algos
+
+    c, a = cfg.rollout.correction, cfg.algorithm
+    fn = _lookup(algos.ROLLOUT_CORRECTIONS.__getitem__, c.mode, "rollout.correction.mode")
+    takes = [n for n, p in inspect.signature(fn).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    for key in c.bounds():
+        if key not in takes:
+            raise ConfigError(f"rollout.correction.{key}: mode {c.mode} does not take it; it takes: "
+                              f"{', '.join(takes) or '(no bound)'}")
+    old = torch.tensor([[-1.0, -2.0, -0.5]])
+    try:
+        fn(old - torch.tensor([[-0.1, 0.2, 0.0]]), torch.ones_like(old), **c.bounds())
+    except ValueError as err:
+        raise ConfigError(f"rollout.correction ({c.mode}): {err}") from None
+    if c.mode == "none":
+        return
+    toy = _toy_loss_inputs(with_ref=True)
+    first_row = torch.tensor([[1.0], [0.0]]).expand_as(toy.log_probs)  # the second row dropped
+    try:  # an unknown loss or a bad setting of it is check_policy_loss's error
+        loss = partial(algos.get_policy_loss(a.policy_loss), agg=a.loss_agg, **a.loss_kwargs)
+        unweighted, none_kept, one_kept = (loss(dataclasses.replace(toy, token_weights=w)).loss
+                                           for w in (None, torch.zeros_like(toy.log_probs), first_row))
+    except (KeyError, TypeError, ValueError):
+        return
+    if bool(none_kept != 0) or bool(one_kept == unweighted):
+        raise ConfigError(f"rollout.correction.mode={c.mode}: algorithm.policy_loss={a.policy_loss} does not apply "
+                          "the correction's weights (LossInputs.token_weights of 0 should remove a token's term); "
+                          "use rollout.correction.mode=none with it, or apply inputs.weighted() in the loss")
+
+
+def check_rollout_dtype(cfg: Config, found: Findings) -> None:
+    """``rollout.dtype``: an engine that takes it, a policy the in-process engine can copy, and a warning when the CPU
+    has no native bfloat16 (or float16) arithmetic, so the cheaper precision would be the slower one."""
+    from tether.engine.hf import native_bfloat16_cpu
+    from tether.engine.registry import ENGINES, engine_builder, engine_entry
+
+    r = cfg.rollout
+    if "dtype" in r.engine_kwargs:
+        raise ConfigError("rollout.engine_kwargs.dtype: set rollout.dtype instead (one precision setting)")
+    if r.dtype is None or r.engine not in ENGINES:  # an unknown engine is check_engine's error
+        return
+    if "dtype" not in inspect.signature(engine_builder(r.engine)).parameters:
+        takes = ", ".join(n for n in ENGINES if "dtype" in inspect.signature(engine_builder(n)).parameters)
+        raise ConfigError(f"rollout.dtype={r.dtype}: rollout.engine={r.engine} samples in the policy's own dtype; "
+                          f"engines that take a sampling dtype: {takes}")
+    if engine_entry(r.engine).shares_policy and (cfg.model.lora is not None or cfg.distributed.strategy == "fsdp2"):
+        what = "model.lora (the adapters live in the policy module)" if cfg.model.lora is not None \
+            else "distributed.strategy=fsdp2 (the policy is sharded)"
+        raise ConfigError(f"rollout.dtype={r.dtype} with rollout.engine={r.engine} samples from a copy of the policy "
+                          f"in that dtype, which is not built with {what}; unset rollout.dtype")
+    on_cpu = cfg.train.device == "cpu" or (cfg.train.device == "auto" and not torch.cuda.is_available())
+    if on_cpu and r.dtype == "bfloat16" and native_bfloat16_cpu() is False:
+        found.warn("rollout.dtype=bfloat16 on a CPU without native bfloat16 (no avx512_bf16 or amx_bf16 in "
+                   "/proc/cpuinfo): bfloat16 arithmetic is emulated there, 4.5x slower than float32 as measured "
+                   "with bfloat16 autocast on an AVX2-only CPU (docs/engine.md); unset rollout.dtype")
+    if on_cpu and r.dtype == "float16":
+        found.warn("rollout.dtype=float16 on the CPU: few CPUs compute float16 natively, so sampling is likely "
+                   "slower than in float32 (docs/engine.md); bfloat16 is the CPU's reduced precision")
+
+
 def check_methods(cfg: Config, found: Findings) -> None:
     """Each ``methods.<name>`` section against its settings class, then the method's own check of the config."""
     from tether.methods import METHODS, method_config
@@ -165,4 +234,5 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
                    "(algorithm.kl.coef is 0, algorithm.use_ref is false, and no method needs one)")
 
 
-CONFIG_CHECKS = (check_advantage, check_policy_loss, check_engine, check_methods, check_saving, warn_suspicious)
+CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype, check_engine,
+                 check_methods, check_saving, warn_suspicious)

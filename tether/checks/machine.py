@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 from tether.checks.context import hub_file, warn_context
@@ -17,6 +18,7 @@ from tether.checks.workload import workload_class
 from tether.config import Config, ConfigError
 
 HUB_ID_PARTS = 2  # "org/name"
+HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or repository name
 
 
 def check_model(key: str, name: str) -> None:
@@ -31,11 +33,12 @@ def check_model(key: str, name: str) -> None:
     if is_alias or Path(name).expanduser().is_dir():
         return
     parts = name.split("/")
-    looks_like_hub_id = len(parts) == HUB_ID_PARTS and all(parts) and not name.startswith((".", "~"))
+    # "org/name", or a one-word id of the Hub's oldest models (gpt2, bert-base-uncased)
+    looks_like_hub_id = len(parts) <= HUB_ID_PARTS and all(HUB_ID_PART.fullmatch(p) for p in parts)
     if not looks_like_hub_id:
         raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({SMOLLM2}, "
                           "char-<hidden>x<layers>, tiny-<hidden>x<layers>, tiny-qwen2.5-vl, tiny-idefics3), "
-                          "nor a Hub id (org/name)")
+                          "nor a Hub id (org/name, or one word like gpt2)")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
         os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
     if offline and hub_file(name, "config.json") is None:
@@ -97,6 +100,27 @@ def check_workload_inputs(cfg: Config, found: Findings) -> None:
         raise ConfigError(f"{section}.kwargs: {err}") from None
 
 
+def check_chat_template(cfg: Config, found: Findings) -> None:
+    """``model.chat_template`` is a file holding a Jinja template that compiles."""
+    if cfg.model.chat_template is None:
+        return
+    from tether.models.chat_template import read_chat_template
+
+    try:
+        read_chat_template(cfg.model.chat_template)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_rewards_here(cfg: Config, found: Findings) -> None:
+    """Each reward class's own check of its settings (``task.rewards``): a reward model's directory or cached Hub
+    id, a judge's URL and parser."""
+    if cfg.task is not None and cfg.task.rewards:
+        from tether.rewards import check_reward_terms
+
+        check_reward_terms(cfg.task.rewards)
+
+
 def check_sft_data(cfg: Config, found: Findings) -> None:
     """``sft.data: jsonl``: the file exists and every line has a prompt and a response (the first bad line named)."""
     if cfg.sft is None or cfg.sft.data != "jsonl":
@@ -156,4 +180,5 @@ def machine_checks(*, policy: bool = True, sft: bool = False) -> tuple:
         check_models(cfg, found, policy=policy)
 
     optional = ((warn_context, check_lora_targets) if policy else ()) + ((check_sft_data,) if sft else ())
-    return (models, check_packages, check_engine_here, check_workload_inputs, *optional)
+    return (models, check_packages, check_engine_here, check_chat_template, check_workload_inputs,
+            check_rewards_here, *optional)

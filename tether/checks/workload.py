@@ -12,6 +12,7 @@ from typing import Any
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types
 from tether.config import Config, ConfigError
+from tether.user_code import is_target, resolve_target
 
 
 def workload_class(cfg: Config) -> tuple[str, Any]:
@@ -20,7 +21,7 @@ def workload_class(cfg: Config) -> tuple[str, Any]:
     if cfg.task is not None:
         from tether.tasks import registry
 
-        return "task", registry._TASKS[cfg.task.name]
+        return "task", registry.task_factory(cfg.task.name)
     from tether.envs import registry as envs
 
     try:
@@ -34,17 +35,24 @@ def check_workload(cfg: Config, found: Findings) -> None:
     if cfg.task is not None:
         from tether.tasks import registry
 
-        if cfg.task.name not in registry.task_names():
-            raise ConfigError(f"task.name: unknown task {cfg.task.name!r}; known: {', '.join(registry.task_names())}")
+        if cfg.task.name not in registry.task_names() and not is_target(cfg.task.name):
+            raise ConfigError(f"task.name: unknown task {cfg.task.name!r}; known: {', '.join(registry.task_names())} "
+                              "(or module:Name of your own, with the module in imports: or on the path)")
         try:
-            registry.check_task_kwargs(cfg.task.name, registry._TASKS[cfg.task.name], cfg.task.kwargs)
+            registry.check_task_kwargs(cfg.task.name, registry.task_factory(cfg.task.name), cfg.task.kwargs)
         except TypeError as err:
             raise ConfigError(f"task.kwargs: {err}") from None
+        from tether.rewards import check_reward_terms
+
+        check_reward_terms(cfg.task.rewards, settings=False)  # what they name is the machine checks' business
     else:
         from tether.envs import registry as envs
 
-        if cfg.env.name not in envs.ENVS:
-            raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}; known: {', '.join(sorted(envs.ENVS))}")
+        if is_target(cfg.env.name):
+            resolve_target("env.name", cfg.env.name)
+        elif cfg.env.name not in envs.ENVS:
+            raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}; known: {', '.join(sorted(envs.ENVS))} "
+                              "(or module:Class of your own)")
         try:
             envs.check_env_kwargs(cfg.env.name, cfg.env.kwargs)
         except ImportError:  # the env's own package is missing: the machine checks say so, with how to install it

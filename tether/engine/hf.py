@@ -474,11 +474,34 @@ def check_decode_mode(decode: str, device: torch.device) -> None:
 
 
 def build_hf_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, compact_below: float = 1.0,
-                    score_rows: int = 32, decode: str = "dynamic") -> HFEngine:
-    """``rollout.engine: hf``: the in-process engine over ``model`` itself, so new weights cost nothing to load.
+                    score_rows: int = 32, decode: str = "dynamic", dtype: str | None = None) -> HFEngine:
+    """``rollout.engine: hf``: the in-process engine over ``model`` itself, so new weights cost nothing to load; or,
+    with a ``dtype`` (``rollout.dtype``) other than the model's, over a copy of it in that dtype
+    (:func:`rollout_copy`), which :meth:`HFEngine.load_weights` refreshes after every update.
 
     ``compact_below``, ``score_rows`` and ``decode`` are :class:`HFEngine`'s; bf16 autocast follows
     ``model.bf16_autocast``.
     """
-    return HFEngine(model, tokenizer, bf16_autocast=model_cfg.bf16_autocast, compact_below=compact_below,
+    sampler = model if dtype is None or getattr(torch, dtype) == next(model.parameters()).dtype \
+        else rollout_copy(model, getattr(torch, dtype))
+    return HFEngine(sampler, tokenizer, bf16_autocast=model_cfg.bf16_autocast, compact_below=compact_below,
                     score_rows=score_rows, decode=decode)
+
+
+def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
+    """A frozen copy of ``model`` in ``dtype`` to sample from: the trainer keeps its own precision, the engine reads
+    half the bytes per decoding step. Its weights are the policy's cast (``load_weights`` casts on copy)."""
+    import copy
+
+    return copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
+
+
+def native_bfloat16_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU computes bfloat16 natively (the ``avx512_bf16`` or ``amx_bf16`` flag); None when its flags
+    cannot be read (not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return None
+    return "avx512_bf16" in flags or "amx_bf16" in flags

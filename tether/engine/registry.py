@@ -54,7 +54,10 @@ def _load(target: str) -> Callable[..., Any]:
 
 
 def engine_entry(name: str) -> EngineEntry:
-    """The entry registered under ``name``; KeyError listing the registered names otherwise."""
+    """The entry registered under ``name``; KeyError listing the registered names otherwise. A ``"module:function"``
+    name is an unregistered builder: it runs no interventions, keeps its own weights and is always available."""
+    if ":" in name:
+        return EngineEntry(name, interventions=False)
     if name not in ENGINES:
         raise KeyError(f"unknown engine '{name}'; registered engines: {', '.join(sorted(ENGINES))}")
     return ENGINES[name]

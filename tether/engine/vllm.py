@@ -81,20 +81,21 @@ def _vllm_platform() -> str:
 
 def build_vllm_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, gpu_memory_utilization: float = 0.6,
                       tensor_parallel_size: int = 1, max_model_len: int | None = None,
-                      enable_sleep_mode: bool = False) -> VLLMEngine:
+                      enable_sleep_mode: bool = False, dtype: str | None = None) -> VLLMEngine:
     """``rollout.engine: vllm``: a vLLM engine that loads the checkpoint ``model`` came from.
 
     vLLM reads weights from a path, not from a module: the path is ``model.name_or_path`` (the local
     directory or Hub name it was loaded from). The trainer then pushes the policy's current weights with
-    ``load_weights`` after every update (and after a resume). The dtype is bfloat16 with
-    ``model.bf16_autocast``, else the policy's own.
+    ``load_weights`` after every update (and after a resume). The dtype is ``dtype`` (``rollout.dtype``) when set,
+    else bfloat16 with ``model.bf16_autocast``, else the policy's own; vLLM casts the pushed weights to it.
     """
     check_vllm_available()
     path = getattr(model, "name_or_path", "")
     if not path:
         raise EngineUnavailableError("rollout.engine=vllm loads the model from a checkpoint path, and this policy "
                                      "has none (name_or_path is empty: a model built in memory); use rollout.engine=hf")
-    dtype = "bfloat16" if model_cfg.bf16_autocast else str(next(model.parameters()).dtype).removeprefix("torch.")
+    if dtype is None:
+        dtype = "bfloat16" if model_cfg.bf16_autocast else str(next(model.parameters()).dtype).removeprefix("torch.")
     kwargs: dict[str, Any] = {"dtype": dtype, "gpu_memory_utilization": gpu_memory_utilization,
                               "tensor_parallel_size": tensor_parallel_size}
     if max_model_len is not None:

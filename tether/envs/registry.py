@@ -39,14 +39,14 @@ def register_env(name: str, target: str) -> None:
 
 
 def env_class(name: str) -> type:
-    """The class registered under ``name``.
+    """The class registered under ``name``, or the one a ``"module:Class"`` name points at.
 
     Raises:
         ValueError: unknown name (the message lists the registered ones).
     """
-    if name not in ENVS:
+    if name not in ENVS and ":" not in name:
         raise ValueError(f"unknown env {name!r}; registered envs: {', '.join(sorted(ENVS))}")
-    module, _, cls = ENVS[name].partition(":")
+    module, _, cls = ENVS.get(name, name).partition(":")
     return getattr(importlib.import_module(module), cls)
 
 

@@ -1,9 +1,13 @@
 """What a health check stops a run with: :class:`HealthError`, or its subclass for a collapse."""
 
+from tether.errors import EXIT_HEALTH, TetherError
 
-class HealthError(RuntimeError):
-    """A health check stopped the run: engine-trainer parity, the token round trip, or a collapse (action stop or
-    armor)."""
+
+class HealthError(TetherError, RuntimeError):
+    """A health check stopped the run: engine-trainer parity, the token round trip, a collapse (action stop or
+    armor), or nothing left to train on. Exit code 3."""
+
+    exit_code = EXIT_HEALTH
 
 
 class CollapseError(HealthError):

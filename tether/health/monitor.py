@@ -19,6 +19,7 @@ from tether.health.round_trip import RecordingEngine, Sample, check_round_trip
 from tether.rollout.batch import RolloutBatch
 
 if TYPE_CHECKING:
+    from tether.algos.rollout_correction import RolloutCorrection
     from tether.distributed.data_parallel import DataParallel
 
 
@@ -64,10 +65,12 @@ class HealthMonitor:
         self._report_no_answer(batch, missing, metrics, step)
         return metrics
 
-    def observe(self, micro: RolloutBatch, trainer_log_probs: Tensor) -> None:
-        """pi_old's log-probs of a micro-batch, before any optimiser step of this RL step."""
+    def observe(self, micro: RolloutBatch, trainer_log_probs: Tensor,
+                correction: RolloutCorrection | None = None) -> None:
+        """pi_old's log-probs of a micro-batch, before any optimiser step of this RL step, and the rollout
+        correction the loss applies to it (parity then judges the gap the correction leaves)."""
         if self.parity is not None:
-            self.parity.observe(micro, trainer_log_probs)
+            self.parity.observe(micro, trainer_log_probs, correction)
 
     def end_step(self, metrics: dict[str, float], dp: DataParallel, step: int) -> dict[str, float]:
         """Parity's metrics and verdict for the step; the training reward for the collapse guard; the step's

@@ -15,6 +15,12 @@ truncated distribution.
 Compared tokens: response tokens of on-policy rows (``source == 0``: ARMOR's anchors come from the reference) where
 no sampling intervention replaced the distribution (``gate_mask == 0``: at EAPO's gated steps the engine records the
 log-prob of a mixture with the prior).
+
+With a rollout correction (``rollout.correction``, :mod:`tether.algos.rollout_correction`) the verdict reads the gap
+the correction leaves: a per-token weight ``w`` (``tis``, ``icepop``) moves the sampled distribution to ``mu w``, so
+the gap judged is ``log mu + log w - log pi`` (0 where the weight is not truncated); a token the correction dropped
+counts as a mismatch (the loss no longer learns from it, and a stale engine shows up as tokens dropped). The
+``logprob_diff`` metrics stay those of the raw gap; ``health/logprob_residual_mean`` is the mean gap left.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from tether.config import ParityConfig, RolloutConfig
 from tether.rollout.batch import RolloutBatch
 
 if TYPE_CHECKING:
+    from tether.algos.rollout_correction import RolloutCorrection
     from tether.distributed.data_parallel import DataParallel
 
 
@@ -73,14 +80,24 @@ class ParityCheck:
         self.failure: str | None = None
         self._parts: list[Tensor] = []
 
-    def observe(self, micro: RolloutBatch, trainer_log_probs: Tensor) -> None:
-        """One micro-batch's recomputed log-probs (detached), under the weights the engine sampled with."""
+    def observe(self, micro: RolloutBatch, trainer_log_probs: Tensor,
+                correction: RolloutCorrection | None = None) -> None:
+        """One micro-batch's recomputed log-probs (detached), under the weights the engine sampled with, and the
+        rollout correction its loss applies (None: none)."""
         mask = compared_tokens(micro)
         trainer_log_probs = trainer_log_probs.detach().float()
         diff = (micro.sample_log_probs - trainer_log_probs).abs().masked_fill(~mask, 0.0)
-        over = (parity_excess(micro.sample_log_probs, trainer_log_probs, self.low, self.high) > self.cfg.tolerance)
-        self._parts.append(torch.stack([diff.sum(), mask.sum().float(), (over & mask).sum().float(),
-                                        diff.max() if diff.numel() else diff.new_zeros(())]))
+        sampled = micro.sample_log_probs if correction is None else correction.effective_log_probs.float()
+        over = (parity_excess(sampled, trainer_log_probs, self.low, self.high) > self.cfg.tolerance)
+        parts = [diff.sum(), mask.sum().float(), (over & mask).sum().float(),
+                 diff.max() if diff.numel() else diff.new_zeros(())]
+        if correction is not None:
+            kept = mask & ~correction.dropped
+            over = (over & kept) | (correction.dropped & mask)
+            residual = (sampled - trainer_log_probs).abs().masked_fill(~kept, 0.0)
+            parts[2] = over.sum().float()
+            parts += [residual.sum(), kept.sum().float()]
+        self._parts.append(torch.stack(parts))
 
     def finish(self, dp: DataParallel) -> dict[str, float]:
         """The step's metrics (summed over data-parallel ranks; the max is this rank's); updates the verdict."""
@@ -89,8 +106,10 @@ class ParityCheck:
         parts = torch.stack(self._parts)
         self._parts = []
         # the one host sync of the check
-        abs_sum, tokens, over, local_max = torch.cat([parts[:, :3].sum(0), parts[:, 3].max()[None]]).tolist()
-        sums = dp.sum_metrics({"abs": abs_sum, "tokens": tokens, "over": over})
+        abs_sum, tokens, over, local_max, *residual = torch.cat(
+            [parts[:, :3].sum(0), parts[:, 3].max()[None], parts[:, 4:].sum(0)]).tolist()
+        sums = dp.sum_metrics({"abs": abs_sum, "tokens": tokens, "over": over,
+                               **({"residual": residual[0], "kept": residual[1]} if residual else {})})
         if sums["tokens"] == 0:
             return {}
         frac = sums["over"] / sums["tokens"]
@@ -98,8 +117,11 @@ class ParityCheck:
         self.bad_steps = self.bad_steps + 1 if frac > self.cfg.max_mismatch_frac else 0
         if self.cfg.patience and self.bad_steps >= self.cfg.patience:
             self.failure = self._message(frac, mean, local_max)
-        return {"health/logprob_diff_mean": mean, "health/logprob_diff_max": local_max,
-                "health/logprob_mismatch_frac": frac}
+        out = {"health/logprob_diff_mean": mean, "health/logprob_diff_max": local_max,
+               "health/logprob_mismatch_frac": frac}
+        if residual:
+            out["health/logprob_residual_mean"] = sums["residual"] / max(sums["kept"], 1.0)
+        return out
 
     def _message(self, frac: float, mean: float, largest: float) -> str:
         c = self.cfg
@@ -110,4 +132,6 @@ class ParityCheck:
                 "(engine.load_weights did nothing: a stale copy, an adapter merge that never ran); (2) the engine "
                 "samples with other settings than rollout.temperature/top_p/top_k, or records log-probs of another "
                 "distribution; (3) precision (a bfloat16 engine against a float32 trainer): if the mean |diff| is "
-                "small, raise health.parity.tolerance. health.parity.patience=0 only logs (docs/health.md).")
+                "small, raise health.parity.tolerance, or correct the gap (rollout.correction, docs/engine.md). "
+                "With a rollout correction, the tokens it dropped count as mismatches. health.parity.patience=0 "
+                "only logs (docs/health.md).")

@@ -1,8 +1,11 @@
 """The miniature lab (docs/lab.md): pre-registered multi-seed experiments with confidence intervals.
 
-* :mod:`.experiment`: ``tether experiment PROTOCOL.yaml`` (checks, runs arms x seeds, resumes);
-* :mod:`.stats`: t intervals, paired differences, minimum detectable effects, labels;
-* :mod:`.report`: ``report.md``, ``report.json``, ``curves.png``.
+* :mod:`.protocol`: the schema (arms, seeds, endpoint, test size with its derivation, calibration);
+* :mod:`.experiment`: ``tether experiment PROTOCOL.yaml`` (checks, the clean-tree rule, the lock, the calibration
+  first, then arms x seeds, resumes);
+* :mod:`.calibration`: the endpoint's movement on the selection split that must be seen before any comparison;
+* :mod:`.stats`: t intervals, paired differences, minimum detectable effects, p-values, Holm, signed labels;
+* :mod:`.report`: ``report.md``, ``report.json``, ``per_seed.csv``, ``curves.png``, and publishing them.
 
 The lab's models and tasks live with the others: ``char-<hidden>x<layers>`` in :mod:`tether.models.char`,
 the ``addition`` task in :mod:`tether.tasks.addition`, warm starts with ``tether sft``.

@@ -6,13 +6,17 @@ metrics and the comparisons. The runner
 
 1. checks everything before any run starts: each arm's config validates, seeds are distinct, the endpoint and
    secondary metrics are ones validation logs, the task's splits exist and never share a prompt;
-2. runs ``tether train`` once per (arm, seed) in its own process with one thread, as many at once as
-   ``parallel`` allows; a run with ``endpoint.json`` is done and skipped, an interrupted one resumes from its
-   checkpoint (``train.resume``);
-3. evaluates each run's endpoint checkpoint on the endpoint split (``tether eval ... val.split=<split>``);
-4. writes ``report.md``, ``report.json`` and ``curves.png`` under ``run_root``: per-seed values, mean and 95%
-   interval per arm, paired differences against the baseline, the minimum detectable effect, a label, the
-   protocol's hash and commit, and whether the protocol changed after the first run.
+2. trains the calibration's runs first (``tether.lab.calibration``): if the endpoint does not move on the
+   selection split by ``calibration.min_movement``, no other run starts and no endpoint is evaluated;
+3. runs ``tether train`` once per (arm, seed) in its own process with one thread, as many at once as
+   ``parallel`` allows (``trained.json`` marks a run trained, an interrupted one resumes from its checkpoint),
+   then evaluates each run's endpoint checkpoint on the endpoint split (``tether eval ... val.split=<split>``,
+   ``endpoint.json``);
+4. writes ``report.md``, ``report.json``, ``per_seed.csv`` and ``curves.png`` under ``run_root`` (:mod:`.report`).
+
+At the first run it writes ``run_root/protocol.lock.json``: hashes of the protocol, of every arm's resolved config
+and of the code (commit, clean tree). It refuses a tree with uncommitted changes unless told (``allow_dirty``),
+and each run records in ``code.jsonl`` the commit each of its processes imported.
 
 :func:`pool_experiments` reports several finished protocols that differ only in their seeds (a replication
 registered after the first) as one, over all their seeds.
@@ -28,13 +32,17 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import tether
 from tether.config import Config, ConfigError
-from tether.lab.protocol import Protocol, arm_config, load_protocol, run_dir, run_overrides
+from tether.lab.calibration import PASSED, endpoint_step, measure, trained
+from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
 from tether.lab.report import write_report
 
 SINGLE_TURN_VAL_METRICS = ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length")
@@ -66,10 +74,26 @@ def check_protocol(protocol: Protocol) -> None:
         if protocol.endpoint.at == "best" and not cfg.val.every:
             raise ConfigError(f"arm {arm!r}: val.every=0 never validates on the selection split, so endpoint.at=best "
                               "has no checkpoint to read; set val.every or endpoint.at=final")
+        check_selection(protocol, arm, cfg)
         if cfg.task is not None:
             check_splits(arm, cfg, protocol.endpoint.split)
         else:
             check_env_split(arm, cfg, protocol.endpoint.split)
+
+
+def check_selection(protocol: Protocol, arm: str, cfg: Config) -> None:
+    """The selection-split validations the endpoint rule and the calibration read exist."""
+    e = protocol.endpoint
+    if e.at == "best" and not e.start_selectable and cfg.val.every > cfg.train.steps:
+        raise ConfigError(f"arm {arm!r}: val.every={cfg.val.every} > train.steps={cfg.train.steps} validates only "
+                          "the starting policy, which endpoint.at=best may not choose (endpoint.start_selectable)")
+    if arm not in protocol.calibration_arms():
+        return
+    if not cfg.val.every:
+        raise ConfigError(f"arm {arm!r} is calibrated on the selection split but val.every=0 never validates there")
+    if e.at == "final" and cfg.train.steps % cfg.val.every:
+        raise ConfigError(f"arm {arm!r} is calibrated at its last step, which val.every={cfg.val.every} does not "
+                          f"validate (train.steps={cfg.train.steps}); make train.steps a multiple of val.every")
 
 
 def check_env_split(arm: str, cfg: Config, split: str) -> None:
@@ -133,6 +157,45 @@ def check_splits(arm: str, cfg: Config, endpoint_split: str) -> None:
                                   f"{len(shared)} prompt(s), e.g. {sorted(shared)[0]!r}")
 
 
+# -- the code a run imports ------------------------------------------------------------------------
+
+CODE_ROOT = Path(tether.__file__).resolve().parents[1]  # the checkout whose code every run's process imports
+
+
+def code_state(root: Path = CODE_ROOT) -> dict[str, Any]:
+    """The commit checked out at ``root`` and whether the tree is clean: no tracked change and no untracked file
+    outside .gitignore (``changed`` lists up to ten of them). Not a git checkout: commit ``unknown``, not clean."""
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True,
+                                check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": "unknown", "clean": False, "changed": ["(not a git checkout)"]}
+    return {"commit": commit, "clean": not status, "changed": [line[3:] for line in status[:10]]}
+
+
+def refuse_dirty(code: dict[str, Any]) -> None:
+    if not code["clean"]:
+        raise ConfigError(f"the code's working tree ({CODE_ROOT}) is not clean: {', '.join(code['changed'])}; "
+                          "commit the changes so the lock names the code that runs, or pass --allow-dirty (the "
+                          "report then says the runs imported uncommitted code)")
+
+
+def record_code(directory: Path, what: str) -> None:
+    """Append the code state to ``RUN_DIR/code.jsonl`` as a process of this run starts: the commit it imports."""
+    code = code_state()
+    row = {"what": what, "commit": code["commit"], "clean": code["clean"],
+           "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    with (directory / "code.jsonl").open("a") as out:
+        out.write(json.dumps(row) + "\n")
+
+
+def code_records(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "code.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
 # -- running -------------------------------------------------------------------------------------
 
 
@@ -152,12 +215,11 @@ def endpoint_checkpoint(directory: Path, at: str) -> Path:
     return root / (root / "latest").read_text().strip()
 
 
-def run_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
-    """Train (or resume) one run and evaluate its endpoint; ``endpoint.json`` marks it done."""
+def train_one(protocol: Protocol, arm: str, seed: int) -> None:
+    """Train (or resume) one run; ``trained.json`` (with the endpoint step) marks it trained."""
     directory = run_dir(protocol, arm, seed)
-    done = directory / "endpoint.json"
-    if done.is_file():
-        return json.loads(done.read_text())
+    if trained(directory):
+        return
     directory.mkdir(parents=True, exist_ok=True)
     a = protocol.arms[arm]
     log = directory / "experiment.log"
@@ -165,13 +227,30 @@ def run_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
     # A run killed before its first checkpoint has nothing to resume: start it afresh (train.resume=true would
     # refuse to write over the earlier run's files, docs/reliability.md).
     fresh = [] if (directory / "checkpoints" / "latest").is_file() else ["train.resume=false"]
+    record_code(directory, "train")
     with log.open("a") as out:
         train = subprocess.run(_tether("train", a.config, *a.overrides, *run_overrides(protocol, arm, seed), *fresh),
                                stdout=out, stderr=subprocess.STDOUT, env=_one_thread_env(), check=False)
     if train.returncode != 0:
         raise RuntimeError(f"run {arm}/seed{seed} failed (exit {train.returncode}); see {log}")
     e = protocol.endpoint
+    step = endpoint_step(directory, e.at)
+    if e.at == "best" and step == 0 and not e.start_selectable:
+        raise RuntimeError(f"run {arm}/seed{seed}: checkpoints/best is the starting policy although "
+                           "endpoint.start_selectable is false (train.best_from_step was not applied)")
+    (directory / "trained.json").write_text(json.dumps({"endpoint_step": step,
+                                                        "train_s": round(time.perf_counter() - start, 1)}))
+
+
+def evaluate_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
+    """Evaluate a trained run's endpoint on the endpoint split; ``endpoint.json`` marks it done."""
+    directory = run_dir(protocol, arm, seed)
+    done = directory / "endpoint.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    e = protocol.endpoint
     checkpoint = endpoint_checkpoint(directory, e.at)
+    record_code(directory, "eval")
     evaluation = subprocess.run(
         _tether("eval", str(checkpoint), "--config", str(directory / "config.yaml"),
                 *endpoint_split_overrides(arm_config(protocol, arm, seed), e.split), "train.threads=1",
@@ -181,17 +260,46 @@ def run_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
         raise RuntimeError(f"endpoint evaluation of {arm}/seed{seed} failed: {evaluation.stderr[-2000:]}")
     result = json.loads(evaluation.stdout[evaluation.stdout.index("{"):])
     record = {"arm": arm, "seed": seed, "checkpoint": str(checkpoint), "split": e.split,
-              "metrics": result, "train_s": round(time.perf_counter() - start, 1)}
+              "step": endpoint_step(directory, e.at), "metrics": result}
     done.write_text(json.dumps(record, indent=2))
     return record
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def run_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
+    train_one(protocol, arm, seed)
+    return evaluate_one(protocol, arm, seed)
+
+
+def run_all(protocol: Protocol, work: Callable[[Protocol, str, int], Any], jobs: list[tuple[str, int]]) -> list[str]:
+    """``work`` on each (arm, seed), ``parallel`` at once; the failures, one line each."""
+    failures = []
+    with ThreadPoolExecutor(max_workers=protocol.parallel) as pool:
+        futures = {pool.submit(work, protocol, arm, seed): (arm, seed) for arm, seed in jobs}
+        for future, (arm, seed) in futures.items():
+            try:
+                future.result()
+            except RuntimeError as err:
+                failures.append(f"{arm}/seed{seed}: {err}")
+    return failures
+
+
+def finished_records(protocol: Protocol) -> list[dict[str, Any]]:
+    """Each run's ``endpoint.json`` with the code records of its processes."""
+    records = []
+    for arm in protocol.arms:
+        for seed in protocol.seeds:
+            directory = run_dir(protocol, arm, seed)
+            if (directory / "endpoint.json").is_file():
+                records.append({**json.loads((directory / "endpoint.json").read_text()),
+                                "code": code_records(directory)})
+    return records
+
+
+# -- the lock --------------------------------------------------------------------------------------
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def protocol_committed(path: Path) -> bool:
@@ -204,48 +312,81 @@ def protocol_committed(path: Path) -> bool:
     return tracked.returncode == 0 and dirty.returncode == 0
 
 
-def registration(protocol: Protocol, path: Path) -> dict[str, Any]:
-    """The protocol's hash now and at the first run (``run_root/protocol.lock.json``, written once)."""
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+def lock_content(protocol: Protocol, path: Path, code: dict[str, Any]) -> dict[str, Any]:
+    """What the lock covers: the protocol file, every arm's resolved config (its overrides and the runner's,
+    without seed and run directory) and the code (commit, clean tree); ``sha256`` hashes all three."""
+    arms = {arm: resolved_arm_config(protocol, arm) for arm in protocol.arms}
+    hashes = {arm: _sha256(json.dumps(cfg, sort_keys=True)) for arm, cfg in arms.items()}
+    protocol_sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    covered = {"protocol": protocol_sha, "arms": hashes, "code": {"commit": code["commit"], "clean": code["clean"]}}
+    return {"sha256": _sha256(json.dumps(covered, sort_keys=True)),
+            "protocol": {"path": str(path), "sha256": protocol_sha},
+            "arms": {arm: {"sha256": hashes[arm], "config": arms[arm]} for arm in arms},
+            "code": covered["code"]}
+
+
+def registration(protocol: Protocol, path: Path, code: dict[str, Any], allow_dirty: bool = False) -> dict[str, Any]:
+    """The lock written at the first run (``run_root/protocol.lock.json``, never rewritten) and what differs now.
+
+    A lock from an earlier lab version hashes the protocol file only (``legacy``): what it cannot cover is said.
+    """
+    now = lock_content(protocol, path, code)
     lock = Path(protocol.run_root) / "protocol.lock.json"
     if not lock.is_file():
         lock.parent.mkdir(parents=True, exist_ok=True)
-        lock.write_text(json.dumps({"sha256": digest, "commit": git_commit(), "committed": protocol_committed(path),
+        lock.write_text(json.dumps({**now, "protocol_committed": protocol_committed(path), "allow_dirty": allow_dirty,
                                     "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}, indent=2))
     first = json.loads(lock.read_text())
-    return {"sha256": digest, "first_run": first, "changed_after_first_run": first["sha256"] != digest,
-            "commit_now": git_commit(), "committed_now": protocol_committed(path)}
+    legacy = "protocol" not in first
+    if legacy:
+        registered_commit = first.get("commit", "unknown")
+        arms_changed: list[str] = []
+        protocol_changed = first["sha256"] != now["protocol"]["sha256"]
+    else:
+        registered_commit = first["code"]["commit"]
+        arms_changed = [arm for arm in now["arms"]
+                        if first["arms"].get(arm, {}).get("sha256") != now["arms"][arm]["sha256"]]
+        protocol_changed = first["protocol"]["sha256"] != now["protocol"]["sha256"]
+    return {"lock_path": str(lock), "lock": first, "legacy": legacy, "registered_commit": registered_commit,
+            "protocol_changed": protocol_changed, "arms_changed": arms_changed,
+            "code_now": code, "allow_dirty": allow_dirty, "protocol_committed_now": protocol_committed(path)}
 
 
-def run_experiment(path: str | Path, *, report_only: bool = False) -> dict[str, Any]:
-    """Check, run what is not done, report. Returns the report's data (also written as ``report.json``)."""
+# -- the whole protocol ------------------------------------------------------------------------------
+
+
+def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: bool = False) -> dict[str, Any]:
+    """Check; run the calibration; run the comparison only if it passed; report. Returns the report's data (also
+    written as ``report.json``).
+
+    Raises:
+        ConfigError: the protocol fails a check, or the code's tree is not clean and ``allow_dirty`` is false.
+    """
     path = Path(path)
     protocol = load_protocol(path)
     check_protocol(protocol)
-    reg = registration(protocol, path)
-    records: list[dict[str, Any]] = []
+    code = code_state()
+    if report_only and not (Path(protocol.run_root) / "protocol.lock.json").is_file():
+        raise ConfigError(f"{path}: has not run (no {protocol.run_root}/protocol.lock.json), so there is nothing "
+                          "to report; the lock is written by the first run")
+    if not report_only and not allow_dirty:
+        refuse_dirty(code)
+    reg = registration(protocol, path, code, allow_dirty)
     failures: list[str] = []
+    locate = partial(run_dir, protocol)
     if not report_only:
+        calibration_jobs = [(arm, seed) for seed in protocol.calibration_seeds() for arm in protocol.calibration_arms()]
+        failures = run_all(protocol, train_one, calibration_jobs)
+    calibration = measure(protocol, locate)
+    if not report_only and not failures and calibration["status"] == PASSED:
         jobs = [(arm, seed) for seed in protocol.seeds for arm in protocol.arms]  # seed-major: early seeds finish
-        with ThreadPoolExecutor(max_workers=protocol.parallel) as pool:
-            futures = {pool.submit(run_one, protocol, arm, seed): (arm, seed) for arm, seed in jobs}
-            for future, (arm, seed) in futures.items():
-                try:
-                    records.append(future.result())
-                except RuntimeError as err:
-                    failures.append(f"{arm}/seed{seed}: {err}")
-    else:
-        for arm in protocol.arms:
-            for seed in protocol.seeds:
-                done = run_dir(protocol, arm, seed) / "endpoint.json"
-                if done.is_file():
-                    records.append(json.loads(done.read_text()))
-    return write_report(protocol, records, reg, failures)
+        failures = run_all(protocol, run_one, jobs)
+    return write_report(protocol, finished_records(protocol), reg, failures, calibration, [reg["lock_path"]])
 
 
 # -- pooling a replication ------------------------------------------------------------------------
 
-POOLED_FIELDS = ("arms", "baseline", "endpoint", "secondary", "comparisons", "paper_effect")
+POOLED_FIELDS = ("arms", "baseline", "endpoint", "secondary", "comparisons", "test_size", "calibration")
 
 
 def pool_protocols(protocols: list[Protocol]) -> Protocol:
@@ -270,20 +411,22 @@ def pool_protocols(protocols: list[Protocol]) -> Protocol:
 
 def pool_experiments(paths: list[str | Path], out: str | Path) -> dict[str, Any]:
     """The report of :func:`pool_protocols` over finished runs, written under ``out``; each protocol must have
-    run (its ``protocol.lock.json`` exists), and a run without ``endpoint.json`` is listed as missing."""
+    run (its ``protocol.lock.json`` exists), and a run without ``endpoint.json`` is listed as missing. The
+    calibration is measured over all the pooled seeds."""
     protocols = [load_protocol(p) for p in paths]
     pooled = pool_protocols(protocols).model_copy(update={"run_root": str(out)})
+    code = code_state()
     regs, records, missing = [], [], []
+    owner: dict[int, Protocol] = {}
     for protocol, path in zip(protocols, paths, strict=True):
         if not (Path(protocol.run_root) / "protocol.lock.json").is_file():
             raise ConfigError(f"{path}: has not run (no {protocol.run_root}/protocol.lock.json); run it first")
-        regs.append(registration(protocol, Path(path)))
-        for arm in protocol.arms:
-            for seed in protocol.seeds:
-                done = run_dir(protocol, arm, seed) / "endpoint.json"
-                if done.is_file():
-                    records.append(json.loads(done.read_text()))
-                else:
-                    missing.append(f"{arm}/seed{seed} of {protocol.name}: no endpoint.json")
-    reg = {**regs[0], "changed_after_first_run": any(r["changed_after_first_run"] for r in regs), "pooled": regs}
-    return write_report(pooled, records, reg, missing)
+        regs.append(registration(protocol, Path(path), code))
+        owner.update({seed: protocol for seed in protocol.seeds})
+        records += finished_records(protocol)
+        missing += [f"{arm}/seed{seed} of {protocol.name}: no endpoint.json" for arm in protocol.arms
+                    for seed in protocol.seeds if not (run_dir(protocol, arm, seed) / "endpoint.json").is_file()]
+    calibration = measure(pooled, lambda arm, seed: run_dir(owner.get(seed, protocols[0]), arm, seed))
+    reg = {**regs[0], "protocol_changed": any(r["protocol_changed"] for r in regs),
+           "arms_changed": sorted({a for r in regs for a in r["arms_changed"]}), "pooled": regs}
+    return write_report(pooled, records, reg, missing, calibration, [r["lock_path"] for r in regs])

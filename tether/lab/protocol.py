@@ -1,5 +1,9 @@
 """An experiment's protocol (docs/lab.md): the schema of ``PROTOCOL.yaml`` and where each (arm, seed) run lives.
 
+Besides the arms, seeds and endpoint, a protocol states its test size with the derivation (``test_size``) and a
+calibration (``calibration``): the movement of the endpoint on the selection split that must be seen before any
+comparison runs, so a setting that cannot show an effect of the test size never reaches one.
+
 :mod:`tether.lab.experiment` runs the protocol and :mod:`tether.lab.report` reports it; both read it from here.
 """
 
@@ -25,13 +29,64 @@ class Arm(_Strict):
 
 
 class Endpoint(_Strict):
-    metric: str = Field("val/avg@k", description="a validation metric (what tether eval prints)")
+    metric: str = Field("val/avg@k", description="a validation metric (what tether eval prints); higher is better, "
+                        "as train.best_metric is maximised")
     split: str = Field("report", description="the task split it is measured on; never the selection split 'val' "
                        "when at=best")
     at: Literal["best", "final"] = Field("best", description="best: the checkpoint chosen on the selection split "
                                          "(train.best_metric); final: the last step")
+    start_selectable: bool = Field(False, description="at=best may choose the starting checkpoint (step 0); off, "
+                                   "every run gets train.best_from_step=1")
     overrides: list[str] = Field(default_factory=list, description="overrides of the endpoint evaluation, e.g. "
                                  "val.samples=8")
+
+
+class TestSize(_Strict):
+    """The smallest effect the study must be able to detect, and where the number comes from."""
+
+    __test__ = False  # not a pytest class
+
+    delta: float = Field(gt=0, description="in endpoint units, absolute")
+    derivation: str = Field(min_length=1, description="how delta was obtained, in words")
+    paper_relative_gain: float | None = Field(None, gt=0, description="the paper's relative gain (0.16 = +16%)")
+    paper_rows: str | None = Field(None, description="the paper's table and rows the gain comes from")
+    setting_baseline: float | None = Field(None, gt=0, description="this setting's baseline value the gain is "
+                                           "applied to: delta = paper_relative_gain x setting_baseline")
+    added_after_registration: str | None = Field(None, description="set when this section was written after the "
+                                                 "study was registered: when and why")
+
+    @model_validator(mode="after")
+    def _derived(self) -> TestSize:
+        given = [self.paper_relative_gain is not None, self.paper_rows is not None, self.setting_baseline is not None]
+        if any(given) and not all(given):
+            raise ValueError("paper_relative_gain, paper_rows and setting_baseline go together (all or none)")
+        if all(given):
+            derived = self.paper_relative_gain * self.setting_baseline
+            if abs(derived - self.delta) > DELTA_ROUNDING:
+                raise ValueError(f"delta={self.delta} but paper_relative_gain x setting_baseline = {derived:.4f}")
+        return self
+
+
+DELTA_ROUNDING = 0.005  # how far a stated delta may sit from gain x baseline (rounded to two decimals)
+
+
+class Calibration(_Strict):
+    """What must move the endpoint on the selection split before any comparison runs."""
+
+    kind: Literal["positive_control", "fall", "rise"] = Field(
+        description="positive_control: arm minus baseline at the endpoint step; fall: arm's start minus its "
+        "endpoint (a collapse study's premise); rise: arm's endpoint minus its start")
+    arm: str | None = Field(None, description="the arm measured (positive_control: required, not the baseline; "
+                            "fall, rise: default the baseline)")
+    min_movement: float = Field(gt=0, description="the mean movement over seeds it must reach: at least "
+                                "test_size.delta (fall: at least 2 x delta)")
+    seeds: list[int] | None = Field(None, min_length=1, description="default: the protocol's seeds")
+    why: str = Field(min_length=1, description="why this movement shows the setting can show the test size")
+    added_after_registration: str | None = Field(None, description="set when this section was written after the "
+                                                 "study was registered: when and why")
+
+    def measured_arm(self, baseline: str) -> str:
+        return self.arm or baseline
 
 
 class Protocol(_Strict):
@@ -42,10 +97,10 @@ class Protocol(_Strict):
     baseline: str
     endpoint: Endpoint = Field(default_factory=Endpoint)
     secondary: list[str] = Field(default_factory=list, description="other endpoint metrics, same split and point")
-    comparisons: list[str] | None = Field(None, description="arms compared with the baseline (default: all others)")
-    paper_effect: float | None = Field(None, gt=0, description="the effect size the claim predicts, in endpoint "
-                                       "units; a difference interval inside +-paper_effect is 'no effect of the "
-                                       "paper's size'")
+    comparisons: list[str] | None = Field(None, description="arms compared with the baseline (default: all others); "
+                                          "Holm's correction runs over them")
+    test_size: TestSize
+    calibration: Calibration
     run_root: str
     parallel: int = Field(2, ge=1, description="runs at once, one thread each")
 
@@ -64,10 +119,35 @@ class Protocol(_Strict):
         unknown = [a for a in self.comparisons or () if a not in self.arms]
         if unknown:
             raise ValueError(f"comparisons name unknown arm(s) {unknown}; arms: {', '.join(self.arms)}")
+        self._check_calibration()
         return self
+
+    def _check_calibration(self) -> None:
+        c = self.calibration
+        if c.arm is not None and c.arm not in self.arms:
+            raise ValueError(f"calibration.arm {c.arm!r} is not an arm; arms: {', '.join(self.arms)}")
+        if c.kind == "positive_control" and c.measured_arm(self.baseline) == self.baseline:
+            raise ValueError("calibration.kind=positive_control needs calibration.arm, an arm other than the "
+                             "baseline (the control is compared with it)")
+        least = 2 * self.test_size.delta if c.kind == "fall" else self.test_size.delta
+        if c.min_movement < least - 1e-12:
+            rule = "2 x test_size.delta: the test size may be at most half the fall" if c.kind == "fall" \
+                else "test_size.delta"
+            raise ValueError(f"calibration.min_movement={c.min_movement} is below {rule} ({least:g})")
+        if c.seeds is not None and len(set(c.seeds)) != len(c.seeds):
+            raise ValueError("calibration.seeds repeat a seed")
 
     def compared(self) -> list[str]:
         return self.comparisons or [a for a in self.arms if a != self.baseline]
+
+    def calibration_seeds(self) -> list[int]:
+        return self.calibration.seeds or self.seeds
+
+    def calibration_arms(self) -> list[str]:
+        """The arms the calibration trains: the measured arm, and the baseline for a positive control."""
+        measured = self.calibration.measured_arm(self.baseline)
+        return list(dict.fromkeys([measured, self.baseline] if self.calibration.kind == "positive_control"
+                                  else [measured]))
 
 
 def load_protocol(path: str | Path) -> Protocol:
@@ -95,7 +175,18 @@ def arm_config(protocol: Protocol, arm: str, seed: int) -> Config:
 
 
 def run_overrides(protocol: Protocol, arm: str, seed: int) -> list[str]:
-    return [f"seed={seed}", f"run_dir={run_dir(protocol, arm, seed)}", "train.threads=1", "logging.progress=false"]
+    """What the runner adds to an arm's config for one run; part of the config the lock hashes."""
+    fixed = [f"seed={seed}", f"run_dir={run_dir(protocol, arm, seed)}", "train.threads=1", "logging.progress=false"]
+    if protocol.endpoint.at == "best" and not protocol.endpoint.start_selectable:
+        fixed.append("train.best_from_step=1")
+    return fixed
+
+
+def resolved_arm_config(protocol: Protocol, arm: str) -> dict:
+    """An arm's validated config with its overrides and the runner's, less what differs between seeds (the
+    seed and the run directory): what the lock hashes for the arm."""
+    data = arm_config(protocol, arm, protocol.seeds[0]).model_dump(mode="json")
+    return {key: value for key, value in data.items() if key not in ("seed", "run_dir")}
 
 
 def run_dir(protocol: Protocol, arm: str, seed: int) -> Path:

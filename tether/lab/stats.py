@@ -1,4 +1,5 @@
-"""The statistics of a lab report: means with t intervals, paired differences, minimum detectable effects, labels.
+"""The statistics of a lab report: means with t intervals, paired differences, minimum detectable effects, p-values
+with Holm's correction over a protocol's comparisons, and labels with a sign.
 
 Seeds are the unit of replication: each run (arm, seed) gives one endpoint value, and two arms run with the same
 seed share their prompt order and sampling seeds, so differences are paired by seed.
@@ -43,8 +44,14 @@ def mean_ci(values: list[float], alpha: float = ALPHA) -> Interval:
     return Interval(n, mean, sd, mean - half, mean + half)
 
 
+def unpaired_seeds(arm: dict[int, float], baseline: dict[int, float]) -> tuple[list[int], list[int]]:
+    """The seeds only the arm has and those only the baseline has: left out of the paired difference."""
+    return sorted(set(arm) - set(baseline)), sorted(set(baseline) - set(arm))
+
+
 def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> Interval:
-    """Mean and interval of ``arm[seed] - baseline[seed]`` over the seeds both have.
+    """Mean and interval of ``arm[seed] - baseline[seed]`` over the seeds both have (:func:`unpaired_seeds` names
+    the others).
 
     Raises:
         ValueError: no seed in common.
@@ -63,26 +70,45 @@ def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     return (stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n)
 
 
-def evaluation_floor_mde(p: float, samples: int, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """The MDE of a paired comparison when the only noise is the evaluation's own: each run's accuracy is a
-    binomial proportion over ``samples`` answers, so a difference of two runs has variance ``2 p (1 - p) / samples``.
-    A lower bound on :func:`mde` (seeds add training noise on top); uses normal quantiles."""
-    if samples < 1 or n < 1:
+def paired_p_value(diff: Interval) -> float:
+    """Two-sided p-value of the paired t test that the mean difference is 0 (NaN below two seeds). With no spread
+    the differences are all equal: p is 1 when they are 0 and 0 otherwise."""
+    if diff.n < 2 or math.isnan(diff.sd):
         return math.nan
-    sd = math.sqrt(2 * p * (1 - p) / samples)
-    return (stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * sd / math.sqrt(n)
+    if diff.sd == 0:
+        return 1.0 if diff.mean == 0 else 0.0
+    t = diff.mean / (diff.sd / math.sqrt(diff.n))
+    return float(2 * stats.t.sf(abs(t), diff.n - 1))
 
 
-EFFECT = "effect detected"
-NO_PAPER_EFFECT = "no effect of the paper's size"
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values, in the given order: the i-th smallest p (from 1) is
+    multiplied by ``m - i + 1``, the products are made non-decreasing in that order and capped at 1. A NaN (a
+    comparison that could not be computed) counts as 1, so it still counts in the family."""
+    m = len(p_values)
+    filled = [1.0 if math.isnan(p) else p for p in p_values]
+    order = sorted(range(m), key=lambda i: filled[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * filled[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+BETTER = "better"
+WORSE = "worse"
+NO_EFFECT = "no effect of size delta"
 INCONCLUSIVE = "inconclusive"
+NOT_TESTABLE = "not testable in this setting"
 
 
-def label(diff: Interval, paper_effect: float | None) -> str:
-    """``effect detected`` when the 95% interval of the difference excludes 0; ``no effect of the paper's size``
-    when it lies inside ``(-paper_effect, paper_effect)``; otherwise ``inconclusive``."""
-    if diff.low > 0 or diff.high < 0:
-        return EFFECT
-    if paper_effect is not None and -paper_effect < diff.low and diff.high < paper_effect:
-        return NO_PAPER_EFFECT
+def label(diff: Interval, p_adjusted: float, delta: float, alpha: float = ALPHA) -> str:
+    """``better``/``worse`` when the Holm-adjusted p-value is below ``alpha`` (the sign of the mean difference
+    gives which); ``no effect of size delta`` when the whole 95% interval lies inside ``(-delta, delta)``;
+    otherwise ``inconclusive``."""
+    if p_adjusted < alpha:
+        return BETTER if diff.mean > 0 else WORSE
+    if -delta < diff.low and diff.high < delta:
+        return NO_EFFECT
     return INCONCLUSIVE

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tether.algos import record_token_producer
-from tether.config import ConfigError
+from tether.config import ConfigError, validation_lines
 
 if TYPE_CHECKING:
     from tether.algos import LossInputs, LossOutput
@@ -147,8 +147,7 @@ def method_config(name: str, settings: dict[str, Any]) -> MethodSettings:
     try:
         return METHODS[name].Settings.model_validate(settings or {})
     except ValidationError as err:
-        lines = [f"  methods.{name}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
-                 for e in err.errors()]
+        lines = validation_lines(err, METHODS[name].Settings, f"methods.{name}")
         raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
 
 

@@ -1,9 +1,11 @@
 """Log-probabilities of response tokens: the one forward pass behind scoring, old log-probs and the loss.
 
 Layout: each row is ``[prompt | response]``, right-padded to the longest row, with position ids
-counted from the attention mask. Only the hidden states of the T positions that predict response
-tokens go through the LM head, in chunks; with autograd on, each chunk is checkpointed, so the
-``[N, T, V]`` logits (196 KB per position at a 49k vocabulary) are never all held for backward.
+counted from the attention mask. Only the hidden states that predict real response tokens (padding
+left out) go through the LM head, in chunks of ``chunk_size`` tokens across rows
+(``train.logprob_chunk_tokens``); with autograd on, each chunk is checkpointed, so at most one chunk's
+``[chunk, V]`` logits exist at a time, forward or backward, whatever the rows and the response length
+(196 KB per token at a 49k vocabulary: 1,024 tokens are 201 MB, a 16 x 256 micro-batch's full logits 805 MB).
 
 Rows that share a prompt (a GRPO group: n samples of one prompt) share its forward pass: each distinct
 prompt runs once, its KV cache is indexed out to the rows, and the responses run on top of it. The
@@ -145,18 +147,55 @@ def _shared_prompt_hidden(base: Any, unique: list[list[int]], inverse_list: list
 
 def _head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
                     with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    return token_log_probs(head(hidden), targets, temperature=temperature, chunk_size=hidden.shape[1],
-                           with_entropy=with_entropy)
+    """log-probs (and entropies) of ``targets [M]`` from ``hidden [M, H]``: one chunk's logits, ``[1, M, V]``."""
+    lp, ent = token_log_probs(head(hidden[None]), targets[None], temperature=temperature, chunk_size=hidden.shape[0],
+                              with_entropy=with_entropy)
+    return lp[0], (ent[0] if ent is not None else None)
+
+
+def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, response_mask: Tensor, *,
+                   temperature: float, with_entropy: bool, chunk_size: int) -> tuple[Tensor, Tensor | None]:
+    """The LM head over the real response tokens only, ``chunk_size`` tokens at a time (checkpointed under autograd).
+
+    Args:
+        head: the LM head (``model.get_output_embeddings()``).
+        hidden: the hidden states that predict each response token. [N, T, H]
+        targets: the response tokens. [N, T]
+        response_mask: 1 on real response tokens; the others never reach the head and get 0. [N, T]
+        temperature, with_entropy: as :func:`~tether.algos.logprobs.token_log_probs`.
+        chunk_size: tokens (across rows) per LM-head call.
+
+    Returns:
+        (log_probs ``[N, T]``, entropy ``[N, T]`` or None), 0 where ``response_mask`` is 0.
+    """
+    keep = response_mask > 0
+    if not bool(keep.any()):  # still one call of the head, so a lock-step pass has a graph to run backward through
+        keep = torch.zeros_like(keep)
+        keep[0, 0] = True
+    flat_hidden, flat_targets = hidden[keep], targets[keep]  # [M, H], [M], row-major: masked_scatter's order
+    lps, ents = [], []
+    for s in range(0, flat_hidden.shape[0], chunk_size):
+        args = (head, flat_hidden[s:s + chunk_size], flat_targets[s:s + chunk_size], temperature, with_entropy)
+        if torch.is_grad_enabled() and flat_hidden.requires_grad:
+            lp, ent = checkpoint(_head_log_probs, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_log_probs(*args)
+        lps.append(lp)
+        ents.append(ent)
+    flat_lp = torch.cat(lps)
+    log_probs = flat_lp.new_zeros(keep.shape).masked_scatter(keep, flat_lp)
+    entropy = flat_lp.new_zeros(keep.shape).masked_scatter(keep, torch.cat(ents)) if with_entropy else None
+    return log_probs, entropy
 
 
 def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
                     temperature: float, with_entropy: bool, chunk_size: int,
                     share_prompts: bool) -> tuple[Tensor, Tensor | None]:
-    """The decoder (each distinct prompt once, or over the packed rows), then the LM head on response
-    positions only, chunk by chunk.
+    """The decoder (each distinct prompt once, or over the packed rows), then the LM head on the real response
+    tokens only, ``chunk_size`` tokens at a time (:func:`head_log_probs`).
 
     Returns:
-        (log_probs ``[N, T]``, entropy ``[N, T]`` or None), not yet masked.
+        (log_probs ``[N, T]``, entropy ``[N, T]`` or None), 0 off the response.
     """
     base = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
@@ -168,23 +207,13 @@ def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_id
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state
         hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
-    targets = response_ids.long()
-    lps, ents = [], []
-    for s in range(0, hidden.shape[1], chunk_size):
-        chunk = slice(s, s + chunk_size)
-        args = (head, hidden[:, chunk], targets[:, chunk], temperature, with_entropy)
-        if torch.is_grad_enabled() and hidden.requires_grad:
-            lp, ent = checkpoint(_head_log_probs, *args, use_reentrant=False)
-        else:
-            lp, ent = _head_log_probs(*args)
-        lps.append(lp)
-        ents.append(ent)
-    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+    return head_log_probs(head, hidden, response_ids.long(), response_mask, temperature=temperature,
+                          with_entropy=with_entropy, chunk_size=chunk_size)
 
 
 def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
                        response_mask: Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                       chunk_size: int = 64, share_prompts: bool = True) -> tuple[Tensor, Tensor | None]:
+                       chunk_size: int = 1024, share_prompts: bool = True) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | x, y_<t) / temperature-softmax for each response token, with autograd if it is on.
 
     Args:
@@ -196,7 +225,8 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         response_mask: ``[N, T]``, 1 on response tokens (a prefix of each row).
         temperature: divides the logits, so the log-probs are those of the sampling distribution.
         with_entropy: also return the entropy of each position's distribution.
-        chunk_size: response positions per LM-head chunk.
+        chunk_size: response tokens (across rows) per LM-head call, the largest logits tensor of the pass
+            (``train.logprob_chunk_tokens``); positions per chunk on the full-logits path below.
         share_prompts: run each distinct prompt once for the rows that repeat it (plain-head
             architectures with eager/SDPA attention, no activation checkpointing, not sharded;
             otherwise ignored).

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from tether.engine.base import Intervention, RolloutEngine, SamplingParams
+from tether.errors import RefillShortfall
 from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.tasks import metrics as task_metrics
-from tether.tasks.base import task_split
+from tether.tasks.base import score_batch, task_split
 
 if TYPE_CHECKING:
     from tether.config import Config, OverlongConfig
@@ -148,8 +151,8 @@ class SingleTurnCollector:
     def _score(self, rows: list, prompts: list[list[int]], gen: Any, source: int) -> RolloutBatch:
         gen = gen.to("cpu")  # the batch is built on the CPU, next to the rewards; the trainer moves it
         rewards, correct, extracted, faults, components = [], [], [], [], []
-        for (item, _), text in zip(rows, gen.texts, strict=True):
-            score = self.task.score(item, text)
+        items = [item for item, _ in rows]
+        for score in score_batch(self.task, items, gen.texts):
             faults.append(bool(getattr(score, "fault", False)))
             self.reward_faults += int(faults[-1])
             rewards.append(score.reward)
@@ -208,10 +211,10 @@ class SingleTurnCollector:
                 break
         else:
             if not r.partial_batches:
-                raise RuntimeError(
-                    f"only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups survived the filters in "
-                    f"rollout.max_gen_batches={r.max_gen_batches} generation batches; raise max_gen_batches, set "
-                    "rollout.partial_batches, or the task is too easy/hard for the policy")
+                raise RefillShortfall(
+                    f"step {seeds.step + 1}: only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups "
+                    f"survived the filters in rollout.max_gen_batches={r.max_gen_batches} generation batches (the "
+                    "task is too easy or too hard for the policy now)")
             if n_kept == 0:  # nothing survived: the last batch teaches nothing (zero advantages) but keeps the step
                 # A method's filter (ARMOR's acceptance) may have left nothing at all: fall back to the rows as
                 # generated, each rewarded its group's mean so that every advantage is zero.
@@ -226,6 +229,7 @@ class SingleTurnCollector:
         metrics.update(task_metrics.feature_metrics(
             self.task, [i for items, _ in described for i in items], [t for _, texts in described for t in texts],
             torch.cat(generated).tolist(), "rollout"))
+        write_samples(Path(self.cfg.run_dir), seeds.step, batch)
         return batch, metrics
 
     # -- validation --------------------------------------------------------------------------
@@ -253,3 +257,21 @@ class SingleTurnCollector:
             **task_metrics.feature_metrics(self.task, batch.info["item"], batch.info["text"],
                                            batch.correct.tolist(), "val"),
         }
+
+
+def write_samples(run_dir: Path, step: int, batch: RolloutBatch, limit: int = 4) -> None:
+    """The first row of the first ``limit`` groups of the batch of step ``step + 1`` as JSON lines in
+    ``RUN_DIR/samples.jsonl``, for ``tether show``: prompt, completion, reward and its components, correctness, the
+    extracted answer. Under torchrun, rank 0 alone writes."""
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return
+    firsts = list(dict.fromkeys(batch.group_ids.tolist()))[:limit]
+    rows = [batch.group_ids.tolist().index(g) for g in firsts]
+    with (Path(run_dir) / "samples.jsonl").open("a") as f:
+        for i in rows:
+            item = batch.info["item"][i]
+            f.write(json.dumps({"step": step, "group": firsts[rows.index(i)], "prompt": item.prompt,
+                                "answer": item.answer, "completion": batch.info["text"][i],
+                                "reward": float(batch.rewards[i]), "correct": bool(batch.correct[i]),
+                                "extracted": batch.info["extracted"][i],
+                                "components": batch.info["reward_components"][i]}, default=str) + "\n")

@@ -1,10 +1,12 @@
-"""``tether show RUN_DIR``: sampled agent episodes, turn by turn, as text or HTML.
+"""``tether show RUN_DIR``: sampled agent episodes, turn by turn, or single-turn samples, as text or HTML.
 
 The agent loop appends one JSON line per sampled episode to ``RUN_DIR/transcripts.jsonl`` (the first
 clone of up to four task groups per step): step, episode and group ids, env seed, task, outcome,
 return, fault, and per turn the observation, the full response, the parsed action, its validity and
 the env reward. A visual observation's images are PNG files under ``RUN_DIR/frames``, listed in the turn's
-``frames``; the HTML page shows them.
+``frames``; the HTML page shows them. A single-turn run appends the first sample of up to four groups per step
+to ``RUN_DIR/samples.jsonl`` instead: step, group, prompt, gold answer, completion, reward, its components, whether
+it was correct and the answer extracted.
 """
 
 from __future__ import annotations
@@ -14,12 +16,34 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tether.config import ConfigError
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of ``path`` (a torn last line, from a kill mid-write, is skipped)."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
 
 def read_transcripts(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "transcripts.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: transcripts are written by agent (env) runs")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _read_jsonl(path)
+
+
+def format_sample(row: dict[str, Any]) -> str:
+    """One single-turn sample: its step and group, reward (per component), prompt, completion, gold answer."""
+    parts = ", ".join(f"{name} {value:g}" for name, value in (row.get("components") or {}).items())
+    verdict = "correct" if row["correct"] else ("no answer" if row.get("extracted") is None else "wrong")
+    return "\n".join([f"step {row['step']}  group {row['group']}  reward {row['reward']:g} ({parts})  {verdict}",
+                      f"  prompt: {row['prompt']}", f"  completion: {row['completion']}",
+                      f"  answer: {row.get('answer')!r}  extracted: {row.get('extracted')!r}"])
 
 
 def _head(ep: dict[str, Any]) -> str:
@@ -44,7 +68,25 @@ def format_episode(ep: dict[str, Any]) -> str:
 
 
 def show_transcripts(run_dir: Path, *, html: bool = False, limit: int = 3) -> str:
-    """The last ``limit`` episodes as text; with ``html`` write them to RUN_DIR/transcripts.html instead."""
+    """The last ``limit`` episodes (or single-turn samples) as text; with ``html`` write them to
+    RUN_DIR/transcripts.html instead.
+
+    Raises:
+        ConfigError: ``run_dir`` holds neither (not a run directory, or a run before its first step).
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "transcripts.jsonl").is_file():
+        samples = run_dir / "samples.jsonl"
+        if not samples.is_file():
+            what = "a run before its first step" if (run_dir / "config.yaml").is_file() else "not a run directory"
+            raise ConfigError(f"{run_dir} has neither transcripts.jsonl (agent runs) nor samples.jsonl (single-turn "
+                              f"runs): {what}")
+        rows = _read_jsonl(samples)[-limit:]
+        if html:
+            out = run_dir / "transcripts.html"
+            out.write_text(samples_html(rows), encoding="utf-8")
+            return f"wrote {out}"
+        return "\n\n".join(format_sample(row) for row in rows)
     episodes = read_transcripts(run_dir)[-limit:]
     if html:
         out = Path(run_dir) / "transcripts.html"
@@ -74,3 +116,12 @@ def to_html(episodes: list[dict[str, Any]]) -> str:
     style = ("<style>body{font-family:sans-serif}td{vertical-align:top;border-top:1px solid #ccc}"
              ".bad{color:#b00}.ok{color:#070}pre{white-space:pre-wrap;margin:0}</style>")
     return f"<!doctype html><html><head><meta charset=utf-8>{style}</head><body>{''.join(blocks)}</body></html>"
+
+
+def samples_html(rows: list[dict[str, Any]]) -> str:
+    """A standalone page of single-turn samples: one block per sample."""
+    blocks = "".join(f"<h3>{html.escape(format_sample(r).splitlines()[0])}</h3><p><b>prompt</b></p><pre>"
+                     f"{html.escape(r['prompt'])}</pre><p><b>completion</b></p><pre>{html.escape(r['completion'])}"
+                     "</pre>" for r in rows)
+    return ("<!doctype html><html><head><meta charset=utf-8><style>body{font-family:sans-serif}pre{white-space:"
+            f"pre-wrap}}</style></head><body>{blocks}</body></html>")

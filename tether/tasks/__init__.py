@@ -4,7 +4,7 @@
 >>> task = make_task("reasoning_gym", dataset="chain_sum", train_size=8, val_size=4)  # doctest: +SKIP
 """
 
-from tether.tasks import addition, jsonl_task, parity, reasoning_gym_task  # noqa: F401  (registers the built-in tasks)
+from tether.tasks import addition, dataset_task, jsonl_task, parity, reasoning_gym_task  # noqa: F401  (registers the built-in tasks)
 from tether.tasks.addition import AdditionTask
 from tether.tasks.base import RewardMap, Score, Task, TaskItem, fault_score, safe_score, task_split
 from tether.tasks.extract import (

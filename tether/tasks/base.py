@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -12,13 +12,14 @@ class TaskItem:
     """One prompt of a task.
 
     Attributes:
-        prompt: the user message text, answer-format instruction included.
+        prompt: the user message text, answer-format instruction included; or, for conversational data, the
+            conversation so far as ``{"role", "content"}`` messages (the system message included, if any).
         answer: the gold answer as text, or ``None`` when the scorer needs no gold answer.
         meta: anything the scorer needs (for reasoning-gym: the generator's ``entry``).
         id: stable identifier, ``"<source>/<split>/<index>"`` for the built-in tasks.
     """
 
-    prompt: str
+    prompt: str | list[dict[str, str]]
     answer: str | None
     meta: dict[str, Any] = field(default_factory=dict)
     id: str = ""
@@ -96,6 +97,15 @@ def safe_score(task: Task, item: TaskItem, response_text: str, *, fault_reward: 
         return task.score(item, response_text)
     except Exception as error:  # containing arbitrary scorer bugs is the point
         return fault_score(error, reward=fault_reward)
+
+
+def score_batch(task: Task, items: Sequence[TaskItem], texts: Sequence[str]) -> list[Score]:
+    """Scores of a batch of responses: the task's ``score_batch(items, texts)`` where it has one (reward functions,
+    reward models and judges score a batch at once, :mod:`tether.rewards`), else ``score`` row by row."""
+    batch = getattr(task, "score_batch", None)
+    if batch is not None:
+        return batch(items, texts)
+    return [task.score(item, text) for item, text in zip(items, texts, strict=True)]
 
 
 REWARD_MODES: tuple[str, ...] = ("binary", "score")

@@ -21,7 +21,7 @@ from tether.tasks.extract import (
 )
 from tether.tasks.registry import register_task
 
-_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # Gold answers parsed per file before a run, and the time that may take: an even sample finds a file whose answers
 # are mostly unparsable (the wrong field, prose answers) without parsing 100k rows.
 GOLD_SAMPLE = 100
@@ -29,7 +29,7 @@ GOLD_BUDGET_S = 2.0
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Read a local ``.jsonl``/``.json``/``.parquet`` file with ``datasets`` (no network, no cache dir)."""
+    """Read a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file with ``datasets`` (no network, no cache dir)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task data file not found: {path}")
@@ -162,14 +162,34 @@ def answer_warnings(key: str, file: Path, rows: list[tuple[int, dict[str, Any]]]
     return warnings
 
 
-def _split(rows: list[dict[str, Any]], val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded shuffle, then the first ``val_size`` rows are val and the rest train."""
-    if not 0 < val_size < len(rows):
-        raise ValueError(f"val_size={val_size} must be between 1 and the number of rows - 1 "
-                         f"({len(rows) - 1})")
+def carve(rows: list[Any], sizes: dict[str, int], seed: int) -> dict[str, list[Any]]:
+    """Seeded shuffle, then the first ``sizes[a]`` rows are split ``a``, the next ``sizes[b]`` split ``b`` (in the
+    order of ``sizes``), and the rest ``train``; the splits share no row.
+
+    Raises:
+        ValueError: the held-out splits leave no training row (the message names the sizes and the rows).
+    """
+    held = sum(sizes.values())
+    if any(size < 0 for size in sizes.values()) or not 0 < held < len(rows):
+        named = ", ".join(f"{name}_size={size}" for name, size in sizes.items())
+        raise ValueError(f"{named} must be at least 1 in all and leave a training row: the data has {len(rows)} "
+                         f"rows, so at most {len(rows) - 1} held out")
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
-    return [rows[i] for i in order[val_size:]], [rows[i] for i in order[:val_size]]
+    out, start = {}, 0
+    for name, size in sizes.items():
+        out[name] = [rows[i] for i in order[start:start + size]]
+        start += size
+    out["train"] = [rows[i] for i in order[start:]]
+    return out
+
+
+def _split(rows: list[dict[str, Any]], val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """Seeded shuffle, then the first ``val_size`` rows are val and the rest train."""
+    if val_size < 1:
+        raise ValueError(f"val_size={val_size} must be between 1 and the number of rows - 1 ({len(rows) - 1})")
+    splits = carve(rows, {"val": val_size}, seed)
+    return splits["train"], splits["val"]
 
 
 @register_task("jsonl")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tether.tasks.base import Task
+from tether.user_code import is_target, resolve_target
 
 F = TypeVar("F", bound=Callable[..., Task])
 
@@ -39,6 +40,20 @@ def task_names() -> list[str]:
     return sorted(_TASKS)
 
 
+def task_factory(name: str) -> Callable[..., Task]:
+    """The factory registered as ``name``, or the class or function a ``"module:Name"`` name points at.
+
+    Raises:
+        ValueError: an unknown registered name (the message lists the known ones); for ``module:Name``, a
+            :class:`~tether.config.ConfigError` (a ValueError) naming what is wrong with it.
+    """
+    if is_target(name):
+        return resolve_target("task.name", name)
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
+    return _TASKS[name]
+
+
 def check_task_kwargs(name: str, factory: Callable[..., Task], kwargs: dict[str, Any]) -> None:
     """Fail with the offending and the allowed keyword names, before any data is generated."""
     params = inspect.signature(factory).parameters
@@ -58,7 +73,7 @@ def make_task(name: str, **kwargs: Any) -> Task:
     """Build the task registered as ``name`` with keyword arguments ``kwargs``.
 
     Args:
-        name: a registered task name (see :func:`task_names`).
+        name: a registered task name (see :func:`task_names`), or ``"module:Name"`` of a task class or factory.
         **kwargs: the task's own arguments, e.g. ``dataset``, ``train_size``, ``seed``.
 
     Returns:
@@ -68,8 +83,6 @@ def make_task(name: str, **kwargs: Any) -> Task:
         ValueError: unknown ``name`` (the message lists the known ones).
         TypeError: unknown or missing argument (the message names it and the allowed ones).
     """
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
-    factory = _TASKS[name]
+    factory = task_factory(name)
     check_task_kwargs(name, factory, kwargs)
     return factory(**kwargs)

@@ -28,6 +28,7 @@ from tether.health.degenerate import vocab_size
 from tether.methods import MiniBatch, Reference, StepContext
 from tether.methods.hooks import MethodSet
 from tether.models import load_policy
+from tether.models.chat_template import apply_chat_template
 from tether.models.layers import LayerCheckpointing, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
 from tether.rollout.base import Collector
@@ -35,7 +36,8 @@ from tether.rollout.collectors import collector_class
 from tether.seeding import StepSeeds
 from tether.start import start_run
 from tether.track import Tracker, build_tracker
-from tether.trainer.checkpoint import CheckpointManager
+from tether.track.progress import status
+from tether.trainer.checkpoint import CheckpointManager, seed_everything
 from tether.trainer.rundir import prepare_run_dir
 from tether.trainer.step import autocast, score_log_probs
 
@@ -43,10 +45,11 @@ from tether.trainer.step import autocast, score_log_probs
 def build_collector(cfg: Config, tokenizer: Any) -> Collector:
     """Single-turn groups for a ``task``, the multi-turn agent loop for an ``env`` (:func:`collector_class`)."""
     collector = collector_class(cfg)
+    apply_chat_template(tokenizer, cfg.model.chat_template)  # before any prompt is encoded
     if cfg.task is not None:
-        from tether.tasks import make_task
+        from tether.rewards import build_config_task
 
-        return collector(make_task(cfg.task.name, **cfg.task.kwargs), tokenizer, cfg)
+        return collector(build_config_task(cfg), tokenizer, cfg)  # the task, with task.rewards added
     return collector(cfg, tokenizer)
 
 
@@ -60,6 +63,7 @@ class TrainerBuild:
         run_checks(cfg, policy=policy is None)  # tether.checks: the config, and what it names is here
         self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
+        seed_everything(cfg.seed)  # Python's, NumPy's and torch's global generators; restored on resume
         self.run_dir = Path(cfg.run_dir)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         # the lock, a crash's leftovers, the checkpoint to resume and its settings: settled before any model loads
@@ -73,6 +77,7 @@ class TrainerBuild:
         self.methods = MethodSet.from_config(cfg.methods)
         # 2. models
         if policy is None:
+            self.status(f"loading the policy {cfg.model.name}")
             policy, tokenizer = load_policy(cfg.model.name)
         self.tokenizer = tokenizer
         if cfg.model.lora is not None:  # only the adapters train (docs/lora.md)
@@ -91,6 +96,7 @@ class TrainerBuild:
         self.log_probs = partial(score_log_probs, cfg=cfg, device=self.device)  # scoring passes, and ctx.log_probs
         self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main,  # docs/health.md
                                     vocab_size=vocab_size(policy))
+        self.status(f"starting the {cfg.rollout.engine} engine and the {'task' if cfg.task else 'environment'}")
         self.engine = self.make_engine(self.policy)  # and sampling_engine, as the health checks see it
         self.collector = build_collector(cfg, tokenizer)
         a = cfg.algorithm
@@ -167,6 +173,11 @@ class TrainerBuild:
                            sample_groups=getattr(self.collector, "generate", None), log_probs=self.log_probs,
                            make_engine=self.make_engine, mini_batch=mini_batch)
 
+    def status(self, message: str) -> None:
+        """A phase's one line on stderr (``logging.progress``), so the minutes before the first step are not silent."""
+        if self.cfg.logging.progress:
+            status(message)
+
     def push_weights(self) -> None:
         """Give the engine the policy's current weights: free for the in-process engine, which holds the same
         tensors; one broadcast for engines with their own copy (Ray actors, vLLM), with LoRA adapters merged."""
@@ -180,10 +191,11 @@ class TrainerBuild:
 
 
 def rollout_engine(model: Any, *, strategy: Any, tokenizer: Any, cfg: Config) -> Any:
-    """The configured engine (``rollout.engine``) over ``model``; under data parallelism each rank samples its share
-    of the prompts."""
+    """The configured engine (``rollout.engine``) over ``model``, sampling in ``rollout.dtype`` when set; under data
+    parallelism each rank samples its share of the prompts."""
     r = cfg.rollout
-    return strategy.rollout_engine(build_engine(r.engine, model, tokenizer, cfg.model, r.engine_kwargs))
+    settings = r.engine_kwargs if r.dtype is None else {**r.engine_kwargs, "dtype": r.dtype}
+    return strategy.rollout_engine(build_engine(r.engine, model, tokenizer, cfg.model, settings))
 
 
 

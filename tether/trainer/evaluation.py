@@ -16,6 +16,7 @@ from tether.engine.registry import build_engine
 from tether.models import load_policy
 from tether.seeding import step_seed
 from tether.start import start_run
+from tether.track.progress import status
 from tether.trainer.build import build_collector
 from tether.trainer.checkpoint import load_state
 
@@ -31,8 +32,11 @@ def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
     device = start_run(cfg)  # a missing GPU fails now, before any model loads
     run_checks(cfg)
+    status(f"loading {cfg.model.name}")
     policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
+    status(f"evaluating on split {cfg.val.split!r} ({cfg.val.max_prompts or 'all'} prompts x "
+           f"{1 if cfg.val.greedy else cfg.val.samples} samples)")
     engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
     seed = step_seed(cfg.seed, checkpoint_step(cfg.model.name), "val")  # the run's validation seed at that step
     return build_collector(cfg, tokenizer).validate(engine, seed)

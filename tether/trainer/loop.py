@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tether.errors import RefillShortfall
 from tether.health import HealthError
 from tether.track import write_text_atomic
 from tether.trainer.stop import StopSignals, TrainingStopped
@@ -43,6 +44,9 @@ class TrainingLoop:
         except HealthError:
             self._finish()
             raise
+        except RefillShortfall as err:  # one line naming where a resume starts and what it may change
+            self.tracker.close()
+            raise TrainingStopped(refill_stop_message(str(err), self.checkpoints.latest())) from None
 
     def _finish(self) -> None:
         """Close the metric sinks and write ``summary.json``: at the end, and when a health check stops the run."""
@@ -55,7 +59,7 @@ class TrainingLoop:
         last: dict[str, float] = {}
         if self.step == 0 and self.cfg.val.every:
             last.update(self.validate())
-        from tether.trainer.progress import Progress
+        from tether.track.progress import Progress
 
         with Progress(t.steps, start=self.step, enabled=self.cfg.logging.progress and self.dp.is_main) as bar, \
                 StopSignals() as signals:
@@ -96,12 +100,17 @@ class TrainingLoop:
         return out
 
     def validate(self) -> dict[str, float]:
+        v, start = self.cfg.val, time.monotonic()
+        self.status(f"validating at step {self.step} on split {v.split!r} ({v.max_prompts or 'all'} prompts x "
+                    f"{1 if v.greedy else v.samples} samples)")
         metrics = self.collector.validate(self.sampling_engine, self.seed_for("val"))
+        self.status(f"validation at step {self.step}: {self.cfg.train.best_metric}="
+                    f"{metrics.get(self.cfg.train.best_metric, float('nan')):.4f} ({time.monotonic() - start:.0f} s)")
         metrics.update(self.health.on_validation(self.step, metrics))  # the over-optimisation guard
         self.tracker.log(metrics, self.step)
         self.val_history.append((self.step, metrics))
         value = metrics.get(self.cfg.train.best_metric)
-        if value is not None and value > self.best_value:
+        if value is not None and self.step >= self.cfg.train.best_from_step and value > self.best_value:
             self.best_value = value
             self.checkpoints.save_best(self._best_writer({"step": self.step, "metric": value,
                                                           "name": self.cfg.train.best_metric}))
@@ -119,3 +128,11 @@ class TrainingLoop:
                 torch.save(state, directory / "trainer_state.pt")
 
         return write
+
+
+def refill_stop_message(shortfall: str, latest: Path | None) -> str:
+    """The stop of a DAPO refill shortfall: what fell short, where the same command resumes, the settings a resume
+    may change (neither is a setting that changes what the run means)."""
+    where = f"the last checkpoint is {latest}" if latest is not None else "no checkpoint yet (a resume starts at 0)"
+    return (f"{shortfall}; {where}: run the same command with rollout.partial_batches=true (train on the groups that "
+            "survived) or a larger rollout.max_gen_batches to resume from it")

@@ -1,11 +1,14 @@
 """What a training start finds in its run directory, settled before any model loads.
 
-One process writes a run directory at a time (:func:`lock_run_dir`). A start with ``train.resume=true``
-continues from the newest checkpoint that verifies, or stops with one line when the directory holds an
-earlier run it cannot continue; it never restarts from step 0 over an earlier run without being told to
-(``train.resume=false``). Settings that change what the run means must match the run being resumed
-(:data:`MEANING_KEYS`). Metric rows logged after the resumed step are dropped, so a resumed run's
-``metrics.jsonl`` reads as if it had never stopped.
+One process writes a run directory at a time (:func:`lock_run_dir`). Where a run starts is
+``train.resume`` (:func:`plan_start`): ``auto`` continues from the newest checkpoint that verifies, else
+starts at step 0; ``never`` starts at step 0; ``must`` continues or stops. Nothing of an earlier run is
+deleted unless ``train.overwrite`` says so: a start at step 0 over an earlier run is refused with one line.
+The start prints what it does ("resuming runs/x at step 50", "starting runs/x"). Settings that change what
+the run means must match the run being resumed (:data:`MEANING_KEYS`). Metric rows logged after the resumed
+step are dropped, so a resumed run's ``metrics.jsonl`` reads as if it had never stopped.
+
+:func:`check_run_dir` is the same decision without touching anything, for ``tether validate``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import os
 import shutil
 import socket
-import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,8 @@ import yaml
 from tether.config import Config, ConfigError, dump_config
 from tether.distributed import DataParallel
 from tether.track import write_text_atomic
-from tether.trainer.checkpoint import CheckpointManager, checkpoint_problem
+from tether.track.progress import status
+from tether.trainer.checkpoint import STEP_DIR, CheckpointManager, checkpoint_problem
 
 LOCK = ".lock"
 # Settings whose change would make a resumed run a different experiment than the one its checkpoint belongs to
@@ -94,8 +98,8 @@ def check_resume_settings(cfg: Config, saved_config: Path) -> None:
             continue
         if old.get(key) != new.get(key):
             raise RunDirError(f"{key}: {new.get(key)!r} differs from {old.get(key)!r} in the run being resumed "
-                              f"({saved_config}); set it back, or start afresh with train.resume=false or "
-                              "another run_dir")
+                              f"({saved_config}); set it back, or set another run_dir (or start afresh over this "
+                              "one: train.resume=never train.overwrite=true deletes it)")
 
 
 def truncate_metrics(path: Path, through_step: int) -> None:
@@ -115,10 +119,13 @@ def truncate_metrics(path: Path, through_step: int) -> None:
 
 
 def _earlier_run(run_dir: Path, checkpoints: CheckpointManager) -> str | None:
-    """What in ``run_dir`` shows an earlier run (when no checkpoint of it can be resumed), or None."""
-    damaged = [f"{p.name}: {checkpoint_problem(p)}" for p in checkpoints.step_dirs()]
+    """What in ``run_dir`` shows an earlier run (step checkpoints, metric rows), or None."""
+    steps = checkpoints.step_dirs()
+    damaged = [f"{p.name}: {problem}" for p in steps if (problem := checkpoint_problem(p)) is not None]
     if damaged:
-        return "only damaged checkpoints (" + "; ".join(damaged) + ")"
+        return "damaged checkpoints (" + "; ".join(damaged) + ")"
+    if steps:
+        return f"checkpoints up to {steps[0].name}"
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file() and metrics.stat().st_size:
         return "metrics.jsonl but no checkpoint"
@@ -126,7 +133,7 @@ def _earlier_run(run_dir: Path, checkpoints: CheckpointManager) -> str | None:
 
 
 def _start_afresh(run_dir: Path, checkpoints: CheckpointManager) -> None:
-    """``train.resume=false``: the earlier run's checkpoints and metric rows go, so nothing of it is resumed,
+    """``train.overwrite``: the earlier run's checkpoints and metric rows go, so nothing of it is resumed,
     evaluated or plotted as this run's later."""
     for path in [*checkpoints.step_dirs(), checkpoints.root / "best"]:
         if path.is_dir():
@@ -136,8 +143,94 @@ def _start_afresh(run_dir: Path, checkpoints: CheckpointManager) -> None:
     truncate_metrics(run_dir / "metrics.jsonl", -1)
 
 
+def check_layout(run_dir: Path) -> None:
+    """``run_dir`` can hold a run: not a file, its ``checkpoints`` not a file, writable where it will be created.
+
+    Raises:
+        RunDirError: the first problem, with the path.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run_dir {run_dir} is a file, not a directory; move it away or set another run_dir")
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise RunDirError(f"{checkpoints} is a file, not the run's checkpoint directory; move it away or set "
+                          "another run_dir")
+    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(f"run_dir {run_dir}: {existing} is not writable; set another run_dir")
+
+
+def _latest_pointer_problem(checkpoints: CheckpointManager) -> str | None:
+    """What is wrong with ``checkpoints/latest`` (garbage, or naming a missing directory), or None. A resume does
+    not need it (the newest step directory that verifies is taken), but a broken one is worth a line."""
+    pointer = checkpoints.root / "latest"
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text(errors="replace").strip()
+    if not STEP_DIR.fullmatch(name):
+        return f"{pointer} holds {name[:40]!r}, not a step directory's name; it is ignored"
+    if not (checkpoints.root / name).is_dir():
+        return f"{pointer} names {name}, which does not exist; it is ignored"
+    return None
+
+
+def plan_start(cfg: Config, checkpoints: CheckpointManager) -> Path | None:
+    """Where the run starts under ``train.resume``, deciding only (nothing is written or removed).
+
+    Returns:
+        The checkpoint to resume from, or None to start at step 0 (over an earlier run only with
+        ``train.overwrite``).
+
+    Raises:
+        RunDirError: the layout is wrong (:func:`check_layout`); ``must`` and nothing to resume; a start at step 0
+            over an earlier run without ``train.overwrite``; the run being resumed had other settings.
+    """
+    run_dir, policy = Path(cfg.run_dir), cfg.train.resume
+    check_layout(run_dir)
+    if (problem := _latest_pointer_problem(checkpoints)) is not None:
+        warnings.warn(problem, stacklevel=2)
+    start = checkpoints.resumable() if policy != "never" else None
+    if start is not None:
+        check_resume_settings(cfg, run_dir / "config.yaml")
+        return start
+    found = _earlier_run(run_dir, checkpoints)
+    if policy == "must":
+        raise RunDirError(f"train.resume=must but run_dir {run_dir} has no checkpoint to resume"
+                          + (f" (it holds {found})" if found else ""))
+    if found is not None and not cfg.train.overwrite:
+        why = "nothing to resume" if policy == "auto" else "train.resume=never starts at step 0"
+        raise RunDirError(f"run_dir {run_dir} holds an earlier run with {found}: {why}; set another run_dir, or "
+                          "add train.overwrite=true to delete that run's checkpoints and metrics")
+    return None
+
+
+def start_line(run_dir: Path, start: Path | None, overwrites: bool, *, would: bool = False) -> str:
+    """What the start says: "resuming runs/x at step 50", "starting runs/x" (``would``: "would resume ...")."""
+    resume, begin = ("would resume", "would start") if would else ("resuming", "starting")
+    if start is not None:
+        return f"{resume} {run_dir} at step {int(start.name[5:])}"
+    return f"{begin} {run_dir}" + (" (the earlier run in it is deleted: train.overwrite)" if overwrites else "")
+
+
+def check_run_dir(cfg: Config) -> str:
+    """:func:`plan_start` for ``tether validate``: the same checks, nothing touched.
+
+    Returns:
+        What a start would do, e.g. "would resume runs/x at step 50".
+
+    Raises:
+        RunDirError: what would stop the start.
+    """
+    run_dir = Path(cfg.run_dir)
+    checkpoints = CheckpointManager(run_dir, cfg.train.keep_last)
+    start = plan_start(cfg, checkpoints)
+    overwrites = start is None and _earlier_run(run_dir, checkpoints) is not None
+    return start_line(run_dir, start, overwrites, would=True)
+
+
 def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParallel) -> Path | None:
-    """Lock and tidy ``cfg.run_dir``, choose where the run starts and write its ``config.yaml``.
+    """Lock and tidy ``cfg.run_dir``, choose where the run starts (:func:`plan_start`), say it, and write its
+    ``config.yaml``.
 
     Collective under ``torchrun`` (rank 0 writes, every rank reads the same choice).
 
@@ -146,11 +239,12 @@ def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParalle
 
     Raises:
         RunDirError: the directory is unwritable or used by another process, or holds an earlier run that cannot
-            be resumed, or the run being resumed had other settings.
+            be resumed and may not be overwritten, or the run being resumed had other settings.
     """
     run_dir = Path(cfg.run_dir)
     if dp.is_main:
         try:
+            check_layout(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             lock_run_dir(run_dir)
             for tmp in run_dir.glob(".*.tmp.*"):  # write_text_atomic's temporaries, left by a kill
@@ -159,18 +253,16 @@ def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParalle
         except OSError as err:
             raise RunDirError(f"run_dir {run_dir}: {err.strerror or err} ({err.filename or run_dir})") from None
     dp.barrier()
-    start = checkpoints.resumable() if cfg.train.resume else None
+    # every rank reads the same directory; rank 0 alone checks, warns and raises
+    start = plan_start(cfg, checkpoints) if dp.is_main else (
+        checkpoints.resumable(warn=False) if cfg.train.resume != "never" else None)
     if dp.is_main:
+        overwrites = start is None and _earlier_run(run_dir, checkpoints) is not None
         if start is not None:
-            check_resume_settings(cfg, run_dir / "config.yaml")
             truncate_metrics(run_dir / "metrics.jsonl", int(start.name[5:]))
-            print(f"resuming {run_dir} from {start.name}", file=sys.stderr)
-        elif not cfg.train.resume:
+        elif overwrites:
             _start_afresh(run_dir, checkpoints)
-        elif (found := _earlier_run(run_dir, checkpoints)) is not None:
-            raise RunDirError(f"run_dir {run_dir} holds an earlier run with {found}: nothing to resume; start "
-                              "afresh with train.resume=false (its checkpoints and metrics are removed), or set "
-                              "another run_dir")
+        status(start_line(run_dir, start, overwrites))
         write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     dp.barrier()
     return start

@@ -48,7 +48,8 @@ class RunState:
         written_by = state.get("strategy", "replicate")  # checkpoints before sharding existed were replicated
         if written_by != self.strategy.name:
             raise ConfigError(f"{path} was written with distributed.strategy={written_by}; resume with that "
-                              f"strategy, or start afresh (train.resume=false or another run_dir)")
+                              "strategy, or another run_dir (or train.resume=never train.overwrite=true: deletes this "
+                              "run)")
         moved = self.strategy.load_training_state(path, state, self.policy, self.optimizer, self.ref_policy)
         if self.reference is not None:
             self.reference.moved = moved

@@ -24,6 +24,7 @@ from tether.algos import LossInputs
 from tether.config import Config
 from tether.distributed import DataParallel
 from tether.distributed.strategy import own_micro_batches
+from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
 from tether.models.forward import response_log_probs
 from tether.models.layers import activation_bytes
@@ -201,14 +202,15 @@ class StepPhases:
         if self.skipped_in_a_row >= limit:
             raise TrainingStopped(f"{limit} optimiser steps in a row had a non-finite loss or gradient "
                                   f"(train.max_skipped_updates={limit}) at step {self.step}; the checkpoints hold "
-                                  "finite weights; check the rewards or lower optim.lr", 1)
+                                  "finite weights; check the rewards or lower optim.lr")
 
     def _lock_step_pass(self, micro: RolloutBatch) -> None:
         """A forward and backward that add nothing: a sharded model gathers and reduces inside them, so a rank
         with fewer rows than the others still makes the same calls. Method hooks do not see it."""
         with self.autocast():
             log_probs, _ = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids, micro.response_mask,
-                                              temperature=self.cfg.rollout.temperature)
+                                              temperature=self.cfg.rollout.temperature,
+                                              chunk_size=self.cfg.train.logprob_chunk_tokens)
         (log_probs.sum() * 0.0).backward()
 
     def _micro_batch_loss(self, micro: RolloutBatch, mini: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -218,18 +220,22 @@ class StepPhases:
         with self.autocast():
             log_probs, entropy = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids,
                                                     micro.response_mask, temperature=self.cfg.rollout.temperature,
-                                                    with_entropy=True)
+                                                    with_entropy=True, chunk_size=self.cfg.train.logprob_chunk_tokens)
         old = micro.token.get("old_log_probs", log_probs.detach())
-        self.health.observe(micro, old)  # pi_old under the weights the engine sampled with: parity, free
+        c = self.cfg.rollout.correction  # the engine's mu against pi_old, on the tokens parity compares
+        corr = None if c.mode == "none" else algos.rollout_correction(
+            c.mode, old, micro.sample_log_probs, micro.response_mask, compared_tokens(micro), **c.bounds())
+        self.health.observe(micro, old, corr)  # pi_old under the weights the engine sampled with: parity, free
         inputs = LossInputs(
             log_probs=log_probs, old_log_probs=old, advantages=micro.token["advantages"],
             response_mask=micro.response_mask, behaviour_log_probs=micro.sample_log_probs, source=micro.source,
             ref_log_probs=micro.token.get("ref_log_probs"), num_tokens=num_tokens, num_seqs=num_seqs,
             max_response_len=self.cfg.rollout.max_new_tokens,
-            tokens=self.methods.loss_token_inputs(micro))
+            tokens=self.methods.loss_token_inputs(micro),
+            token_weights=None if corr is None else corr.weights)
         out = self.policy_loss_fn(inputs, agg=a.loss_agg, **a.loss_kwargs)
         loss = out.loss
-        metrics = {**out.metrics, "actor/pg_loss": out.loss.detach()}
+        metrics = {**out.metrics, **({} if corr is None else corr.metrics), "actor/pg_loss": out.loss.detach()}
         agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=self.cfg.rollout.max_new_tokens)
         ent = algos.aggregate(entropy, micro.response_mask, "token-mean", num_tokens=num_tokens)
         metrics["actor/entropy"] = ent.detach()
@@ -266,7 +272,7 @@ def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]]
         micro = narrowed(batch, rows, lengths)
         with autocast(cfg, device):
             lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids, micro.response_mask,
-                                       temperature=cfg.rollout.temperature)
+                                       temperature=cfg.rollout.temperature, chunk_size=cfg.train.logprob_chunk_tokens)
         out = lp.new_zeros(batch.response_mask.shape) if out is None else out
         out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
     return out * batch.response_mask

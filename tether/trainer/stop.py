@@ -6,11 +6,14 @@ import signal
 import threading
 from types import FrameType, TracebackType
 
+from tether.errors import EXIT_STOPPED, TetherError
 
-class TrainingStopped(RuntimeError):
-    """The run ended before ``train.steps``: a signal (after a checkpoint) or updates that stayed non-finite."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+class TrainingStopped(TetherError, RuntimeError):
+    """The run ended before ``train.steps`` and can be resumed: a signal (after a checkpoint; exit code 128 + N),
+    updates that stayed non-finite or a DAPO refill shortfall (exit code 4)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_STOPPED) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 

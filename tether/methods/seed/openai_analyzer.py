@@ -1,8 +1,8 @@
 """Stage-1 labels from any OpenAI-compatible chat-completions endpoint (the paper uses GLM-5.2 this way).
 
-Plain ``urllib``, no client package. The endpoint, model and key come from environment variables whose
-*names* are settings (defaults ``OPENAI_BASE_URL``, ``OPENAI_MODEL``, ``OPENAI_API_KEY``, as the SEED code
-reads them). Behaviour follows the code's ``_analyze_episode_with_openai``:
+Through :class:`tether.openai_chat.ChatClient` (plain ``urllib``, no client package). The endpoint, model and key
+come from environment variables whose *names* are settings (defaults ``OPENAI_BASE_URL``, ``OPENAI_MODEL``,
+``OPENAI_API_KEY``, as the SEED code reads them). Behaviour follows the code's ``_analyze_episode_with_openai``:
 
 * temperature 0.0, ``max_completion_tokens`` 1024 (the stage-1 scripts' ``SKILL_MAX_COMPLETION_TOKENS``);
 * transport errors are retried ``api_retries`` times (``OPENAI_API_RETRIES``, 5) with a fixed delay;
@@ -13,14 +13,10 @@ reads them). Behaviour follows the code's ``_analyze_episode_with_openai``:
 
 from __future__ import annotations
 
-import json
 import os
-import time
-import urllib.error
-import urllib.request
-from typing import Any
 
 from tether.methods.seed.analyzer import Analysis, is_nontrivial_skill, parse_analysis
+from tether.openai_chat import ChatClient, ChatError
 
 
 def repair_prompt(prompt: str, answer: str, error: str, *, include_summary: bool = True) -> str:
@@ -59,31 +55,14 @@ class OpenAIAnalyzer:
         if not self.base_url or not self.model:
             raise ValueError(f"the OpenAI-compatible analyzer reads its endpoint from ${base_url_env} and its model "
                              f"from ${model_env}; set both (e.g. {base_url_env}=http://localhost:8000/v1)")
-        self.api_key = os.environ.get(api_key_env, "")
-        self.max_completion_tokens, self.temperature = max_completion_tokens, temperature
-        self.parse_retries, self.api_retries = max(1, parse_retries), max(1, api_retries)
-        self.retry_delay, self.timeout, self.include_summary = retry_delay, timeout, include_summary
+        self.client = ChatClient(self.base_url, self.model, os.environ.get(api_key_env, ""),
+                                 max_completion_tokens=max_completion_tokens, temperature=temperature,
+                                 retries=max(1, api_retries), retry_delay=retry_delay, timeout=timeout)
+        self.parse_retries, self.include_summary = max(1, parse_retries), include_summary
 
     def complete(self, prompt: str) -> str:
         """One chat completion of a single user message; retried on transport errors."""
-        body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                           "temperature": self.temperature,
-                           "max_completion_tokens": self.max_completion_tokens}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        error: Exception | None = None
-        for attempt in range(self.api_retries):
-            request = urllib.request.Request(f"{self.base_url}/chat/completions", data=body, headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    payload: dict[str, Any] = json.loads(response.read())
-                return str(payload["choices"][0]["message"].get("content") or "")
-            except (urllib.error.URLError, TimeoutError, KeyError, IndexError, json.JSONDecodeError) as exc:
-                error = exc
-                if attempt + 1 < self.api_retries:
-                    time.sleep(self.retry_delay)
-        raise RuntimeError(f"chat completion at {self.base_url} failed {self.api_retries} times: {error}")
+        return self.client.complete(prompt)
 
     def analyze(self, prompt: str) -> Analysis:
         """Ask until the answer parses with a non-trivial skill, or ``parse_retries`` attempts are spent.
@@ -97,7 +76,7 @@ class OpenAIAnalyzer:
                                                             include_summary=self.include_summary)
             try:
                 answer = self.complete(ask)
-            except RuntimeError as exc:
+            except ChatError as exc:
                 return Analysis("", "", str(exc), answer)
             result = parse_analysis(answer, include_summary=self.include_summary)
             if result.error is None and is_nontrivial_skill(result.skill):

@@ -1,0 +1,103 @@
+"""The CLI's conventions: one line per tether error (a traceback only with --debug) and its exit code, --version,
+-h, did-you-mean for unknown keys, YAML syntax hints, `show` on single-turn runs, `plot` on a wrong path,
+`config-docs` on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.trainer.helpers import tiny_config
+from tether import cli
+from tether.config import ConfigError, load_config
+from tether.config_docs import DOC_PATH, render_config_docs
+from tether.errors import EXIT_CONFIG, EXIT_HEALTH, TetherError
+from tether.health import HealthError
+from tether.trainer import Trainer
+
+QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli.app, list(args))
+
+
+def test_version_and_short_help():
+    out = run("--version")
+    assert out.exit_code == 0 and out.output.startswith("tether ")
+    out = run("-h")
+    assert out.exit_code == 0 and "validate" in out.output and "train" in out.output
+    assert run("validate", "-h").exit_code == 0
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("optim.learning_rate=1e-5", "optim.learning_rate: unknown key; did you mean lr? optim allows: betas,"),
+    ("rollout.group_sise=4", "rollout.group_sise: unknown key; did you mean group_size?"),
+    ("trian.steps=3", "trian: unknown key; did you mean train? the top level allows: algorithm,"),
+])
+def test_unknown_key_names_the_closest_and_the_allowed_keys(override, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, [override])
+    assert expected in str(err.value)
+
+
+def test_a_method_section_gets_the_same_suggestions():
+    from tether.methods import method_config
+
+    with pytest.raises(ConfigError, match=r"methods.armor.tua: unknown key; did you mean tau\? methods.armor allows"):
+        method_config("armor", {"tua": 1.0})
+
+
+def test_container_values_get_a_syntax_hint():
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, ["logging.wandb=true", "rollout.stop=x"])
+    text = str(err.value)
+    assert "logging.wandb: Input should be a valid dictionary (got True); write a mapping" in text
+    assert "rollout.stop: Input should be a valid list (got 'x'); write a list" in text
+
+
+def test_errors_are_one_line_with_their_exit_code_and_a_traceback_only_with_debug():
+    out = run("validate", QUICKSTART, "optim.lr=-1")
+    assert out.exit_code == EXIT_CONFIG and "optim.lr" in out.output and "Traceback" not in out.output
+    out = run("--debug", "validate", QUICKSTART, "optim.lr=-1")
+    assert isinstance(out.exception, ConfigError)  # raised, not turned into an exit: the traceback is shown
+
+
+def test_every_tether_error_is_caught_with_its_own_exit_code(monkeypatch):
+    def failing(cfg):
+        raise HealthError("every reward was non-finite")
+
+    monkeypatch.setattr(cli, "_train", failing)
+    out = run("train", QUICKSTART)
+    assert out.exit_code == EXIT_HEALTH == 3 and out.output.strip() == "every reward was non-finite"
+    assert issubclass(ConfigError, TetherError) and ConfigError.exit_code == 2
+
+
+def test_plot_and_show_on_a_wrong_path_say_so_in_one_line(tmp_path):
+    for command in ("plot", "show"):
+        out = run(command, str(tmp_path / "nope"))
+        assert out.exit_code == EXIT_CONFIG and "not a run directory" in out.output, out.output
+        assert "Traceback" not in out.output
+
+
+def test_show_prints_a_single_turn_runs_samples(tmp_path, tiny_policy):
+    cfg = tiny_config(tmp_path, "train.steps=1")
+    policy, tokenizer = tiny_policy
+    Trainer(cfg, policy=policy, tokenizer=tokenizer).fit()
+    out = run("show", cfg.run_dir, "--limit", "1")
+    assert out.exit_code == 0, out.output
+    first = out.output.split("\n\n")[0].splitlines()
+    assert first[0].startswith("step 0  group ") and " reward " in first[0] and "(task " in first[0]
+    assert first[1].startswith("  prompt: ") and first[2].startswith("  completion: ")
+    assert len(out.output.split("\n\n")) == 1
+    assert run("show", cfg.run_dir, "--html").exit_code == 0
+    assert (Path(cfg.run_dir) / "transcripts.html").read_text().count("<h3>") == 2  # one per group of the step
+
+
+def test_config_docs_prints_the_reference_and_leaves_the_file():
+    before = DOC_PATH.stat().st_mtime_ns
+    out = run("config-docs")
+    assert out.exit_code == 0 and out.output == render_config_docs()
+    assert DOC_PATH.stat().st_mtime_ns == before

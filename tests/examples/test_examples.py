@@ -1,0 +1,147 @@
+"""Every folder of examples/: ``tether validate``, then two RL steps of ``tether train`` on a tiny random model.
+
+The commands run in-process through the CLI (what a user types, with overrides that make the run tiny), from the
+repository root, as the examples' READMEs say. Reward models and judges are built here: a tiny random
+sequence-classification model, a stub OpenAI-compatible server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.rewards.helpers import start_stub_judge, tiny_reward_model
+from tether.checks import load_checked_config
+from tether.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+TINY_RUN = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "val.every=0",
+            "train.steps=2", "train.save_every_s=0", "logging.tensorboard=false", "logging.progress=false",
+            "optim.micro_batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def tiny_policy_dir(tmp_path_factory, tokenizer):
+    from tether.models import tiny_model
+
+    directory = tmp_path_factory.mktemp("policy")
+    model, tok = tiny_model(seed=0, tokenizer=tokenizer)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def run_example(folder: str, tmp_path: Path, policy: Path, *overrides: str) -> list[dict]:
+    """``tether validate``, then ``tether train`` for two steps; the metrics rows of the run."""
+    config = str(EXAMPLES / folder / "config.yaml")
+    settings = [f"model.name={policy}", f"run_dir={tmp_path / 'run'}", *TINY_RUN, *overrides]
+    runner = CliRunner()
+    validated = runner.invoke(app, ["validate", config, *settings])
+    assert validated.exit_code == 0, validated.output
+    assert validated.output.startswith("ok: ")
+    trained = runner.invoke(app, ["train", config, *settings])
+    assert trained.exit_code == 0, trained.output
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "actor/pg_loss" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    return steps
+
+
+@pytest.fixture(autouse=True)
+def _from_the_repository_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def test_every_example_is_a_readme_a_yaml_and_at_most_one_python_file():
+    folders = sorted(p for p in EXAMPLES.iterdir() if p.is_dir())
+    assert len(folders) >= 4  # examples/README.md is the index
+    for folder in folders:
+        files = [p.name for p in folder.iterdir() if p.is_file() and p.suffix != ".pyc"]
+        assert "README.md" in files and "config.yaml" in files, folder
+        assert sum(name.endswith(".py") for name in files) <= 1, folder
+        assert sum(name.endswith((".yaml", ".yml")) for name in files) == 1, folder
+
+
+def import_example(folder: str, module: str):
+    """The example's Python file, imported as the config's ``imports:`` would."""
+    from tether.user_code import import_user_modules
+
+    import_user_modules([str(EXAMPLES / folder / f"{module}.py")])
+    return sys.modules[module]
+
+
+@pytest.mark.parametrize("config", sorted(EXAMPLES.glob("*/config.yaml")), ids=lambda p: p.parent.name)
+def test_every_example_config_passes_the_config_checks_as_shipped(config):
+    load_checked_config(config)
+
+
+def test_trl_reward_function(tmp_path, tiny_policy_dir):
+    rewards = import_example("trl_reward_function", "apple_rewards")
+    completions = ["so <answer>12</answer>", "<answer>13</answer> done", "12"]
+    assert rewards.correctness_reward(["p"] * 3, completions, answer=["12", "12", "12"]) == [1.0, 0.0, 0.0]
+    assert rewards.format_reward(["p"] * 3, completions) == [1.0, 0.0, 0.0]
+    steps = run_example("trl_reward_function", tmp_path, tiny_policy_dir)
+    assert all(row["reward/faults"] == 0 for row in steps)
+    # `tether eval` reads the run's config.yaml, whose imports: name the file by its absolute path
+    checkpoint = next(p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step"))
+    evaluated = CliRunner().invoke(app, ["eval", str(checkpoint), "val.max_prompts=2", "val.samples=1"])
+    assert evaluated.exit_code == 0, evaluated.output
+    assert json.loads(evaluated.stdout)["val/reward_mean"] >= 0.0
+
+
+def test_my_environment(tmp_path, tiny_policy_dir):
+    run_example("my_environment", tmp_path, tiny_policy_dir, "env.max_turns=2", "env.train_tasks=4",
+                "env.val_tasks=2")
+
+
+def test_conversational_dataset(tmp_path, tiny_policy_dir):
+    import_example("conversational_dataset", "chat_format").make_dataset(tmp_path / "chats", rows=40)
+    run_example("conversational_dataset", tmp_path, tiny_policy_dir, f"task.kwargs.path={tmp_path / 'chats'}",
+                "task.kwargs.val_size=4", "task.kwargs.report_size=4")
+
+
+def test_reward_model(tmp_path, tiny_policy_dir, tokenizer):
+    model = tiny_reward_model(tmp_path / "rm", tokenizer)
+    steps = run_example("reward_model", tmp_path, tiny_policy_dir,
+                        f"task.rewards=[{{fn: 'tether.rewards:RewardModel', kwargs: {{model: '{model}'}}}}]")
+    assert all(row["reward/faults"] == 0 and row["train/reward_mean"] != 0 for row in steps)
+
+
+def test_llm_judge(tmp_path, tiny_policy_dir):
+    server, url = start_stub_judge()
+    try:
+        steps = run_example("llm_judge", tmp_path, tiny_policy_dir,
+                            f"task.rewards=[{{fn: 'tether.rewards:Judge', kwargs: {{model: stub, base_url: '{url}', "
+                            "retry_delay_s: 0}}]")
+    finally:
+        server.shutdown()
+    assert all(row["reward/faults"] == 0 for row in steps)
+
+
+def test_the_example_environment_follows_the_protocol():
+    from tether.envs import EnvReset, EnvStep, EpisodeOverError, TextEnv
+
+    GuessNumber = import_example("my_environment", "guess_number").GuessNumber
+    env = GuessNumber(high=20, guesses=5)
+    assert isinstance(env, TextEnv) and "<action>" in env.action_format
+    assert not set(env.train_seeds(50)) & set(env.eval_seeds(50))
+    first = env.reset(3)
+    assert isinstance(first, EnvReset) and first.task
+    secret = int(env.solution()[0])
+    assert env.reset(3).observation == first.observation and int(env.solution()[0]) == secret  # seeded
+    invalid = env.step("banana")
+    assert isinstance(invalid, EnvStep) and invalid.info["invalid_action"] and not invalid.done
+    if secret > 1:
+        low = env.step("1")
+        assert "too low" in low.observation and low.reward == 0.0 and not low.info["won"]
+    win = env.step(str(secret))
+    assert win.done and win.won and win.reward == 1.0
+    with pytest.raises(EpisodeOverError):
+        env.step("1")
+    assert env.parse_action("I say <action>12</action>") == ("12", True)
+    assert env.parse_action("<action>twelve</action>")[1] is False

@@ -1,0 +1,118 @@
+"""The calibration runs before any comparison, and a failed one stops the study (tether/lab/calibration.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.lab.test_experiment import CLEAN, fake_run, write_config, write_protocol
+from tether.lab import experiment, stats
+from tether.lab.calibration import measure
+from tether.lab.experiment import load_protocol, run_experiment
+from tether.lab.protocol import run_dir
+
+
+@pytest.fixture(autouse=True)
+def clean_code(monkeypatch):
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+
+
+def locate(protocol):
+    return lambda arm, seed: run_dir(protocol, arm, seed)
+
+
+def test_a_positive_control_is_its_lift_over_the_baseline_at_the_endpoint_step(tmp_path):
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path)))  # control: high; needs 0.1
+    for seed, (low, high) in {0: (0.30, 0.45), 1: (0.32, 0.40)}.items():
+        fake_run(protocol, "low", seed, start=0.2, end=low, step=2)
+        fake_run(protocol, "high", seed, start=0.2, end=high, step=1)  # read at its own endpoint step
+    result = measure(protocol, locate(protocol))
+    assert result["per_seed"] == pytest.approx({0: 0.15, 1: 0.08})
+    assert result["mean"] == pytest.approx(0.115) and result["status"] == "passed"
+    fake_run(protocol, "high", 1, start=0.2, end=0.33)  # lift 0.01: mean 0.08 < 0.1
+    assert measure(protocol, locate(protocol))["status"] == "failed"
+
+
+def test_a_collapse_study_needs_a_fall_of_twice_the_test_size(tmp_path):
+    # ARMOR's numbers: a peak of 0.617 falling to 0.549 is a fall of 0.068, under twice a test size of 0.10
+    calibration = {"kind": "fall", "min_movement": 0.2, "why": "the fall is the premise"}
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path), calibration=calibration))
+    for seed in (0, 1):
+        fake_run(protocol, "low", seed, start=0.617, end=0.549)
+    result = measure(protocol, locate(protocol))
+    assert result["arm"] == "low" and result["mean"] == pytest.approx(0.068) and result["status"] == "failed"
+    rise = {"kind": "rise", "arm": "high", "min_movement": 0.1, "why": "training moves it"}
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path), calibration=rise))
+    fake_run(protocol, "high", 0, start=0.1, end=0.35)
+    fake_run(protocol, "high", 1, start=0.1, end=0.25)
+    assert measure(protocol, locate(protocol))["mean"] == pytest.approx(0.2)
+
+
+def test_a_run_not_yet_trained_leaves_the_calibration_incomplete(tmp_path):
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path)))
+    fake_run(protocol, "low", 0)
+    result = measure(protocol, locate(protocol))
+    assert result["status"] == "incomplete"
+    assert result["missing"] == ["high/seed0", "high/seed1", "low/seed1"]
+    for arm, seed in [("high", 0), ("high", 1), ("low", 1)]:
+        fake_run(protocol, arm, seed)
+    (run_dir(protocol, "high", 1) / "best.txt").unlink()  # trained, but no validation became the best
+    result = measure(protocol, locate(protocol))
+    assert result["status"] == "incomplete" and "no best.txt" in result["missing"][0]
+
+
+class FakeRunner:
+    """Stands in for ``tether train`` and ``tether eval``: writes what they would, from a table of selection
+    values (seed -> (start, end) per arm) and endpoint values, and records every call."""
+
+    def __init__(self, selection, endpoint):
+        self.selection, self.endpoint, self.trained, self.evaluated = selection, endpoint, [], []
+
+    def train_one(self, protocol, arm, seed):
+        self.trained.append((arm, seed))
+        start, end = self.selection[arm]
+        fake_run(protocol, arm, seed, start=start, end=end)
+
+    def run_one(self, protocol, arm, seed):
+        if (arm, seed) not in self.trained:
+            self.train_one(protocol, arm, seed)
+        self.evaluated.append((arm, seed))
+        fake_run(protocol, arm, seed, start=self.selection[arm][0], end=self.selection[arm][1],
+                 value=self.endpoint[arm] + 0.01 * seed)
+
+
+def three_arms(tmp_path, **changes):
+    config = write_config(tmp_path)
+    arms = {"low": {"config": str(config)}, "high": {"config": str(config), "overrides": ["optim.lr=1e-2"]},
+            "mid": {"config": str(config), "overrides": ["optim.lr=3e-3"]}}
+    return write_protocol(tmp_path, config, arms=arms, **changes)
+
+
+def test_a_failed_calibration_runs_no_comparison(tmp_path, monkeypatch):
+    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, 0.33), "mid": (0.2, 0.3)},
+                        endpoint={"low": 0.3, "high": 0.5, "mid": 0.3})
+    monkeypatch.setattr(experiment, "train_one", runner.train_one)
+    monkeypatch.setattr(experiment, "run_one", runner.run_one)
+    data = run_experiment(three_arms(tmp_path))
+    assert sorted(runner.trained) == [("high", 0), ("high", 1), ("low", 0), ("low", 1)]  # the control's runs only
+    assert runner.evaluated == [] and not list((tmp_path / "study").glob("*/seed*/endpoint.json"))
+    assert data["calibration"]["status"] == "failed" and data["calibration"]["mean"] == pytest.approx(0.03)
+    primary = data["summary"]["val/avg@k"]["versus_baseline"]
+    assert {arm: c["label"] for arm, c in primary.items()} == {"high": stats.NOT_TESTABLE, "mid": stats.NOT_TESTABLE}
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "Measured movement +0.030" in report and "**failed**; no comparison was run" in report
+    assert report.count("**not testable in this setting**") == 2
+
+
+def test_a_passed_calibration_runs_every_arm_and_labels_them(tmp_path, monkeypatch):
+    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, 0.45), "mid": (0.2, 0.3)},
+                        endpoint={"low": 0.3, "high": 0.5, "mid": 0.3})
+    monkeypatch.setattr(experiment, "train_one", runner.train_one)
+    monkeypatch.setattr(experiment, "run_one", runner.run_one)
+    data = run_experiment(three_arms(tmp_path))
+    assert sorted(runner.evaluated) == sorted((arm, seed) for arm in ("low", "high", "mid") for seed in (0, 1))
+    assert data["calibration"]["status"] == "passed"
+    json.loads((tmp_path / "study" / "report.json").read_text())  # all of it serialisable
+    labels = {arm: c["label"] for arm, c in data["summary"]["val/avg@k"]["versus_baseline"].items()}
+    assert labels == {"high": stats.BETTER, "mid": stats.NO_EFFECT}  # +0.2 on both seeds; 0 on both

@@ -1,0 +1,256 @@
+"""What makes a lab report checkable: the lock over protocol, arm configs and code; the dirty-tree rule; runs
+on another commit flagged; signed labels with Holm; unpaired seeds named; endpoint steps counted; step 0 kept
+out of ``at: best``; publishing into the repository (tether/lab)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+import yaml
+from scipy import stats as scipy_stats
+
+from tests.lab.test_calibration import FakeRunner, three_arms
+from tests.lab.test_experiment import CLEAN, fake_run, write_config, write_protocol
+from tether.config import ConfigError
+from tether.lab import experiment, stats
+from tether.lab.experiment import code_state, load_protocol, run_experiment
+from tether.lab.protocol import resolved_arm_config, run_overrides
+from tether.lab.report import publish_report
+
+DIRTY = {"commit": "d" * 40, "clean": False, "changed": ["tether/lab/stats.py"]}
+
+
+@pytest.fixture
+def fake_runner(monkeypatch):
+    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, 0.45), "mid": (0.2, 0.3)},
+                        endpoint={"low": 0.3, "high": 0.5, "mid": 0.3})
+    monkeypatch.setattr(experiment, "train_one", runner.train_one)
+    monkeypatch.setattr(experiment, "run_one", runner.run_one)
+    return runner
+
+
+def git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def test_code_state_reads_the_commit_and_whether_the_tree_is_clean(tmp_path):
+    git(tmp_path, "init", "-q")
+    (tmp_path / "module.py").write_text("x = 1\n")
+    git(tmp_path, "add", "module.py")
+    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert code_state(tmp_path) == {"commit": head, "clean": True, "changed": []}
+    (tmp_path / "module.py").write_text("x = 2\n")
+    assert code_state(tmp_path) == {"commit": head, "clean": False, "changed": ["module.py"]}
+    git(tmp_path, "checkout", "module.py")
+    (tmp_path / "new.py").write_text("")  # an untracked module a run could import
+    assert code_state(tmp_path)["changed"] == ["new.py"]
+    assert code_state(tmp_path / "not_a_repo_below") == {"commit": "unknown", "clean": False,
+                                                          "changed": ["(not a git checkout)"]}
+
+
+def test_a_report_of_a_study_that_never_ran_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    with pytest.raises(ConfigError, match="has not run"):
+        run_experiment(three_arms(tmp_path), report_only=True)
+    assert not (tmp_path / "study").exists()
+
+
+def test_a_dirty_tree_is_refused_before_anything_is_written(tmp_path, monkeypatch, fake_runner):
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(DIRTY))
+    path = three_arms(tmp_path)
+    with pytest.raises(ConfigError, match=r"not clean: tether/lab/stats.py; .* --allow-dirty"):
+        run_experiment(path)
+    assert not (tmp_path / "study").exists() and fake_runner.trained == []
+    data = run_experiment(path, allow_dirty=True)
+    lock = json.loads((tmp_path / "study" / "protocol.lock.json").read_text())
+    assert lock["allow_dirty"] and lock["code"] == {"commit": "d" * 40, "clean": False}
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "registered with --allow-dirty" in report and "ran with --allow-dirty" in report
+    assert data["calibration"]["status"] == "passed"
+
+
+def test_the_lock_covers_every_arms_resolved_config_and_the_code(tmp_path, monkeypatch, fake_runner):
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    path = three_arms(tmp_path)
+    run_experiment(path)
+    lock = json.loads((tmp_path / "study" / "protocol.lock.json").read_text())
+    protocol = load_protocol(path)
+    assert lock["code"] == {"commit": CLEAN["commit"], "clean": True}
+    assert lock["arms"]["high"]["config"] == resolved_arm_config(protocol, "high")
+    assert lock["arms"]["high"]["config"]["optim"]["lr"] == 1e-2 and "seed" not in lock["arms"]["high"]["config"]
+    assert lock["arms"]["high"]["config"]["train"]["best_from_step"] == 1  # the runner's own overrides too
+
+    # an arm's config file changes under the same protocol: the report names the arms it touches
+    config = tmp_path / "arm.yaml"
+    config.write_text(config.read_text().replace("micro_batch_size: 4", "micro_batch_size: 2"))
+    data = run_experiment(path, report_only=True)
+    assert not data["registration"]["protocol_changed"]
+    assert data["registration"]["arms_changed"] == ["high", "low", "mid"]
+    # one arm's override changes in the protocol: the protocol and that arm only
+    config.write_text(config.read_text().replace("micro_batch_size: 2", "micro_batch_size: 4"))
+    path.write_text(path.read_text().replace("optim.lr=3e-3", "optim.lr=4e-3"))
+    data = run_experiment(path, report_only=True)
+    assert data["registration"]["protocol_changed"] and data["registration"]["arms_changed"] == ["mid"]
+    assert "arm configs changed: **mid**" in (tmp_path / "study" / "report.md").read_text()
+
+
+def test_a_run_on_another_commit_or_an_unclean_tree_is_flagged(tmp_path, monkeypatch, fake_runner):
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    path = three_arms(tmp_path)
+    run_experiment(path)
+    protocol = load_protocol(path)
+    fake_run(protocol, "mid", 1, value=0.3, commit="e" * 40)
+    fake_run(protocol, "low", 0, value=0.3, clean=False)
+    data = run_experiment(path, report_only=True)
+    assert data["code_flags"] == ["low/seed0: imported a tree with uncommitted changes",
+                                  f"mid/seed1: imported commit {'e' * 10}, not the registered {'c' * 10}"]
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "## Runs not on the registered code" in report and "imported commit eeeeeeeeee" in report
+
+
+def report_of(tmp_path, monkeypatch, endpoint_values, **changes):
+    """The report of finished fake runs with ``endpoint_values[arm][seed]`` (calibration passing)."""
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    path = three_arms(tmp_path, **changes)
+    protocol = load_protocol(path)
+    experiment.registration(protocol, path, dict(CLEAN))  # the lock a first run would have written
+    for arm, per_seed in endpoint_values.items():
+        for seed, value in per_seed.items():
+            fake_run(protocol, arm, seed, start=0.2, end=0.5 if arm == "high" else 0.3, value=value,
+                     step=2 if seed == 1 else 1)
+    return run_experiment(path, report_only=True)
+
+
+SEEDS = [0, 1, 2, 3, 4]
+BASE = [0.50, 0.52, 0.48, 0.51, 0.49]
+Z = [(k - 2) / math.sqrt(2.5) for k in range(5)]  # mean 0, sample sd 1
+
+
+def shifted(mean, sd):
+    """Per-seed values whose differences from BASE have exactly this mean and sample sd."""
+    return {seed: b + mean + sd * z for seed, b, z in zip(SEEDS, BASE, Z, strict=True)}
+
+
+def with_p(p, sd=0.02):
+    """Values whose paired t test against BASE has two-sided p-value ``p``."""
+    return shifted(scipy_stats.t.isf(p / 2, 4) * sd / math.sqrt(5), sd)
+
+
+def test_a_detected_harm_is_labelled_worse(tmp_path, monkeypatch):
+    values = {"low": dict(zip(SEEDS, BASE, strict=True)), "high": shifted(-0.2, 0.015), "mid": shifted(0.01, 0.1)}
+    data = report_of(tmp_path, monkeypatch, values, seeds=SEEDS)
+    primary = data["summary"]["val/avg@k"]["versus_baseline"]
+    assert primary["high"]["mean"] == pytest.approx(-0.2) and primary["high"]["label"] == stats.WORSE
+    assert primary["mid"]["label"] == stats.INCONCLUSIVE  # interval [-0.114, +0.134]: neither
+    assert "**worse**" in (tmp_path / "study" / "report.md").read_text()
+
+
+def test_holm_over_the_comparisons_decides_the_labels(tmp_path, monkeypatch):
+    values = {"low": dict(zip(SEEDS, BASE, strict=True)), "high": with_p(0.03), "mid": with_p(0.04)}
+    data = report_of(tmp_path, monkeypatch, values, seeds=SEEDS)
+    primary = data["summary"]["val/avg@k"]["versus_baseline"]
+    raw = [primary["high"]["p"], primary["mid"]["p"]]
+    assert raw == pytest.approx([0.03, 0.04])
+    # Holm over two: 0.03 x 2 = 0.06, then max(0.06, 0.04 x 1) = 0.06; neither is detected after correction,
+    # although each interval excludes 0 on its own; both intervals lie inside +-0.1
+    assert [primary["high"]["p_holm"], primary["mid"]["p_holm"]] == pytest.approx([0.06, 0.06])
+    assert primary["high"]["ci_low"] > 0 and primary["high"]["label"] == stats.NO_EFFECT
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "| 0.0300 | 0.0600 | **no effect of size delta** |" in report
+
+
+def test_unpaired_seeds_are_named_not_dropped(tmp_path, monkeypatch):
+    values = {"low": {0: 0.3, 1: 0.3, 2: 0.3}, "high": {0: 0.4, 1: 0.4, 3: 0.5}, "mid": {0: 0.3, 1: 0.31, 2: 0.3}}
+    data = report_of(tmp_path, monkeypatch, values, seeds=[0, 1, 2, 3])
+    high = data["summary"]["val/avg@k"]["versus_baseline"]["high"]
+    assert high["n"] == 2 and high["unpaired"] == {"arm_only": [3], "baseline_only": [2]}
+    assert "| arm only: [3]; low only: [2] |" in (tmp_path / "study" / "report.md").read_text()
+
+
+def test_the_report_counts_the_endpoint_steps(tmp_path, monkeypatch):
+    values = {arm: {0: 0.3, 1: 0.3} for arm in ("low", "high", "mid")}
+    data = report_of(tmp_path, monkeypatch, values)
+    assert data["endpoint_steps"] == {arm: {"1": 1, "2": 1} for arm in ("high", "low", "mid")}
+    assert "| low | 1: 1, 2: 1 |" in (tmp_path / "study" / "report.md").read_text()
+
+
+def test_step_0_is_kept_out_of_at_best_unless_the_protocol_allows_it(tmp_path):
+    config = write_config(tmp_path)
+    kept_out = load_protocol(write_protocol(tmp_path, config))
+    assert "train.best_from_step=1" in run_overrides(kept_out, "low", 0)
+    allowed = load_protocol(write_protocol(tmp_path, config, endpoint={"split": "report", "at": "best",
+                                                                        "start_selectable": True}))
+    assert not any(o.startswith("train.best_from_step") for o in run_overrides(allowed, "low", 0))
+    final = load_protocol(write_protocol(tmp_path, config, endpoint={"split": "report", "at": "final"}))
+    assert not any(o.startswith("train.best_from_step") for o in run_overrides(final, "low", 0))
+    lone = write_config(tmp_path, name="lone.yaml", val={"every": 5, "samples": 1})  # validates step 0 only
+    with pytest.raises(ConfigError, match="validates only the starting policy"):
+        experiment.check_protocol(load_protocol(write_protocol(tmp_path, lone)))
+
+
+def test_the_trainer_never_makes_step_0_the_best_checkpoint_when_told(tmp_path):
+    from tether.trainer.trainer import Trainer
+
+    class Fake:  # just what Trainer.validate reads and writes
+        def __init__(self, best_from_step):
+            self.cfg = type("C", (), {"train": type("T", (), {"best_metric": "val/avg@k",
+                                                              "best_from_step": best_from_step}),
+                                      "val": type("W", (), {"split": "val", "max_prompts": None, "greedy": True,
+                                                            "samples": 1})})
+            self.step, self.best_value, self.val_history, self.saved = 0, float("-inf"), [], []
+            self.collector = type("V", (), {"validate": staticmethod(lambda trainer: {"val/avg@k": 0.5})})
+            self.health = type("H", (), {"on_validation": staticmethod(lambda step, m: {}),
+                                         "stop_if_unhealthy": staticmethod(lambda: None)})
+            self.tracker = type("K", (), {"log": staticmethod(lambda m, step: None)})
+            self.checkpoints = type("P", (), {"save_best": lambda _, write: self.saved.append(self.step)})()
+            self.dp = type("D", (), {"is_main": False})
+            self.run_dir = tmp_path
+
+        def _best_writer(self, state):
+            return None
+
+        def status(self, message):
+            pass
+
+    for best_from_step, chosen in ((0, [0]), (1, [1])):
+        fake = Fake(best_from_step)
+        for step in (0, 1, 2):  # the same value at every validation: a tie keeps the earliest allowed
+            fake.step = step
+            Trainer.validate(fake)
+        assert fake.saved == chosen
+
+
+def test_publishing_copies_a_finished_study_and_refuses_an_unfinished_one(tmp_path, monkeypatch, fake_runner):
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    path = three_arms(tmp_path)
+    data = run_experiment(path)
+    dest = publish_report(data, tmp_path / "docs" / "results" / "smoke")
+    assert sorted(p.name for p in dest.iterdir()) == ["per_seed.csv", "protocol.lock.json", "report.json",
+                                                     "report.md"]
+    assert (dest / "report.md").read_text() == (tmp_path / "study" / "report.md").read_text()
+    (tmp_path / "study" / "mid" / "seed1" / "endpoint.json").unlink()
+    unfinished = run_experiment(path, report_only=True)
+    with pytest.raises(ConfigError, match=r"has not finished \(mid/seed1\)"):
+        publish_report(unfinished, tmp_path / "elsewhere")
+    assert not (tmp_path / "elsewhere").exists()
+    assert yaml.safe_load((dest / "per_seed.csv").read_text().splitlines()[0].replace(",", " ")) is not None
+
+
+def test_the_cli_refuses_a_dirty_tree_unless_allowed_and_publishes(tmp_path, monkeypatch, fake_runner):
+    from typer.testing import CliRunner
+
+    from tether import cli
+
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(DIRTY))
+    path = three_arms(tmp_path)
+    refused = CliRunner().invoke(cli.app, ["experiment", str(path)])
+    assert refused.exit_code == 2 and "--allow-dirty" in refused.output
+    dest = tmp_path / "docs" / "results" / "smoke"
+    done = CliRunner().invoke(cli.app, ["experiment", str(path), "--allow-dirty", "--publish", str(dest)])
+    assert done.exit_code == 0, done.output
+    assert "ran with --allow-dirty" in done.output and (dest / "protocol.lock.json").is_file()

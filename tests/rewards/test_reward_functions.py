@@ -1,0 +1,139 @@
+"""task.rewards: TRL-signature reward functions added to (or replacing) a task's score, faults contained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tether.config import ConfigError, RewardTermConfig, TaskConfig
+from tether.rewards import RewardedTask, RewardTerm, build_task, check_reward_terms, item_columns
+from tether.tasks import Score, TaskItem
+
+M = "tests.rewards.user_rewards"
+
+
+def term(fn: str, **spec) -> RewardTerm:
+    return RewardTerm(RewardTermConfig(fn=f"{M}:{fn}", **spec), "task.rewards[0]")
+
+
+class Exact:
+    """A task scoring 1 for the exact gold answer, with a gold answer or not."""
+
+    name, system_prompt = "exact", None
+
+    def score(self, item, text):
+        ok = item.answer is not None and text == item.answer
+        return Score(float(ok), ok, text)
+
+
+ITEMS = [TaskItem("q0", "a", meta={"columns": {"topic": "x"}}, id="0"), TaskItem("q1", None, id="1")]
+
+
+def test_columns_are_keyword_lists_with_the_gold_answer():
+    assert item_columns(ITEMS) == {"topic": ["x", None], "answer": ["a", None]}
+
+
+def test_terms_are_added_to_the_task_score_with_their_weights_and_components():
+    task = RewardedTask(Exact(), [term("length_reward", weight=0.5), term("echo_answer", weight=2.0)])
+    first, second = task.score_batch(ITEMS, ["a", "xyz"])
+    # row 0: task 1 + 0.5 * 1 char + 2 * ("a" in "a"); row 1: task 0 + 0.5 * 3 + 2 * (None -> 0)
+    assert first.reward == pytest.approx(1 + 0.5 + 2) and first.correct
+    assert first.components == {"task": 1.0, "length_reward": 0.5, "echo_answer": 2.0}
+    assert second.reward == pytest.approx(1.5) and not second.fault
+    assert second.components == {"task": 0.0, "length_reward": 1.5, "echo_answer": 0.0}
+
+
+def test_score_false_drops_the_task_reward_but_keeps_its_verdict():
+    task = RewardedTask(Exact(), [term("length_reward")], keep_score=False)
+    with_gold, without = task.score_batch(ITEMS, ["wrong", "xyz"])
+    assert with_gold.reward == 5.0 and not with_gold.correct  # the verifier still judges the gold row
+    assert without.reward == 3.0 and without.correct and without.extracted == "xyz"  # no gold: positive = success
+    assert with_gold.components == {"length_reward": 5.0}
+
+
+def test_a_class_is_built_once_with_its_kwargs_and_called_per_batch():
+    counter = term("Counter", kwargs={"bonus": 0.25})
+    task = RewardedTask(Exact(), [counter])
+    task.score_batch(ITEMS, ["a", "b"])
+    scores = task.score_batch(ITEMS, ["a", "b"])
+    assert counter.fn.calls == 2 and scores[1].components["Counter"] == 0.25
+
+
+def test_a_function_without_kwargs_gets_only_the_columns_it_names():
+    scores = RewardedTask(Exact(), [term("scaled", kwargs={"scale": 3.0})]).score_batch(ITEMS, ["a", "b"])
+    assert [s.reward for s in scores] == [4.0, 3.0]
+
+
+def test_conversational_prompts_get_message_completions():
+    items = [TaskItem([{"role": "user", "content": "hi"}], None, id="c")]
+    assert RewardedTask(Exact(), [term("length_reward")]).score_batch(items, ["four"])[0].reward == 4.0
+
+
+@pytest.mark.parametrize("fn, faulted", [("broken", [True, True]), ("short_list", [True, True]),
+                                         ("nan_on_first", [True, False])])
+def test_faults_are_contained_and_get_the_lowest_clean_reward(tmp_path, fn, faulted):
+    log = tmp_path / "health" / "reward_faults.log"
+    task = RewardedTask(Exact(), [term(fn)], fault_log=log)
+    with pytest.warns(UserWarning, match="faulted"):
+        scores = task.score_batch(ITEMS, ["a", "b"])
+    assert [s.fault for s in scores] == faulted
+    clean = [s.reward for s in scores if not s.fault]
+    for s in scores:
+        if s.fault:
+            assert s.reward == (min(clean) if clean else 0.0) and not s.correct and fn in s.error
+    task.score_batch(ITEMS, ["a", "b"])  # a second fault writes nothing more
+    text = log.read_text()
+    assert text.count(f"reward function {fn!r}") == 1
+    assert ("RuntimeError: reward server down" in text) == (fn == "broken")
+
+
+def test_build_task_applies_the_config(tmp_path):
+    cfg = TaskConfig(name="parity", rewards=[{"fn": f"{M}:length_reward", "weight": 0.0}])
+    task = build_task(cfg, tmp_path)
+    assert isinstance(task, RewardedTask) and task.name == "parity" and len(task.train) == 12
+    assert task.fault_log == tmp_path / "health" / "reward_faults.log"
+    assert build_task(TaskConfig(name="parity")).__class__.__name__ == "ParityTask"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"fn": f"{M}:one_arg"}, "takes 1 positional argument"),
+    ({"fn": f"{M}:scaled", "kwargs": {"scael": 2}}, "takes no keyword 'scael'"),
+    ({"fn": f"{M}:lenght_reward"}, "did you mean 'length_reward'"),
+    ({"fn": f"{M}:NOT_CALLABLE"}, "not a function or class"),
+    ({"fn": "no_such_module_x:f"}, "does not import"),
+    ({"fn": f"{M}:Counter", "kwargs": {"bonsu": 1}}, "takes no such argument"),
+    ({"fn": f"{M}:NoCall"}, "a class without __call__"),
+    ({"fn": f"{M}:needs_ids"}, "requires 'completion_ids', which TRL passes and tether does not"),
+])
+def test_bad_reward_functions_are_one_line_config_errors(spec, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        check_reward_terms([RewardTermConfig(**spec)])
+    assert "\n" not in str(err.value) and str(err.value).startswith("task.rewards[0]")
+
+
+def test_two_terms_may_not_share_a_name():
+    with pytest.raises(ConfigError, match="is taken"):
+        check_reward_terms([RewardTermConfig(fn=f"{M}:scaled"), RewardTermConfig(fn=f"{M}:scaled")])
+
+
+def test_score_false_needs_a_reward():
+    with pytest.raises(ValueError, match="leaves no reward"):
+        TaskConfig(name="parity", score=False)
+
+
+def test_training_logs_each_term_and_counts_faults(tmp_path):
+    from tests.trainer.helpers import tiny_config
+    from tether.models import tiny_model
+    from tether.trainer import Trainer
+
+    cfg = tiny_config(tmp_path, task={"rewards": [{"fn": f"{M}:length_reward", "weight": 0.01},
+                                                  {"fn": f"{M}:nan_on_first"}]})
+    model, tok = tiny_model(seed=0)
+    with pytest.warns(UserWarning, match="nan_on_first"):
+        Trainer(cfg, policy=model, tokenizer=tok).fit()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if "train/reward_mean" in r)
+    assert {"reward/component/task", "reward/component/length_reward", "reward/component/nan_on_first"} <= set(step)
+    assert step["reward/faults"] >= 1  # the first row of each 64-row scoring chunk
+    assert (tmp_path / "run" / "health" / "reward_faults.log").is_file()

@@ -1,0 +1,135 @@
+"""Reward models (in-process, batched) and LLM judges (an OpenAI-compatible stub on 127.0.0.1) as reward terms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.rewards.helpers import StubJudge, start_stub_judge, tiny_reward_model
+from tether.config import ConfigError, RewardTermConfig
+from tether.rewards import Judge, RewardedTask, RewardModel, RewardTerm, check_reward_terms
+from tether.tasks import Score, TaskItem
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory, tokenizer):
+    return tiny_reward_model(tmp_path_factory.mktemp("rm"), tokenizer)
+
+
+@pytest.fixture
+def judge_url():
+    server, url = start_stub_judge()
+    yield url
+    server.shutdown()
+
+
+def test_batched_reward_model_scores_equal_one_pair_at_a_time_in_float64(reward_model_dir):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    rm = RewardModel(str(reward_model_dir), batch_size=3, device="cpu")
+    prompts = ["What is 2+2?", [{"role": "user", "content": "Hi"}], "Name a colour.", "x"]
+    completions = ["4", [{"role": "assistant", "content": "Hello there, friend"}], "blue", "a much longer reply"]
+    scores = rm(prompts, completions)
+    reference = AutoModelForSequenceClassification.from_pretrained(reward_model_dir).double().eval()
+    tok = AutoTokenizer.from_pretrained(reward_model_dir)
+    for prompt, completion, score in zip(prompts, completions, scores, strict=True):
+        ids = tok(rm.render(prompt, completion), return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            expected = reference(**ids).logits[0, 0].item()  # one row: no padding at all
+        assert score == pytest.approx(expected, abs=1e-4)
+    assert len(set(scores)) == 4  # different pairs, different rewards
+
+
+def test_a_reward_model_term_is_built_once_and_checked_before_it_loads(reward_model_dir, tmp_path):
+    spec = RewardTermConfig(fn="tether.rewards:RewardModel", kwargs={"model": str(reward_model_dir), "device": "cpu"})
+    term = RewardTerm(spec, "task.rewards[0]")
+    assert isinstance(term.fn, RewardModel) and term.name == "RewardModel"
+    with pytest.raises(ConfigError, match=r"^task.rewards\[0\].kwargs: model: '/.*' is not a directory holding"):
+        check_reward_terms([RewardTermConfig(fn="tether.rewards:RewardModel", kwargs={"model": str(tmp_path)})])
+    with pytest.raises(ConfigError, match="needs 'model'"):
+        check_reward_terms([RewardTermConfig(fn="tether.rewards:RewardModel")])
+
+
+def test_the_judge_fills_the_template_parses_and_scales(judge_url):
+    judge = Judge("stub", base_url=judge_url, template="Gold: {answer}\nResponse:\n{completion}\n\nScore:",
+                  pattern=r"Score: (\d+)", max_score=10, retry_delay_s=0)
+    assert judge(["q", "q"], ["abc", "abcdefgh"], answer=["1", "2"]) == [0.3, 0.8]
+    assert StubJudge.requests[0]["model"] == "stub" and StubJudge.requests[0]["temperature"] == 0.0
+    assert {r["messages"][0]["content"].split("\n")[0] for r in StubJudge.requests} == {"Gold: 1", "Gold: 2"}
+
+
+def test_the_judge_asks_each_prompt_once(judge_url):
+    judge = Judge("stub", base_url=judge_url, retry_delay_s=0, concurrency=4)
+    first = judge(["q"] * 6, ["same"] * 3 + ["other"] * 3)
+    again = judge(["q"], ["same"])
+    assert first == [0.4] * 3 + [0.5] * 3 and again == [0.4]
+    assert len(StubJudge.requests) == 2 and judge.requests == 2
+
+
+def test_judge_failures_are_contained_and_counted_as_faults(judge_url, tmp_path):
+    spec = RewardTermConfig(fn="tether.rewards:Judge", kwargs={"model": "stub", "base_url": judge_url,
+                                                               "retries": 2, "retry_delay_s": 0})
+    task = RewardedTask(Clean(), [RewardTerm(spec, "task.rewards[0]")], keep_score=False,
+                        fault_log=tmp_path / "faults.log")
+    items = [TaskItem("q", None, id=str(i)) for i in range(3)]
+    with pytest.warns(UserWarning, match="faulted"):
+        ok, unparsed, crashed = task.score_batch(items, ["abcd", "???", "crash"])
+    assert ok.reward == pytest.approx(0.4) and not ok.fault
+    assert unparsed.fault and "no score in the judge's answer 'no idea'" in unparsed.error
+    assert crashed.fault and "failed 2 times" in crashed.error
+    assert unparsed.reward == crashed.reward == pytest.approx(0.4)  # the lowest clean reward of the batch
+    assert sum(r["messages"][0]["content"].endswith("crash\n\nScore:") for r in StubJudge.requests) == 2  # retried
+
+
+def test_an_unreachable_judge_faults_every_row_and_the_run_goes_on():
+    judge = Judge("stub", base_url="http://127.0.0.1:9", retries=1, timeout_s=2)
+    values = judge(["q", "q"], ["a", "b"])
+    assert all(math.isnan(v) for v in values) and all("failed 1 times" in e for e in judge.last_errors)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"model": "m", "base_url": "localhost:8000"}, "not an http"),
+    ({"model": "m", "base_url": "http://x", "template": "no slot"}, "must contain {completion}"),
+    ({"model": "m", "base_url": "http://x", "pattern": r"\d+"}, "has no group"),
+    ({"model": "m", "base_url": "http://x", "concurrency": 0}, "concurrency"),
+])
+def test_bad_judge_settings_are_one_line(kwargs, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        check_reward_terms([RewardTermConfig(fn="tether.rewards:Judge", kwargs=kwargs)])
+    assert str(err.value).startswith("task.rewards[0].kwargs")
+
+
+class Clean:
+    name, system_prompt = "clean", None
+
+    def score(self, item, text):
+        return Score(0.0, False, text)
+
+
+VERL_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    if solution_str == "boom":
+        raise RuntimeError("boom")
+    if data_source == "dict":
+        return {"score": 0.5, "acc": True}
+    return float(solution_str.strip() == ground_truth) + bonus
+'''
+
+
+def test_a_verl_compute_score_runs_unchanged_and_faults_per_row(tmp_path):
+    file = tmp_path / "verl_reward.py"
+    file.write_text(VERL_REWARD)
+    spec = RewardTermConfig(fn="tether.rewards:VerlScore", kwargs={"path": str(file),
+                                                                   "reward_kwargs": {"bonus": 0.25}})
+    task = RewardedTask(Clean(), [RewardTerm(spec, "task.rewards[0]")], keep_score=False)
+    items = [TaskItem("q", "7", meta={"columns": {"data_source": d}}, id=str(i))
+             for i, d in enumerate(["gsm8k", "gsm8k", "dict", "gsm8k"])]
+    with pytest.warns(UserWarning, match="compute_score raised RuntimeError: boom"):
+        right, wrong, as_dict, boom = task.score_batch(items, ["7", "8", "x", "boom"])
+    assert (right.reward, wrong.reward, as_dict.reward) == (1.25, 0.25, 0.5)
+    assert boom.fault and boom.reward == 0.25 and not right.fault
+    with pytest.raises(ConfigError, match=r"kwargs: name: .* has no function 'score'"):
+        check_reward_terms([RewardTermConfig(fn="tether.rewards:VerlScore",
+                                             kwargs={"path": str(file), "name": "score"})])

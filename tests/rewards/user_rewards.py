@@ -1,0 +1,59 @@
+"""Reward functions written as for TRL's GRPOTrainer, imported by the tests as ``tests.rewards.user_rewards``."""
+
+from __future__ import annotations
+
+import math
+
+
+def length_reward(prompts, completions, **kwargs):
+    """Length of each completion in characters (TRL's signature; columns arrive in kwargs)."""
+    return [float(len(c if isinstance(c, str) else c[0]["content"])) for c in completions]
+
+
+def echo_answer(prompts, completions, answer, **kwargs):
+    """1.0 where the completion contains the row's ``answer`` column, None where the row has none."""
+    return [None if a is None else float(str(a) in c) for c, a in zip(completions, answer, strict=True)]
+
+
+def scaled(prompts, completions, scale=1.0):
+    """``scale`` for every row (no **kwargs: receives only what it names)."""
+    return [scale] * len(completions)
+
+
+def broken(prompts, completions, **kwargs):
+    raise RuntimeError("reward server down")
+
+
+def short_list(prompts, completions, **kwargs):
+    return [1.0] * (len(completions) - 1)
+
+
+def nan_on_first(prompts, completions, **kwargs):
+    return [math.nan] + [1.0] * (len(completions) - 1)
+
+
+def needs_ids(prompts, completions, completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def one_arg(completions):
+    return [0.0] * len(completions)
+
+
+class Counter:
+    """A class reward: built once with its settings, then called per batch."""
+
+    def __init__(self, bonus: float = 1.0) -> None:
+        self.bonus, self.calls = bonus, 0
+
+    def __call__(self, prompts, completions, **kwargs):
+        self.calls += 1
+        return [self.bonus] * len(completions)
+
+
+NOT_CALLABLE = 3
+
+
+class NoCall:
+    def __init__(self) -> None:
+        self.ready = True

@@ -1,0 +1,25 @@
+"""Format functions for the dataset task's tests: a row (a dict) in, ``{"prompt", "answer", ...}`` out."""
+
+from __future__ import annotations
+
+
+def to_chat(row):
+    return {"prompt": row["messages"], "answer": row["target"], "source": "test"}
+
+
+def bad_messages(row):
+    return {"prompt": ["hello"], "answer": "x"}
+
+
+def no_args():
+    return {}
+
+
+def not_a_dict(row):
+    return [row]
+
+
+def verl_row(row):
+    """verl's parquet layout: chat prompt, ground truth nested under reward_model, data_source and extra_info."""
+    return {"prompt": row["prompt"], "answer": row["reward_model"]["ground_truth"],
+            "data_source": row["data_source"], "extra_info": row["extra_info"]}

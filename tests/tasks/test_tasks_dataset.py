@@ -1,0 +1,187 @@
+"""The ``dataset`` task: Hugging Face ``datasets`` sources built here (no Hub), column mapping, format functions,
+conversational prompts, splits that never overlap, and one-line errors before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import pytest
+
+from tests.trainer.helpers import tiny_config
+from tether.checks import check_config
+from tether.config import ConfigError
+from tether.tasks import make_task
+from tether.tasks.dataset_task import DatasetTask
+
+FMT = "tests.tasks.dataset_formats"
+
+
+def qa_rows(n: int) -> list[dict]:
+    return [{"question": f"What is {i} + 1?", "solution": str(i + 1), "topic": "sum"} for i in range(n)]
+
+
+def chats(n: int) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": f"Say {i}."}], "target": str(i)} for i in range(n)]
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A DatasetDict saved with save_to_disk: train (20 chats) and test (6 chats)."""
+    path = tmp_path / "chats"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(chats(20)),
+                          "test": datasets.Dataset.from_list(chats(26)[20:])}).save_to_disk(str(path))
+    return path
+
+
+def ids(items):
+    return [item.id for item in items]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_files_map_columns_and_carve_three_splits_that_never_overlap(tmp_path, suffix):
+    table = datasets.Dataset.from_list(qa_rows(30))
+    file = tmp_path / f"qa{suffix}"
+    {".jsonl": table.to_json, ".csv": table.to_csv, ".parquet": table.to_parquet}[suffix](str(file))
+    task = make_task("dataset", path=str(file), prompt_field="question", answer_field="solution", val_size=5,
+                     report_size=4, prompt_template="Q: {question}")
+    prompts = {name: {item.prompt for item in items} for name, items in task.splits.items()}
+    assert {name: len(p) for name, p in prompts.items()} == {"report": 4, "val": 5, "train": 21}
+    assert not (prompts["train"] & prompts["val"]) and not (prompts["train"] & prompts["report"])
+    assert not (prompts["val"] & prompts["report"])
+    item = task.train[0]
+    assert item.prompt.startswith("Q: What is") and item.answer == str(int(item.prompt.split()[3]) + 1)
+    assert item.meta["columns"]["topic"] == "sum" and "question" not in item.meta["columns"]
+    assert task.score(item, f"<answer>{item.answer}</answer>").correct
+    again = make_task("dataset", path=str(file), prompt_field="question", answer_field="solution", val_size=5,
+                      report_size=4, prompt_template="Q: {question}")
+    assert [i.prompt for i in again.val] == [i.prompt for i in task.val]  # seeded
+
+
+def test_duplicate_prompts_of_held_out_rows_leave_train(tmp_path):
+    rows = qa_rows(10) + qa_rows(10)  # every prompt twice
+    file = tmp_path / "dup.jsonl"
+    file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = DatasetTask(path=str(file), prompt_field="question", answer_field="solution", val_size=3)
+    assert not {i.prompt for i in task.train} & {i.prompt for i in task.val}
+    assert task.num_overlap_dropped >= 3
+
+
+def test_a_saved_dataset_dict_with_a_held_out_split_and_a_format_function(saved):
+    task = DatasetTask(path=str(saved), val_split="test", val_size=4, report_size=2, format_fn=f"{FMT}:to_chat",
+                       system_prompt="Be brief.")
+    assert len(task.train) == 20 and len(task.val) == 4 and len(task.splits["report"]) == 2
+    item = task.train[0]
+    assert item.prompt[0] == {"role": "system", "content": "Be brief."} and item.prompt[1]["role"] == "user"
+    assert task.system_prompt is None  # the conversation carries it
+    assert item.meta["columns"]["answer"] == item.answer
+    held = {json.dumps(i.prompt) for i in task.val + task.splits["report"]}
+    assert len(held) == 6 and not held & {json.dumps(i.prompt) for i in task.train}
+
+
+def test_a_conversational_column_is_used_as_it_is(saved):
+    task = DatasetTask(path=str(saved), split="train", prompt_field="messages", answer_field="target", val_size=2)
+    assert task.train[0].prompt == [{"role": "user", "content": task.train[0].prompt[0]["content"]}]
+
+
+def test_the_collector_encodes_conversations_with_the_chat_template(saved, tokenizer):
+    from tether.models import encode_chat
+
+    task = DatasetTask(path=str(saved), prompt_field="messages", answer_field="target", val_size=2,
+                       system_prompt="Be brief.")
+    text = tokenizer.decode(encode_chat(tokenizer, task.train[0].prompt, system=task.system_prompt))
+    assert "Be brief." in text and task.train[0].prompt[-1]["content"] in text
+
+
+def test_no_answer_column_needs_rewards(tmp_path):
+    file = tmp_path / "p.jsonl"
+    file.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(6)))
+    task = DatasetTask(path=str(file), answer_field=None, val_size=2)
+    score = task.score(task.train[0], "anything")
+    assert score.reward == 0.0 and not score.correct and score.extracted == "anything" and not score.fault
+
+
+def config_with(tmp_path, **kwargs):
+    return tiny_config(tmp_path, task={"name": "dataset", "kwargs": kwargs})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompt_field": "question"}, "prompt_field: no column 'question' in row 0"),
+    ({"prompt_field": "messages", "answer_field": "nope"}, "answer_field: no column 'nope'"),
+    ({"prompt_field": "target", "answer_field": "target", "format_fn": f"{FMT}:bad_messages"},
+     "message 0 is 'hello', not"),
+    ({"format_fn": f"{FMT}:to_chta"}, "did you mean 'to_chat'"),
+    ({"format_fn": f"{FMT}:no_args"}, "must take one argument"),
+    ({"format_fn": f"{FMT}:not_a_dict"}, "returned list for row 0"),
+    ({"split": "validation"}, "split='validation'"),
+])
+def test_bad_data_is_one_line_before_any_model_loads(tmp_path, saved, kwargs, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        check_config(config_with(tmp_path, path=str(saved), **kwargs), policy=False)
+    assert "\n" not in str(err.value) and str(err.value).startswith("task.kwargs")
+
+
+def test_a_missing_local_file_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_config(config_with(tmp_path, path=str(tmp_path / "none.jsonl")), policy=False)
+
+
+def test_a_hub_id_is_left_to_the_run(tmp_path):
+    check_config(config_with(tmp_path, path="openai/gsm8k", config="main"), policy=False)
+
+
+def test_a_chat_template_file_must_compile(tmp_path):
+    good, bad = tmp_path / "good.jinja", tmp_path / "bad.jinja"
+    good.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    bad.write_text("line one\n{% for m in messages %}{{ m['content'] }")
+    check_config(tiny_config(tmp_path, f"model.chat_template={good}"), policy=False)
+    with pytest.raises(ConfigError, match=r"^model.chat_template: .*bad.jinja:2: not a valid Jinja template"):
+        check_config(tiny_config(tmp_path, f"model.chat_template={bad}"), policy=False)
+    with pytest.raises(ConfigError, match="is not a file"):
+        check_config(tiny_config(tmp_path, f"model.chat_template={tmp_path / 'none.jinja'}"), policy=False)
+
+
+def test_the_chat_template_replaces_the_tokenizers(tmp_path, tokenizer):
+    import copy
+
+    from tether.models import encode_chat
+    from tether.models.chat_template import apply_chat_template
+
+    file = tmp_path / "plain.jinja"
+    file.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant] ")
+    tok = copy.deepcopy(tokenizer)
+    apply_chat_template(tok, str(file))
+    assert tok.decode(encode_chat(tok, "hi", system="sys")) == "[system] sys\n[user] hi\n[assistant] "
+
+
+def test_one_word_hub_ids_are_accepted(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    from tether.checks.machine import check_model
+
+    check_model("model.name", "gpt2")
+    with pytest.raises(ConfigError, match="nor a Hub id"):
+        check_model("model.name", "gpt 2")
+
+
+def verl_rows(start: int, n: int) -> list[dict]:
+    return [{"data_source": "toy", "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}, "extra_info": {"index": i}}
+            for i in range(start, start + n)]
+
+
+def test_verl_train_and_val_files_with_a_format_function(tmp_path):
+    train, val = tmp_path / "train.parquet", tmp_path / "test.parquet"
+    datasets.Dataset.from_list(verl_rows(0, 12)).to_parquet(str(train))
+    datasets.Dataset.from_list(verl_rows(100, 5)).to_parquet(str(val))
+    task = DatasetTask(path=str(train), val_path=str(val), val_size=5, format_fn=f"{FMT}:verl_row")
+    assert len(task.train) == 12 and len(task.val) == 5
+    assert {i.answer for i in task.val} == {str(i + 1) for i in range(100, 105)}
+    assert task.train[0].meta["columns"]["data_source"] == "toy"
+    check_config(config_with(tmp_path, path=str(train), val_path=str(val), val_size=5, format_fn=f"{FMT}:verl_row"),
+                 policy=False)
+    with pytest.raises(ConfigError, match=r"val_path: .*missing\.parquet' does not exist"):
+        check_config(config_with(tmp_path, path=str(train), val_path=str(tmp_path / "missing.parquet"),
+                                 format_fn=f"{FMT}:verl_row"), policy=False)
+    with pytest.raises(ValueError, match="has only 5 rows"):
+        DatasetTask(path=str(train), val_path=str(val), val_size=6, format_fn=f"{FMT}:verl_row")

@@ -1,0 +1,163 @@
+"""``imports:`` and ``module:Name``: user code imported before any check, resolved wherever a registry name is
+accepted, and one-line errors (key, value, expectation) for what does not import or resolve."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tests.trainer.helpers import tiny_config
+from tether.checks import check_config, load_checked_config
+from tether.cli import app
+from tether.config import ConfigError, load_config
+from tether.user_code import import_user_modules, resolve_target
+
+PLUGINS = "tests.user_plugins"
+
+TASK_FILE = '''
+from tether.tasks import Score, TaskItem, register_task
+
+
+@register_task("{name}")
+class Shout:
+    def __init__(self):
+        self.name, self.system_prompt = "{name}", None
+        self.train = [TaskItem(f"p{{i}}", None, id=f"t/{{i}}") for i in range(4)]
+        self.val = [TaskItem("v", None, id="v/0")]
+
+    def score(self, item, text):
+        return Score(float(text.isupper()), text.isupper(), text)
+'''
+
+
+def write_config(directory, name: str, **extra) -> tuple:
+    """A config in ``directory`` importing ``plugin_<name>.py`` beside it, which registers task ``name``."""
+    (directory / f"plugin_{name}.py").write_text(TASK_FILE.format(name=name))
+    config = directory / "run.yaml"
+    config.write_text(yaml.safe_dump({"imports": [f"plugin_{name}.py"], "task": {"name": name},
+                                      "logging": {"tensorboard": False}, **extra}))
+    return config
+
+
+def test_a_py_file_relative_to_the_config_registers_before_the_checks(tmp_path, monkeypatch):
+    (tmp_path / "cfg").mkdir()
+    config = write_config(tmp_path / "cfg", "shout_a")
+    monkeypatch.chdir(tmp_path)  # not the config's directory
+    cfg = load_checked_config(config)
+    assert cfg.imports == [str(tmp_path / "cfg" / "plugin_shout_a.py")]  # absolute: the run dir's copy works too
+    again = load_checked_config(data=cfg.model_dump(mode="json"))  # e.g. `tether eval` reading run_dir/config.yaml
+    assert again.task.name == "shout_a"
+
+
+def test_the_cli_imports_the_config_modules(tmp_path):
+    config = write_config(tmp_path, "shout_b", model={"name": "tiny-64x2"})
+    out = CliRunner().invoke(app, ["validate", str(config)])
+    assert out.exit_code == 0 and "task shout_b" in out.output, out.output
+
+
+@pytest.mark.parametrize("imports, message", [
+    (["no_such_module_q"], r"^imports\[0\]: 'no_such_module_q': module 'no_such_module_q' does not import "
+                           r"\(ModuleNotFoundError"),
+    (["missing.py"], r"^imports\[0\]: '.*missing\.py' is not a file"),
+    (["json.py"], r"already .*json"),  # a file that would shadow a module already imported
+])
+def test_bad_imports_are_one_line_exit_2(tmp_path, imports, message):
+    (tmp_path / "json.py").write_text("")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"imports": imports, "task": {"name": "parity"}}))
+    with pytest.raises(ConfigError, match=message):
+        check_config(load_config(config), machine=False)
+    out = CliRunner().invoke(app, ["validate", str(config)])
+    assert out.exit_code == 2 and len(out.output.strip().splitlines()) == 1, out.output
+
+
+def test_an_import_error_names_the_users_file_and_line(tmp_path):
+    (tmp_path / "broken_plugin_c.py").write_text("x = 1\nraise RuntimeError('half-written')\n")
+    with pytest.raises(ConfigError, match=r"RuntimeError: half-written at .*broken_plugin_c\.py:2\)"):
+        import_user_modules([str(tmp_path / "broken_plugin_c.py")])
+
+
+@pytest.mark.parametrize("value, message", [
+    (f"{PLUGINS}:EvenLenght", "did you mean 'EvenLength'"),
+    (f"{PLUGINS}:NOT_CALLABLE", "is a int, not a function or class"),
+    ("tests.no_such:X", "module 'tests.no_such' does not import"),
+    ("nocolon", "not of the form 'module:Name'"),
+])
+def test_resolve_target_errors(value, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        resolve_target("task.name", value)
+    assert str(err.value).startswith(f"task.name: {value!r}")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([f"task.name={PLUGINS}:EvenLenght"], r"^task\.name: .*did you mean 'EvenLength'"),
+    ([f"algorithm.advantage={PLUGINS}:centerd"], r"^algorithm\.advantage: .*did you mean 'centred'"),
+    ([f"algorithm.policy_loss={PLUGINS}:EvenLength"], r"^algorithm\.policy_loss: policy loss 'EvenLength' must take"),
+    (["env.name=tests.no_such_env:Maze", "task=null"], r"^env\.name: 'tests.no_such_env:Maze': module"),
+])
+def test_module_names_are_checked_where_registry_names_are(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(tmp_path, *overrides)
+
+
+def test_a_run_with_a_task_an_advantage_and_a_loss_of_its_own(tmp_path):
+    from tether.models import tiny_model
+    from tether.trainer import Trainer
+
+    plugins = sys.modules.get(PLUGINS) or __import__(PLUGINS, fromlist=["calls"])
+    before = dict(plugins.calls)
+    cfg = tiny_config(tmp_path, f"task.name={PLUGINS}:EvenLength", "task.kwargs={size: 4}",
+                      f"algorithm.advantage={PLUGINS}:centred", "algorithm.advantage_kwargs={shift: 0.0}",
+                      f"algorithm.policy_loss={PLUGINS}:counted_ppo")
+    model, tok = tiny_model(seed=0)
+    Trainer(cfg, policy=model, tokenizer=tok).fit()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
+    assert plugins.calls["advantage"] > before["advantage"] and plugins.calls["loss"] > before["loss"]
+
+
+def test_an_env_class_by_module_name(tmp_path):
+    cfg = tiny_config(tmp_path, "task=null", "env.name=tether.envs.scripted:ScriptedEnv", "env.kwargs={turns: 2}")
+    check_config(cfg, machine=False)
+    from tether.envs import make_env
+
+    assert make_env("tether.envs.scripted:ScriptedEnv", turns=2).reset(0).task.startswith("Say the secret word")
+
+
+@pytest.mark.slow
+def test_a_fresh_process_imports_them_too(tmp_path):
+    """What `tether experiment` does for each run: a new ``python -m tether.cli`` process, another directory."""
+    import os
+    import subprocess
+
+    (tmp_path / "cfg").mkdir()
+    config = write_config(tmp_path / "cfg", "shout_d", model={"name": "tiny-64x2"})
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    command = [sys.executable, "-m", "tether.cli", "validate", str(config), "task.name=plugin_shout_d:Shout"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "task plugin_shout_d:Shout" in done.stdout
+
+
+def test_the_capitals_example_of_docs_tasks_md_runs_from_its_yaml(tmp_path):
+    """docs/tasks.md "Adding a task": its Python block as a file, its YAML block beside it, validated as written."""
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    section = page.split("## Adding a task", 1)[1]
+    code, config = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0], \
+        re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)[0]
+    (tmp_path / "capitals.py").write_text(code)
+    data = yaml.safe_load(config)
+    (tmp_path / "capitals.yaml").write_text(yaml.safe_dump({**data, "logging": {"tensorboard": False}}))
+    cfg = load_checked_config(tmp_path / "capitals.yaml")
+    from tether.tasks import make_task
+
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    assert len(task.val) == 1 and task.score(task.val[0], f"<answer>{task.val[0].answer}</answer>").correct
+    load_checked_config(tmp_path / "capitals.yaml", ["task.name=capitals:CapitalsTask"])

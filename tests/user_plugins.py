@@ -1,0 +1,41 @@
+"""User code as a config names it (``tests.user_plugins:...``): a task class, an advantage, a loss."""
+
+from __future__ import annotations
+
+from tether.algos import AdvantageOutput
+from tether.algos.policy_losses import ppo
+from tether.tasks import Score, TaskItem
+
+calls = {"advantage": 0, "loss": 0}
+
+
+class EvenLength:
+    """The parity task's rule, defined outside tether and never registered."""
+
+    name, system_prompt = "even_length", None
+
+    def __init__(self, size: int = 8) -> None:
+        self.train = [TaskItem(f"Say {i}.", None, id=f"t/{i}") for i in range(size)]
+        self.val = [TaskItem(f"Tell {i}.", None, id=f"v/{i}") for i in range(2)]
+
+    def score(self, item, text):
+        even = len(text) % 2 == 0
+        return Score(float(even), even, text)
+
+
+def centred(inputs, *, shift: float = 0.0):
+    """Rewards minus their group mean (plus ``shift``), counted."""
+    calls["advantage"] += 1
+    adv = inputs.rewards.clone()
+    for group in inputs.group_ids.unique():
+        rows = inputs.group_ids == group
+        adv[rows] = inputs.rewards[rows] - inputs.rewards[rows].mean()
+    return AdvantageOutput(adv + shift)
+
+
+def counted_ppo(inputs, *, agg: str = "token-mean", clip_low: float = 0.2, clip_high: float = 0.2):
+    calls["loss"] += 1
+    return ppo(inputs, agg=agg, clip_low=clip_low, clip_high=clip_high)
+
+
+NOT_CALLABLE = 1

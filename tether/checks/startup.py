@@ -1,0 +1,163 @@
+"""What ``tether train`` would otherwise find only after its model loads, checked before: the task is built (its
+data read, split and typed exactly as the run will), a local model directory holds a model, the device is here,
+the launch fits the strategy, the batch arithmetic makes sense, and inputs an earlier command writes are named
+with that command.
+
+Run by :func:`tether.checks.check_config` after the machine checks pass, so by ``tether validate`` and by every
+command before its model loads alike.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tether.checks.findings import Findings
+from tether.config import Config, ConfigError
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.gguf")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                   "preprocessor_config.json")
+
+
+def model_inputs(cfg: Config, *, policy: bool = True) -> dict[str, str]:
+    """Config key -> model name or path, for every model the run loads (the policy unless the caller brings it)."""
+    from tether.methods import METHODS, method_config
+
+    found = {"model.name": cfg.model.name} if policy else {}
+    if cfg.model.ref_name:
+        found["model.ref_name"] = cfg.model.ref_name
+    for name, section in cfg.methods.items():
+        found.update(METHODS[name].named_models(method_config(name, section)))
+    return found
+
+
+def data_inputs(cfg: Config) -> dict[str, str]:
+    """Config key -> file, for the data files the run reads: ``*path`` settings of the task, env and ``sft``."""
+    found = {}
+    workload = cfg.task if cfg.task is not None else cfg.env
+    section = "task" if cfg.task is not None else "env"
+    for key, value in workload.kwargs.items():
+        if key.endswith("path") and isinstance(value, str):
+            found[f"{section}.kwargs.{key}"] = value
+    if cfg.sft is not None and cfg.sft.path is not None:
+        found["sft.path"] = cfg.sft.path
+    return found
+
+
+def _is_alias(name: str) -> bool:
+    from tether.models.char import parse_char_alias
+    from tether.models.loading import SMOLLM2, TINY_ALIAS
+    from tether.models.policy import TINY_VLMS
+
+    return name == SMOLLM2 or name in TINY_VLMS or parse_char_alias(name) is not None or \
+        TINY_ALIAS.fullmatch(name) is not None
+
+
+def check_prerequisites(cfg: Config, found: Findings, *, policy: bool = True) -> None:
+    """A model or data path the config names that is not here yet, when the config says which command writes its
+    inputs (``# written by: COMMAND`` comment lines): that command is named, to run first."""
+    written_by = cfg.written_by
+    if not written_by:
+        return
+    from tether.checks.context import hub_file
+
+    missing = [f"{key}={value}" for key, value in data_inputs(cfg).items() if not Path(value).expanduser().exists()]
+    for key, value in model_inputs(cfg, policy=policy).items():
+        if _is_alias(value) or Path(value).expanduser().exists() or hub_file(value, "config.json") is not None:
+            continue
+        missing.append(f"{key}={value}")
+    if missing:
+        commands = "; then ".join(f"`{c}`" for c in written_by)
+        raise ConfigError(f"{', '.join(missing)}: not here yet; this config's inputs are written by {commands} "
+                          "(run that first)")
+
+
+def check_model_dirs(cfg: Config, found: Findings, *, policy: bool = True) -> None:
+    """Each local model directory holds a model: a config (or a LoRA adapter's), weights, and a tokenizer (a LoRA
+    adapter directory of tether's carries its tokenizer too). An empty directory fails here, not in
+    ``from_pretrained`` after the run directory is created."""
+    for key, value in model_inputs(cfg, policy=policy).items():
+        directory = Path(value).expanduser()
+        if _is_alias(value) or not directory.is_dir():
+            continue
+        names = sorted(p.name for p in directory.iterdir())
+        listing = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "") if names else "it is empty"
+        if not (directory / "config.json").is_file() and not (directory / "adapter_config.json").is_file():
+            raise ConfigError(f"{key}: {value} holds no model: no config.json (nor adapter_config.json); {listing}")
+        if not any(any(directory.glob(pattern)) for pattern in WEIGHT_FILES):
+            raise ConfigError(f"{key}: {value} has no weights (*.safetensors or *.bin); {listing}")
+        if key == "model.name" and not any((directory / name).is_file() for name in TOKENIZER_FILES):
+            raise ConfigError(f"{key}: {value} has no tokenizer (tokenizer.json, tokenizer_config.json or "
+                              f"tokenizer.model); {listing}")
+
+
+def _offline_hub_dataset(cfg: Config) -> str | None:
+    """The task's data ``path`` when it can only come from the Hub and the Hub is switched off, else ``None``."""
+    path = cfg.task.kwargs.get("path") if cfg.task is not None else None
+    if not isinstance(path, str) or Path(path).expanduser().exists():
+        return None
+    from huggingface_hub import constants
+
+    return path if constants.HF_HUB_OFFLINE else None
+
+
+def check_task_builds(cfg: Config, found: Findings) -> None:
+    """Build the task as the trainer will (reading, splitting and typing its data): a 50-row file with
+    ``val_size=100``, or a prompt field holding a list, fails here as one line."""
+    if cfg.task is None:
+        return
+    hub_id = _offline_hub_dataset(cfg)
+    if hub_id is not None:
+        found.warn(f"task.kwargs.path={hub_id!r}: a Hub dataset cannot be read offline (HF_HUB_OFFLINE), so its rows, "
+                   "columns and splits are checked when the run loads it")
+        return
+    from tether.tasks import make_task
+    from tether.tasks.base import task_split
+
+    try:
+        task = make_task(cfg.task.name, **cfg.task.kwargs)
+        held_out = task_split(task, cfg.val.split) if cfg.val.every else task.val
+    except (ValueError, TypeError, KeyError, OSError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise ConfigError(f"task.kwargs: {message}") from None
+    if not task.train:
+        raise ConfigError(f"task.kwargs: the task {cfg.task.name!r} has no training prompts")
+    if cfg.val.every and not held_out:
+        raise ConfigError(f"val.split={cfg.val.split!r}: the task has no held-out prompts there; set val.every=0 "
+                          "or give it held-out data")
+
+
+def check_device(cfg: Config, found: Findings) -> None:
+    """``train.device`` exists on this machine (a CPU-only torch and ``cuda`` fail here)."""
+    from tether.distributed import resolve_device
+
+    resolve_device(cfg.train.device)
+
+
+def warn_launch(cfg: Config, found: Findings) -> None:
+    """``distributed.strategy=fsdp2`` needs a torchrun launch; a validate outside one can only say so."""
+    launched = "MASTER_ADDR" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if cfg.distributed.strategy == "fsdp2" and not launched:
+        found.warn("distributed.strategy=fsdp2 runs only under torchrun (torchrun --nproc_per_node N -m tether.cli "
+                   "train CONFIG); `tether train` without it stops before any model loads")
+
+
+def warn_batch_arithmetic(cfg: Config, found: Findings) -> None:
+    """A micro-batch larger than the rows of a mini-batch is legal but means the setting does nothing."""
+    o, r = cfg.optim, cfg.rollout
+    if o.max_tokens_per_micro_batch is not None or cfg.env is not None:
+        return  # token budgets and agent turns make the row count vary
+    rows = r.prompts_per_step * r.group_size // max(1, o.mini_batches)
+    if o.micro_batch_size > rows:
+        found.warn(f"optim.micro_batch_size={o.micro_batch_size} exceeds the {rows} rows of a mini-batch "
+                   f"(rollout.prompts_per_step x rollout.group_size / optim.mini_batches): every mini-batch is one "
+                   "micro-batch, so the setting changes nothing")
+
+
+def startup_checks(*, policy: bool = True) -> tuple:
+    """The checks of this module; ``policy=False`` when the caller brings the policy itself."""
+    def models(cfg: Config, found: Findings) -> None:
+        check_model_dirs(cfg, found, policy=policy)
+
+    return (models, check_task_builds, check_device, warn_launch, warn_batch_arithmetic)

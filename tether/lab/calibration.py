@@ -1,0 +1,115 @@
+"""The calibration a protocol runs before any comparison: does the endpoint move on the selection split by the
+movement ``calibration.min_movement`` asks, in this setting?
+
+Every value is read from the runs' own validation on the selection split (``metrics.jsonl``), so the endpoint
+split is not read: the start is step 0's validation and the endpoint is the step the protocol's ``endpoint.at``
+picks (``best.txt`` for ``best``, ``checkpoints/latest`` for ``final``). The movement per seed is
+
+* ``positive_control``: the control arm's endpoint value minus the baseline's, paired by seed;
+* ``fall``: the arm's start minus its endpoint (the collapse a study of forgetting rests on);
+* ``rise``: the arm's endpoint minus its start.
+
+The calibration passes when the mean movement over its seeds reaches ``min_movement``; it is incomplete while a
+run it needs has not finished training or lacks a validation it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tether.lab import stats
+from tether.lab.protocol import Protocol
+
+BEST_STEP = re.compile(r"step=(\d+)")
+PASSED, FAILED, INCOMPLETE = "passed", "failed", "incomplete"
+
+
+def selection_values(directory: Path, metric: str) -> dict[int, float]:
+    """step -> the metric on the selection split, from the run's ``metrics.jsonl`` (a later row of a step wins:
+    a resumed run logs its steps again)."""
+    path = directory / "metrics.jsonl"
+    values: dict[int, float] = {}
+    if not path.is_file():
+        return values
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+        if metric in row:
+            values[int(row["step"])] = float(row[metric])
+    return values
+
+
+def endpoint_step(directory: Path, at: str) -> int:
+    """The step of the endpoint checkpoint: the validation that wrote ``checkpoints/best`` (``best.txt``), or the
+    step directory ``checkpoints/latest`` names.
+
+    Raises:
+        RuntimeError: the run wrote neither (no validation became the best, or no step was saved).
+    """
+    path = directory / ("best.txt" if at == "best" else "checkpoints/latest")
+    if not path.is_file():
+        raise RuntimeError(f"{directory}: no {path.name}, so no endpoint checkpoint (endpoint.at={at})")
+    if at == "best":
+        found = BEST_STEP.search(path.read_text())
+        if found is None:
+            raise RuntimeError(f"{path} names no step")
+        return int(found.group(1))
+    return int(path.read_text().strip().removeprefix("step_"))
+
+
+def trained(directory: Path) -> bool:
+    """The runner writes ``trained.json`` when a run's training exited cleanly."""
+    return (directory / "trained.json").is_file()
+
+
+def measure(protocol: Protocol, locate: Callable[[str, int], Path]) -> dict[str, Any]:
+    """The calibration's movement per seed, its mean and interval, and whether it passed (``status``).
+
+    ``locate(arm, seed)`` is the run directory of one run (a pooled report's runs live under several roots).
+    """
+    c = protocol.calibration
+    metric = protocol.endpoint.metric
+    measured = c.measured_arm(protocol.baseline)
+    seeds = protocol.calibration_seeds()
+    missing = [f"{arm}/seed{seed}" for arm in protocol.calibration_arms() for seed in seeds
+               if not trained(locate(arm, seed))]
+    result: dict[str, Any] = {"kind": c.kind, "arm": measured, "metric": metric, "split": "val (selection)",
+                              "min_movement": c.min_movement, "seeds": seeds, "why": c.why,
+                              "added_after_registration": c.added_after_registration, "missing": missing}
+    if missing:
+        return {**result, "status": INCOMPLETE, "per_seed": {}, "mean": None}
+    try:
+        per_seed = {seed: movement(protocol, locate, seed) for seed in seeds}
+    except RuntimeError as err:  # a trained run without the validation the calibration reads
+        return {**result, "status": INCOMPLETE, "per_seed": {}, "mean": None, "missing": [str(err)]}
+    ci = stats.mean_ci(list(per_seed.values()))
+    status = PASSED if ci.mean >= c.min_movement else FAILED
+    return {**result, "status": status, "per_seed": per_seed, "mean": ci.mean, "ci_low": ci.low,
+            "ci_high": ci.high}
+
+
+def movement(protocol: Protocol, locate: Callable[[str, int], Path], seed: int) -> float:
+    c = protocol.calibration
+    metric, at = protocol.endpoint.metric, protocol.endpoint.at
+    arm = c.measured_arm(protocol.baseline)
+    if c.kind == "positive_control":
+        return (value_at(locate(arm, seed), metric, endpoint_step(locate(arm, seed), at))
+                - value_at(locate(protocol.baseline, seed), metric,
+                           endpoint_step(locate(protocol.baseline, seed), at)))
+    directory = locate(arm, seed)
+    start = value_at(directory, metric, 0)
+    end = value_at(directory, metric, endpoint_step(directory, at))
+    return start - end if c.kind == "fall" else end - start
+
+
+def value_at(directory: Path, metric: str, step: int) -> float:
+    values = selection_values(directory, metric)
+    if step not in values:
+        raise RuntimeError(f"{directory}: no validation of {metric!r} on the selection split at step {step}")
+    return values[step]

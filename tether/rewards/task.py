@@ -1,0 +1,130 @@
+"""A task whose reward is its own score plus weighted reward functions (``task.rewards``), scored a batch at a time.
+
+The reward of a row is ``[task score] + sum_i weight_i * value_i``; each term is a component of the reward audit
+(``reward/component/<name>``). A row that any term faults on is a fault (``reward/faults``): it is judged wrong and
+gets the fault reward, the lowest reward of the rows scored with it that did not fault (0.0 when none), so a
+policy never gains by crashing a reward function. The first traceback of each term is written once to
+``run_dir/health/reward_faults.log``, with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tether.config import Config, TaskConfig
+from tether.rewards.terms import RewardTerm, TermResult
+from tether.tasks.base import Score, Task, TaskItem, score_batch
+
+FAULT_LOG = Path("health") / "reward_faults.log"
+
+
+def item_columns(items: Sequence[TaskItem]) -> dict[str, list]:
+    """The dataset columns of a batch as keyword lists (TRL's ``**kwargs``): each item's ``meta["columns"]`` (what a
+    data-backed task keeps of its row), and always ``answer``, the gold answer (``None`` where there is none)."""
+    rows = [dict(item.meta.get("columns") or {}) for item in items]
+    for row, item in zip(rows, items, strict=True):
+        row.setdefault("answer", item.answer)
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+def completion_of(item: TaskItem, text: str) -> str | list[dict[str, str]]:
+    """The completion as TRL passes it: the text, or one assistant message when the prompt is a conversation."""
+    return [{"role": "assistant", "content": text}] if isinstance(item.prompt, list) else text
+
+
+class RewardedTask:
+    """``task`` with ``terms`` added to (or, ``keep_score=False``, replacing) its score. Every other attribute is the
+    task's own (its splits, features, demonstrations).
+
+    Args:
+        task: the wrapped task.
+        terms: the reward functions.
+        keep_score: add the task's reward; False: only the terms count (``correct`` is still the task's verdict where
+            an item has a gold answer, else "the reward is positive").
+        fault_log: where the first traceback of each term goes; None: nowhere.
+    """
+
+    def __init__(self, task: Task, terms: list[RewardTerm], *, keep_score: bool = True,
+                 fault_log: Path | None = None) -> None:
+        self.task, self.terms, self.keep_score, self.fault_log = task, terms, keep_score, fault_log
+        self._logged: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:  # name, train, val, system_prompt, splits, features...
+        if name == "task":  # not set yet (copy, pickle): never recurse
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def score(self, item: TaskItem, response_text: str) -> Score:
+        return self.score_batch([item], [response_text])[0]
+
+    def score_batch(self, items: Sequence[TaskItem], texts: Sequence[str]) -> list[Score]:
+        """Every row's score: the task's, then each term called once on the whole batch."""
+        base = score_batch(self.task, items, texts)
+        prompts = [item.prompt for item in items]
+        completions = [completion_of(item, text) for item, text in zip(items, texts, strict=True)]
+        columns = item_columns(items)
+        results = [(term, term(prompts, completions, columns)) for term in self.terms]
+        for term, result in results:
+            self._report(term, result)
+        rows = [self._row(i, items[i], texts[i], base[i], results) for i in range(len(items))]
+        floor = min((score.reward for score in rows if not score.fault), default=0.0)
+        return [self._faulted(score, floor) if score.fault and score.components is None else score for score in rows]
+
+    def _row(self, i: int, item: TaskItem, text: str, base: Score,
+             results: list[tuple[RewardTerm, TermResult]]) -> Score:
+        errors = [f"{term.name}: {result.faults[i]}" for term, result in results if result.faults[i] is not None]
+        if errors:  # components None marks a term fault, given the floor reward in score_batch
+            return Score(0.0, False, base.extracted, fault=True, error="; ".join(errors))
+        components = dict(base.components or {"task": base.reward}) if self.keep_score else {}
+        components.update({term.name: term.weight * result.values[i] for term, result in results})
+        reward = sum(components.values())
+        correct, extracted = base.correct, base.extracted
+        if not self.keep_score and item.answer is None:  # no verifier: a positive reward is the success
+            correct, extracted = reward > 0, text
+        return Score(reward, correct, extracted, fault=base.fault, error=base.error, components=components)
+
+    @staticmethod
+    def _faulted(score: Score, floor: float) -> Score:
+        return Score(floor, False, score.extracted, fault=True, error=score.error, components={"fault": floor})
+
+    def _report(self, term: RewardTerm, result: TermResult) -> None:
+        """The first fault of each term: a warning, and its traceback (or message) in the run's health folder."""
+        first = next((fault for fault in result.faults if fault is not None), None)
+        if first is None or term.name in self._logged:
+            return
+        self._logged.add(term.name)
+        where = ""
+        if self.fault_log is not None and os.environ.get("RANK", "0") == "0":
+            self.fault_log.parent.mkdir(parents=True, exist_ok=True)
+            with self.fault_log.open("a", encoding="utf-8") as f:
+                f.write(f"reward function {term.name!r}: {first}\n{result.trace or ''}\n")
+            where = f"; details in {self.fault_log}"
+        warnings.warn(f"reward function {term.name!r} faulted ({first}): its rows get the fault reward and count in "
+                      f"reward/faults; the run goes on{where}", stacklevel=3)
+
+
+def build_task(task_cfg: TaskConfig, run_dir: str | Path | None = None) -> Task:
+    """The task ``task_cfg`` names, with its ``rewards`` and ``score`` applied.
+
+    Args:
+        task_cfg: the config's ``task`` section.
+        run_dir: the run directory, for the reward functions' fault log (None: no log).
+    """
+    from tether.tasks import make_task
+
+    task = make_task(task_cfg.name, **task_cfg.kwargs)
+    if not task_cfg.rewards and task_cfg.score:
+        return task
+    terms = [RewardTerm(spec, f"task.rewards[{i}]") for i, spec in enumerate(task_cfg.rewards)]
+    return RewardedTask(task, terms, keep_score=task_cfg.score,
+                        fault_log=None if run_dir is None else Path(run_dir) / FAULT_LOG)
+
+
+def build_config_task(cfg: Config) -> Task:
+    """:func:`build_task` of a whole config (its ``task`` section and run directory)."""
+    return build_task(cfg.task, cfg.run_dir)

@@ -1,0 +1,199 @@
+"""Reward functions with TRL's signature, ``fn(prompts, completions, **columns) -> list[float | None]``.
+
+A function written for TRL's ``GRPOTrainer(reward_funcs=...)`` works unchanged: it is called once per batch of
+responses; ``prompts`` are the prompts (strings, or ``{role, content}`` message lists for conversational data),
+``completions`` the responses (strings, or ``[{"role": "assistant", "content": ...}]`` for conversational data),
+and every dataset column arrives as a keyword list (``answer=[...]``). A ``None`` in the returned list means "this
+function does not apply to this row" (TRL's convention): the term is 0 there.
+
+What can go wrong is contained per term: a raising function or a list of the wrong length faults every row of the
+batch, a value that is not a finite number faults its row. The caller (:mod:`tether.rewards.task`) gives faulted
+rows the fault reward and counts them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tether.config import ConfigError, RewardTermConfig
+from tether.user_code import resolve_target
+
+#: What TRL passes positionally.
+BATCH_ARGS = ("prompts", "completions")
+#: Keywords TRL passes that tether has no counterpart for (token ids are the engine's, the trainer state TRL's).
+NOT_PASSED = ("completion_ids", "trainer_state")
+
+
+@dataclass
+class TermResult:
+    """One term's values for a batch.
+
+    Attributes:
+        values: each row's value, 0.0 where faulted or where the function returned ``None``.
+        faults: each row's fault message, or ``None``.
+        trace: the traceback of an exception the function raised, for the run's health folder.
+    """
+
+    values: list[float]
+    faults: list[str | None]
+    trace: str | None = None
+
+
+def _accepts(fn: Callable) -> tuple[float, bool, set[str]]:
+    """(positional slots, takes ``**kwargs``, keyword names)."""
+    params = list(inspect.signature(fn).parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    slots = math.inf if any(p.kind is p.VAR_POSITIONAL for p in params) else len(positional)
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return slots, var_kw, names
+
+
+def check_batch_signature(fn: Callable, kwargs: dict[str, Any], key: str) -> None:
+    """``fn`` can be called as ``fn(prompts, completions, **kwargs)`` plus dataset columns.
+
+    Raises:
+        ConfigError: it takes fewer than two positional arguments, or a configured keyword it does not accept.
+    """
+    try:
+        slots, var_kw, names = _accepts(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return
+    if slots < len(BATCH_ARGS):
+        raise ConfigError(f"{key}: {_name(fn)!r} takes {slots} positional argument(s); a "
+                          "reward function takes (prompts, completions, **columns) and returns one float per "
+                          "completion (TRL's reward_funcs signature)")
+    params = inspect.signature(fn).parameters
+    never = [n for n in NOT_PASSED if n in params and params[n].default is inspect.Parameter.empty]
+    if never:
+        raise ConfigError(f"{key}: {_name(fn)!r} requires {never[0]!r}, which TRL passes and tether does not; give it "
+                          "a default (or take **kwargs)")
+    unknown = sorted(k for k in kwargs if k not in names and not var_kw)
+    if unknown:
+        raise ConfigError(f"{key}: {_name(fn)!r} takes no keyword {unknown[0]!r}; it takes: "
+                          f"{', '.join(sorted(names - set(BATCH_ARGS))) or '(none)'}")
+
+
+def _name(fn: Callable) -> str:
+    return getattr(getattr(fn, "func", fn), "__qualname__", repr(fn))
+
+
+class RewardTerm:
+    """One configured reward function: resolved, its signature checked, a class built once with its kwargs.
+
+    Args:
+        spec: the ``task.rewards[i]`` entry.
+        key: its config key, ``task.rewards[i]``.
+        build: build a class now (False: resolve and check only, as ``tether validate`` does).
+
+    Raises:
+        ConfigError: the reference does not resolve, or the signature cannot take a batch.
+    """
+
+    def __init__(self, spec: RewardTermConfig, key: str, *, build: bool = True, settings: bool = True) -> None:
+        target = resolve_target(f"{key}.fn", spec.fn)
+        self.weight = spec.weight
+        self.name = spec.name or getattr(target, "__name__", spec.fn.rpartition(":")[2])
+        if inspect.isclass(target):
+            if not any("__call__" in vars(base) for base in target.__mro__[:-1]):
+                raise ConfigError(f"{key}.fn: {spec.fn!r} is a class without __call__; a reward class is built once "
+                                  "with kwargs and called as instance(prompts, completions, **columns)")
+            check_class_kwargs(target, spec.kwargs, f"{key}.kwargs")
+            if settings:
+                check_settings(target, spec.kwargs, f"{key}.kwargs")
+            check_batch_signature(functools.partial(target.__call__, None), {}, f"{key}.fn")  # without self
+            self.fn: Callable | None = target(**spec.kwargs) if build else None
+            self.kwargs: dict[str, Any] = {}
+        else:
+            check_batch_signature(target, spec.kwargs, f"{key}.fn")
+            self.fn, self.kwargs = target, dict(spec.kwargs)
+
+    def _columns(self, columns: dict[str, list]) -> dict[str, list]:
+        """All columns for a function taking ``**kwargs`` (TRL passes them all), else those it names."""
+        _, var_kw, names = _accepts(self.fn)
+        return dict(columns) if var_kw else {k: v for k, v in columns.items() if k in names}
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list]) -> TermResult:
+        """The function's values for one batch, faults contained (never raises)."""
+        n = len(completions)
+        try:
+            out = self.fn(list(prompts), list(completions), **{**self._columns(columns), **self.kwargs})
+        except Exception as error:  # a bug in a reward function costs its rows, not the run
+            message = f"{type(error).__name__}: {error}"
+            return TermResult([0.0] * n, [message] * n, traceback.format_exc())
+        if not isinstance(out, Sequence) or isinstance(out, (str, bytes)) or len(out) != n:
+            got = f"{len(out)} values" if isinstance(out, Sequence) else type(out).__name__
+            return TermResult([0.0] * n, [f"returned {got} for {n} completions"] * n)
+        reasons = getattr(self.fn, "last_errors", None)  # a judge says why a row has no score
+        reasons = reasons if isinstance(reasons, list) and len(reasons) == n else [None] * n
+        values, faults = [], []
+        for value, reason in zip(out, reasons, strict=True):
+            number = _number(value)
+            faults.append(None if number is not None else reason or f"returned {value!r}, not a finite number or None")
+            values.append(number if number is not None else 0.0)
+        return TermResult(values, faults)
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float (``None`` -> 0.0, TRL's "not applicable"); ``None`` when it is not one."""
+    if value is None:
+        return 0.0
+    if isinstance(value, numbers.Real) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def check_class_kwargs(cls: type, kwargs: dict[str, Any], key: str) -> None:
+    """``kwargs`` are arguments of ``cls``'s constructor, and it gets every required one."""
+    params = {n: p for n, p in inspect.signature(cls).parameters.items()}
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(kwargs) - set(params))
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]}: {cls.__name__} takes no such argument; it takes: "
+                              f"{', '.join(params) or '(none)'}")
+    missing = [n for n, p in params.items() if p.default is p.empty and n not in kwargs
+               and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    if missing:
+        raise ConfigError(f"{key}: {cls.__name__} needs {missing[0]!r}")
+
+
+def check_settings(cls: type, kwargs: dict[str, Any], key: str) -> None:
+    """A reward class's own check of its settings, ``cls.check(**kwargs)`` where it has one (the reward model's and
+    the judge's), run before anything loads."""
+    check = getattr(cls, "check", None)
+    if check is None:
+        return
+    try:
+        check(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
+def check_reward_terms(specs: list[RewardTermConfig], *, settings: bool = True) -> None:
+    """Each ``task.rewards`` entry resolves and can take a batch, and the terms' names differ (without building
+    a class: that may load a model).
+
+    Args:
+        specs: the entries.
+        settings: also run each reward class's own ``check`` of its settings (what it names is here: a reward
+            model's directory, a judge's URL); the machine checks do, the config checks do not.
+
+    Raises:
+        ConfigError: the first problem.
+    """
+    seen: dict[str, int] = {}
+    for index, spec in enumerate(specs):
+        key = f"task.rewards[{index}]"
+        term = RewardTerm(spec, key, build=False, settings=settings)
+        if term.name in seen or term.name in ("task", "overlong", "fault"):
+            raise ConfigError(f"{key}.name: {term.name!r} is taken (by task.rewards[{seen.get(term.name, '-')}] or "
+                              "by tether's own terms task, overlong, fault); set a distinct name")
+        seen[term.name] = index

@@ -1,0 +1,75 @@
+"""verl's ``custom_reward_function`` as a reward term: ``fn: tether.rewards:VerlScore``.
+
+verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` once per response and takes a
+float, or a dict whose ``"score"`` is the reward. :class:`VerlScore` loads that function from the same file
+(``path``, ``name``) and calls it the same way: ``solution_str`` is the response text, ``ground_truth`` the row's
+gold answer, ``data_source`` and ``extra_info`` the row's columns of those names (``None`` where absent). A row whose
+call raises or returns no number is a fault of that row alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tether.rewards.judge import text_of
+
+
+def load_compute_score(path: str, name: str) -> Callable[..., Any]:
+    """The function ``name`` of the Python file ``path`` (verl's ``custom_reward_function.path`` / ``.name``).
+
+    Raises:
+        ValueError: no such file, or no such function in it.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"path: {path!r} is not a file (verl's custom_reward_function.path)")
+    spec = importlib.util.spec_from_file_location(f"tether_verl_reward_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"name: {path} has no function {name!r}")
+    return fn
+
+
+class VerlScore:
+    """A verl ``compute_score`` function, called per row.
+
+    Args:
+        path: the Python file holding it.
+        name: its name (verl's default: ``compute_score``).
+        reward_kwargs: extra keyword arguments of every call (verl's ``custom_reward_function.reward_kwargs``).
+    """
+
+    def __init__(self, path: str, name: str = "compute_score", reward_kwargs: dict[str, Any] | None = None) -> None:
+        self.compute_score = load_compute_score(path, name)
+        self.reward_kwargs = dict(reward_kwargs or {})
+        self.last_errors: list[str | None] = []
+
+    @staticmethod
+    def check(path: str, name: str = "compute_score", reward_kwargs: dict[str, Any] | None = None) -> None:
+        """The file exists and defines the function (loading it runs the file's top level, as verl does)."""
+        load_compute_score(path, name)
+
+    def _one(self, completion: Any, row: dict[str, Any]) -> tuple[float, str | None]:
+        try:
+            out = self.compute_score(data_source=row.get("data_source"), solution_str=text_of(completion),
+                                     ground_truth=row.get("answer"), extra_info=row.get("extra_info"),
+                                     **self.reward_kwargs)
+        except Exception as error:  # one row's failure is that row's fault
+            return math.nan, f"compute_score raised {type(error).__name__}: {error}"
+        score = out.get("score") if isinstance(out, dict) else out
+        if isinstance(score, numbers.Real):
+            return float(score), None
+        return math.nan, f"compute_score returned {out!r}, not a number or a dict with 'score'"
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(completions))]
+        results = [self._one(c, row) for c, row in zip(completions, rows, strict=True)]
+        self.last_errors = [error for _, error in results]
+        return [score for score, _ in results]

@@ -1,0 +1,311 @@
+"""``dataset``: a task over any Hugging Face ``datasets`` source, scored like the jsonl task (math-verify), plus
+whatever ``task.rewards`` adds.
+
+The source is a Hub id (with ``config`` and ``split``), a directory written by ``Dataset.save_to_disk`` /
+``DatasetDict.save_to_disk``, or a ``.jsonl``/``.json``/``.parquet``/``.csv`` file. Each row becomes an item through a
+column mapping (``prompt_field``, ``answer_field``) or a ``format_fn: module:function`` that maps a row to
+``{"prompt": ..., "answer": ...}`` (and any other columns). A prompt is a string, filled into ``prompt_template``, or
+a conversation: a list of ``{"role", "content"}`` messages, used as it is. Every column but the prompt reaches
+reward functions as a keyword list (``meta["columns"]``).
+
+Splits as the built-in tasks: ``report`` (``report_size`` rows, for the final numbers) and ``val`` (``val_size``
+rows, the selection split) are carved from a seeded shuffle of ``split``, or taken from another split of the
+dataset (``val_split``); training rows whose prompt is in val or report are dropped, so no split overlaps another.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tether.tasks.base import RewardMap, Score, TaskItem
+from tether.tasks.extract import check_extract_mode, check_template, format_prompt
+from tether.tasks.jsonl_task import _FORMATS, JsonlTask, carve, load_rows
+from tether.tasks.registry import register_task
+from tether.user_code import resolve_target
+
+ROWS_CHECKED = 100  # rows whose prompt and answer are checked before a run (the whole file is read by the run)
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a directory written by ``save_to_disk`` (a Dataset or a DatasetDict)."""
+    return path.is_dir() and any((path / name).is_file() for name in ("state.json", "dataset_dict.json"))
+
+
+def load_split(path: str, config: str | None, split: str) -> list[dict[str, Any]]:
+    """The rows of split ``split`` of ``path``: a ``save_to_disk`` directory, a data file (``split`` ignored: a file
+    is one split), or anything ``datasets.load_dataset`` reads (a Hub id, a directory of data files).
+
+    Raises:
+        ValueError: no such split (the message lists the ones there are).
+    """
+    import datasets
+
+    local = Path(path).expanduser()
+    if local.is_file():
+        return load_rows(local)
+    if is_saved_dataset(local):
+        data = datasets.load_from_disk(str(local))
+        if isinstance(data, datasets.DatasetDict):
+            if split not in data:
+                raise ValueError(f"split={split!r}: {path} has splits {', '.join(data)}")
+            data = data[split]
+        return data.to_list()
+    with tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
+        kwargs = {"cache_dir": cache} if local.is_dir() else {}  # a Hub dataset keeps the usual cache
+        try:
+            data = datasets.load_dataset(path, config, split=split, **kwargs)
+        except ValueError as err:  # an unknown split or config: datasets names the ones there are
+            raise ValueError(f"{path} (config={config!r}, split={split!r}): {err}") from None
+        return data.to_list()
+
+
+def check_messages(value: Any, where: str) -> None:
+    """``value`` is a conversation: a non-empty list of ``{"role": str, "content": str}``.
+
+    Raises:
+        ValueError: naming ``where`` and the first bad message.
+    """
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{where} is {type(value).__name__}, not a string nor a non-empty list of "
+                         "{role, content} messages")
+    for i, message in enumerate(value):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise ValueError(f"{where}: message {i} is {message!r}, not {{'role': str, 'content': str}}")
+
+
+def takes_one_argument(fn: Callable) -> bool:
+    """Whether ``fn(row)`` binds (a builtin without a signature is given the benefit of the doubt)."""
+    try:
+        inspect.signature(fn).bind({})
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
+
+
+def shuffled(rows: list[Any], seed: int) -> list[Any]:
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    return [rows[i] for i in order]
+
+
+def take_held_out(rows: list[Any], sizes: dict[str, int], seed: int, split: str) -> dict[str, list[Any]]:
+    """The held-out splits from a seeded shuffle of ``rows`` (the dataset's own held-out split or file), in the
+    order of ``sizes``; ``split`` names that source in the error.
+
+    Raises:
+        ValueError: ``rows`` are fewer than the sizes ask for.
+    """
+    if sum(sizes.values()) > len(rows):
+        named = ", ".join(f"{name}_size={size}" for name, size in sizes.items())
+        raise ValueError(f"{named}: the held-out source ({split}) has only {len(rows)} rows")
+    order, out, start = shuffled(rows, seed), {}, 0
+    for name, size in sizes.items():
+        out[name], start = order[start:start + size], start + size
+    return out
+
+
+def load_format_fn(format_fn: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    return None if format_fn is None else resolve_target("task.kwargs.format_fn", format_fn)
+
+
+@register_task("dataset")
+class DatasetTask(JsonlTask):
+    """Rows of a Hugging Face dataset as prompts; math-verify against ``answer_field`` where there is one.
+
+    Args:
+        path: a Hub id (``openai/gsm8k``), a ``save_to_disk`` directory, or a data file.
+        config: the dataset's configuration (``main`` for gsm8k), or None.
+        split: the split the training rows (and, without ``val_split``, the held-out ones) come from.
+        val_split: another split to take val and report rows from (e.g. ``test``), or None.
+        val_path: another source to take them from (verl's ``data.val_files``), its split ``val_split`` (default
+            ``split``).
+        val_size: val (selection) rows.
+        report_size: report rows (0: no report split).
+        train_size: keep at most this many training rows, or all.
+        seed: seed of the shuffles.
+        prompt_field: the column holding the prompt: a string, or a list of ``{role, content}`` messages.
+        answer_field: the column holding the gold answer, or None when the rewards need none.
+        format_fn: ``module:function`` mapping a row (a dict) to ``{"prompt": ..., "answer": ..., <column>: ...}``;
+            replaces ``prompt_field``/``answer_field``.
+        system_prompt: a system message before each prompt (a conversation that starts with its own keeps it).
+        prompt_template: a string prompt's user message, ``{question}`` replaced by the prompt (default: as is).
+        extract, reward, reward_correct, reward_wrong, timeout_s: as the jsonl task's.
+    """
+
+    def __init__(self, *, path: str, config: str | None = None, split: str = "train", val_split: str | None = None,
+                 val_path: str | None = None,
+                 val_size: int = 100, report_size: int = 0, train_size: int | None = None, seed: int = 0,
+                 prompt_field: str = "prompt", answer_field: str | None = "answer", format_fn: str | None = None,
+                 system_prompt: str | None = None, prompt_template: str = "{question}", extract: str = "auto",
+                 reward: str = "binary", reward_correct: float = 1.0, reward_wrong: float = 0.0,
+                 timeout_s: int = 5) -> None:
+        self.check_config(prompt_template=prompt_template, extract=extract, val_size=val_size,
+                          report_size=report_size, format_fn=format_fn)
+        self.prompt_field = "prompt" if format_fn else prompt_field
+        self.answer_field = "answer" if format_fn else answer_field
+        self.extract, self.prompt_template, self.timeout_s = extract, prompt_template, timeout_s
+        self._format = load_format_fn(format_fn)
+        self._system = system_prompt
+        self.reward_map = RewardMap(reward, reward_correct, reward_wrong)
+        rows = [self._formatted(row, i) for i, row in enumerate(load_split(path, config, split))]
+        sizes = {"report": report_size, "val": val_size} if report_size else {"val": val_size}
+        if val_split is None and val_path is None:
+            parts = carve(rows, sizes, seed)
+        else:
+            held_split = val_split or split
+            held = [self._formatted(row, i) for i, row in enumerate(load_split(val_path or path, config, held_split))]
+            parts = take_held_out(held, sizes, seed, f"{val_path or path} split {held_split}")
+            parts["train"] = shuffled(rows, seed)
+        source = Path(path).stem if Path(path).expanduser().exists() else path.replace("/", "_")
+        self.name = f"dataset/{source}"
+        taken = {self._key(row) for name in sizes for row in parts[name]}
+        kept = [row for row in parts["train"] if self._key(row) not in taken]
+        self.num_overlap_dropped = len(parts["train"]) - len(kept)
+        kept = kept[:train_size] if train_size is not None else kept
+        if not kept:
+            raise ValueError(f"{self.name}: no training rows left after removing prompts that are held out")
+        self.splits = {name: [self._row_item(row, source, name, i) for i, row in enumerate(parts[name])]
+                       for name in sizes}
+        self.splits["train"] = [self._row_item(row, source, "train", i) for i, row in enumerate(kept)]
+        conversational = any(isinstance(item.prompt, list) for item in self.splits["train"])
+        self.system_prompt = None if conversational else system_prompt  # a conversation carries its own
+
+    longest_prompts = None  # the context check reads jsonl files by column; a dataset's rows are read by the run
+
+    @property
+    def train(self) -> list[TaskItem]:
+        return self.splits["train"]
+
+    @property
+    def val(self) -> list[TaskItem]:
+        return self.splits["val"]
+
+    @staticmethod
+    def check_config(*, path: str | None = None, prompt_template: str = "{question}", extract: str = "auto",
+                     val_size: int = 100, report_size: int = 0, format_fn: str | None = None,
+                     **_: Any) -> None:
+        """The settings, without reading the data: the template, the extraction rule, the sizes, ``format_fn``.
+
+        Raises:
+            ValueError: the first problem.
+        """
+        check_template(prompt_template)
+        check_extract_mode(extract)
+        if val_size < 1 or report_size < 0:
+            raise ValueError(f"val_size={val_size}, report_size={report_size}: val needs a row, report none or more")
+        fn = load_format_fn(format_fn)
+        if fn is not None and not takes_one_argument(fn):
+            raise ValueError(f"format_fn: {format_fn!r} must take one argument, the row (a dict)")
+        if path is not None and Path(path).suffix.lower() in (".txt", ".tsv"):
+            raise ValueError(f"path: {path!r} is not one of {', '.join(_FORMATS)}, a save_to_disk directory or a "
+                             "Hub id")
+
+    @staticmethod
+    def check_inputs(*, path: str, config: str | None = None, split: str = "train", val_split: str | None = None,
+                     val_path: str | None = None, prompt_field: str = "prompt", answer_field: str | None = "answer",
+                     format_fn: str | None = None, **_: Any) -> list[str]:
+        """Before any model loads: a local source is read, and its first rows have the prompt (a string or a list of
+        messages) and answer columns (after ``format_fn``). A Hub id is left to the run (reading it here would
+        download it).
+
+        Raises:
+            ValueError: the first problem, naming the column, the row and what was expected.
+        """
+        sources = [(path, split)]
+        if val_path is not None or val_split is not None:
+            sources.append((val_path or path, val_split or split))
+        fn = load_format_fn(format_fn)
+        prompt_key, answer_key = ("prompt", "answer") if fn else (prompt_field, answer_field)
+        for key, (source, name) in zip(("path", "val_path"), dict.fromkeys(sources), strict=False):
+            if not _is_local(source, key):
+                continue
+            rows = load_split(source, config, name)
+            if not rows:
+                raise ValueError(f"{source} split {name!r} holds no rows")
+            for i, row in enumerate(rows[:ROWS_CHECKED]):
+                formatted = _apply(fn, format_fn, row, i) if fn else row
+                for key, column in (("prompt_field", prompt_key), ("answer_field", answer_key)):
+                    if column is not None and column not in formatted:
+                        what = f"format_fn {format_fn!r} returned no {column!r}" if fn else \
+                            f"{key}: no column {column!r}"
+                        raise ValueError(f"{what} in row {i} of {source} (columns: {', '.join(formatted)})")
+                prompt = formatted[prompt_key]
+                if not isinstance(prompt, str):
+                    check_messages(prompt, f"column {prompt_key!r} of row {i} of {source}")
+        return []
+
+    def _formatted(self, row: dict[str, Any], index: int) -> dict[str, Any]:
+        return _apply(self._format, None, row, index) if self._format else row
+
+    def _key(self, row: dict[str, Any]) -> str:
+        """A prompt as one string, for the overlap check (a conversation as its JSON)."""
+        prompt = self._prompt_value(row)
+        return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+    def _prompt_value(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
+        if self.prompt_field not in row:
+            raise KeyError(f"row has no prompt column {self.prompt_field!r} (columns: {', '.join(row)}); "
+                           "set prompt_field=...")
+        prompt = row[self.prompt_field]
+        if not isinstance(prompt, str):
+            check_messages(prompt, f"column {self.prompt_field!r}")
+        return prompt
+
+    def _row_item(self, row: dict[str, Any], source: str, split: str, index: int) -> TaskItem:
+        prompt = self._prompt_value(row)
+        if isinstance(prompt, str):
+            text = format_prompt(self.prompt_template, prompt)
+        else:
+            has_system = prompt[0]["role"] == "system"
+            text = prompt if has_system or self._system is None else [{"role": "system", "content": self._system},
+                                                                        *prompt]
+        if self.answer_field is not None and self.answer_field not in row:
+            raise KeyError(f"row has no answer column {self.answer_field!r} (columns: {', '.join(row)}); set "
+                           "answer_field=... (or answer_field: null when the rewards need no gold answer)")
+        answer = row.get(self.answer_field) if self.answer_field is not None else None
+        columns = {k: v for k, v in row.items() if k != self.prompt_field}
+        return TaskItem(prompt=text, answer=None if answer is None else str(answer),
+                        meta={"question": prompt, "columns": columns}, id=f"{source}/{split}/{index}")
+
+    def score(self, item: TaskItem, response_text: str) -> Score:
+        """math-verify against the gold answer; without one (``answer_field: null``), the wrong-answer reward and the
+        response as the "answer" (the reward then comes from ``task.rewards``)."""
+        if item.answer is None and self.answer_field is None:
+            return Score(self.reward_map.wrong, False, response_text)
+        return super().score(item, response_text)
+
+
+def _is_local(source: str, key: str) -> bool:
+    """Whether ``source`` is here (then it is checked); a Hub id is not (it is read by the run).
+
+    Raises:
+        ValueError: ``source`` looks like a local path (a data-file suffix, ``./``, more than one ``/``) that is not
+            here.
+    """
+    if Path(source).expanduser().exists():
+        return True
+    if Path(source).suffix.lower() in _FORMATS or source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ValueError(f"{key}: {source!r} does not exist here (and is not a Hub id, org/name)")
+    return False
+
+
+def _apply(fn: Callable, name: str | None, row: dict[str, Any], index: int) -> dict[str, Any]:
+    """``fn(row)``, checked to be a mapping; a failure names the row."""
+    try:
+        out = fn(dict(row))
+    except Exception as error:  # the user's function: its failure is the data's problem to report
+        raise ValueError(f"format_fn{f' {name!r}' if name else ''} failed on row {index} "
+                         f"({type(error).__name__}: {error})") from None
+    if not isinstance(out, dict):
+        raise ValueError(f"format_fn{f' {name!r}' if name else ''} returned {type(out).__name__} for row {index}, "
+                         "not a dict like {'prompt': ..., 'answer': ...}")
+    return out
