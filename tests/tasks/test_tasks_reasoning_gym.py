@@ -133,3 +133,24 @@ def test_bad_settings_are_explained():
         make_task("reasoning_gym", dataset="chain_sum", extract="regex")
     with pytest.raises(ValueError, match="reward="):
         make_task("reasoning_gym", dataset="chain_sum", reward="dense")
+
+
+def test_response_features_match_their_expressions_and_feed_validation_metrics(task):
+    from tether.tasks.metrics import feature_metrics
+
+    featured = make_task("reasoning_gym", dataset="basic_arithmetic", dataset_kwargs=SMALL, train_size=60,
+                         val_size=20, seed=3, features={"working": "=", "tagged": "<answer>"})
+    item = featured.val[0]
+    assert featured.response_features(item, "3 + 4 = 7, so 7") == {"working": True, "tagged": False}
+    assert featured.response_features(item, "<answer>7</answer>") == {"working": False, "tagged": True}
+    texts = ["1 + 1 = 2", "2", "2 = 2", "<answer>2</answer>"]
+    metrics = feature_metrics(featured, [item] * 4, texts, [True, False, False, True], "val")
+    assert metrics["val/working/share"] == 0.5
+    assert metrics["val/working/accuracy"] == 0.5  # one of the two responses with working is right
+    assert metrics["val/tagged/share"] == 0.25 and metrics["val/tagged/accuracy"] == 1.0
+    assert feature_metrics(task, [item], ["1 = 1"], [True], "val") == {}  # no features configured: no metrics
+
+
+def test_a_feature_that_is_not_a_regular_expression_is_refused_before_any_generation():
+    with pytest.raises(ValueError, match=r"features.working: '\(' is not a regular expression"):
+        ReasoningGymTask.check_config(dataset="basic_arithmetic", dataset_kwargs=SMALL, features={"working": "("})

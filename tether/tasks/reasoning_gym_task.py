@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from typing import Any
 
 from tether.tasks.base import RewardMap, Score, TaskItem, fault_score
@@ -116,14 +117,20 @@ class ReasoningGymTask:
         reward: ``"score"`` (the dataset's score, linearly mapped) or ``"binary"``.
         reward_correct: reward of a correct answer.
         reward_wrong: reward of a wrong answer, a missing answer, and a scorer fault.
+        features: response features for validation metrics, name -> regular expression; a response has the
+            feature when the expression matches anywhere in it (``{working: "="}`` logs
+            ``val/working/share`` and ``val/working/accuracy``: how often answers show their working, and
+            how often those are right).
     """
 
     def __init__(self, *, dataset: str, dataset_kwargs: dict[str, Any] | None = None, train_size: int = 1000,
                  val_size: int = 100, seed: int = 0, val_seed: int | None = None, extract: str = "auto",
                  prompt_template: str = DEFAULT_PROMPT_TEMPLATE, system_prompt: str | None = None,
-                 reward: str = "score", reward_correct: float = 1.0, reward_wrong: float = 0.0) -> None:
+                 reward: str = "score", reward_correct: float = 1.0, reward_wrong: float = 0.0,
+                 features: dict[str, str] | None = None) -> None:
         self.check_config(dataset=dataset, dataset_kwargs=dataset_kwargs, train_size=train_size,
-                          val_size=val_size, extract=extract, prompt_template=prompt_template)
+                          val_size=val_size, extract=extract, prompt_template=prompt_template, features=features)
+        self.features = {name: re.compile(pattern) for name, pattern in (features or {}).items()}
         kwargs = dict(dataset_kwargs or {})
         self.name = f"reasoning_gym/{dataset}"
         self.dataset = dataset
@@ -143,7 +150,7 @@ class ReasoningGymTask:
     @staticmethod
     def check_config(*, dataset: str, dataset_kwargs: dict[str, Any] | None = None, train_size: int = 1000,
                      val_size: int = 100, extract: str = "auto", prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-                     **_: Any) -> None:
+                     features: dict[str, str] | None = None, **_: Any) -> None:
         """The settings, checked without generating a question (``tether validate`` calls this too).
 
         Raises:
@@ -159,6 +166,11 @@ class ReasoningGymTask:
             raise ValueError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}")
         check_extract_mode(extract)
         check_template(prompt_template)
+        for name, pattern in (features or {}).items():
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"features.{name}: {pattern!r} is not a regular expression ({error})") from error
         _check_dataset(dataset, kwargs)
 
     def _item(self, entry: dict[str, Any], split: str, index: int) -> TaskItem:
@@ -167,6 +179,10 @@ class ReasoningGymTask:
                         answer=None if answer is None else str(answer),
                         meta={"entry": entry, "question": entry["question"]},
                         id=f"{self.dataset}/{split}/{index}")
+
+    def response_features(self, item: TaskItem, response_text: str) -> dict[str, bool]:
+        """Which of the configured ``features`` a response has (none configured: ``{}``, no metrics)."""
+        return {name: pattern.search(response_text) is not None for name, pattern in self.features.items()}
 
     def score(self, item: TaskItem, response_text: str) -> Score:
         """Extract the answer and score it with the dataset's ``score_answer``; never raises."""
