@@ -171,8 +171,9 @@ class RolloutConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="the precision the engine samples in: hf keeps a copy of the policy in it, refreshed "
         "after every update; vllm loads the model in it (unset: the policy's own dtype, and the in-process engine "
-        "samples with the policy itself). bfloat16 is about twice as fast on CPUs with native bfloat16 "
-        "(avx512_bf16, amx_bf16) and slower without; pair it with rollout.correction (docs/engine.md)")
+        "samples with the policy itself). bfloat16 is cheaper only on CPUs with native bfloat16 "
+        "(avx512_bf16, amx_bf16; docs/benchmarks.md) and slower without; pair it with rollout.correction "
+        "(docs/engine.md)")
     correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig, description="importance "
                                                 "weights and masks for the engine-trainer gap, applied with every "
                                                 "policy loss (docs/engine.md)")
