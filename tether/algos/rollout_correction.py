@@ -19,9 +19,9 @@ mode turns the per-token log ratio ``l_t = log pi_old(y_t) - log mu(y_t)`` (clam
   the tokens outside both bounds dropped (IcePop, from the Ling team's Ring-1T work, 2025, whose
   ``alpha = 0.5``, ``beta = 5`` are the defaults).
 
-``lower`` defaults to ``1 / upper`` for ``mask_token`` and ``mask_geo_mean`` (verl's default). Only the tokens the caller marks
-(``corrected``: on-policy tokens whose distribution no sampling intervention replaced) are corrected; every
-other token keeps ``w = 1``. A dropped token (``w = 0``) still counts in the loss's normalisers, as in TRL's
+``lower`` defaults to ``1 / upper`` for ``mask_token`` and ``mask_geo_mean`` (verl's default). Only the tokens the
+caller marks (``corrected``: on-policy tokens whose distribution no sampling intervention replaced) are corrected;
+every other token keeps ``w = 1``. A dropped token (``w = 0``) still counts in the loss's normalisers, as in TRL's
 ``vllm_importance_sampling_mode``: the loss's scale does not jump with the share dropped.
 
 The modes are registered like policy losses (:data:`ROLLOUT_CORRECTIONS`): ``fn(log_ratio, mask, *, <bound>=...)
