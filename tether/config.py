@@ -356,6 +356,19 @@ class DegenerateConfig(Section):
                                "deterministic sampling")
 
 
+class NoSignalConfig(Section):
+    """A run in which nothing trains: every advantage 0 (equal or non-finite rewards, masked rows), step after step."""
+
+    action: Literal["off", "warn", "stop"] = Field("stop", description="after `patience` such steps in a row: stop "
+                                                   "the run (exit code 3), warn once, or off")
+    patience: int = Field(10, ge=1, description="steps in a row whose every advantage is 0 before the action")
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+
+
 class HealthConfig(Section):
     """Run health checks (docs/health.md)."""
 
@@ -364,6 +377,7 @@ class HealthConfig(Section):
     reward_audit: RewardAuditConfig = Field(default_factory=RewardAuditConfig, description="reward audit")
     collapse: CollapseConfig = Field(default_factory=CollapseConfig, description="over-optimisation guard")
     degenerate: DegenerateConfig = Field(default_factory=DegenerateConfig, description="collapsed-policy warning")
+    no_signal: NoSignalConfig = Field(default_factory=NoSignalConfig, description="the nothing-trains stop")
 
 
 class Config(Section):

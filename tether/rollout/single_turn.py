@@ -143,6 +143,8 @@ class SingleTurnCollector:
         if bad.any():
             self.reward_faults += int(bad.sum())
             batch.correct = batch.correct & ~bad
+            # a non-finite reward is the scorer's fault: the audit's fault_frac counts it (val/fault_frac too)
+            batch.info["fault"] = [f or b for f, b in zip(batch.info["fault"], bad.tolist(), strict=True)]
             warnings.warn("the task gave non-finite rewards; each is counted in reward/faults and replaced by the "
                           "lowest finite reward of its group", stacklevel=2)
         return batch
@@ -239,8 +241,10 @@ class SingleTurnCollector:
         k = 1 if v.greedy else v.samples
         params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=v.temperature,
                                 top_p=v.top_p, greedy=v.greedy, stop=tuple(self.cfg.rollout.stop))
+        train_faults = self.reward_faults  # validation's faults are its own (val/reward_faults), not training's
         batch = self.generate(trainer.engine, items, k, params, trainer.seed_for("val", 0),
                               group_ids=list(range(len(items))))
+        val_faults, self.reward_faults = self.reward_faults - train_faults, train_faults
         correct = batch.correct.view(len(items), k).float()
         per_item = correct.sum(1)
 
@@ -251,6 +255,7 @@ class SingleTurnCollector:
             "val/avg@k": correct.mean().item(),
             "val/pass@k": sum(task_metrics.pass_at_k(k, int(c), k) for c in per_item.tolist()) / len(items),
             "val/reward_mean": batch.rewards.mean().item(),
+            "val/reward_faults": float(val_faults),
             "val/response_length": batch.response_mask.sum(1).mean().item(),
             **task_metrics.feature_metrics(self.task, batch.info["item"], batch.info["text"],
                                            batch.correct.tolist(), "val"),
