@@ -77,6 +77,9 @@ class EnvConfig(Section):
     timeout_s: float = Field(10.0, gt=0, description="limit for one env step; a longer step is a fault")
     reset_timeout_s: float | None = Field(None, gt=0, description="limit for reset (default timeout_s); "
                                           "TextWorld compiles a game on its first reset")
+    reset_retries: int = Field(2, ge=0, description="a construction or reset that faults is tried again this many "
+                               "times, with a fresh env, before its episode counts as faulted; when no episode of a "
+                               "step can start, the run stops naming the env, the phase and the first error")
     workers: int = Field(0, ge=0, description="0: envs step in this process (threads); N: in N Ray actors, "
                          "in parallel, where a crash or a hang kills only the actor (docs/agents.md)")
     worker_cpus: float = Field(0.5, gt=0, description="Ray CPUs each env worker reserves (env.workers > 0)")
