@@ -124,6 +124,7 @@ class HealthMonitor:
             for i in missing[:audit.examples]:
                 item = batch.info["item"][i] if "item" in batch.info else None
                 f.write(json.dumps({"step": step, "item": getattr(item, "id", None),
+                                    "prompt": getattr(item, "prompt", None),
                                     "answer": getattr(item, "answer", None), "response": batch.info["text"][i],
                                     "truncated": batch.info.get("truncated", [None] * len(batch))[i]}) + "\n")
         share, wrong = metrics["reward/no_answer_frac"], metrics["reward/wrong_answer_frac"]
