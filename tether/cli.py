@@ -70,6 +70,13 @@ def _load(config: Path | None, overrides: list[str] | None, data: dict | None = 
     return cfg
 
 
+def _warn_full_fine_tuning(cfg: Config, command: str) -> None:
+    """The SFT commands train every weight; a ``model.lora`` section there is read by the RL stage only."""
+    if cfg.model.lora is not None:
+        typer.secho(f"warning: tether {command} fine-tunes every weight; model.lora applies to tether train only",
+                    fg=typer.colors.YELLOW, err=True)
+
+
 @app.command()
 def train(config: Path, overrides: Overrides = None) -> None:
     """Train with a YAML config; metrics go to RUN_DIR/metrics.jsonl and TensorBoard."""
@@ -168,6 +175,7 @@ def sft(config: Path, overrides: Overrides = None) -> None:
     from tether.sft import run_sft
 
     run_checks(cfg, sft=True)
+    _warn_full_fine_tuning(cfg, "sft")
     summary = run_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 
@@ -211,6 +219,7 @@ def seed_sft(config: Path, overrides: Overrides = None) -> None:
 
     resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report
     run_checks(cfg)
+    _warn_full_fine_tuning(cfg, "seed-sft")
     summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
 

@@ -103,6 +103,9 @@ class EnvConfig(Section):
     timeout_s: float = Field(10.0, gt=0, description="limit for one env step; a longer step is a fault")
     reset_timeout_s: float | None = Field(None, gt=0, description="limit for reset (default timeout_s); "
                                           "TextWorld compiles a game on its first reset")
+    reset_retries: int = Field(2, ge=0, description="a construction or reset that faults is tried again this many "
+                               "times, with a fresh env, before its episode counts as faulted; when no episode of a "
+                               "step can start, the run stops naming the env, the phase and the first error")
     workers: int = Field(0, ge=0, description="0: envs step in this process (threads); N: in N Ray actors, "
                          "in parallel, where a crash or a hang kills only the actor (docs/agents.md)")
     worker_cpus: float = Field(0.5, gt=0, description="Ray CPUs each env worker reserves (env.workers > 0)")
@@ -421,6 +424,19 @@ class DegenerateConfig(Section):
                                "deterministic sampling")
 
 
+class NoSignalConfig(Section):
+    """A run in which nothing trains: every advantage 0 (equal or non-finite rewards, masked rows), step after step."""
+
+    action: Literal["off", "warn", "stop"] = Field("stop", description="after `patience` such steps in a row: stop "
+                                                   "the run (exit code 3), warn once, or off")
+    patience: int = Field(10, ge=1, description="steps in a row whose every advantage is 0 before the action")
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+
+
 class HealthConfig(Section):
     """Run health checks (docs/health.md)."""
 
@@ -429,6 +445,7 @@ class HealthConfig(Section):
     reward_audit: RewardAuditConfig = Field(default_factory=RewardAuditConfig, description="reward audit")
     collapse: CollapseConfig = Field(default_factory=CollapseConfig, description="over-optimisation guard")
     degenerate: DegenerateConfig = Field(default_factory=DegenerateConfig, description="collapsed-policy warning")
+    no_signal: NoSignalConfig = Field(default_factory=NoSignalConfig, description="the nothing-trains stop")
 
 
 class Config(Section):

@@ -101,3 +101,12 @@ def test_config_docs_prints_the_reference_and_leaves_the_file():
     out = run("config-docs")
     assert out.exit_code == 0 and out.output == render_config_docs()
     assert DOC_PATH.stat().st_mtime_ns == before
+
+
+def test_sft_warns_that_it_ignores_lora(monkeypatch):
+    import tether.sft
+
+    monkeypatch.setattr(tether.sft, "run_sft", lambda cfg: {"checkpoint": "x"})
+    out = run("sft", QUICKSTART, "model.lora={rank: 4}", "sft={data: task}")
+    assert out.exit_code == 0, out.output
+    assert "warning: tether sft fine-tunes every weight; model.lora applies to tether train only" in out.output

@@ -76,7 +76,7 @@ def test_a_crashed_worker_faults_its_episodes_and_is_replaced(ray_session, tmp_p
 def test_a_stuck_worker_is_timed_out_killed_and_replaced(ray_session, tmp_path, tokenizer, process_fault_env,
                                                          monkeypatch):
     monkeypatch.setattr(workers_module, "GRACE_S", 1.0)
-    remote = collector(tmp_path, tokenizer, 1, "env.name=process_fault", "env.reset_timeout_s=1",
+    remote = collector(tmp_path, tokenizer, 1, "env.name=process_fault", "env.reset_timeout_s=1", "env.reset_retries=0",
                        f"env.kwargs={{process_fault: block, safe_pid: {os.getpid()}, hang_s: 60}}")
     stuck = remote.envs.actors[0]
     rows, episodes = play(remote, tokenizer, tasks=1, copies=2)

@@ -118,7 +118,7 @@ def test_a_run_whose_answers_cannot_be_extracted_warns_once_and_keeps_examples(t
         trainer.train_step()
     lines = [json.loads(x) for x in (tmp_path / "run" / "health" / "no_answer.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 1, 2, 2]  # the steps metrics.jsonl logs them under
-    assert lines[0]["item"].startswith("mute/train/") and lines[0]["answer"] is not None
+    assert lines[0]["item"].startswith("mute/train/") and lines[0]["answer"] is not None and lines[0]["prompt"]
     assert isinstance(lines[0]["response"], str) and isinstance(lines[0]["truncated"], bool)
 
 

@@ -14,6 +14,7 @@ import torch
 from tests.rollout.helpers import INVALID, ScriptedEngine, agent_config
 from tether import algos
 from tether.algos import AdvantageInputs, episode
+from tether.errors import EnvFaultError
 from tether.rollout.multi_turn import Episode, build_prompt, discounted_returns
 from tether.trainer import Trainer
 
@@ -138,12 +139,13 @@ def test_env_that_hangs_times_out_as_a_fault(tmp_path, agent_trainer):
     assert all("timed out after 0.2s" in ep["fault"] for ep in lines)
 
 
-def test_reset_faults_are_counted_and_validation_reports_them(tmp_path, agent_trainer):
+def test_reset_faults_are_counted_and_a_batch_where_none_starts_stops(tmp_path, agent_trainer):
     cfg = agent_config(tmp_path, env={"kwargs": {"turns": 3, "fault": "reset_raise"}})
     trainer = agent_trainer(cfg)
-    metrics = trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
-    assert metrics["val/success_rate"] == 0.0 and metrics["val/faults"] == 3.0
-    with pytest.raises(RuntimeError, match="every reset faulted"):
+    with pytest.raises(EnvFaultError, match=r"^env scripted \(reset\), validation: none of 3 episodes"):
+        trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
+    assert trainer.collector.faults == 3
+    with pytest.raises(EnvFaultError, match="none of 6 episodes could start"):
         collect(trainer)
 
 

@@ -52,3 +52,14 @@ def test_sft_prints_a_line_per_step_and_each_held_out_loss(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("sft step 1/2  loss 0.7500  ") and err[1].endswith("held-out loss after step 1: 0.5000")
     assert logged == [(1, {"sft/loss": 0.75}), (1, {"sft/val_loss": 0.5})]
+
+
+def test_a_long_validation_reports_its_samples_as_they_finish(tmp_path, capsys):
+    from tether.rollout.single_turn import validation_progress
+
+    report = validation_progress(tiny_config(tmp_path, "logging.progress=true"))
+    report(64, 256)
+    report(10, 10)  # one engine call: nothing to report
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    assert lines == ["validation: 64/256 samples"]
+    assert validation_progress(tiny_config(tmp_path)) is None  # logging.progress=false

@@ -20,6 +20,7 @@ is a caller bug and is re-raised, not contained.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -82,6 +83,8 @@ class SafeEnv:
         timeout_s (float): limit for ``step`` (and ``solution``).
         reset_timeout_s (float | None): limit for ``reset`` and for rebuilding the env (default
             ``timeout_s``); TextWorld's first reset of a seed compiles a game, so give it more.
+        reset_retries (int): a faulted construction or reset is tried again this many times, each with a freshly
+            built env, before the episode counts as faulted (every try's fault is counted in ``faults``).
 
     Attributes:
         faults (int): faults so far (the rollout loop reports it as a metric).
@@ -93,8 +96,9 @@ class SafeEnv:
     """
 
     def __init__(self, make: Callable[[], TextEnv], timeout_s: float = 30.0,
-                 reset_timeout_s: float | None = None) -> None:
+                 reset_timeout_s: float | None = None, reset_retries: int = 0) -> None:
         self._make = make
+        self.reset_retries = reset_retries
         self.timeout_s = timeout_s
         self.reset_timeout_s = timeout_s if reset_timeout_s is None else reset_timeout_s
         self.name: str = getattr(make, "__name__", "env")
@@ -125,19 +129,25 @@ class SafeEnv:
         return self._env
 
     def reset(self, seed: int) -> EnvReset:
+        """Build the env if needed and reset it; a fault of either is tried again ``reset_retries`` times with a
+        fresh env. When every try faulted, the first fault is the episode's (later ones often only echo it)."""
         self._pending_fault, self._episode_over = None, False
-        if self._construction_fault is not None:  # this episode fails; the next reset builds the env again
-            self._pending_fault, self._construction_fault = self._construction_fault, None
-            return fault_reset(self._pending_fault)
-        try:
-            if self._env is None:
-                self._adopt(call_with_timeout(self._make, self.reset_timeout_s, f"{self.name} make()"))
-            env = self._env
-            return call_with_timeout(lambda: env.reset(seed), self.reset_timeout_s,
-                                     f"{self.name} reset({seed})")
-        except EnvFault as fault:
-            self._pending_fault = self._record(fault)
-            return fault_reset(self._pending_fault)
+        first: str | None = None
+        for _ in range(self.reset_retries + 1):
+            if self._construction_fault is not None:  # the constructor faulted in __init__: that is this try
+                fault, self._construction_fault = self._construction_fault, None
+                first = first or fault
+                continue
+            try:
+                if self._env is None:
+                    self._adopt(call_with_timeout(self._make, self.reset_timeout_s, f"{self.name} make()"))
+                return call_with_timeout(functools.partial(self._env.reset, seed), self.reset_timeout_s,
+                                         f"{self.name} reset({seed})")
+            except EnvFault as fault:
+                message = self._record(fault)  # every try's fault is counted
+                first = first or message
+        self._pending_fault = first
+        return fault_reset(first)
 
     def step(self, action: str) -> EnvStep:
         if self._pending_fault is not None:

@@ -45,11 +45,13 @@ class LocalEnvPool:
     """Envs in this process, each a :class:`SafeEnv` over ``factory``; batch calls run one env after the other."""
 
     def __init__(self, factory: Callable[[], TextEnv], *, timeout_s: float,
-                 reset_timeout_s: float | None = None) -> None:
+                 reset_timeout_s: float | None = None, reset_retries: int = 0) -> None:
         self.factory, self.timeout_s, self.reset_timeout_s = factory, timeout_s, reset_timeout_s
+        self.reset_retries = reset_retries
 
     def make(self) -> SafeEnv:
-        return SafeEnv(self.factory, timeout_s=self.timeout_s, reset_timeout_s=self.reset_timeout_s)
+        return SafeEnv(self.factory, timeout_s=self.timeout_s, reset_timeout_s=self.reset_timeout_s,
+                       reset_retries=self.reset_retries)
 
     def reset_all(self, envs: list[SafeEnv], seeds: list[int]) -> list[EnvReset]:
         return [env.reset(seed) for env, seed in zip(envs, seeds, strict=True)]
@@ -65,8 +67,10 @@ class LocalEnvPool:
 class EnvWorker:
     """The body of one Ray actor: the :class:`SafeEnv` of each episode it serves, by key."""
 
-    def __init__(self, factory: Callable[[], TextEnv], timeout_s: float, reset_timeout_s: float | None) -> None:
-        self.local = LocalEnvPool(factory, timeout_s=timeout_s, reset_timeout_s=reset_timeout_s)
+    def __init__(self, factory: Callable[[], TextEnv], timeout_s: float, reset_timeout_s: float | None,
+                 reset_retries: int = 0) -> None:
+        self.local = LocalEnvPool(factory, timeout_s=timeout_s, reset_timeout_s=reset_timeout_s,
+                                  reset_retries=reset_retries)
         self.envs: dict[int, SafeEnv] = {}
 
     def reset(self, key: int, seed: int) -> EnvReset:
@@ -117,14 +121,14 @@ class RayEnvPool:
     """
 
     def __init__(self, factory: Callable[[], TextEnv], *, timeout_s: float, reset_timeout_s: float | None,
-                 workers: int, worker_cpus: float) -> None:
+                 workers: int, worker_cpus: float, reset_retries: int = 0) -> None:
         from tether.distributed.ray_cluster import connect
 
         self._ray = connect("env.workers", local_cpus=workers * worker_cpus)
         self._worker = self._ray.remote(EnvWorker).options(num_cpus=worker_cpus)
-        self._args = (factory, timeout_s, reset_timeout_s)
+        self._args = (factory, timeout_s, reset_timeout_s, reset_retries)
         self.step_limit_s = timeout_s
-        self.reset_limit_s = reset_timeout_s or timeout_s
+        self.reset_limit_s = (reset_timeout_s or timeout_s) * (reset_retries + 1)  # every try may take the limit
         self.actors = [self._worker.remote(*self._args) for _ in range(workers)]
         self._keys = itertools.count()
 
@@ -184,6 +188,7 @@ def make_env_pool(cfg: EnvConfig) -> LocalEnvPool | RayEnvPool:
     check_env_kwargs(cfg.name, cfg.kwargs)
     factory = functools.partial(env_class(cfg.name), **cfg.kwargs)
     if cfg.workers == 0:
-        return LocalEnvPool(factory, timeout_s=cfg.timeout_s, reset_timeout_s=cfg.reset_timeout_s)
+        return LocalEnvPool(factory, timeout_s=cfg.timeout_s, reset_timeout_s=cfg.reset_timeout_s,
+                            reset_retries=cfg.reset_retries)
     return RayEnvPool(factory, timeout_s=cfg.timeout_s, reset_timeout_s=cfg.reset_timeout_s, workers=cfg.workers,
-                      worker_cpus=cfg.worker_cpus)
+                      worker_cpus=cfg.worker_cpus, reset_retries=cfg.reset_retries)

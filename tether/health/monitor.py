@@ -13,6 +13,7 @@ from tether.config import Config
 from tether.health.collapse import CollapseGuard
 from tether.health.degenerate import DegenerateCheck
 from tether.health.errors import CollapseError, HealthError
+from tether.health.no_signal import NoSignalCheck
 from tether.health.parity import ParityCheck
 from tether.health.reward_audit import reward_audit
 from tether.health.round_trip import RecordingEngine, Sample, check_round_trip
@@ -41,6 +42,7 @@ class HealthMonitor:
         self.collapse = CollapseGuard(cfg.health.collapse, cfg.train.best_metric,
                                       Path(run_dir) / "checkpoints" / "best")
         self.degenerate = DegenerateCheck(cfg.health.degenerate, vocab_size)
+        self.no_signal = NoSignalCheck(cfg.health.no_signal)
         self.samples: set[Sample] = set()
         self.warned_no_answer = False
 
@@ -82,6 +84,7 @@ class HealthMonitor:
             if not self.is_main:
                 warnings.simplefilter("ignore")
             out.update(self.degenerate.observe(step, metrics))
+            out.update(self.no_signal.observe(step, metrics))
         return out
 
     def on_validation(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
@@ -90,13 +93,15 @@ class HealthMonitor:
     def stop_if_unhealthy(self) -> None:
         if self.parity is not None and self.parity.failure is not None:
             raise HealthError(self.parity.failure)
+        if self.no_signal.failure is not None:
+            raise HealthError(self.no_signal.failure)
         if self.collapse.failure is not None:
             raise CollapseError(self.collapse.failure, step=self.collapse.failed_at, peak_step=self.collapse.peak_step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"parity_bad_steps": self.parity.bad_steps if self.parity is not None else 0,
                 "collapse": self.collapse.state_dict(), "warned_no_answer": self.warned_no_answer,
-                "degenerate": self.degenerate.state_dict()}
+                "degenerate": self.degenerate.state_dict(), "no_signal": self.no_signal.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.parity is not None:
@@ -104,6 +109,7 @@ class HealthMonitor:
         self.collapse.load_state_dict(state.get("collapse", {}))
         self.warned_no_answer = state.get("warned_no_answer", False)
         self.degenerate.load_state_dict(state.get("degenerate", {}))  # absent from checkpoints before the check
+        self.no_signal.load_state_dict(state.get("no_signal", {}))
 
     def _report_no_answer(self, batch: RolloutBatch, missing: list[int], metrics: dict[str, float], step: int) -> None:
         """A few rows without an answer to ``health/no_answer.jsonl``; one warning when they dominate."""
@@ -115,6 +121,7 @@ class HealthMonitor:
             for i in missing[:audit.examples]:
                 item = batch.info["item"][i] if "item" in batch.info else None
                 f.write(json.dumps({"step": step, "item": getattr(item, "id", None),
+                                    "prompt": getattr(item, "prompt", None),
                                     "answer": getattr(item, "answer", None), "response": batch.info["text"][i],
                                     "truncated": batch.info.get("truncated", [None] * len(batch))[i]}) + "\n")
         share, wrong = metrics["reward/no_answer_frac"], metrics["reward/wrong_answer_frac"]

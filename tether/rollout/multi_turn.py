@@ -42,13 +42,15 @@ from tether.envs import (
     observation_key,
     observation_text,
 )
+from tether.envs.safe import EnvFault
 from tether.envs.workers import make_env_pool
+from tether.errors import EnvFaultError
 from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.single_turn import GENERATE_ROWS, PromptStream
 
 if TYPE_CHECKING:
-    from tether.config import Config
+    from tether.config import Config, EnvConfig
     from tether.rollout.base import GenerationHooks
     from tether.seeding import StepSeeds
 
@@ -143,8 +145,11 @@ class AgentCollector:
         self.cfg, self.env_cfg, self.tokenizer = cfg, cfg.env, tokenizer
         # the first env, built at start under the reset limit: one that hangs stops the run with a message
         e = cfg.env
-        probe = call_with_timeout(lambda: make_env(e.name, **e.kwargs), e.reset_timeout_s or e.timeout_s,
-                                  f"env {e.name}: building the first environment")
+        try:
+            probe = call_with_timeout(lambda: make_env(e.name, **e.kwargs), e.reset_timeout_s or e.timeout_s,
+                                      f"env {e.name}: building the first environment")
+        except EnvFault as fault:
+            raise EnvFaultError(f"env {e.name} (constructor): {fault}; no episode can start") from None
         if getattr(probe, "renders_images", False) and not is_processor(tokenizer):
             raise ValueError(f"env {cfg.env.name!r} observes images, but the policy {cfg.model.name!r} came with a "
                              "text tokenizer, not a vision-language processor: use a vision-language model, or "
@@ -278,7 +283,7 @@ class AgentCollector:
         episodes = self._start(tasks, r.group_size)
         rows = self.run_episodes(engine, episodes, self.sampling(), seeds("rollout"), intervention=hooks.intervention())
         if not rows:
-            raise RuntimeError("no episode produced a turn (every reset faulted?); see env faults in the log")
+            raise no_episode_started(self.env_cfg, episodes, f"step {seeds.step + 1}")
         batch = self.to_batch(rows)
         batch, metrics = hooks.on_generation(batch)
         self.write_transcripts(seeds.step, episodes[::r.group_size])
@@ -302,6 +307,8 @@ class AgentCollector:
         saved = self._next_group, self._next_episode  # validation must not shift training ids
         faults = self.faults
         episodes = self._start(seeds, k)
+        if all(ep.fault for ep in episodes):
+            raise no_episode_started(self.env_cfg, episodes, "validation")
         params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p)
         rows = self.run_episodes(engine, episodes, params, seed)
         self._next_group, self._next_episode = saved
@@ -325,6 +332,18 @@ class AgentCollector:
                 f.write(json.dumps({"step": step, "episode": ep.episode_id, "group": ep.group_id,
                                     "seed": ep.seed, "task": ep.task, "won": ep.won, "return": ep.ret,
                                     "fault": ep.fault, "turns": turns, **ep_extra(ep)}) + "\n")
+
+
+def no_episode_started(env: EnvConfig, episodes: list[Episode], when: str) -> EnvFaultError:
+    """The stop when not one episode of a batch could start: the env, the phase (constructor or reset) and the
+    first error, in one line."""
+    faults = [ep.fault for ep in episodes if ep.fault]
+    if not faults:
+        return EnvFaultError(f"env {env.name}, {when}: no episode produced a turn ({len(episodes)} started, none "
+                             "faulted: every episode ended at its reset)")
+    phase = "constructor" if "make()" in faults[0] else "reset"
+    return EnvFaultError(f"env {env.name} ({phase}), {when}: none of {len(episodes)} episodes could start, each after "
+                         f"env.reset_retries={env.reset_retries} retries; the first error: {faults[0]}")
 
 
 def save_frames(run_dir: Path, ep: Episode, step: int) -> list[dict[str, Any]]:

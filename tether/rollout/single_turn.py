@@ -6,6 +6,7 @@ import dataclasses
 import json
 import random
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,6 +19,7 @@ from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.tasks import metrics as task_metrics
 from tether.tasks.base import score_batch, task_split
+from tether.track.progress import status
 
 if TYPE_CHECKING:
     from tether.config import Config, OverlongConfig
@@ -127,8 +129,10 @@ class SingleTurnCollector:
 
     def generate(self, engine: RolloutEngine, items: list[TaskItem], n: int, params: SamplingParams, seed: int,
                  *, group_ids: list[int] | None = None, source: int = 0,
-                 intervention: Intervention | None = None) -> RolloutBatch:
-        """``n`` samples for each item, scored; rows of item ``j`` share ``group_ids[j]``."""
+                 intervention: Intervention | None = None,
+                 on_rows: Callable[[int, int], None] | None = None) -> RolloutBatch:
+        """``n`` samples for each item, scored; rows of item ``j`` share ``group_ids[j]``. ``on_rows(done, total)``
+        after each engine call (validation's progress)."""
         if group_ids is None:
             group_ids = list(range(self._next_group, self._next_group + len(items)))
             self._next_group += len(items)
@@ -139,11 +143,15 @@ class SingleTurnCollector:
             prompts = [self.prompt_ids(item) for item, _ in chunk]
             gen = engine.generate(prompts, params, seed=seed + start, intervention=intervention)
             parts.append(self._score(chunk, prompts, gen, source))
+            if on_rows is not None:
+                on_rows(start + len(chunk), len(rows))
         batch = RolloutBatch.concat(parts)
         batch.rewards, bad = replace_nonfinite(batch.rewards, batch.group_ids)
         if bad.any():
             self.reward_faults += int(bad.sum())
             batch.correct = batch.correct & ~bad
+            # a non-finite reward is the scorer's fault: the audit's fault_frac counts it (val/fault_frac too)
+            batch.info["fault"] = [f or b for f, b in zip(batch.info["fault"], bad.tolist(), strict=True)]
             warnings.warn("the task gave non-finite rewards; each is counted in reward/faults and replaced by the "
                           "lowest finite reward of its group", stacklevel=2)
         return batch
@@ -242,7 +250,10 @@ class SingleTurnCollector:
         k = 1 if v.greedy else v.samples
         params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=v.temperature,
                                 top_p=v.top_p, greedy=v.greedy, stop=tuple(self.cfg.rollout.stop))
-        batch = self.generate(engine, items, k, params, seed, group_ids=list(range(len(items))))
+        train_faults = self.reward_faults  # validation's faults are its own (val/reward_faults), not training's
+        batch = self.generate(engine, items, k, params, seed, group_ids=list(range(len(items))),
+                              on_rows=validation_progress(self.cfg))
+        val_faults, self.reward_faults = self.reward_faults - train_faults, train_faults
         correct = batch.correct.view(len(items), k).float()
         per_item = correct.sum(1)
 
@@ -253,6 +264,7 @@ class SingleTurnCollector:
             "val/avg@k": correct.mean().item(),
             "val/pass@k": sum(task_metrics.pass_at_k(k, int(c), k) for c in per_item.tolist()) / len(items),
             "val/reward_mean": batch.rewards.mean().item(),
+            "val/reward_faults": float(val_faults),
             "val/response_length": batch.response_mask.sum(1).mean().item(),
             **task_metrics.feature_metrics(self.task, batch.info["item"], batch.info["text"],
                                            batch.correct.tolist(), "val"),
@@ -275,3 +287,15 @@ def write_samples(run_dir: Path, step: int, batch: RolloutBatch, limit: int = 4)
                                 "reward": float(batch.rewards[i]), "correct": bool(batch.correct[i]),
                                 "extracted": batch.info["extracted"][i],
                                 "components": batch.info["reward_components"][i]}, default=str) + "\n")
+
+
+def validation_progress(cfg: Config) -> Callable[[int, int], None] | None:
+    """A status line per engine call of a validation with more than one (``logging.progress``): rows done."""
+    if not cfg.logging.progress:
+        return None
+
+    def report(done: int, total: int) -> None:
+        if total > GENERATE_ROWS:
+            status(f"validation: {done}/{total} samples")
+
+    return report

@@ -26,13 +26,14 @@ METRICS: dict[str, str] = {
     "val/avg@k": "mean over val prompts of the fraction correct among k samples",
     "val/pass@k": "mean over val prompts of the unbiased pass@k, 1 - C(n-c,k)/C(n,k)",
     "val/reward_mean": "mean reward of the val samples",
+    "val/reward_faults": "val rows whose scorer raised, timed out or gave a non-finite reward (this validation)",
     "val/response_length": "mean val response length in tokens",
     "perf/step_s": "wall-clock seconds of the whole training step",
     "perf/rollout_tok_s": "generated tokens per second during rollout",
     "perf/train_tok_s": "tokens (prompt + response) per second through forward+backward",
     "perf/weight_sync_s": "seconds to give the rollout engine the updated weights",
-    "reward/faults": "rows whose scorer raised or timed out (scored as wrong) or gave a non-finite reward (given "
-                     "the lowest finite reward of its group), counted since the run started",
+    "reward/faults": "training rows whose scorer raised or timed out (scored as wrong) or gave a non-finite reward "
+                     "(given the lowest finite reward of its group), counted since the run started",
     "reward/no_answer_frac": "share of the step's on-policy rows with no extractable answer (not a wrong answer)",
     "reward/wrong_answer_frac": "share of the step's on-policy rows with an extracted answer judged wrong",
     "reward/fault_frac": "share of the step's on-policy rows whose scorer raised or timed out",
@@ -47,6 +48,7 @@ METRICS: dict[str, str] = {
     "health/logprob_diff_max": "largest such difference",
     "health/logprob_mismatch_frac": "share of compared tokens outside what the sampling settings explain, by tolerance",
     "health/val_peak": "highest train.best_metric so far",
+    "health/no_signal_steps": "steps in a row whose every advantage was 0 (health.no_signal)",
     "health/val_below_peak": "the peak minus the current validation value",
     "health/val_drops": "validations in a row more than health.collapse.drop below the peak",
 }

@@ -133,6 +133,8 @@ class TrainingLoop:
 def refill_stop_message(shortfall: str, latest: Path | None) -> str:
     """The stop of a DAPO refill shortfall: what fell short, where the same command resumes, the settings a resume
     may change (neither is a setting that changes what the run means)."""
-    where = f"the last checkpoint is {latest}" if latest is not None else "no checkpoint yet (a resume starts at 0)"
-    return (f"{shortfall}; {where}: run the same command with rollout.partial_batches=true (train on the groups that "
-            "survived) or a larger rollout.max_gen_batches to resume from it")
+    change = "rollout.partial_batches=true (train on the groups that survived) or a larger rollout.max_gen_batches"
+    if latest is None:
+        return (f"{shortfall}; no checkpoint was written yet: run again with {change}, and train.overwrite=true (the "
+                "run starts again at step 0)")
+    return f"{shortfall}; the last checkpoint is {latest}: the same command with {change} resumes from it"

@@ -1,0 +1,92 @@
+"""An environment whose constructor or reset keeps failing: each start is retried (env.reset_retries), every fault is
+counted, and when no episode can start the run stops with one line naming the env, the phase and the first error
+(exit code 5), not a traceback (issue #43)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.rollout.helpers import agent_config
+from tether.envs import SafeEnv
+from tether.envs.registry import ENVS, register_env
+from tether.envs.scripted import ScriptedEnv
+from tether.errors import EXIT_ENV_FAULT, EnvFaultError
+
+
+class FlakyResetEnv(ScriptedEnv):
+    """The scripted env whose first ``fails`` resets (counted over every instance) raise."""
+
+    resets = 0
+    fails = 2
+
+    def reset(self, seed: int):
+        type(self).resets += 1
+        if type(self).resets <= self.fails:
+            raise OSError(f"flaky reset {type(self).resets}")
+        return super().reset(seed)
+
+
+class BrokenConstructorEnv(ScriptedEnv):
+    built = 0
+
+    def __init__(self, *, turns: int = 3) -> None:
+        type(self).built += 1
+        if type(self).built > 1:  # the collector's probe builds the first one; every later one fails
+            raise RuntimeError("no licence server")
+        super().__init__(turns=turns)
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def register(name: str, cls: type) -> str:
+        register_env(name, f"{cls.__module__}:{cls.__name__}")
+        names.append(name)
+        return name
+
+    yield register
+    for name in names:
+        ENVS.pop(name, None)
+
+
+def test_a_flaky_reset_is_retried_with_a_fresh_env_and_every_fault_counted():
+    FlakyResetEnv.resets = 0
+    env = SafeEnv(FlakyResetEnv, timeout_s=5.0, reset_retries=2)
+    reset = env.reset(0)
+    assert not reset.info.get("fault") and env.faults == 2 and reset.task
+    FlakyResetEnv.resets = 0
+    once = SafeEnv(FlakyResetEnv, timeout_s=5.0, reset_retries=1)
+    failed = once.reset(0)
+    assert failed.info["fault"] == "scripted reset(0) raised OSError: flaky reset 1"  # the first, not the last
+    assert once.faults == 2
+
+
+def test_no_episode_can_start_is_one_line_naming_env_phase_and_first_error(tmp_path, agent_trainer):
+    cfg = agent_config(tmp_path, "env.reset_retries=1", env={"kwargs": {"turns": 3, "fault": "reset_raise"}})
+    trainer = agent_trainer(cfg)
+    with pytest.raises(EnvFaultError) as stop:
+        trainer.train_step()
+    assert stop.value.exit_code == EXIT_ENV_FAULT == 5
+    assert str(stop.value) == (
+        "env scripted (reset), step 1: none of 6 episodes could start, each after env.reset_retries=1 retries; the "
+        "first error: scripted reset(4) raised RuntimeError: scripted fault: reset raised on purpose")
+    assert trainer.collector.faults == 6
+
+
+def test_a_constructor_that_fails_is_named_as_the_constructor(tmp_path, agent_trainer, registered):
+    BrokenConstructorEnv.built = 0
+    name = registered("broken_ctor", BrokenConstructorEnv)
+    trainer = agent_trainer(agent_config(tmp_path, f"env.name={name}"))
+    with pytest.raises(EnvFaultError, match=r"^env broken_ctor \(constructor\), step 1: none of 6 episodes could "
+                                            r"start, each after env.reset_retries=2 retries; the first error: "
+                                            r".*make\(\) raised RuntimeError: no licence server$"):
+        trainer.train_step()
+
+
+def test_a_constructor_that_fails_at_once_stops_before_any_step(tmp_path, agent_trainer, registered):
+    BrokenConstructorEnv.built = 1  # the probe fails too
+    name = registered("broken_ctor0", BrokenConstructorEnv)
+    with pytest.raises(EnvFaultError, match=r"^env broken_ctor0 \(constructor\): .*raised RuntimeError: no licence "
+                                            r"server; no episode can start$"):
+        agent_trainer(agent_config(tmp_path, f"env.name={name}"))
