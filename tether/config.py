@@ -177,6 +177,9 @@ class RolloutConfig(Section):
         "samples with the policy itself). bfloat16 is cheaper only on CPUs with native bfloat16 "
         "(avx512_bf16, amx_bf16; docs/benchmarks.md) and slower without; pair it with rollout.correction "
         "(docs/engine.md)")
+    max_staleness: int = Field(0, ge=0, description="asynchronous rollouts: the batch of step s + k is sampled in a "
+                               "background thread while step s trains, by the weights of step s (k steps stale; "
+                               "needs rollout.correction, no methods; tether.rollout.asynchronous); 0: synchronous")
     correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig, description="importance "
                                                 "weights and masks for the engine-trainer gap, applied with every "
                                                 "policy loss (docs/engine.md)")

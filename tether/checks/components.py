@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -194,6 +195,27 @@ def check_rollout_dtype(cfg: Config, found: Findings) -> None:
                    "slower than in float32 (docs/engine.md); bfloat16 is the CPU's reduced precision")
 
 
+def check_rollout_staleness(cfg: Config, found: Findings) -> None:
+    """``rollout.max_staleness > 0``: one process, no method, a correction for the stale samples."""
+    k = cfg.rollout.max_staleness
+    if k == 0:
+        return
+    why = {"armor": "its anchors and reference resets act on the trainer's current step",
+           "eapo": "its injections run in lock-step with the current policy's decoding",
+           "seed": "it re-scores rows with the current policy"}
+    if cfg.methods:
+        name = next(iter(cfg.methods))
+        raise ConfigError(f"rollout.max_staleness={k} with methods.{name}: a method's hooks run against the trainer's "
+                          f"current state, not the weights that sampled a stale batch"
+                          f"{' (' + why[name] + ')' if name in why else ''}; allowed with methods: 0")
+    if cfg.rollout.correction.mode == "none":
+        raise ConfigError(f"rollout.max_staleness={k}: stale samples are off-policy; set rollout.correction.mode "
+                          "(tis, seq_is, mask_token, mask_seq_mean, mask_geo_mean, icepop), or max_staleness 0")
+    if cfg.distributed.strategy == "fsdp2" or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(f"rollout.max_staleness={k} runs the rollouts in a thread of one process; under torchrun "
+                          "(several ranks, or fsdp2) use 0")
+
+
 def check_methods(cfg: Config, found: Findings) -> None:
     """Each ``methods.<name>`` section against its settings class, then the method's own check of the config."""
     from tether.methods import METHODS, method_config
@@ -234,5 +256,5 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
                    "(algorithm.kl.coef is 0, algorithm.use_ref is false, and no method needs one)")
 
 
-CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype, check_engine,
-                 check_methods, check_saving, warn_suspicious)
+CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype,
+                 check_rollout_staleness, check_engine, check_methods, check_saving, warn_suspicious)

@@ -31,6 +31,7 @@ from tether.models import load_policy
 from tether.models.chat_template import apply_chat_template
 from tether.models.layers import LayerCheckpointing, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
+from tether.rollout.asynchronous import asynchronous
 from tether.rollout.base import Collector
 from tether.rollout.collectors import collector_class
 from tether.seeding import StepSeeds
@@ -98,7 +99,9 @@ class TrainerBuild:
                                     vocab_size=vocab_size(policy))
         self.status(f"starting the {cfg.rollout.engine} engine and the {'task' if cfg.task else 'environment'}")
         self.engine = self.make_engine(self.policy)  # and sampling_engine, as the health checks see it
-        self.collector = build_collector(cfg, tokenizer)
+        # rollout.max_staleness > 0: batches sampled ahead in a thread, by an engine over weights of its own
+        self.collector, self.engine = asynchronous(cfg, build_collector(cfg, tokenizer), self.engine, self.policy,
+                                                   self.make_engine)
         a = cfg.algorithm
         self.advantage_fn = algos.get_advantage(a.advantage)
         self.policy_loss_fn = algos.get_policy_loss(a.policy_loss)

@@ -1,0 +1,121 @@
+"""rollout.max_staleness: batches sampled k steps ahead in a background thread, by the weights of their step minus k,
+with the prompts and seeds of a synchronous run; k = 0 is the synchronous trainer; a resume with batches in flight
+continues exactly; what cannot run stale is refused before any model loads."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from tests.trainer.helpers import tiny_config
+from tether.config import ConfigError
+from tether.models.forward import response_log_probs
+from tether.rollout.asynchronous import VERSION, AsyncCollector
+from tether.trainer import Trainer
+
+# lr 0.05 moves the tiny policy far in a step: parity would judge the staleness itself (it only logs here)
+ASYNC = ("rollout.max_staleness=1", "rollout.correction.mode=tis", "optim.lr=0.05", "train.steps=4",
+         "health.parity.patience=0")
+
+
+def make(tmp_path, tiny_policy, *overrides):
+    model, tok = tiny_policy
+    return Trainer(tiny_config(tmp_path, *overrides), policy=copy.deepcopy(model), tokenizer=tok)
+
+
+def consumed(trainer):
+    """Record each batch the trainer takes from its collector, and the thread that sampled it."""
+    batches, threads = [], []
+    inner_collect = trainer.collector.inner.collect if isinstance(trainer.collector, AsyncCollector) \
+        else trainer.collector.collect
+
+    def sampled(engine, seeds, hooks):
+        threads.append(threading.current_thread().name)
+        return inner_collect(engine, seeds, hooks)
+
+    collect = trainer.collector.collect
+
+    def taken(engine, seeds, hooks):
+        batch, metrics = collect(engine, seeds, hooks)
+        batches.append((batch, metrics))
+        return batch, metrics
+
+    if isinstance(trainer.collector, AsyncCollector):
+        trainer.collector.inner.collect = sampled
+    trainer.collector.collect = taken
+    return batches, threads
+
+
+def params(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_staleness_zero_is_the_synchronous_trainer(tmp_path, tiny_policy):
+    default = make(tmp_path / "a", tiny_policy, "train.steps=2")
+    zero = make(tmp_path / "b", tiny_policy, "train.steps=2", "rollout.max_staleness=0")
+    assert not isinstance(zero.collector, AsyncCollector) and zero.engine.model is zero.policy
+    for _ in range(2):
+        want, got = default.train_step(), zero.train_step()
+        assert {k: v for k, v in got.items() if not k.startswith("perf/")} == \
+            {k: v for k, v in want.items() if not k.startswith("perf/")}
+    assert torch.equal(params(default.policy), params(zero.policy))
+
+
+def test_each_batch_is_sampled_a_step_ahead_by_the_weights_of_its_step_minus_k(tmp_path, tiny_policy):
+    sync = make(tmp_path / "sync", tiny_policy, *ASYNC[1:])
+    stale = make(tmp_path / "stale", tiny_policy, *ASYNC)
+    assert stale.engine.model is not stale.policy  # the engine samples from weights of its own
+    sync_batches, _ = consumed(sync)
+    batches, threads = consumed(stale)
+    versions = [params(stale.policy).clone()]
+    for _ in range(4):
+        sync.train_step()
+        stale.train_step()
+        versions.append(params(stale.policy).clone())
+    # step 0 is sampled in the trainer's thread; steps 1-3 by the job started at the step before
+    assert threads[0] == threading.current_thread().name and all(t.startswith("tether-rollout") for t in threads[1:])
+    for step, ((batch, metrics), (sync_batch, _)) in enumerate(zip(batches, sync_batches, strict=True)):
+        assert batch.info[VERSION] == [max(step - 1, 0)] * len(batch)
+        assert metrics["rollout/staleness"] == min(step, 1)
+        assert batch.prompt_ids == sync_batch.prompt_ids  # the prompts (and seeds) of its step, as in a sync run
+    # the log-probs recorded at step 2 are those of the weights after step 1's update (version 1), not version 2
+    batch = batches[2][0]
+    model = copy.deepcopy(stale.policy)
+    for version, close in ((1, True), (2, False)):
+        torch.nn.utils.vector_to_parameters(versions[version], model.parameters())
+        with torch.no_grad():
+            lp, _ = response_log_probs(model, batch.prompt_ids, batch.response_ids, batch.response_mask)
+        assert torch.allclose(lp, batch.sample_log_probs * batch.response_mask, atol=1e-4) == close
+
+
+def test_a_resume_with_a_batch_in_flight_continues_exactly(tmp_path, tiny_policy):
+    straight = make(tmp_path / "a", tiny_policy, *ASYNC)
+    want = [straight.train_step() for _ in range(4)]
+    first = make(tmp_path / "b", tiny_policy, *ASYNC)
+    for _ in range(2):
+        first.train_step()
+    first.save()  # the batch of step 2, sampled by version 1, is in the checkpoint
+    resumed = make(tmp_path / "b", tiny_policy, *ASYNC)
+    assert resumed.step == 2 and [s for s, *_ in resumed.collector.pending] == [2]
+    got = [resumed.train_step() for _ in range(2)]
+    for w, g in zip(want[2:], got, strict=True):
+        assert g["train/reward_mean"] == w["train/reward_mean"] and g["actor/pg_loss"] == w["actor/pg_loss"]
+        assert g["rollout/staleness"] == 1.0
+    assert torch.equal(params(resumed.policy), params(straight.policy))
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (("rollout.max_staleness=2",), r"rollout.max_staleness=2: stale samples are off-policy; set "
+                                   r"rollout.correction.mode"),
+    (("rollout.max_staleness=1", "rollout.correction.mode=tis", "methods.armor={}"),
+     r"rollout.max_staleness=1 with methods.armor: .* \(its anchors and reference resets act on the trainer's "
+     r"current step\); allowed with methods: 0"),
+    (("rollout.max_staleness=1", "rollout.correction.mode=tis", "distributed.strategy=fsdp2"),
+     r"under torchrun \(several ranks, or fsdp2\) use 0"),
+])
+def test_what_cannot_run_stale_is_refused_before_any_model_loads(tmp_path, overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny_config(tmp_path, *overrides)
