@@ -23,8 +23,8 @@ from tether.user_code import is_target, resolve_target
 # Every metric validation logs (tether/rollout/single_turn.py and multi_turn.py ``validate``): train.best_metric
 # must be one, or no best checkpoint is ever saved.
 VALIDATION_METRICS = {
-    "task": ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length", "val/no_answer_frac",
-             "val/wrong_answer_frac", "val/fault_frac"),
+    "task": ("val/avg@k", "val/pass@k", "val/reward_mean", "val/reward_faults", "val/response_length",
+             "val/no_answer_frac", "val/wrong_answer_frac", "val/fault_frac"),
     "env": ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode_return", "val/turns",
             "val/invalid_action_frac", "val/episodes", "val/faults", "val/hazard_death_frac"),
 }

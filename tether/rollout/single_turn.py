@@ -222,7 +222,8 @@ class SingleTurnCollector:
                 raise RefillShortfall(
                     f"step {seeds.step + 1}: only {n_kept} of rollout.prompts_per_step={r.prompts_per_step} groups "
                     f"survived the filters in rollout.max_gen_batches={r.max_gen_batches} generation batches (the "
-                    "task is too easy or too hard for the policy now)")
+                    "task is too easy or too hard for the policy now: set rollout.partial_batches or raise "
+                    "rollout.max_gen_batches)")
             if n_kept == 0:  # nothing survived: the last batch teaches nothing (zero advantages) but keeps the step
                 # A method's filter (ARMOR's acceptance) may have left nothing at all: fall back to the rows as
                 # generated, each rewarded its group's mean so that every advantage is zero.
