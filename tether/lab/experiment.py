@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -44,6 +44,7 @@ from tether.config import Config, ConfigError
 from tether.lab.calibration import PASSED, endpoint_step, measure, trained
 from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
 from tether.lab.report import write_report
+from tether.track.progress import StepLines, status
 
 SINGLE_TURN_VAL_METRICS = ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length")
 AGENT_VAL_METRICS = ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode_return", "val/turns",
@@ -271,16 +272,25 @@ def run_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
 
 
 def run_all(protocol: Protocol, work: Callable[[Protocol, str, int], Any], jobs: list[tuple[str, int]]) -> list[str]:
-    """``work`` on each (arm, seed), ``parallel`` at once; the failures, one line each."""
-    failures = []
+    """``work`` on each (arm, seed), ``parallel`` at once; the failures, one line each, in the order of ``jobs``.
+    Each run that ends prints one line on stderr: which, how many are done and running, and the ETA."""
+    failures: dict[tuple[str, int], str] = {}
+    lines = StepLines(len(jobs), label="run")
+    if jobs:
+        status(f"experiment {protocol.name}: {len(jobs)} runs, {protocol.parallel} at a time")
     with ThreadPoolExecutor(max_workers=protocol.parallel) as pool:
         futures = {pool.submit(work, protocol, arm, seed): (arm, seed) for arm, seed in jobs}
-        for future, (arm, seed) in futures.items():
+        for done, future in enumerate(as_completed(futures), start=1):
+            arm, seed = futures[future]
             try:
                 future.result()
+                outcome = "done"
             except RuntimeError as err:
-                failures.append(f"{arm}/seed{seed}: {err}")
-    return failures
+                failures[(arm, seed)] = f"{arm}/seed{seed}: {err}"
+                outcome = "FAILED"
+            running = min(protocol.parallel, len(jobs) - done)
+            lines.update(done, f"{arm}/seed{seed} {outcome}, {running} running")
+    return [failures[job] for job in jobs if job in failures]
 
 
 def finished_records(protocol: Protocol) -> list[dict[str, Any]]:
