@@ -203,7 +203,8 @@ def test_the_trainer_never_makes_step_0_the_best_checkpoint_when_told(tmp_path):
                                       "val": type("W", (), {"split": "val", "max_prompts": None, "greedy": True,
                                                             "samples": 1})})
             self.step, self.best_value, self.val_history, self.saved = 0, float("-inf"), [], []
-            self.collector = type("V", (), {"validate": staticmethod(lambda trainer: {"val/avg@k": 0.5})})
+            self.collector = type("V", (), {"validate": staticmethod(lambda engine, seed: {"val/avg@k": 0.5})})
+            self.sampling_engine = None
             self.health = type("H", (), {"on_validation": staticmethod(lambda step, m: {}),
                                          "stop_if_unhealthy": staticmethod(lambda: None)})
             self.tracker = type("K", (), {"log": staticmethod(lambda m, step: None)})
@@ -216,6 +217,9 @@ def test_the_trainer_never_makes_step_0_the_best_checkpoint_when_told(tmp_path):
 
         def status(self, message):
             pass
+
+        def seed_for(self, purpose, k=0):
+            return 0
 
     for best_from_step, chosen in ((0, [0]), (1, [1])):
         fake = Fake(best_from_step)
