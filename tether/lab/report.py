@@ -13,7 +13,7 @@ from typing import Any
 
 from tether.config import ConfigError
 from tether.lab import stats
-from tether.lab.calibration import FAILED, INCOMPLETE, PASSED
+from tether.lab.calibration import FAILED, INCOMPLETE, PASSED, selection_values
 from tether.lab.protocol import Protocol, arm_config, run_dir
 
 
@@ -258,16 +258,8 @@ def training_curves(protocol: Protocol, metric: str) -> dict[str, dict[int, list
     curves: dict[str, dict[int, list[float]]] = {}
     for arm in protocol.arms:
         for seed in protocol.seeds:
-            path = run_dir(protocol, arm, seed) / "metrics.jsonl"
-            if not path.is_file():
-                continue
-            for line in path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-                if metric in row:
-                    curves.setdefault(arm, {}).setdefault(int(row["step"]), []).append(float(row[metric]))
+            for step, value in selection_values(run_dir(protocol, arm, seed), metric).items():
+                curves.setdefault(arm, {}).setdefault(step, []).append(value)
     return curves
 
 
