@@ -121,6 +121,39 @@ def test_a_run_with_a_task_an_advantage_and_a_loss_of_its_own(tmp_path):
     assert plugins.calls["advantage"] > before["advantage"] and plugins.calls["loss"] > before["loss"]
 
 
+@pytest.fixture
+def methods_registry():
+    """The method registry as it was: a resolved ``module:Name`` registers the class, which later tests (the
+    config reference lists every registered method) must not see."""
+    from tether.methods.base import METHODS
+
+    saved = dict(METHODS)
+    yield
+    METHODS.clear()
+    METHODS.update(saved)
+
+
+def test_a_method_of_its_own_by_module_name(tmp_path, methods_registry):
+    from tether.models import tiny_model
+    from tether.trainer import Trainer
+
+    cfg = tiny_config(tmp_path, f'methods={{"{PLUGINS}:StepCounter": {{}}}}')
+    model, tok = tiny_model(seed=0)
+    Trainer(cfg, policy=model, tokenizer=tok).fit()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step_counter/updates"] for r in rows if "step_counter/updates" in r] == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(("key", "message"), [
+    (f"{PLUGINS}:EvenLength", r"^methods\.tests\.user_plugins:EvenLength: .* not a subclass of "
+                              r"tether\.methods\.base\.Method"),
+    (f"{PLUGINS}:StepCountr", r"has no 'StepCountr'; did you mean 'StepCounter'\?$"),
+])
+def test_a_method_name_that_is_not_a_method_class_is_one_line(tmp_path, key, message, methods_registry):
+    with pytest.raises(ConfigError, match=message):
+        tiny_config(tmp_path, f'methods={{"{key}": {{}}}}')
+
+
 def test_an_env_class_by_module_name(tmp_path):
     cfg = tiny_config(tmp_path, "task=null", "env.name=tether.envs.scripted:ScriptedEnv", "env.kwargs={turns: 2}")
     check_config(cfg, machine=False)

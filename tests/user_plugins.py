@@ -1,9 +1,10 @@
-"""User code as a config names it (``tests.user_plugins:...``): a task class, an advantage, a loss."""
+"""User code as a config names it (``tests.user_plugins:...``): a task class, an advantage, a loss, a method."""
 
 from __future__ import annotations
 
 from tether.algos import AdvantageOutput
 from tether.algos.policy_losses import ppo
+from tether.methods.base import Method
 from tether.tasks import Score, TaskItem
 
 calls = {"advantage": 0, "loss": 0}
@@ -39,3 +40,17 @@ def counted_ppo(inputs, *, agg: str = "token-mean", clip_low: float = 0.2, clip_
 
 
 NOT_CALLABLE = 1
+
+
+class StepCounter(Method):
+    """A method outside tether, named in a config as ``methods: {"tests.user_plugins:StepCounter": {}}``."""
+
+    name = "step_counter"
+
+    def __init__(self, settings) -> None:
+        super().__init__(settings)
+        self.updates = 0
+
+    def after_update(self, ctx):
+        self.updates += 1
+        return {"step_counter/updates": float(self.updates)}

@@ -63,10 +63,12 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="show the traceback
 
 
 def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None) -> Config:
+    from tether.methods.base import resolve_method_targets
     from tether.user_code import import_user_modules
 
     cfg = load_config(config, overrides or [], data=data)
     import_user_modules(cfg.imports)  # the config's own code, before anything looks a name up
+    resolve_method_targets(cfg.methods)
     return cfg
 
 

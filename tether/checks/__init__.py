@@ -27,6 +27,7 @@ from tether.checks.machine import check_model, machine_checks
 from tether.checks.startup import check_prerequisites, startup_checks
 from tether.checks.workload import check_workload
 from tether.config import Config, ConfigError, load_config
+from tether.methods.base import resolve_method_targets
 from tether.user_code import import_user_modules
 
 __all__ = ["Findings", "check_config", "check_kwarg_types", "check_kwargs", "check_model", "load_checked_config",
@@ -65,6 +66,7 @@ def check_config(cfg: Config, *, machine: bool = True, policy: bool = True, sft:
         ConfigError: one line per failed check.
     """
     import_user_modules(cfg.imports)  # what they register is what the checks below look up
+    resolve_method_targets(cfg.methods)  # methods: {"my_module:MyMethod": {...}}
     found = Findings()
     errors = _run((*CONFIG_CHECKS, check_workload), cfg, found)
     if machine and not errors:

@@ -39,6 +39,7 @@ A method that an estimator depends on produces per-row tags instead, and declare
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -138,6 +139,29 @@ def register_method(cls: type[Method]) -> type[Method]:
     for token in sorted(cls.loss_tokens):
         record_token_producer(token, f"methods.{cls.name}")
     return cls
+
+
+def resolve_method_targets(names: Iterable[str]) -> None:
+    """Register each ``methods`` key of the form ``module:Name`` under that key (and under the class's own
+    ``name``), so every lookup of ``METHODS[key]`` finds the user's class, as ``module:Name`` works for tasks,
+    environments and losses (``tether.user_code``).
+
+    Raises:
+        ConfigError: the module does not import, has no such name, or it is not a :class:`Method` subclass.
+    """
+    from tether.user_code import is_target, resolve_target
+
+    for key in names:
+        if not is_target(key) or key in METHODS:
+            continue
+        cls = resolve_target(f"methods.{key}", key)
+        if not (isinstance(cls, type) and issubclass(cls, Method)) or not getattr(cls, "name", None):
+            raise ConfigError(f"methods.{key}: {key!r} is {cls!r}, not a subclass of tether.methods.base.Method "
+                              "with a name")
+        try:
+            METHODS[key] = register_method(cls)
+        except ValueError as err:  # its name is taken by another method
+            raise ConfigError(f"methods.{key}: {err}") from None
 
 
 def method_config(name: str, settings: dict[str, Any]) -> MethodSettings:
