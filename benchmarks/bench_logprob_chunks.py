@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tether.engine.hf import cpu_flags
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -84,12 +86,9 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
             * vocab * 4 / 2**20}
 
 
-def cpu_flags() -> list[str]:
-    wanted = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return sorted(wanted & set(line.split(":", 1)[1].split()))
-    return []
+def bench_cpu_flags() -> list[str]:
+    """The flags that decide these timings (tether.engine.hf.cpu_flags), for the results file."""
+    return sorted((cpu_flags() or set()) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     out_path.write_text(json.dumps({"rows": args.rows, "prompt_tokens": args.prompt_tokens,
                                     "new_tokens": args.new_tokens, "threads": args.threads,
                                     "checkpoint_layers": args.checkpoint_layers,
-                                    "cpu_flags": cpu_flags(), "cells": rows}, indent=2))
+                                    "cpu_flags": bench_cpu_flags(), "cells": rows}, indent=2))
     print(f"wrote {out_path}")
 
 

@@ -496,12 +496,17 @@ def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
     return copy.deepcopy(model).to(dtype).eval().requires_grad_(False)
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
+    """This CPU's feature flags (``avx2``, ``avx512_bf16``, ...); None when they cannot be read (not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return None
+
+
 def native_bfloat16_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     """Whether this CPU computes bfloat16 natively (the ``avx512_bf16`` or ``amx_bf16`` flag); None when its flags
     cannot be read (not Linux)."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return None
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else bool(flags & {"avx512_bf16", "amx_bf16"})
