@@ -15,20 +15,16 @@ import json
 from pathlib import Path
 
 from tether.lab import stats
+from tether.lab.calibration import selection_values
 
 CURVE_KEYS = ("val/avg@k", "val/working/share", "val/working/accuracy", "val/response_length")
 TRAIN_KEYS = ("rollout/accuracy_all",)
 
 
 def read_run(run_dir: Path) -> dict[str, dict[int, float]]:
-    """metric -> step -> value, for the validation and training keys above."""
-    series: dict[str, dict[int, float]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        for key in CURVE_KEYS + TRAIN_KEYS:
-            if key in row:
-                series.setdefault(key, {})[int(row["step"])] = float(row[key])
-    return series
+    """metric -> step -> value, for the validation and training keys above (the lab's reader of metrics.jsonl: a
+    resumed step counts once, a line cut by a kill is skipped)."""
+    return {key: values for key in CURVE_KEYS + TRAIN_KEYS if (values := selection_values(run_dir, key))}
 
 
 def peak_and_fall(curve: dict[int, float]) -> tuple[int, float, float]:
