@@ -3,6 +3,7 @@
 import pytest
 
 from tether.tasks import ReasoningGymTask, Task, make_task
+from tether.tasks.base import task_split
 
 SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
          "allow_negation": False, "allow_parentheses": False}
@@ -76,6 +77,29 @@ def test_val_does_not_depend_on_train_size_and_val_seed_pins_it(task):
     a = make_task("reasoning_gym", dataset="chain_sum", train_size=5, val_size=5, seed=0, val_seed=7)
     b = make_task("reasoning_gym", dataset="chain_sum", train_size=5, val_size=5, seed=1, val_seed=7)
     assert [i.prompt for i in a.val] == [i.prompt for i in b.val]
+
+
+def test_a_report_split_is_held_out_from_both_and_leaves_val_as_it_was(task):
+    two_digit = {**SMALL, "max_digits": 2}
+    plain = make_task("reasoning_gym", dataset="basic_arithmetic", dataset_kwargs=two_digit, train_size=60,
+                      val_size=20, seed=3)
+    assert "report" not in plain.splits
+    with_report = make_task("reasoning_gym", dataset="basic_arithmetic", dataset_kwargs=two_digit, train_size=60,
+                            val_size=20, seed=3, report_size=40)
+    report = [i.meta["question"] for i in task_split(with_report, "report")]
+    assert len(report) == len(set(report)) == 40
+    assert [i.prompt for i in with_report.val] == [i.prompt for i in plain.val]
+    assert not set(report) & {i.meta["question"] for i in with_report.val}
+    assert not set(report) & {i.meta["question"] for i in with_report.train}
+    assert {i.id.split("/")[1] for i in task_split(with_report, "report")} == {"report"}
+    # report_size 0 draws train exactly as before the option existed
+    zero = make_task("reasoning_gym", dataset="basic_arithmetic", dataset_kwargs=two_digit, train_size=60,
+                     val_size=20, seed=3, report_size=0)
+    assert [i.prompt for i in zero.train] == [i.prompt for i in plain.train]
+    with pytest.raises(ValueError, match="has no split 'report'"):
+        task_split(zero, "report")
+    with pytest.raises(ValueError, match="report_size must be >= 0"):
+        ReasoningGymTask.check_config(dataset="basic_arithmetic", report_size=-1)
 
 
 @pytest.mark.parametrize(("dataset", "kwargs"), [

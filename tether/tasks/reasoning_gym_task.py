@@ -3,7 +3,9 @@
 reasoning-gym builds item ``i`` of a dataset with seed ``s`` from ``Random(s + i)``, so two splits
 drawn with seeds 0 and 1 would share almost every item. The val split therefore uses a seed
 ``2**30`` away (far apart, and still below the ``2**32`` numpy seeds some generators use), and
-train drops any item whose question text appears in val.
+train drops any item whose question text appears in val. An optional ``report`` split (``report_size``: the
+lab's endpoint split, read by nothing during training) is drawn next, ``2**30`` further on, without val's
+questions; train then drops those too.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def _draw(dataset: str, kwargs: dict[str, Any], seed: int, n: int, exclude: set[
                 return picked, generator
     raise ValueError(f"reasoning-gym {dataset!r} with dataset_kwargs={kwargs} gave only {len(picked)} usable "
                      f"questions out of {size} draws (need {n}); its question space is too small. "
-                     "Lower train_size/val_size or widen dataset_kwargs.")
+                     "Lower train_size/val_size/report_size or widen dataset_kwargs.")
 
 
 @register_task("reasoning_gym")
@@ -121,15 +123,21 @@ class ReasoningGymTask:
             feature when the expression matches anywhere in it (``{working: "="}`` logs
             ``val/working/share`` and ``val/working/accuracy``: how often answers show their working, and
             how often those are right).
+        report_size: number of items of a third split, ``report`` (unique questions, none in val or train):
+            a held-out split no validation reads, for a study's endpoint (``tether eval ... val.split=report``,
+            the lab's ``endpoint.split``). 0: no such split, and train is drawn exactly as without it.
+        report_seed: seed of the report split; default ``val_seed + 2**30``.
     """
 
     def __init__(self, *, dataset: str, dataset_kwargs: dict[str, Any] | None = None, train_size: int = 1000,
                  val_size: int = 100, seed: int = 0, val_seed: int | None = None, extract: str = "auto",
                  prompt_template: str = DEFAULT_PROMPT_TEMPLATE, system_prompt: str | None = None,
                  reward: str = "score", reward_correct: float = 1.0, reward_wrong: float = 0.0,
-                 features: dict[str, str] | None = None) -> None:
+                 features: dict[str, str] | None = None, report_size: int = 0,
+                 report_seed: int | None = None) -> None:
         self.check_config(dataset=dataset, dataset_kwargs=dataset_kwargs, train_size=train_size,
-                          val_size=val_size, extract=extract, prompt_template=prompt_template, features=features)
+                          val_size=val_size, extract=extract, prompt_template=prompt_template, features=features,
+                          report_size=report_size)
         self.features = {name: re.compile(pattern) for name, pattern in (features or {}).items()}
         kwargs = dict(dataset_kwargs or {})
         self.name = f"reasoning_gym/{dataset}"
@@ -142,15 +150,23 @@ class ReasoningGymTask:
         # Val first, so the held-out set does not depend on train_size.
         val_entries, _ = _draw(dataset, kwargs, val_seed, val_size, exclude=set(), unique=True)
         held_out = {e["question"] for e in val_entries}
+        report_entries: list[dict[str, Any]] = []
+        if report_size:
+            report_seed = val_seed + VAL_SEED_OFFSET if report_seed is None else report_seed
+            report_entries, _ = _draw(dataset, kwargs, report_seed, report_size, exclude=held_out, unique=True)
+            held_out |= {e["question"] for e in report_entries}
         train_entries, self._generator = _draw(dataset, kwargs, seed, train_size, exclude=held_out,
                                                unique=False)
         self.val = [self._item(e, "val", i) for i, e in enumerate(val_entries)]
         self.train = [self._item(e, "train", i) for i, e in enumerate(train_entries)]
+        self.splits = {"train": self.train, "val": self.val}
+        if report_size:
+            self.splits["report"] = [self._item(e, "report", i) for i, e in enumerate(report_entries)]
 
     @staticmethod
     def check_config(*, dataset: str, dataset_kwargs: dict[str, Any] | None = None, train_size: int = 1000,
                      val_size: int = 100, extract: str = "auto", prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-                     features: dict[str, str] | None = None, **_: Any) -> None:
+                     features: dict[str, str] | None = None, report_size: int = 0, **_: Any) -> None:
         """The settings, checked without generating a question (``tether validate`` calls this too).
 
         Raises:
@@ -164,6 +180,8 @@ class ReasoningGymTask:
                 raise ValueError(f"dataset_kwargs must not set {key!r}; use the task's {use} instead")
         if train_size < 1 or val_size < 1:
             raise ValueError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}")
+        if report_size < 0:
+            raise ValueError(f"report_size must be >= 0 (0: no report split), got {report_size}")
         check_extract_mode(extract)
         check_template(prompt_template)
         for name, pattern in (features or {}).items():
