@@ -77,7 +77,8 @@ def test_a_reference_that_is_not_here_is_one_line_even_when_the_policy_is_given(
 def test_a_tracker_that_is_not_installed_is_one_line(tmp_path, monkeypatch):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
-    with pytest.raises(ConfigError, match=r"^logging\.wandb is set but the package 'wandb' is not installed"):
+    with pytest.raises(ConfigError, match=r"^logging\.wandb is set but the package 'wandb' is not installed; "
+                                          r"pip install -e '\.\[wandb\]'"):
         check_config(tiny_config(tmp_path, "logging.wandb={}"))
 
 

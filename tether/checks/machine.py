@@ -61,15 +61,17 @@ def check_models(cfg: Config, found: Findings, *, policy: bool = True) -> None:
 
 def check_packages(cfg: Config, found: Findings) -> None:
     """Optional packages the config turns on."""
-    wanted = [("logging.wandb", "wandb", cfg.logging.wandb is not None),
-              ("logging.mlflow", "mlflow", cfg.logging.mlflow is not None),
-              ("logging.tensorboard", "tensorboard", cfg.logging.tensorboard),
-              ("env.workers", "ray", cfg.env is not None and cfg.env.workers > 0),
-              ("model.lora", "peft", cfg.model.lora is not None)]
-    for key, package, used in wanted:
+    # (key, package, tether's extra that installs it, is it used)
+    wanted = [("logging.wandb", "wandb", "wandb", cfg.logging.wandb is not None),
+              ("logging.mlflow", "mlflow", "mlflow", cfg.logging.mlflow is not None),
+              ("logging.tensorboard", "tensorboard", None, cfg.logging.tensorboard),
+              ("env.workers", "ray", "ray", cfg.env is not None and cfg.env.workers > 0),
+              ("model.lora", "peft", "lora", cfg.model.lora is not None)]
+    for key, package, extra, used in wanted:
         if used and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"{key} is set but the package {package!r} is not installed; pip install {package}, "
-                              f"or unset {key}")
+            install = f"pip install -e '.[{extra}]'" if extra else f"pip install {package}"
+            raise ConfigError(f"{key} is set but the package {package!r} is not installed; {install} (the version "
+                              f"tether is tested with), or unset {key}")
 
 
 def check_engine_here(cfg: Config, found: Findings) -> None:

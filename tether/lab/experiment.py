@@ -225,9 +225,9 @@ def train_one(protocol: Protocol, arm: str, seed: int) -> None:
     a = protocol.arms[arm]
     log = directory / "experiment.log"
     start = time.perf_counter()
-    # A run killed before its first checkpoint has nothing to resume: start it afresh (train.resume=true would
-    # refuse to write over the earlier run's files, docs/reliability.md).
-    fresh = [] if (directory / "checkpoints" / "latest").is_file() else ["train.resume=false"]
+    # A run killed before its first checkpoint has nothing to resume: start it afresh over its partial files
+    # (train.resume=auto would refuse to write over them, docs/reliability.md).
+    fresh = [] if (directory / "checkpoints" / "latest").is_file() else ["train.resume=never", "train.overwrite=true"]
     record_code(directory, "train")
     with log.open("a") as out:
         train = subprocess.run(_tether("train", a.config, *a.overrides, *run_overrides(protocol, arm, seed), *fresh),
