@@ -27,6 +27,7 @@ step / (max(rollout, update) + push)). Medians over the timed steps go to the te
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -105,10 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def pin(pid: int, cpus: set[int]) -> None:
     """Every thread of process ``pid`` on ``cpus`` (threads started later inherit their creator's)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
             os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:  # the thread ended meanwhile
-            pass
 
 
 def cores() -> tuple[set[int], set[int], set[int]] | None:
@@ -169,30 +168,35 @@ class Bench:
         start = time.perf_counter()
         m = self.trainer.train_step()
         wall = time.perf_counter() - start
-        push = sum(self.pushes)
-        record = {"step_s": m["perf/step_s"], "wall_s": wall, "rollout_s": m["perf/rollout_s"],
-                  "update_s": m["perf/step_s"] - m["perf/rollout_s"] - m["perf/weight_sync_s"],
-                  "weight_sync_s": m["perf/weight_sync_s"], "push_s": push, "rollout_work_s": sum(self.work),
-                  # the trainer idle, waiting for a batch: its rollout phase, and in an asynchronous step the
-                  # part of the weight sync spent waiting for the sampling job
-                  "waited_s": m["perf/rollout_s"] + m["perf/weight_sync_s"] - push,
-                  "tokens": m["perf/rollout_tok_s"] * m["perf/rollout_s"],
-                  "staleness": m.get("rollout/staleness", 0.0), "reward_mean": m["train/reward_mean"],
-                  "sampling_jobs": float(len(self.work))}
+        record = step_record(m, wall, self.pushes, self.work)
         self.records.append(record)
         return record
+
+
+def step_record(m: dict[str, float], wall: float, pushes: list[float], work: list[float]) -> dict[str, float]:
+    """One step's timings from the trainer's metrics ``m`` and the pushes and sampling jobs timed during it."""
+    push = sum(pushes)
+    return {"step_s": m["perf/step_s"], "wall_s": wall, "rollout_s": m["perf/rollout_s"],
+            "update_s": m["perf/step_s"] - m["perf/rollout_s"] - m["perf/weight_sync_s"],
+            "weight_sync_s": m["perf/weight_sync_s"], "push_s": push, "rollout_work_s": sum(work),
+            # the trainer idle, waiting for a batch: its rollout phase, and in an asynchronous step the part of the
+            # weight sync spent waiting for the sampling job that holds the engine
+            "waited_s": m["perf/rollout_s"] + m["perf/weight_sync_s"] - push,
+            "tokens": m["perf/rollout_tok_s"] * m["perf/rollout_s"],
+            "staleness": m.get("rollout/staleness", 0.0), "reward_mean": m["train/reward_mean"],
+            "sampling_jobs": float(len(work))}
 
 
 # -- report -------------------------------------------------------------------------------------------------------
 
 
-def compare(medians: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:
+def compare(medians: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
     """Per setting: speed-up over hf-sync; per asynchronous one also over its baseline, and the ideal."""
-    out: dict[str, dict[str, float | None]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, m in medians.items():
         s = SETTINGS[name]
-        row: dict[str, float | None] = {"over_hf_sync": medians["hf-sync"]["step_s"] / m["step_s"]
-                                        if "hf-sync" in medians else None}
+        row: dict[str, Any] = {"over_hf_sync": medians["hf-sync"]["step_s"] / m["step_s"]
+                               if "hf-sync" in medians else None}
         if s.baseline:
             b = medians[s.baseline]
             ideal_step = max(b["rollout_s"], b["update_s"]) + b["push_s"]  # the push cannot overlap its update
@@ -200,6 +204,10 @@ def compare(medians: dict[str, dict[str, float]]) -> dict[str, dict[str, float |
                         "ideal_step_s": ideal_step})
         out[name] = row
     return out
+
+
+def times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def print_table(medians: dict[str, dict[str, float]], comparison: dict[str, dict[str, Any]]) -> None:
@@ -210,9 +218,8 @@ def print_table(medians: dict[str, dict[str, float]], comparison: dict[str, dict
     print("\n" + header + "\n" + "-" * len(header))
     for name, m in medians.items():
         c = comparison[name]
-        ratio = (lambda v: f"{v:.2f}x" if v is not None else "-")
-        print(f"{name:<11}" + "".join(f"{m[k]:>9.2f}" for _, k in cols) + f"{ratio(c.get('overlap')):>9}"
-              f"{ratio(c.get('ideal')):>7}{ratio(c.get('over_hf_sync')):>8}")
+        print(f"{name:<11}" + "".join(f"{m[k]:>9.2f}" for _, k in cols) + f"{times(c.get('overlap')):>9}"
+              f"{times(c.get('ideal')):>7}{times(c.get('over_hf_sync')):>8}")
     print("rollout: until the trainer has its batch; update: scoring to the optimiser step; push: load_weights; "
           "sampling: the collector's work wherever it ran; waited: the trainer idle on a batch.\noverlap: the "
           "baseline's s/step / this s/step (ray-async: ray-sync, hf-async: hf-sync); ideal: the baseline's s/step / "
