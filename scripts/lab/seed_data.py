@@ -40,16 +40,19 @@ def noisy_trajectory(env: ThinIceEnv, seed: int, explore: float, rng: random.Ran
     """The naive solver on ``seed``'s map with a random move with probability ``explore`` at each turn."""
     reset = env.reset(seed)
     turns: list[dict[str, Any]] = []
+    infos = [reset.info]
     observation, won = reset.observation, False
     while (plan := env.naive_solution()) and len(turns) < env.max_turns:
         action = rng.choice(env.admissible) if rng.random() < explore else plan[0]
         step = env.step(action)
         turns.append({"observation": observation, "response": response_text(action), "action": action,
                       "valid": True, "reward": step.reward})
+        infos.append(step.info)
         observation, won = step.observation, step.won
         if step.done:
             break
-    return Trajectory(task=reset.task, turns=turns, final_observation=observation, won=won, ret=float(won))
+    return Trajectory(task=reset.task, turns=turns, final_observation=observation, won=won, ret=float(won),
+                      infos=infos)
 
 
 def analysis_records(n: int, *, explore: float, seed: int, env_kwargs: dict[str, Any]) -> list[dict[str, Any]]:

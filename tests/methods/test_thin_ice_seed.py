@@ -16,7 +16,6 @@ from tether.methods.seed.rule_analyzers import (
     analyze_thin_ice,
     rule_analysis,
     solve_from_observation,
-    thin_ice_fatal,
     thin_ice_tiles,
 )
 from tether.methods.seed.skill_data import (
@@ -34,14 +33,23 @@ TRAP_SEED = 5  # with trap_prob=1.0 every map is a trap; seed 5's naive route br
 
 def play(env: ThinIceEnv, seed: int, actions: list[str]) -> Trajectory:
     reset = env.reset(seed)
-    obs, turns, won = reset.observation, [], False
+    obs, turns, infos, won = reset.observation, [], [reset.info], False
     for action in actions:
         step = env.step(action)
         turns.append({"observation": obs, "response": response_text(action), "action": action, "valid": True})
+        infos.append(step.info)
         obs, won = step.observation, step.won
         if step.done:
             break
-    return Trajectory(task=reset.task, turns=turns, final_observation=obs, won=won, ret=float(won))
+    return Trajectory(task=reset.task, turns=turns, final_observation=obs, won=won, ret=float(won), infos=infos)
+
+
+def lands_on_thin_ice(observation: str, action: str) -> bool:
+    """Whether ``action`` steps on ``~`` on the map an observation shows: a reading of the text, the reference the
+    env's reported outcomes are checked against."""
+    desc, cell = thin_ice_tiles(observation)
+    r, c = walk(cell, [action], len(desc))[-1]
+    return desc[r][c] == THIN
 
 
 def stated_plan(skill: str, intro: str) -> list[str]:
@@ -119,25 +127,20 @@ def test_the_ahead_line_gives_the_safe_walkers_next_move_as_the_plan():
     assert checked > 50
 
 
-def test_fatal_moves_are_the_ones_onto_thin_ice():
-    obs = "P~_\n_O_\n__G"
-    assert thin_ice_fatal(obs, "right") and not thin_ice_fatal(obs, "down") and not thin_ice_fatal(obs, "up")
-    assert not thin_ice_fatal(obs, "jump") and not thin_ice_fatal("no grid", "right")
-    env = ThinIceEnv(trap_prob=1.0)
+@pytest.mark.parametrize("kwargs", [{}, {"routes": "monotone", "view": "ahead"}])
+def test_the_naive_trajectory_carries_the_envs_report_of_the_fatal_move(kwargs):
+    env = ThinIceEnv(trap_prob=1.0, **kwargs)
     traj = solver_trajectory(env, TRAP_SEED, "naive")
-    assert [thin_ice_fatal(t["observation"], t["action"]) for t in traj.turns] == [False] * (len(traj.turns) - 1) + [
-        True]
+    assert len(traj.infos) == len(traj.turns) + 1 and traj.infos[0] == env.reset(TRAP_SEED).info
+    assert [i["outcome"] for i in traj.infos[1:]] == ["ice"] * (len(traj.turns) - 1) + ["thin_ice"]
+    assert fork_pair_records([TRAP_SEED], env_kwargs={"trap_prob": 1.0, **kwargs})
 
 
-def test_fatal_moves_read_the_ahead_line_without_a_map():
-    assert thin_ice_fatal("Ahead: down ~, then right _.", "down")
-    assert not thin_ice_fatal("Ahead: down ~, then right _.", "right")
-    assert not thin_ice_fatal("Ahead: right _, then down edge.", "left")
-    env = ThinIceEnv(trap_prob=1.0, routes="monotone", view="ahead")
-    traj = solver_trajectory(env, TRAP_SEED, "naive")
-    assert [thin_ice_fatal(t["observation"], t["action"]) for t in traj.turns] == [False] * (len(traj.turns) - 1) + [
-        True]
-    assert fork_pair_records([TRAP_SEED], env_kwargs={"trap_prob": 1.0, "routes": "monotone", "view": "ahead"})
+def test_the_thin_ice_analyzer_refuses_a_trajectory_without_the_envs_infos():
+    traj = solver_trajectory(ThinIceEnv(trap_prob=1.0), TRAP_SEED, "naive")
+    traj.infos = traj.infos[:1]
+    with pytest.raises(ValueError, match=r"\d+ turns and 1 infos, expected"):
+        analyze_thin_ice(traj, False)
 
 
 
@@ -270,8 +273,8 @@ def test_fork_pairs_are_one_state_with_and_without_a_skill_and_only_the_skill_tu
         assert plain["meta"]["fork"] and skilled["meta"]["fork"] and plain["meta"]["skill"] is None
         assert skilled["prompt"] == augment_with_skill(plain["prompt"], skilled["meta"]["skill"])
         observation = plain["prompt"].split("Current observation")[1]
-        assert thin_ice_fatal(observation.split(":\n", 1)[1], plain["meta"]["action"])
-        assert not thin_ice_fatal(observation.split(":\n", 1)[1], skilled["meta"]["action"])
+        assert lands_on_thin_ice(observation.split(":\n", 1)[1], plain["meta"]["action"])
+        assert not lands_on_thin_ice(observation.split(":\n", 1)[1], skilled["meta"]["action"])
         assert plain["response"] == response_text(plain["meta"]["action"]) != skilled["response"]
     with pytest.raises(ValueError, match="held out"):
         fork_pair_records([600_000], env_kwargs=kwargs)

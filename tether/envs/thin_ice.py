@@ -313,6 +313,26 @@ def walker_move(ahead: list[tuple[str, str]], avoid: str) -> str | None:
     return next((move for move, tile in ahead if tile != "edge" and tile not in avoid), None)
 
 
+# What a move does, as the env reports it in its infos (the class docstring): the kind of tile it lands on, or
+# ``edge`` when it would leave the map (you stay where you are).
+OUTCOMES = {START: "ice", ICE: "ice", THIN: "thin_ice", HOLE: "hole", GOAL: "goal"}
+
+
+def move_outcomes(desc: list[str], row: int, col: int) -> dict[str, str]:
+    """What each move from ``(row, col)`` does (:data:`OUTCOMES`, or ``edge``), in :data:`MOVES` order."""
+    size = len(desc)
+    return {name: OUTCOMES[desc[row + dr][col + dc]] if 0 <= row + dr < size and 0 <= col + dc < size else "edge"
+            for name, (dr, dc) in MOVES.items()}
+
+
+def states_lesson(skill: str) -> bool:
+    """Whether a written skill states the hidden lesson of thin ice: it warns against stepping on ``~`` (the
+    oracle's rule, or a paraphrase that names ``~`` with never/avoid/do not). A skill-correctness proxy for the
+    self-analysis arm: it checks the lesson, not the path."""
+    text = skill.lower()
+    return "~" in text and any(w in text for w in ("never step on ~", "avoid", "never", "do not", "don't"))
+
+
 def fall_message(row: int, col: int) -> str:
     """The line the final observation starts with after stepping on thin ice: the hindsight that ``~`` breaks."""
     return (f"The snowy ice ~ at row {row + 1}, column {col + 1} was thin ice: it broke and you fell into the "
@@ -336,10 +356,21 @@ class ThinIceEnv:
         local_view (bool): add the line of :func:`local_view` under the map in every observation.
         view (str): ``map`` (the board, with ``local_view``'s line if set) or ``ahead`` (only the line of
             :func:`ahead_view`; monotone routes only).
+
+    Besides the observation, every reset and step reports in its info what holds in the state it shows, so
+    analyzers and diagnostics read facts, not the printed text: ``outcomes`` (what each move from here does:
+    :func:`move_outcomes`), ``safe_move`` and ``naive_move`` (the next move of each solver, None when it has none
+    or the episode is over; a *fork* is a state whose naive move lands on thin ice). A step's info adds what the
+    move did, ``outcome`` (an :data:`OUTCOMES` kind, ``edge``, or ``invalid`` for a reply that is no move), and
+    ``cell``, the player's cell after it.
     """
 
     name = "thin_ice"
     max_turns = 20
+    # What SEED's diagnostics read (docs/methods/seed.md): the step-info flag of the hazard only hindsight reveals
+    # (seed/delta_fatal), and whether a skill states the lesson (seed/skill_correct_rate).
+    hidden_hazard = "fell_through_ice"
+    states_lesson = staticmethod(states_lesson)
     action_format = ("Reply with exactly one action inside <action> </action> tags: left, down, right or "
                      "up, e.g. <action>down</action>.")
 
@@ -408,7 +439,8 @@ class ThinIceEnv:
         info = {"map": list(self.desc), "split": split_of(seed), "optimal_steps": len(safe),
                 "naive_steps": len(naive), "trap": falls if self.routes == "monotone" else len(safe) > len(naive),
                 "naive_falls": falls,
-                "thin_ice": [(r, c) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t == THIN]}
+                "thin_ice": [(r, c) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t == THIN],
+                **self._facts()}
         return EnvReset(observation=self._observe(0, 0), task=task, admissible_actions=self.admissible, info=info)
 
     def _observe(self, row: int, col: int) -> str:
@@ -421,6 +453,7 @@ class ThinIceEnv:
         check_can_step(self.name, self._started, self._done)
         key = normalize_action(action)
         invalid = key not in MOVES
+        outcome = "invalid" if invalid else move_outcomes(self.desc, *self.position)[key]
         if not invalid:
             self.position = walk(self.position, [key], self.size)[-1]
         row, col = self.position
@@ -432,8 +465,17 @@ class ThinIceEnv:
         elif tile == THIN:
             obs = f"{fall_message(row, col)}\n{obs}"
         info = {"won": tile == GOAL, "admissible_actions": self.admissible, "invalid_action": invalid,
-                "fell_in_hole": tile == HOLE, "fell_through_ice": tile == THIN}
+                "fell_in_hole": tile == HOLE, "fell_through_ice": tile == THIN, "outcome": outcome,
+                "cell": (row, col), **self._facts()}
         return EnvStep(observation=obs, reward=1.0 if tile == GOAL else 0.0, done=self._done, info=info)
+
+    def _facts(self) -> dict[str, object]:
+        """The info every reset and step carries about the state it shows (class docstring)."""
+        if self._done:
+            return {"outcomes": {}, "safe_move": None, "naive_move": None}
+        safe, naive = self.solution(), self.naive_solution()
+        return {"outcomes": move_outcomes(self.desc, *self.position), "safe_move": safe[0] if safe else None,
+                "naive_move": naive[0] if naive else None}
 
     def parse_action(self, response_text: str) -> tuple[str, bool]:
         return parse_tagged_action(response_text, self.admissible)

@@ -39,7 +39,7 @@ from torch import Tensor
 from tether.algos import LossInputs, LossOutput, opd_loss, seed_opd_loss
 from tether.config import ConfigError
 from tether.engine.base import SamplingParams
-from tether.envs import escape_placeholders
+from tether.envs import env_class, escape_placeholders
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, skill_section, user_message
@@ -48,9 +48,6 @@ from tether.methods.seed.rule_analyzers import (
     Trajectory,
     rule_analysis,
     solve_from_observation,
-    thin_ice_deadly,
-    thin_ice_fatal,
-    thin_ice_skill_correct,
 )
 from tether.methods.seed.sft import SkillSFTSettings
 from tether.models.vision import encode_message, has_images, is_processor, observation_images
@@ -132,12 +129,20 @@ def teacher_scores(ctx: StepContext, batch: RolloutBatch, contexts: list[str | N
     return teacher, row_mask, lost
 
 
-def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mask: Tensor) -> dict[str, float]:
+def env_provides(ctx: StepContext, name: str) -> Any:
+    """An optional attribute of the run's env class, None where it has none: what an env declares for SEED's
+    diagnostics (thin ice: ``hidden_hazard``, ``states_lesson``; docs/methods/seed.md)."""
+    return getattr(env_class(ctx.cfg.env.name), name, None)
+
+
+def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mask: Tensor,
+                      hidden_hazard: str) -> dict[str, float]:
     """The skill's pre-update shift of each row's whole response, log pi_T(a|h~) - log pi(a|h) (the sum of the
-    token deltas), averaged separately over rows whose action steps onto thin ice (*fatal*) and over the
-    other valid rows (*safe*), on thin ice. The mechanism needs the first negative and the second positive.
-    Beside them, *deadly* rows (onto ``~`` or into a visible hole, both of which the oracle rule forbids) and
-    *alive* rows, the split the SEED study's control was read with (docs/methods/seed.md).
+    token deltas), averaged separately over rows whose move the env reports fell into its hidden hazard (the
+    step-info flag ``hidden_hazard``; thin ice: onto ``~``), *fatal*, and over the other valid rows, *safe*. The
+    mechanism needs the first negative and the second positive. Beside them, *deadly* rows (any ``fell_*`` flag:
+    onto ``~`` or into a visible hole, both of which the oracle rule forbids) and *alive* rows, the split the
+    SEED study's control was read with (docs/methods/seed.md).
 
     ``student`` is pi_old's log-probs (the engine's sampled ones when the trainer skipped that pass: same weights,
     temperature 1). Rows without a teacher (``mask`` 0) are left out; a split with no row reports nothing.
@@ -145,10 +150,11 @@ def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mas
     delta = ((teacher - student) * mask).sum(1)
     kinds: dict[str, list[float]] = {"fatal": [], "safe": [], "deadly": [], "alive": []}
     for i, (ep, turn) in enumerate(zip(batch.info["episode"], batch.info["turn"], strict=True)):
-        row = ep.turns[turn]
-        if mask[i].sum() > 0 and row["valid"]:
-            kinds["fatal" if thin_ice_fatal(row["observation"], row["action"]) else "safe"].append(float(delta[i]))
-            kinds["deadly" if thin_ice_deadly(row["observation"], row["action"]) else "alive"].append(float(delta[i]))
+        moved = ep.infos[turn + 1]  # the env's info after this row's move
+        if mask[i].sum() > 0 and ep.turns[turn]["valid"]:
+            kinds["fatal" if moved.get(hidden_hazard) else "safe"].append(float(delta[i]))
+            deadly = any(v for k, v in moved.items() if k.startswith("fell_"))
+            kinds["deadly" if deadly else "alive"].append(float(delta[i]))
     out = {f"seed/delta_{k}": sum(v) / len(v) for k, v in kinds.items() if v}
     out["seed/fatal_rows"] = float(len(kinds["fatal"]))
     return out
@@ -228,9 +234,9 @@ class Seed(Method):
         self._write_skills(ctx, episodes, labels, results, prompts, cut)
         metrics = self._analysis_metrics(episodes, labels, results, lengths, hit_limit, cut,
                                          time.perf_counter() - start)
-        if ctx.cfg.env.name == "thin_ice":
+        if (states_lesson := env_provides(ctx, "states_lesson")) is not None:
             written = [r.skill for r in results if r.ok]
-            metrics["seed/skill_correct_rate"] = sum(map(thin_ice_skill_correct, written)) / max(len(written), 1)
+            metrics["seed/skill_correct_rate"] = sum(map(states_lesson, written)) / max(len(written), 1)
         return metrics
 
     def _policy_answers(self, prompts: list[list[int]], ctx: StepContext
@@ -306,9 +312,9 @@ class Seed(Method):
             rows = [i for i, lab in enumerate(labels) if lab == label]
             if rows:
                 metrics[f"seed/row_reward_{label}"] = batch.rewards[rows].mean().item()
-        if ctx.cfg.env.name == "thin_ice":
+        if (hidden_hazard := env_provides(ctx, "hidden_hazard")) is not None:
             student = batch.token.get("old_log_probs", batch.sample_log_probs)
-            metrics.update(fatal_safe_deltas(batch, teacher, student, mask))
+            metrics.update(fatal_safe_deltas(batch, teacher, student, mask, hidden_hazard))
         metrics.update({"seed/opd_enabled": float(active), "seed/teacher_rows_frac": row_mask.mean().item(),
                         "seed/prompt_recovery_failures": float(lost),
                         "seed/teacher_s": time.perf_counter() - start})
