@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import random
 import re
-from collections import deque
 from typing import Literal
 
 from tether.envs.base import (
@@ -57,11 +56,8 @@ from tether.envs.base import (
     normalize_action,
     parse_tagged_action,
 )
-
-Cell = tuple[int, int]
-
-# The order BFS tries moves in, hence the tie-break between equally short paths (as in frozenlake.py).
-MOVES: dict[str, Cell] = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+from tether.envs.grid import MOVES, Cell, neighbours, shortest_path, walk
+from tether.envs.grid import render as render_grid
 
 # Tiles of a map (gymnasium-like letters, never shown to the policy) and their rendered symbols.
 START, ICE, THIN, HOLE, GOAL = "S", "F", "T", "H", "G"
@@ -100,32 +96,6 @@ def split_of(seed: int) -> Split:
 # -- paths ---------------------------------------------------------------------------------------
 
 
-def shortest_path(desc: list[str], row: int, col: int, avoid: str) -> list[str] | None:
-    """Fewest moves from ``(row, col)`` to the goal stepping on no tile in ``avoid``, by BFS; None if none."""
-    size = len(desc)
-    parent: dict[Cell, tuple[Cell, str] | None] = {(row, col): None}
-    queue = deque([(row, col)])
-    while queue:
-        cell = queue.popleft()
-        if desc[cell[0]][cell[1]] == GOAL:
-            return _backtrack(parent, cell)
-        for name, (dr, dc) in MOVES.items():
-            nxt = (cell[0] + dr, cell[1] + dc)
-            if (0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in parent
-                    and desc[nxt[0]][nxt[1]] not in avoid):
-                parent[nxt] = (cell, name)
-                queue.append(nxt)
-    return None
-
-
-def _backtrack(parent: dict[Cell, tuple[Cell, str] | None], cell: Cell) -> list[str]:
-    actions = []
-    while (link := parent[cell]) is not None:
-        cell, name = link
-        actions.append(name)
-    return actions[::-1]
-
-
 def safe_plan(desc: list[str], row: int, col: int) -> list[str] | None:
     """The scripted solver: the shortest path avoiding holes and thin ice."""
     return shortest_path(desc, row, col, HOLE + THIN)
@@ -135,16 +105,6 @@ def naive_plan(desc: list[str], row: int, col: int) -> list[str] | None:
     """The naive solver: the shortest path avoiding holes only, treating thin ice as safe ice (as the warm start
     does before it has any reason to distrust ``~``)."""
     return shortest_path(desc, row, col, HOLE)
-
-
-def walk(cell: Cell, actions: list[str], size: int) -> list[Cell]:
-    """The cells visited from ``cell`` by ``actions`` (edges stop you), ``cell`` included."""
-    cells = [cell]
-    for action in actions:
-        dr, dc = MOVES[action]
-        r, c = cells[-1][0] + dr, cells[-1][1] + dc
-        cells.append((r, c) if 0 <= r < size and 0 <= c < size else cells[-1])
-    return cells
 
 
 def moves_ahead(goal: int, row: int, col: int) -> list[tuple[str, int, int]]:
@@ -268,8 +228,7 @@ def _sprinkle(grid: list[list[str]], naive_len: int, rng: random.Random) -> bool
 
 def render(desc: list[str], row: int, col: int) -> str:
     """The map as text with the player at ``(row, col)``: one line per row, one character per cell."""
-    return "\n".join("".join(_symbol(tile, (r, c) == (row, col)) for c, tile in enumerate(line))
-                     for r, line in enumerate(desc))
+    return render_grid(desc, row, col, _symbol)
 
 
 def _symbol(tile: str, player: bool) -> str:
@@ -283,12 +242,9 @@ def _symbol(tile: str, player: bool) -> str:
 def local_view(desc: list[str], row: int, col: int) -> str:
     """The tile on each side of the player (``edge`` off the map) and the goal's distance, e.g. ``Around you: left
     edge, down _, right ~, up edge. Goal: 5 down, 5 right.``"""
-    size = len(desc)
-    sides = []
-    for name, (dr, dc) in MOVES.items():
-        r, c = row + dr, col + dc
-        sides.append(f"{name} {SYMBOLS[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'edge'}")
-    return f"Around you: {', '.join(sides)}. Goal: {size - 1 - row} down, {size - 1 - col} right."
+    sides = [f"{name} {'edge' if cell is None else SYMBOLS[desc[cell[0]][cell[1]]]}"
+             for name, cell in neighbours(desc, row, col).items()]
+    return f"Around you: {', '.join(sides)}. Goal: {len(desc) - 1 - row} down, {len(desc) - 1 - col} right."
 
 
 def ahead_view(desc: list[str], row: int, col: int) -> str:
@@ -320,9 +276,8 @@ OUTCOMES = {START: "ice", ICE: "ice", THIN: "thin_ice", HOLE: "hole", GOAL: "goa
 
 def move_outcomes(desc: list[str], row: int, col: int) -> dict[str, str]:
     """What each move from ``(row, col)`` does (:data:`OUTCOMES`, or ``edge``), in :data:`MOVES` order."""
-    size = len(desc)
-    return {name: OUTCOMES[desc[row + dr][col + dc]] if 0 <= row + dr < size and 0 <= col + dc < size else "edge"
-            for name, (dr, dc) in MOVES.items()}
+    return {name: "edge" if cell is None else OUTCOMES[desc[cell[0]][cell[1]]]
+            for name, cell in neighbours(desc, row, col).items()}
 
 
 def states_lesson(skill: str) -> bool:

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.envs.grid import read_map
+
 SOKOBAN_SYMBOLS = set("#_OX√PS")
 FROZENLAKE_SYMBOLS = set("P_OGX√")
 THIN_ICE_SYMBOLS = set("P_~OGX*")
@@ -94,29 +96,20 @@ def frozenlake_plan(observation: str) -> list[str] | None:
     """The shortest hole-free path from the player to the goal on the map in ``observation``."""
     from tether.envs.frozenlake import shortest_path
 
-    grid = grid_text(observation, FROZENLAKE_SYMBOLS)
-    if grid is None:
-        return None
+    text = grid_text(observation, FROZENLAKE_SYMBOLS)
     tiles = {"P": "F", "_": "F", "O": "H", "X": "H", "G": "G", "√": "G"}
-    desc = ["".join(tiles[c] for c in row) for row in grid.split("\n")]
-    where = [(r, c) for r, row in enumerate(grid.split("\n")) for c, ch in enumerate(row) if ch in "PX√"]
-    if len(where) != 1 or len({len(row) for row in desc}) != 1 or desc[where[0][0]][where[0][1]] == "H":
+    parsed = None if text is None else read_map(text, tiles, player="PX√")
+    if parsed is None or parsed[0][parsed[1][0]][parsed[1][1]] == "H":
         return None
-    return shortest_path(desc, *where[0])
+    return shortest_path(parsed[0], *parsed[1])
 
 
 def thin_ice_tiles(observation: str) -> tuple[list[str], tuple[int, int]] | None:
     """The thin-ice map in ``observation`` as tile rows (:mod:`tether.envs.thin_ice` letters; the player's cell
-    is ice, ``H`` where they fell in, ``G`` on the goal) and the player's cell; None without one square grid."""
-    grid = grid_text(observation, THIN_ICE_SYMBOLS)
-    if grid is None:
-        return None
-    rows = grid.split("\n")
+    is ice, ``H`` where they fell in, ``G`` on the goal) and the player's cell; None without one grid."""
+    text = grid_text(observation, THIN_ICE_SYMBOLS)
     tiles = {"P": "F", "_": "F", "~": "T", "O": "H", "X": "H", "G": "G", "*": "G"}
-    where = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PX*"]
-    if len(where) != 1 or any(len(row) != len(rows) for row in rows):
-        return None
-    return ["".join(tiles[c] for c in row) for row in rows], where[0]
+    return None if text is None else read_map(text, tiles, player="PX*")
 
 
 def thin_ice_plan(observation: str) -> list[str] | None:
