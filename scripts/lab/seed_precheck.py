@@ -35,10 +35,10 @@ from tether.config import load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
 from tether.envs.thin_ice import states_lesson
+from tether.lab.skill_data import response_text
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill
 from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, rule_analysis
-from tether.methods.seed.skill_data import response_text
 from tether.models import encode_chat, load_policy
 from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt
 
