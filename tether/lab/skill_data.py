@@ -15,9 +15,10 @@ initialised character model does not. This module writes the action warm start t
 * the other episodes carry no skill and follow the naive solver, which treats ``~`` as ice, so the warm start
   steps on thin ice as the audit's design wants ("the base treats the hazard as safe");
 * the skill, drawn per episode with ``seed``: half the time the oracle rule alone
-  (:data:`tether.methods.seed.rule_analyzers.THIN_ICE_RULE`), half the time the oracle analyzer's whole skill for the naive
-  solver's trajectory on the same map (:func:`tether.methods.seed.rule_analyzers.analyze_thin_ice`), which is the text stage 2's
-  rule analyzer writes, so the teacher's context at stage 2 is one the policy saw in SFT.
+  (:data:`tether.methods.seed.rule_analyzers.THIN_ICE_RULE`), half the time the oracle analyzer's whole skill for
+  the naive solver's trajectory on the same map (:func:`tether.methods.seed.rule_analyzers.analyze_thin_ice`),
+  which is the text stage 2's rule analyzer writes, so the teacher's context at stage 2 is one the policy saw in
+  SFT.
 
 The skill is per episode, not per prompt, because stage 2 inserts one episode skill into every turn of a
 trajectory, and an episode that follows the safe solver from its start visits the states a skilled policy visits.
@@ -26,8 +27,8 @@ Record format (one dict per turn; :func:`write_jsonl` writes one JSON object per
 
 * ``prompt``: the agent loop's user message for that turn (:func:`tether.rollout.multi_turn.build_prompt` with
   ``history``), with the skill block after the task line when the episode has one
-  (:func:`tether.methods.seed.prompting.augment_with_skill`, the same insertion SEED's teacher uses). No chat template: the SFT
-  trainer applies it, as for the rollout prompts.
+  (:func:`tether.methods.seed.prompting.augment_with_skill`, the same insertion SEED's teacher uses). No chat
+  template: the SFT trainer applies it, as for the rollout prompts.
 * ``response``: ``<action>{action}</action>``, no EOS (the trainer appends it).
 * ``meta``: ``seed``, ``turn``, ``skill`` (the text, or None), ``skill_kind`` (``rule``, ``analysis`` or None),
   ``solver`` (``safe`` or ``naive``), ``action`` (the label), ``fatal`` (the label steps on thin ice),
