@@ -44,10 +44,7 @@ from tether.envs import env_class, escape_placeholders
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill, user_message
-from tether.methods.seed.rule_analyzers import (
-    Trajectory,
-    rule_analysis,
-)
+from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.methods.seed.sft import SkillSFTSettings
 from tether.models.vision import encode_message, has_images, observation_images
 

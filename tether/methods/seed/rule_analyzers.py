@@ -284,8 +284,8 @@ THIN_ICE_RULE = ("Every ~ (snowy ice) is thin ice that breaks under you: never s
 
 
 def last_move(traj: Trajectory) -> dict[str, Any]:
-    """The env's info after the trajectory's last move ({} without a move): what the move did, as the env reports
-    it (thin ice: ``outcome`` and ``cell``).
+    """The env's info after the trajectory's last move: what the move did, as the env reports it (thin ice:
+    ``outcome`` and ``cell``); {} without turns or when the last reply was no valid move.
 
     Raises:
         ValueError: ``traj.infos`` does not hold one info per observation.
