@@ -182,3 +182,12 @@ def test_collectors_and_health_checks_never_see_the_trainer_or_the_methods(layer
     upward = sorted((m, t) for m, targets in graph.items() if m == layer or m.startswith(layer + ".")
                     for t in targets if t.startswith(("tether.trainer", "tether.methods", "tether.recipes")))
     assert upward == []
+
+
+def test_envs_never_see_the_rollout_the_methods_or_the_trainer(graph):
+    """Envs report facts in their infos and declare optional attributes; methods read those (issue 37), so no env
+    imports a layer above it."""
+    upward = sorted((m, t) for m, targets in graph.items() if m.startswith("tether.envs")
+                    for t in targets if t.startswith(("tether.rollout", "tether.methods", "tether.trainer",
+                                                      "tether.recipes")))
+    assert upward == []

@@ -87,11 +87,7 @@ def train(config: Path, overrides: Overrides = None) -> None:
 
 
 def _train(cfg: Config) -> dict:
-    """One run's summary; under ``health.collapse.action=armor``, stage 1's and, after a collapse, stage 2's."""
-    if cfg.health.collapse.action == "armor":
-        from tether.armor_after_collapse import train_with_armor_after_collapse
-
-        return train_with_armor_after_collapse(cfg)
+    """One run's summary."""
     from tether.trainer import Trainer
 
     trainer = Trainer(cfg)
@@ -156,16 +152,26 @@ StageOverrides = Annotated[list[str] | None, typer.Option(help="KEY=VALUE overri
 
 
 @recipe_app.command("armor")
-def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = None,
-                 stage2_override: StageOverrides = None) -> None:
+def recipe_armor(stage1: Path, stage2: Annotated[Path | None, typer.Argument()] = None,
+                 stage1_override: StageOverrides = None, stage2_override: StageOverrides = None,
+                 after_collapse: Annotated[bool, typer.Option(
+                     help="no STAGE2: stage 1 ends at a collapse of its validation, then ARMOR from the peak for "
+                          "the steps left, in RUN_DIR/armor")] = False) -> None:
     """ARMOR's two stages: DAPO with validation, then ARMOR from its best checkpoint (policy = reference)."""
     from tether.checks import run_checks
-    from tether.recipes.armor import run_two_stage
+    from tether.recipes.armor import run_after_collapse, run_two_stage
 
-    first, second = _load(stage1, stage1_override), _load(stage2, stage2_override)
+    if after_collapse == (stage2 is not None):
+        raise ConfigError("tether recipe armor takes STAGE1 STAGE2, or one config with --after-collapse (stage 2 "
+                          "is then derived from it); got " + ("both" if after_collapse else "neither"))
+    first = _load(stage1, stage1_override)
     run_checks(first)
-    run_checks(second, policy=False)  # its policy is the checkpoint stage 1 will write
-    result = run_two_stage(first, second)
+    if after_collapse:
+        result = run_after_collapse(first)
+    else:
+        second = _load(stage2, stage2_override)
+        run_checks(second, policy=False)  # its policy is the checkpoint stage 1 will write
+        result = run_two_stage(first, second)
     typer.echo(json.dumps(result, indent=2, default=str))
 
 

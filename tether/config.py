@@ -408,12 +408,20 @@ class RewardAuditConfig(Section):
 class CollapseConfig(Section):
     """Over-optimisation guard: validation falls from its peak while the training reward rises."""
 
-    action: Literal["off", "warn", "stop", "armor"] = Field(
+    action: Literal["off", "warn", "stop"] = Field(
         "warn", description="what to do on a collapse: off; warn; stop the run (the peak's weights stay in "
-        "checkpoints/best); armor: stop, then continue from the peak with ARMOR as stage 2, the peak as reference, "
-        "for the steps left, in run_dir/armor (docs/health.md)")
+        "checkpoints/best). ARMOR from the peak after a collapse: tether recipe armor CONFIG --after-collapse")
     drop: float = Field(0.05, ge=0, description="how far below its peak train.best_metric must be to count")
     patience: int = Field(3, ge=1, description="consecutive validations below peak - drop that make a collapse")
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _armor_moved(cls, action: object) -> object:
+        if action == "armor":  # the action of earlier versions, now a recipe option (issue 37)
+            raise ValueError("'armor' is no longer a health action: ARMOR after a collapse is an option of the ARMOR "
+                             "recipe, `tether recipe armor CONFIG --after-collapse` (docs/methods/armor.md); set "
+                             "health.collapse.action to warn or stop (or remove it) and run that command")
+        return action
 
 
 class DegenerateConfig(Section):

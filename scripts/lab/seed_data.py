@@ -4,7 +4,7 @@
 
 One file, two kinds of records, both from thin-ice *training* maps only:
 
-* skill-following action records (:func:`tether.methods.seed.skill_data.skill_following_records`): 30% of
+* skill-following action records (:func:`tether.lab.skill_data.skill_following_records`): 30% of
   prompts carry a correct skill and follow the safe solver, the rest follow the naive solver that steps on ``~``;
 * analysis records: the analyzer prompt of a solver trajectory (the naive solver with random moves, so both
   failures and successes occur) and the oracle rule analyzer's answer as the target. This is stage 1 of the
@@ -26,9 +26,9 @@ from typing import Any
 
 from tether.config import load_config
 from tether.envs.thin_ice import ThinIceEnv
+from tether.lab.skill_data import fork_pair_records, response_text, skill_following_records, write_jsonl
 from tether.methods.seed.analyzer import Step, analysis_prompt, success_label
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
-from tether.methods.seed.skill_data import fork_pair_records, response_text, skill_following_records, write_jsonl
 
 ENV_KWARGS: dict[str, Any] = {"size": 6, "hole_p": 0.15, "trap_prob": 0.5}  # the first warm start's maps
 # training maps never used by the action records (those take the first seeds)
@@ -40,16 +40,19 @@ def noisy_trajectory(env: ThinIceEnv, seed: int, explore: float, rng: random.Ran
     """The naive solver on ``seed``'s map with a random move with probability ``explore`` at each turn."""
     reset = env.reset(seed)
     turns: list[dict[str, Any]] = []
+    infos = [reset.info]
     observation, won = reset.observation, False
     while (plan := env.naive_solution()) and len(turns) < env.max_turns:
         action = rng.choice(env.admissible) if rng.random() < explore else plan[0]
         step = env.step(action)
         turns.append({"observation": observation, "response": response_text(action), "action": action,
                       "valid": True, "reward": step.reward})
+        infos.append(step.info)
         observation, won = step.observation, step.won
         if step.done:
             break
-    return Trajectory(task=reset.task, turns=turns, final_observation=observation, won=won, ret=float(won))
+    return Trajectory(task=reset.task, turns=turns, final_observation=observation, won=won, ret=float(won),
+                      infos=infos)
 
 
 def analysis_records(n: int, *, explore: float, seed: int, env_kwargs: dict[str, Any]) -> list[dict[str, Any]]:

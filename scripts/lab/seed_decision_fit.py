@@ -6,7 +6,7 @@ A thin-ice response is ``<action>down</action>``: every character but the first 
 the format, so a per-token SFT loss near 0 can hide a decision the model has not learnt. This reads, over a random
 sample of records, the negative log-likelihood of the decisive character (the one after ``<action>``) and whether
 greedy decoding picks it, split by whether the prompt carries a skill and whether the record is a fork pair
-(``meta.fork``, :func:`tether.methods.seed.skill_data.fork_pair_records`). Chance between two moves is
+(``meta.fork``, :func:`tether.lab.skill_data.fork_pair_records`). Chance between two moves is
 ln 2 = 0.693 nats.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from tether.methods.seed.skill_data import response_text
+from tether.lab.skill_data import response_text
 from tether.models import encode_chat, load_policy
 
 DECISIVE = len("<action>")
@@ -50,7 +50,7 @@ def main() -> None:
                   if r.get("response") != response_text(r.get("meta", {}).get("action", ""))), None)
     if other is not None:
         raise SystemExit(f"{args.records} line {other}: not a thin-ice action record (its response must be "
-                         "<action>MOVE</action> for meta.action; see tether/methods/seed/skill_data.py)")
+                         "<action>MOVE</action> for meta.action; see tether/lab/skill_data.py)")
     random.Random(0).shuffle(records)
     groups: dict[str, list[tuple[float, bool]]] = {}
     for r in records[: args.n]:

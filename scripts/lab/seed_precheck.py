@@ -12,7 +12,7 @@
    a counterfactual diagnostic, *fork_safe_move*: at every row at a fork (the naive move steps on ``~``), the
    skill's shift of the safe move's log-probability, sampled or not.
 3. **Self-analysis**: greedy analyses by the policy of some of those trajectories: parse rate and how many state
-   the hidden lesson (:func:`thin_ice_skill_correct`).
+   the hidden lesson (:func:`tether.envs.thin_ice.states_lesson`).
 4. With ``--own-skills`` (the self-analysis arm, after stage 1): check 2 again with the policy's own greedy
    analysis of every trajectory as the skill, as ``methods.seed.analyzer=policy`` does; trajectories whose
    analysis fails give no rows (their rows get no distillation in training either).
@@ -34,29 +34,11 @@ import torch
 from tether.config import load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
-from tether.envs.thin_ice import (
-    HOLE,
-    SYMBOLS,
-    THIN,
-    THIN_SYMBOL,
-    monotone_plan,
-    naive_plan,
-    parse_ahead,
-    walker_move,
-)
+from tether.envs.thin_ice import states_lesson
+from tether.lab.skill_data import response_text
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill
-from tether.methods.seed.rule_analyzers import (
-    THIN_ICE_RULE,
-    Trajectory,
-    rule_analysis,
-    thin_ice_fatal,
-    thin_ice_landing,
-    thin_ice_plan,
-    thin_ice_skill_correct,
-    thin_ice_tiles,
-)
-from tether.methods.seed.skill_data import response_text
+from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, rule_analysis
 from tether.models import encode_chat, load_policy
 from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt
 
@@ -89,39 +71,19 @@ def response_log_prob(model: Any, prompt: list[int], response: list[int]) -> flo
     return float(torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).sum())
 
 
-def safe_move(observation: str, routes: str) -> str | None:
-    """The safe solver's next move (``routes`` as the env's: shortest path or the monotone walker), or None."""
-    ahead, parsed = parse_ahead(observation), thin_ice_tiles(observation)
-    if ahead is not None:
-        return walker_move(ahead, SYMBOLS[HOLE] + THIN_SYMBOL)
-    if parsed is not None and routes == "monotone":
-        desc, cell = parsed
-        plan = monotone_plan(desc, *cell, HOLE + THIN)
-    else:
-        plan = thin_ice_plan(observation)
-    return plan[0] if plan else None
-
-
-def safe_kind(observation: str, action: str, routes: str) -> str:
-    """A safe row's kind: a move into a visible hole, the first move of the safe solver's plan, or another move."""
-    if thin_ice_landing(observation, action) == HOLE:
+def safe_kind(before: dict[str, Any], after: dict[str, Any], action: str) -> str:
+    """A safe row's kind, from the env's infos before and after its move (:class:`ThinIceEnv`): a move into a
+    visible hole, the first move of the safe solver's plan, or another move."""
+    if after.get("outcome") == "hole":
         return "safe_into_hole"
-    return "safe_on_plan" if safe_move(observation, routes) == action else "safe_other"
+    return "safe_on_plan" if before["safe_move"] == action else "safe_other"
 
 
-def at_fork(observation: str, routes: str) -> bool:
-    """Whether the naive solver's next move from this state steps on ``~``: the states where a skill that says
-    "never step on ~" should change the action (the rows whose safe moves the teacher should raise most)."""
-    ahead = parse_ahead(observation)
-    if ahead is not None:
-        naive = walker_move(ahead, SYMBOLS[HOLE])
-        return naive is not None and thin_ice_fatal(observation, naive)
-    parsed = thin_ice_tiles(observation)
-    if parsed is None:
-        return False
-    desc, cell = parsed
-    plan = monotone_plan(desc, *cell, HOLE) if routes == "monotone" else naive_plan(desc, *cell)
-    return bool(plan) and thin_ice_fatal(observation, plan[0])
+def at_fork(before: dict[str, Any]) -> bool:
+    """Whether the naive solver's next move from this state steps on ``~`` (the env's info of the state): the
+    states where a skill that says "never step on ~" should change the action (the rows whose safe moves the
+    teacher should raise most)."""
+    return before["outcomes"].get(before["naive_move"]) == "thin_ice"
 
 
 def oracle_skills(episodes: list[Episode]) -> dict[int, str]:
@@ -142,7 +104,7 @@ def own_analyses(engine: HFEngine, tok: Any, episodes: list[Episode], max_new_to
 
 
 def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[str, Any]], history: int,
-                 action_format: str, routes: str) -> dict[str, Any]:
+                 action_format: str) -> dict[str, Any]:
     """The positive control (module docstring, 2 and 4) with ``skills`` per episode; episodes without one are
     skipped."""
     split: dict[str, list[float]] = {"fatal": [], "safe": []}
@@ -172,14 +134,15 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
         skilled_prompt = encode_chat(tok, augment_with_skill(message, skills[id(ep)]))
         student = response_log_prob(model, plain_prompt, response)
         teacher = response_log_prob(model, skilled_prompt, response)
-        fork = at_fork(t["observation"], routes)
-        if fork and (move := safe_move(t["observation"], routes)):
+        before, after = ep.infos[turn], ep.infos[turn + 1]  # the env's infos around this row's move
+        fork = at_fork(before)
+        if fork and (move := before["safe_move"]):
             alt = tok.encode(response_text(move), add_special_tokens=False)
             counterfactual["fork_safe_move"].append(response_log_prob(model, skilled_prompt, alt)
                                                     - response_log_prob(model, plain_prompt, alt))
-        fatal = thin_ice_fatal(t["observation"], t["action"])
+        fatal = after.get("outcome") == "thin_ice"
         split["fatal" if fatal else "safe"].append(teacher - student)
-        kind = None if fatal else safe_kind(t["observation"], t["action"], routes)
+        kind = None if fatal else safe_kind(before, after, t["action"])
         deadly["deadly" if fatal or kind == "safe_into_hole" else "alive"].append(teacher - student)
         if kind is not None:
             detail[kind].append(teacher - student)
@@ -200,7 +163,7 @@ def self_analysis(engine: HFEngine, tok: Any, episodes: list[Episode], n: int, m
     parsed = own_analyses(engine, tok, picked, max_new_tokens)
     ok = [p for p in parsed if p.ok]
     return {"analyses": len(parsed), "parse_rate": len(ok) / max(len(parsed), 1),
-            "correct_rate": sum(thin_ice_skill_correct(p.skill) for p in ok) / max(len(parsed), 1),
+            "correct_rate": sum(states_lesson(p.skill) for p in ok) / max(len(parsed), 1),
             "failures_analysed": sum(not e.won for e in picked),
             "example": ok[0].skill if ok else parsed[0].raw if parsed else ""}
 
@@ -224,7 +187,7 @@ def main() -> None:
     collector = AgentCollector(cfg, tok)
     seeds = collector.val_seeds[: args.maps]  # the selection split
     plain, rows = play(collector, engine, seeds, args.copies, None, seed=1)
-    where = (cfg.env.history, collector.action_format, cfg.env.kwargs.get("routes", "shortest"))
+    where = (cfg.env.history, collector.action_format)
     skilled, _ = play(collector, engine, seeds, args.copies, THIN_ICE_RULE, seed=1)
     result = {"config": args.config, "model": cfg.model.name, "maps": len(seeds), "copies": args.copies,
               "no_skill": outcome(plain), "oracle_rule_in_prompt": outcome(skilled),
@@ -236,7 +199,7 @@ def main() -> None:
         own = {id(ep): a.skill if a.ok else "" for ep, a in
                zip(plain, own_analyses(engine, tok, plain, args.analysis_tokens), strict=True)}
         result["own_skills"] = {"analysis_success": sum(bool(v.strip()) for v in own.values()) / len(own),
-                                "skill_correct": sum(thin_ice_skill_correct(v) for v in own.values()) / len(own),
+                                "skill_correct": sum(states_lesson(v) for v in own.values()) / len(own),
                                 "control": skill_deltas(model, tok, own, rows, *where)}
     print(json.dumps(result, indent=2), flush=True)
     if args.analyses:  # a warm start without analysis records cannot write one; skip the generation then

@@ -16,12 +16,14 @@ from tether.envs.thin_ice import (
     generate_monotone_map,
     local_view,
     monotone_plan,
+    move_outcomes,
     naive_plan,
     parse_ahead,
     render,
     safe_plan,
     split_of,
     split_seeds,
+    states_lesson,
     walk,
     walker_move,
 )
@@ -174,48 +176,60 @@ def test_fatal_and_safe_deltas_split_rows_by_a_step_onto_thin_ice():
     import torch
 
     from tether.methods.seed.plugin import fatal_safe_deltas
-    from tether.methods.seed.rule_analyzers import thin_ice_deadly, thin_ice_fatal
 
-    env = ThinIceEnv(size=6)
-    seed = next(s for s in range(200) if env.reset(s).info["trap"])
-    observation = env.reset(seed).observation
-    plan = env.naive_solution()
-    # walk the naive (ice-blind) route until its next move breaks through
-    while not thin_ice_fatal(observation, plan[0]):
-        observation = env.step(plan[0]).observation
-        plan = env.naive_solution()
-    fatal = plan[0]
-    safe = next(a for a in ("left", "down", "right", "up") if not thin_ice_fatal(observation, a))
-    turns = [{"observation": observation, "action": a, "valid": True} for a in (fatal, safe, safe)]
-    ep = SimpleNamespace(turns=turns)
-    batch = SimpleNamespace(info={"episode": [ep] * 3, "turn": [0, 1, 2]})
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # the last row has no teacher
-    teacher, student = torch.tensor([[-2.0, -1.0], [-0.5, -9.0], [5.0, 5.0]]), torch.full((3, 2), -1.0)
-    out = fatal_safe_deltas(batch, teacher, student, mask)
-    safe_deadly = thin_ice_deadly(observation, safe)  # a hole beside the ~ makes the safe row deadly too
-    assert out == {"seed/delta_fatal": -1.0, "seed/delta_safe": 0.5, "seed/fatal_rows": 1.0,
-                   **({"seed/delta_deadly": -0.25} if safe_deadly else
-                      {"seed/delta_deadly": -1.0, "seed/delta_alive": 0.5})}
+    # rows: onto ~, onto ice, into a hole, onto ice without a teacher; each row's info is the env's after its move
+    moved = [{"outcome": "thin_ice", "fell_in_hole": False, "fell_through_ice": True},
+             {"outcome": "ice", "fell_in_hole": False, "fell_through_ice": False},
+             {"outcome": "hole", "fell_in_hole": True, "fell_through_ice": False},
+             {"outcome": "ice", "fell_in_hole": False, "fell_through_ice": False}]
+    ep = SimpleNamespace(turns=[{"valid": True}] * 4, infos=[{}, *moved])
+    batch = SimpleNamespace(info={"episode": [ep] * 4, "turn": [0, 1, 2, 3]})
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])  # the last row has no teacher
+    teacher = torch.tensor([[-2.0, -1.0], [-0.5, -9.0], [-1.5, -1.5], [5.0, 5.0]])
+    out = fatal_safe_deltas(batch, teacher, torch.full((4, 2), -1.0), mask, "fell_through_ice")
+    # deltas per row: (-1) + 0 = -1, 0.5, -0.5 + -0.5 = -1; the hole is safe (not ~) but deadly
+    assert out == {"seed/delta_fatal": -1.0, "seed/delta_safe": -0.25, "seed/fatal_rows": 1.0,
+                   "seed/delta_deadly": -1.0, "seed/delta_alive": 0.5}
 
 
-def test_deadly_moves_are_onto_thin_ice_or_into_a_visible_hole():
-    from tether.methods.seed.rule_analyzers import thin_ice_deadly, thin_ice_fatal
+@pytest.mark.parametrize("kwargs", [{}, {"routes": "monotone", "local_view": True}, {"routes": "monotone",
+                                                                                     "view": "ahead"}])
+def test_every_step_reports_what_the_move_did_and_what_each_move_would_do(kwargs):
+    import random
 
-    board = "P~_\nO__\n__G"
-    assert thin_ice_deadly(board, "right") and thin_ice_deadly(board, "down") and not thin_ice_deadly(board, "up")
-    assert thin_ice_fatal(board, "right") and not thin_ice_fatal(board, "down")
-    line = "Ahead: down O, then right ~."
-    assert thin_ice_deadly(line, "down") and thin_ice_deadly(line, "right") and not thin_ice_fatal(line, "down")
-    assert not thin_ice_deadly("Ahead: down _, then right edge.", "down")
-    assert not thin_ice_deadly("Ahead: down _, then right G.", "right")
-    assert not thin_ice_deadly(line, "left") and not thin_ice_deadly("no grid", "down")
+    assert move_outcomes(["STF", "HFF", "FFG"], 0, 0) == {"left": "edge", "down": "hole", "right": "thin_ice",
+                                                          "up": "edge"}
+    env, rng, forks = ThinIceEnv(**kwargs), random.Random(0), 0
+    for seed in SEEDS[:20]:
+        info = env.reset(seed).info
+        desc = info["map"]
+        for _ in range(env.max_turns):
+            assert info["outcomes"] == move_outcomes(desc, *env.position)
+            assert info["safe_move"] == (env.solution() or [None])[0]
+            assert info["naive_move"] == (env.naive_solution() or [None])[0]
+            forks += info["outcomes"].get(info["naive_move"]) == "thin_ice"
+            action = rng.choice([*env.admissible, "jump"])
+            before, step = env.position, env.step(action)
+            r, c = step.info["cell"]
+            assert (r, c) == env.position
+            assert step.info["outcome"] == ("invalid" if action == "jump" else info["outcomes"][action])
+            assert (step.info["outcome"] in ("edge", "invalid")) == ((r, c) == before)
+            assert step.info["fell_through_ice"] == (step.info["outcome"] == "thin_ice") == (desc[r][c] == THIN)
+            assert step.info["fell_in_hole"] == (step.info["outcome"] == "hole")
+            assert step.info["won"] == (step.info["outcome"] == "goal")
+            info = step.info
+            if step.done:
+                assert info["outcomes"] == {} and info["safe_move"] is None is info["naive_move"]
+                break
+    assert forks > 0
 
 
 def test_skill_correctness_needs_the_lesson_about_thin_ice():
-    from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, thin_ice_skill_correct
+    from tether.methods.seed.rule_analyzers import THIN_ICE_RULE
 
-    assert thin_ice_skill_correct(THIN_ICE_RULE) and thin_ice_skill_correct("Avoid ~ tiles.")
-    assert not thin_ice_skill_correct("Walk right, then down to G.") and not thin_ice_skill_correct("Step on ~.")
+    assert ThinIceEnv.states_lesson is states_lesson and ThinIceEnv.hidden_hazard == "fell_through_ice"
+    assert states_lesson(THIN_ICE_RULE) and states_lesson("Avoid ~ tiles.")
+    assert not states_lesson("Walk right, then down to G.") and not states_lesson("Step on ~.")
 
 
 # -- monotone maps and the local view (the revised SEED lab setting, docs/methods/seed.md) ----------------------

@@ -1,5 +1,5 @@
-"""What a run does after a collapse: ``stop`` ends it cleanly, keeping the peak; ``armor`` continues from the peak
-with ARMOR as stage 2 (tether/armor_after_collapse.py)."""
+"""What a run does after a collapse: ``stop`` ends it cleanly, keeping the peak; the ARMOR recipe's
+``--after-collapse`` continues from the peak with ARMOR as stage 2 (tether/recipes/armor.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from tests.rollout.helpers import agent_config
 from tests.trainer.helpers import tiny_config
-from tether.armor_after_collapse import armor_stage_config, train_with_armor_after_collapse
 from tether.cli import app
 from tether.config import ConfigError
 from tether.health import CollapseError, CollapseGuard
+from tether.recipes.armor import armor_stage_config, run_after_collapse
 from tether.rollout.single_turn import SingleTurnCollector
 from tether.seeding import step_seed
 from tether.trainer import Trainer
@@ -39,8 +39,7 @@ def scripted_collapse(monkeypatch):
 
 
 def test_armor_stage_config_is_stage_one_from_the_peak_with_armor(tmp_path):
-    cfg = tiny_config(tmp_path, "health.collapse.action=armor", "train.steps=10", "algorithm.loss_kwargs.clip_high=0.3",
-                      "model.ref_name=elsewhere")
+    cfg = tiny_config(tmp_path, "train.steps=10", "algorithm.loss_kwargs.clip_high=0.3", "model.ref_name=elsewhere")
     stage2 = armor_stage_config(cfg, steps_done=4)
     run_dir = Path(cfg.run_dir)
     assert stage2.run_dir == str(run_dir / "armor") and stage2.train.steps == 6
@@ -49,7 +48,19 @@ def test_armor_stage_config_is_stage_one_from_the_peak_with_armor(tmp_path):
     assert stage2.methods == {"armor": {}} and stage2.health.collapse.action == "warn"
     assert stage2.rollout == cfg.rollout and stage2.optim == cfg.optim  # everything else is stage 1's
     with pytest.raises(ConfigError, match="single-turn task"):
-        armor_stage_config(agent_config(tmp_path, "health.collapse.action=armor"), steps_done=0)
+        armor_stage_config(agent_config(tmp_path), steps_done=0)
+
+
+def test_the_old_armor_action_points_at_the_recipe_and_the_recipe_refuses_what_it_cannot_run(tmp_path):
+    with pytest.raises(ConfigError, match=r"health\.collapse\.action.*tether recipe armor CONFIG --after-collapse"):
+        tiny_config(tmp_path, "health.collapse.action=armor")
+    with pytest.raises(ConfigError, match=r"health\.collapse\.action=off never reports"):
+        run_after_collapse(tiny_config(tmp_path, "health.collapse.action='off'"))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tmp_path).model_dump(mode="json")))
+    for args in ([str(config)], [str(config), str(config), "--after-collapse"]):
+        out = CliRunner().invoke(app, ["recipe", "armor", *args])
+        assert out.exit_code == 2 and "STAGE1 STAGE2, or one config with --after-collapse" in out.stderr
 
 
 def test_stop_ends_the_run_at_the_collapse_keeping_the_peak_and_the_summary(tmp_path, tiny_policy, scripted_collapse):
@@ -79,10 +90,10 @@ def test_tether_train_says_why_it_stopped(tmp_path, tiny_policy, scripted_collap
 def test_armor_continues_from_the_peak_for_the_steps_left_and_resumes_there(tmp_path, tiny_policy,
                                                                               scripted_collapse):
     model, tok = tiny_policy
-    cfg = tiny_config(tmp_path, "health.collapse.action=armor", *COLLAPSE)
+    cfg = tiny_config(tmp_path, *COLLAPSE)  # the guard's default action (warn): the recipe runs stage 1 with stop
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # stage 2's own guard warns: its validations follow VAL too
-        out = train_with_armor_after_collapse(cfg, policy=model, tokenizer=tok)
+        out = run_after_collapse(cfg, policy=model, tokenizer=tok)
     run = tmp_path / "run"
     assert out["stage1"]["steps"] == 2 and (out["collapse"]["step"], out["collapse"]["peak_step"]) == (2, 1)
     assert json.loads((run / "health" / "collapse.json").read_text())["step"] == 2
@@ -93,5 +104,5 @@ def test_armor_continues_from_the_peak_for_the_steps_left_and_resumes_there(tmp_
     rows = [json.loads(line) for line in (run / "armor" / "metrics.jsonl").read_text().splitlines()]
     assert any(key.startswith("armor/") for row in rows for key in row)
     # the same command again: stage 1 is not replayed, stage 2 resumes from its last checkpoint (here: done)
-    again = train_with_armor_after_collapse(cfg)
+    again = run_after_collapse(cfg)
     assert "stage1" not in again and again["stage2"]["steps"] == 2

@@ -166,16 +166,17 @@ def play(env_name: str, seed: int, actions: list[str], **kwargs) -> Trajectory:
     """Run ``actions`` (strings; "" = a reply without an action tag) and return the trajectory."""
     env = make_env(env_name, **kwargs)
     reset = env.reset(seed)
-    obs, turns, won, ret = reset.observation, [], False, 0.0
+    obs, turns, infos, won, ret = reset.observation, [], [reset.info], False, 0.0
     for action in actions:
         valid = action in (reset.admissible_actions or [action])
         step = env.step(action)
         turns.append({"observation": obs, "response": f"<action>{action}</action>", "action": action,
                       "valid": valid and bool(action)})
+        infos.append(step.info)
         obs, won, ret = step.observation, step.won, ret + step.reward
         if step.done:
             break
-    return Trajectory(task=reset.task, turns=turns, final_observation=obs, won=won, ret=ret)
+    return Trajectory(task=reset.task, turns=turns, final_observation=obs, won=won, ret=ret, infos=infos)
 
 
 @pytest.mark.parametrize("env_name", ["sokoban", "frozenlake"])

@@ -256,7 +256,7 @@ def test_opsd_refuses_envs_it_cannot_hint_before_and_during_a_run(tiny_policy, t
     with pytest.raises(ConfigError, match=r"methods.opsd with env.name=textworld: no solver reads its observations"):
         agent_config(tmp_path, "env.name=textworld", methods={"opsd": {}})
     # a supported env whose observations (here: a view) hold no state it can solve: stopped at the first batch
-    monkeypatch.setattr("tether.methods.seed.plugin.solve_from_observation", lambda *args: None)
+    monkeypatch.setattr("tether.methods.seed.opsd.solve_from_observation", lambda *args: None)
     cfg = agent_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
                        "rollout.max_new_tokens=6", methods={"opsd": {"coef": 0.1}})
     trainer = Trainer(cfg, policy=tiny_policy[0], tokenizer=tiny_policy[1])

@@ -14,8 +14,8 @@ Reward: 1.0 on reaching the goal (gymnasium's), else 0.0. Falling into a hole en
 from __future__ import annotations
 
 import importlib.util
-from collections import deque
 
+from tether.envs import grid
 from tether.envs.base import (
     EnvReset,
     EnvStep,
@@ -30,20 +30,13 @@ from tether.envs.base import (
 # gymnasium's action ids.
 NEEDS_GYMNASIUM = "frozenlake needs gymnasium: pip install gymnasium (or pip install 'tether[agents]')"
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}
-_MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 
 LEGEND = "Symbols: P you, _ frozen tile, O hole, G goal, X you in a hole, √ you on the goal."
 
 
 def render(desc: list[str], row: int, col: int) -> str:
     """The map as text with the player at ``(row, col)`` (symbols in the module docstring)."""
-    lines = []
-    for r, line in enumerate(desc):
-        cells = []
-        for c, tile in enumerate(line):
-            cells.append(_symbol(tile, (r, c) == (row, col)))
-        lines.append("".join(cells))
-    return "\n".join(lines)
+    return grid.render(desc, row, col, _symbol)
 
 
 def _symbol(tile: str, player: bool) -> str:
@@ -54,28 +47,7 @@ def _symbol(tile: str, player: bool) -> str:
 
 def shortest_path(desc: list[str], row: int, col: int) -> list[str] | None:
     """Fewest moves from ``(row, col)`` to the goal avoiding holes, by BFS; None if there is none."""
-    n_rows, n_cols = len(desc), len(desc[0])
-    parent: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {(row, col): None}
-    queue = deque([(row, col)])
-    while queue:
-        cell = queue.popleft()
-        if desc[cell[0]][cell[1]] == "G":
-            return _backtrack(parent, cell)
-        for name, (dr, dc) in _MOVES.items():
-            nxt = (cell[0] + dr, cell[1] + dc)
-            if (0 <= nxt[0] < n_rows and 0 <= nxt[1] < n_cols and nxt not in parent
-                    and desc[nxt[0]][nxt[1]] != "H"):
-                parent[nxt] = (cell, name)
-                queue.append(nxt)
-    return None
-
-
-def _backtrack(parent: dict, cell: tuple[int, int]) -> list[str]:
-    actions = []
-    while parent[cell] is not None:
-        cell, name = parent[cell]
-        actions.append(name)
-    return actions[::-1]
+    return grid.shortest_path(desc, row, col, avoid="H")
 
 
 class FrozenLakeEnv:

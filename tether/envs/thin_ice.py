@@ -10,24 +10,14 @@ Design choice: a *distinct but innocuous-looking* symbol, not the safe-ice symbo
 hazard would be truly invisible but its cells random per map, so no lesson could transfer; with ``~`` the symbol
 is visible, its meaning is not, and hindsight supplies the meaning.
 
-Maps (a pure function of ``size``, ``hole_p``, ``trap_prob`` and the seed; :func:`generate_map`): ``size x
-size``, start top-left, goal bottom-right, visible holes ``O`` with probability ``hole_p`` per tile, then thin ice:
-
-* a *trap* map (probability ``trap_prob``) gets thin ice on the shortest paths until *every* shortest path that
-  treats ``~`` as safe crosses one, so a policy that ignores the hazard falls on every shortest route;
-* any other map gets 1-3 thin-ice tiles placed so that some shortest path still avoids them all.
-
-Every map has at least one ``~`` and a path from start to goal that avoids holes and thin ice (BFS-checked), of
-at most ``max_turns - 2`` moves.
-
-*Monotone* maps (``routes="monotone"``, :func:`generate_monotone_map`) are for policies that cannot plan a route
-on a grid: the solvers are greedy walkers that only move down or right (:func:`monotone_plan`), so every decision
-is local (which of the two moves toward the goal is free), and a trap map puts one ``~`` on the naive walker's
-route, where the safe walker turns aside. ``local_view=True`` adds a line under the map naming the tile on each
-side of the player and the goal's distance, the local facts such a decision needs. ``view="ahead"`` (monotone
-only) replaces the map with one line naming the two moves toward the goal in the walkers' order of preference and
-the tile each leads to (:func:`ahead_view`), so a decision is one lookup: a character-level policy of ~1M
-parameters did not learn to compare the goal's two distances from the map and the local line (docs/methods/seed.md).
+Maps are pure functions of ``size``, ``hole_p``, ``trap_prob`` and the seed (:mod:`tether.envs.thin_ice_maps`:
+trap maps, whose every shortest route through ``~`` crosses thin ice, other maps with 1-3 ``~`` off some shortest
+route, and *monotone* maps for greedy down/right walkers). ``local_view=True`` adds a line under the map naming the
+tile on each side of the player and the goal's distance, the local facts a monotone walker's decision needs.
+``view="ahead"`` (monotone only) replaces the map with one line naming the two moves toward the goal in the
+walkers' order of preference and the tile each leads to (:func:`ahead_view`), so a decision is one lookup: a
+character-level policy of ~1M parameters did not learn to compare the goal's two distances from the map and the
+local line (docs/methods/seed.md).
 
 Symbols (ASCII only, one character per cell, so a character-level tokenizer sees one token per cell):
 ``P`` you, ``_`` ice, ``~`` snowy ice (thin ice), ``O`` hole, ``G`` goal, ``X`` you fallen in (a hole or through
@@ -44,9 +34,7 @@ a training run never touches the report maps unless asked to).
 
 from __future__ import annotations
 
-import random
 import re
-from collections import deque
 from typing import Literal
 
 from tether.envs.base import (
@@ -57,14 +45,24 @@ from tether.envs.base import (
     normalize_action,
     parse_tagged_action,
 )
+from tether.envs.grid import MOVES, Cell, neighbours, walk
+from tether.envs.grid import render as render_grid
+from tether.envs.thin_ice_maps import (
+    GOAL,
+    HOLE,
+    ICE,
+    START,
+    THIN,
+    crosses_thin_ice,
+    generate_map,
+    generate_monotone_map,
+    monotone_plan,
+    moves_ahead,
+    naive_plan,
+    safe_plan,
+)
 
-Cell = tuple[int, int]
-
-# The order BFS tries moves in, hence the tie-break between equally short paths (as in frozenlake.py).
-MOVES: dict[str, Cell] = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
-
-# Tiles of a map (gymnasium-like letters, never shown to the policy) and their rendered symbols.
-START, ICE, THIN, HOLE, GOAL = "S", "F", "T", "H", "G"
+# The rendered symbols of the tiles (tether.envs.thin_ice_maps).
 SYMBOLS = {START: "_", ICE: "_", THIN: "~", HOLE: "O", GOAL: "G"}
 PLAYER, FALLEN, ON_GOAL = "P", "X", "*"
 THIN_SYMBOL = SYMBOLS[THIN]
@@ -97,179 +95,9 @@ def split_of(seed: int) -> Split:
     return "selection" if seed >= SELECTION_SEED_OFFSET else "train"
 
 
-# -- paths ---------------------------------------------------------------------------------------
-
-
-def shortest_path(desc: list[str], row: int, col: int, avoid: str) -> list[str] | None:
-    """Fewest moves from ``(row, col)`` to the goal stepping on no tile in ``avoid``, by BFS; None if none."""
-    size = len(desc)
-    parent: dict[Cell, tuple[Cell, str] | None] = {(row, col): None}
-    queue = deque([(row, col)])
-    while queue:
-        cell = queue.popleft()
-        if desc[cell[0]][cell[1]] == GOAL:
-            return _backtrack(parent, cell)
-        for name, (dr, dc) in MOVES.items():
-            nxt = (cell[0] + dr, cell[1] + dc)
-            if (0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in parent
-                    and desc[nxt[0]][nxt[1]] not in avoid):
-                parent[nxt] = (cell, name)
-                queue.append(nxt)
-    return None
-
-
-def _backtrack(parent: dict[Cell, tuple[Cell, str] | None], cell: Cell) -> list[str]:
-    actions = []
-    while (link := parent[cell]) is not None:
-        cell, name = link
-        actions.append(name)
-    return actions[::-1]
-
-
-def safe_plan(desc: list[str], row: int, col: int) -> list[str] | None:
-    """The scripted solver: the shortest path avoiding holes and thin ice."""
-    return shortest_path(desc, row, col, HOLE + THIN)
-
-
-def naive_plan(desc: list[str], row: int, col: int) -> list[str] | None:
-    """The naive solver: the shortest path avoiding holes only, treating thin ice as safe ice (as the warm start
-    does before it has any reason to distrust ``~``)."""
-    return shortest_path(desc, row, col, HOLE)
-
-
-def walk(cell: Cell, actions: list[str], size: int) -> list[Cell]:
-    """The cells visited from ``cell`` by ``actions`` (edges stop you), ``cell`` included."""
-    cells = [cell]
-    for action in actions:
-        dr, dc = MOVES[action]
-        r, c = cells[-1][0] + dr, cells[-1][1] + dc
-        cells.append((r, c) if 0 <= r < size and 0 <= c < size else cells[-1])
-    return cells
-
-
-def moves_ahead(goal: int, row: int, col: int) -> list[tuple[str, int, int]]:
-    """The two moves toward the goal at ``(goal, goal)`` from ``(row, col)`` and the cell each leads to (possibly
-    off the map), the monotone walkers' preferred one first: toward the axis with more distance left, down on a
-    tie."""
-    order = ("down", "right") if goal - row >= goal - col else ("right", "down")
-    return [(m, row + MOVES[m][0], col + MOVES[m][1]) for m in order]
-
-
-def monotone_plan(desc: list[str], row: int, col: int, avoid: str) -> list[str] | None:
-    """The greedy walker of monotone maps: from ``(row, col)``, each move goes down or right, toward the axis with
-    more distance left (down on a tie), or the other one when that tile is in ``avoid`` or off the map. None when
-    both are blocked before the goal. It never backtracks, so every choice depends on the two tiles ahead only."""
-    goal = len(desc) - 1
-    plan: list[str] = []
-    while (row, col) != (goal, goal):
-        free = [(m, r, c) for m, r, c in moves_ahead(goal, row, col)
-                if r <= goal and c <= goal and desc[r][c] not in avoid]
-        if not free:
-            return None
-        move, row, col = free[0]
-        plan.append(move)
-    return plan
-
-
-def crosses_thin_ice(desc: list[str], actions: list[str]) -> bool:
-    """Whether walking ``actions`` from the start steps on thin ice."""
-    return any(desc[r][c] == THIN for r, c in walk((0, 0), actions, len(desc)))
-
-
-# -- maps ----------------------------------------------------------------------------------------
-
-
-def generate_map(size: int, seed: int, *, hole_p: float = 0.15, trap_prob: float = 0.5,
-                 max_steps: int = 18) -> list[str]:
-    """A solvable map for ``seed`` (module docstring). Rows are strings of tile letters S F T H G.
-
-    Raises:
-        RuntimeError: no valid map in 1000 draws (settings far outside the tested range, e.g. hole_p 0.6).
-    """
-    rng = random.Random(seed)
-    trap = rng.random() < trap_prob
-    for _ in range(1000):
-        grid = _holes(size, hole_p, rng)
-        naive = naive_plan(["".join(r) for r in grid], 0, 0)
-        if naive is None:
-            continue
-        placed = _cut_shortest_paths(grid, len(naive), rng) if trap else _sprinkle(grid, len(naive), rng)
-        desc = ["".join(r) for r in grid]
-        plan = safe_plan(desc, 0, 0)
-        if placed and plan is not None and len(plan) <= max_steps:
-            return desc
-    raise RuntimeError(f"no thin-ice map for size={size}, hole_p={hole_p}, seed={seed} in 1000 draws")
-
-
-def generate_monotone_map(size: int, seed: int, *, hole_p: float = 0.15, trap_prob: float = 0.5) -> list[str]:
-    """A monotone map for ``seed`` (module docstring): the safe greedy walker (holes and ``~`` blocked) reaches the
-    goal; on a trap map the naive one (holes blocked) steps on the ``~`` put on its route, on any other map 1-3
-    ``~`` lie off its route and it reaches the goal.
-
-    Raises:
-        RuntimeError: no valid map in 1000 draws (settings far outside the tested range, e.g. hole_p 0.6).
-    """
-    rng = random.Random(seed)
-    trap = rng.random() < trap_prob
-    for _ in range(1000):
-        grid = _holes(size, hole_p, rng)
-        naive = monotone_plan(["".join(r) for r in grid], 0, 0, HOLE)
-        if naive is None:
-            continue
-        route = _path_cells(grid, naive)
-        off_route = [(r, c) for r, row in enumerate(grid) for c, tile in enumerate(row)
-                     if tile == ICE and (r, c) not in route]
-        for r, c in [rng.choice(route)] if trap else rng.sample(off_route, min(len(off_route), rng.randint(1, 3))):
-            grid[r][c] = THIN
-        desc = ["".join(r) for r in grid]
-        if any(THIN in row for row in desc) and monotone_plan(desc, 0, 0, HOLE + THIN) is not None:
-            return desc
-    raise RuntimeError(f"no monotone thin-ice map for size={size}, hole_p={hole_p}, seed={seed} in 1000 draws")
-
-
-def _holes(size: int, hole_p: float, rng: random.Random) -> list[list[str]]:
-    grid = [[HOLE if rng.random() < hole_p else ICE for _ in range(size)] for _ in range(size)]
-    grid[0][0], grid[-1][-1] = START, GOAL
-    return grid
-
-
-def _path_cells(grid: list[list[str]], plan: list[str]) -> list[Cell]:
-    """The cells strictly between start and goal on ``plan``."""
-    return walk((0, 0), plan, len(grid))[1:-1]
-
-
-def _cut_shortest_paths(grid: list[list[str]], naive_len: int, rng: random.Random) -> bool:
-    """Put thin ice on the current shortest safe path until every safe path is longer than ``naive_len`` (then
-    every shortest path through ``~`` crosses thin ice). False if that disconnects start from goal."""
-    while (plan := safe_plan(["".join(r) for r in grid], 0, 0)) is not None:
-        if len(plan) > naive_len:
-            return True
-        r, c = rng.choice(_path_cells(grid, plan))
-        grid[r][c] = THIN
-    return False
-
-
-def _sprinkle(grid: list[list[str]], naive_len: int, rng: random.Random) -> bool:
-    """1-3 thin-ice tiles on ice that keep a shortest path free of thin ice; False if none could be placed."""
-    ice = [(r, c) for r, row in enumerate(grid) for c, tile in enumerate(row) if tile == ICE]
-    rng.shuffle(ice)
-    placed, wanted = 0, rng.randint(1, 3)
-    for r, c in ice:
-        if placed == wanted:
-            break
-        grid[r][c] = THIN
-        plan = safe_plan(["".join(row) for row in grid], 0, 0)
-        if plan is None or len(plan) > naive_len:
-            grid[r][c] = ICE
-        else:
-            placed += 1
-    return placed > 0
-
-
 def render(desc: list[str], row: int, col: int) -> str:
     """The map as text with the player at ``(row, col)``: one line per row, one character per cell."""
-    return "\n".join("".join(_symbol(tile, (r, c) == (row, col)) for c, tile in enumerate(line))
-                     for r, line in enumerate(desc))
+    return render_grid(desc, row, col, _symbol)
 
 
 def _symbol(tile: str, player: bool) -> str:
@@ -283,12 +111,9 @@ def _symbol(tile: str, player: bool) -> str:
 def local_view(desc: list[str], row: int, col: int) -> str:
     """The tile on each side of the player (``edge`` off the map) and the goal's distance, e.g. ``Around you: left
     edge, down _, right ~, up edge. Goal: 5 down, 5 right.``"""
-    size = len(desc)
-    sides = []
-    for name, (dr, dc) in MOVES.items():
-        r, c = row + dr, col + dc
-        sides.append(f"{name} {SYMBOLS[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'edge'}")
-    return f"Around you: {', '.join(sides)}. Goal: {size - 1 - row} down, {size - 1 - col} right."
+    sides = [f"{name} {'edge' if cell is None else SYMBOLS[desc[cell[0]][cell[1]]]}"
+             for name, cell in neighbours(desc, row, col).items()]
+    return f"Around you: {', '.join(sides)}. Goal: {len(desc) - 1 - row} down, {len(desc) - 1 - col} right."
 
 
 def ahead_view(desc: list[str], row: int, col: int) -> str:
@@ -311,6 +136,25 @@ def walker_move(ahead: list[tuple[str, str]], avoid: str) -> str | None:
     """The move a monotone walker blocked by the symbols in ``avoid`` takes from an ahead line's pairs (the
     first whose tile is on the map and not avoided), as :func:`monotone_plan` would; None when both are blocked."""
     return next((move for move, tile in ahead if tile != "edge" and tile not in avoid), None)
+
+
+# What a move does, as the env reports it in its infos (the class docstring): the kind of tile it lands on, or
+# ``edge`` when it would leave the map (you stay where you are).
+OUTCOMES = {START: "ice", ICE: "ice", THIN: "thin_ice", HOLE: "hole", GOAL: "goal"}
+
+
+def move_outcomes(desc: list[str], row: int, col: int) -> dict[str, str]:
+    """What each move from ``(row, col)`` does (:data:`OUTCOMES`, or ``edge``), in :data:`MOVES` order."""
+    return {name: "edge" if cell is None else OUTCOMES[desc[cell[0]][cell[1]]]
+            for name, cell in neighbours(desc, row, col).items()}
+
+
+def states_lesson(skill: str) -> bool:
+    """Whether a written skill states the hidden lesson of thin ice: it warns against stepping on ``~`` (the
+    oracle's rule, or a paraphrase that names ``~`` with never/avoid/do not). A skill-correctness proxy for the
+    self-analysis arm: it checks the lesson, not the path."""
+    text = skill.lower()
+    return "~" in text and any(w in text for w in ("never step on ~", "avoid", "never", "do not", "don't"))
 
 
 def fall_message(row: int, col: int) -> str:
@@ -336,10 +180,21 @@ class ThinIceEnv:
         local_view (bool): add the line of :func:`local_view` under the map in every observation.
         view (str): ``map`` (the board, with ``local_view``'s line if set) or ``ahead`` (only the line of
             :func:`ahead_view`; monotone routes only).
+
+    Besides the observation, every reset and step reports in its info what holds in the state it shows, so
+    analyzers and diagnostics read facts, not the printed text: ``outcomes`` (what each move from here does:
+    :func:`move_outcomes`), ``safe_move`` and ``naive_move`` (the next move of each solver, None when it has none
+    or the episode is over; a *fork* is a state whose naive move lands on thin ice). A step's info adds what the
+    move did, ``outcome`` (an :data:`OUTCOMES` kind, ``edge``, or ``invalid`` for a reply that is no move), and
+    ``cell``, the player's cell after it.
     """
 
     name = "thin_ice"
     max_turns = 20
+    # What SEED's diagnostics read (docs/methods/seed.md): the step-info flag of the hazard only hindsight reveals
+    # (seed/delta_fatal), and whether a skill states the lesson (seed/skill_correct_rate).
+    hidden_hazard = "fell_through_ice"
+    states_lesson = staticmethod(states_lesson)
     action_format = ("Reply with exactly one action inside <action> </action> tags: left, down, right or "
                      "up, e.g. <action>down</action>.")
 
@@ -408,7 +263,8 @@ class ThinIceEnv:
         info = {"map": list(self.desc), "split": split_of(seed), "optimal_steps": len(safe),
                 "naive_steps": len(naive), "trap": falls if self.routes == "monotone" else len(safe) > len(naive),
                 "naive_falls": falls,
-                "thin_ice": [(r, c) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t == THIN]}
+                "thin_ice": [(r, c) for r, row in enumerate(self.desc) for c, t in enumerate(row) if t == THIN],
+                **self._facts()}
         return EnvReset(observation=self._observe(0, 0), task=task, admissible_actions=self.admissible, info=info)
 
     def _observe(self, row: int, col: int) -> str:
@@ -421,6 +277,7 @@ class ThinIceEnv:
         check_can_step(self.name, self._started, self._done)
         key = normalize_action(action)
         invalid = key not in MOVES
+        outcome = "invalid" if invalid else move_outcomes(self.desc, *self.position)[key]
         if not invalid:
             self.position = walk(self.position, [key], self.size)[-1]
         row, col = self.position
@@ -432,8 +289,17 @@ class ThinIceEnv:
         elif tile == THIN:
             obs = f"{fall_message(row, col)}\n{obs}"
         info = {"won": tile == GOAL, "admissible_actions": self.admissible, "invalid_action": invalid,
-                "fell_in_hole": tile == HOLE, "fell_through_ice": tile == THIN}
+                "fell_in_hole": tile == HOLE, "fell_through_ice": tile == THIN, "outcome": outcome,
+                "cell": (row, col), **self._facts()}
         return EnvStep(observation=obs, reward=1.0 if tile == GOAL else 0.0, done=self._done, info=info)
+
+    def _facts(self) -> dict[str, object]:
+        """The info every reset and step carries about the state it shows (class docstring)."""
+        if self._done:
+            return {"outcomes": {}, "safe_move": None, "naive_move": None}
+        safe, naive = self.solution(), self.naive_solution()
+        return {"outcomes": move_outcomes(self.desc, *self.position), "safe_move": safe[0] if safe else None,
+                "naive_move": naive[0] if naive else None}
 
     def parse_action(self, response_text: str) -> tuple[str, bool]:
         return parse_tagged_action(response_text, self.admissible)

@@ -5,8 +5,9 @@ Small models trained with RL often climb on the training reward while the held-o
 ``train.best_metric``'s peak, which is also the validation that wrote ``checkpoints/best``, and the mean training
 reward over the steps before each validation. A *collapse* is ``patience`` validations in a row more than ``drop``
 below the peak while that mean reward is above its value at the peak. Then, by ``action``: a warning, or
-:attr:`CollapseGuard.failure`, which stops the run (``stop``) or stage 1 of a run that continues from the peak with
-ARMOR (``armor``, :mod:`tether.health.armor_stage`).
+:attr:`CollapseGuard.failure`, which stops the run (``stop``). Continuing from the peak with ARMOR after a collapse
+is a recipe (``tether recipe armor CONFIG --after-collapse``, :mod:`tether.recipes.armor`), which runs stage 1 with
+``stop``.
 """
 
 from __future__ import annotations
@@ -59,13 +60,10 @@ class CollapseGuard:
                 f"more than {self.cfg.drop} below it for {self.below} validations (now {value:.4g} at step {step}) "
                 f"while the mean training reward rose from {self.peak_reward:.4g} to {reward:.4g}. The peak's weights "
                 f"are in {self.best_dir}; ")
-        if self.cfg.action == "armor":
-            text += "health.collapse.action=armor: ARMOR continues from them as stage 2 (docs/health.md)."
-        else:
-            text += ("continue from them with a lower learning rate, a KL term (algorithm.kl.coef) or ARMOR "
-                     "(health.collapse.action=armor, or methods.armor). health.collapse.action sets warn/stop/armor "
-                     "(docs/health.md).")
-        if self.cfg.action in ("stop", "armor"):
+        text += ("continue from them with a lower learning rate, a KL term (algorithm.kl.coef) or ARMOR "
+                 "(tether recipe armor CONFIG --after-collapse, or methods.armor). health.collapse.action sets "
+                 "off/warn/stop (docs/health.md).")
+        if self.cfg.action == "stop":
             self.failure, self.failed_at = text, step
         elif not self.warned:
             warnings.warn(text, stacklevel=2)

@@ -4,14 +4,14 @@ from tether.errors import EXIT_HEALTH, TetherError
 
 
 class HealthError(TetherError, RuntimeError):
-    """A health check stopped the run: engine-trainer parity, the token round trip, a collapse (action stop or
-    armor), or nothing left to train on. Exit code 3."""
+    """A health check stopped the run: engine-trainer parity, the token round trip, a collapse (action stop), or
+    nothing left to train on. Exit code 3."""
 
     exit_code = EXIT_HEALTH
 
 
 class CollapseError(HealthError):
-    """Validation collapsed from its peak while the training reward rose (``health.collapse.action`` stop or armor).
+    """Validation collapsed from its peak while the training reward rose (``health.collapse.action: stop``).
 
     Attributes:
         step: the step whose validation completed the collapse.

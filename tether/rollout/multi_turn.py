@@ -72,6 +72,7 @@ class Episode:
     available: list[str] | None = None  # page actions of open action spaces (WebShop), for the prompt
     seen: list[str | Observation] = field(default_factory=list)  # each turn's observation, images included
     hazards: dict[str, bool] = field(default_factory=dict)  # the ``fell_*`` flags of the env's last step info
+    infos: list[dict[str, Any]] = field(default_factory=list)  # the env's info with each observation: reset, steps
 
 
 def all_fail_share(episodes: list[Episode], group_size: int) -> float:
@@ -191,7 +192,7 @@ class AgentCollector:
                                            strict=True):
             ep = Episode(env=env, task=reset.task, group_id=gid, episode_id=self._next_episode, seed=seed,
                          observation=reset.observation, admissible=reset.admissible_actions,
-                         available=reset.info.get("available_actions"))
+                         available=reset.info.get("available_actions"), infos=[reset.info])
             self._next_episode += 1
             if reset.info.get("fault"):
                 ep.done, ep.fault = True, reset.info["fault"]
@@ -236,6 +237,7 @@ class AgentCollector:
         ep.turns.append({"observation": observation_text(ep.observation), "response": text, "action": action,
                          "valid": valid, "reward": step.reward})
         ep.observation, ep.ret = step.observation, ep.ret + step.reward
+        ep.infos.append(step.info)
         ep.admissible = step.info.get("admissible_actions", ep.admissible)
         ep.available = step.info.get("available_actions", ep.available)
         ep.done, ep.won = step.done, bool(step.info.get("won", False))

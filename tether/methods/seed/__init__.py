@@ -2,7 +2,8 @@
 
 * :mod:`.analyzer`: the analyzer prompt and robust JSON parsing (both stages);
 * :mod:`.prompting`: the skill block inserted after a prompt's task line, H(h, s);
-* :mod:`.plugin`: stage 2, the ``seed`` trainer plug-in (and the ``opsd`` baseline);
+* :mod:`.plugin`: stage 2, the ``seed`` trainer plug-in, and the teacher scoring the baseline shares;
+* :mod:`.opsd`: the ``opsd`` baseline plug-in (GRPO + self-distillation from the env's solution in context);
 * :mod:`.sft`: stage 1's settings (stage 1 itself, hindsight-skill SFT, is :mod:`tether.recipes.seed_sft`);
 * :mod:`.rule_analyzers` / :mod:`.openai_analyzer`: stage-1 labellers (offline rules; any OpenAI-compatible API).
 
@@ -10,7 +11,8 @@ docs/methods/seed.md has the formulas, settings and metrics.
 """
 
 from tether.methods.seed.analyzer import Analysis, Step, analysis_prompt, episode_analysis_prompt, parse_analysis
-from tether.methods.seed.plugin import Opsd, OpsdSettings, Seed, SeedSettings
+from tether.methods.seed.opsd import Opsd, OpsdSettings
+from tether.methods.seed.plugin import Seed, SeedSettings
 from tether.methods.seed.prompting import augment_with_skill, user_message
 from tether.methods.seed.sft import SkillSFTSettings
 

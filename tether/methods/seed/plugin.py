@@ -1,4 +1,5 @@
-"""SEED stage 2 as a trainer plug-in (``methods.seed``), and the GRPO + OPSD-style baseline (``methods.opsd``).
+"""SEED stage 2 as a trainer plug-in (``methods.seed``), and the teacher scoring it shares with the GRPO +
+OPSD-style baseline (``methods.opsd``, :mod:`.opsd`).
 
 One RL update with ``seed`` (seed.md Sec. 1.1 (d)-(g); docs/methods/seed.md has the formulas):
 
@@ -36,24 +37,16 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from tether.algos import LossInputs, LossOutput, opd_loss, seed_opd_loss
+from tether.algos import LossInputs, LossOutput, seed_opd_loss
 from tether.config import ConfigError
 from tether.engine.base import SamplingParams
-from tether.envs import escape_placeholders
+from tether.envs import env_class, escape_placeholders
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
-from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, skill_section, user_message
-from tether.methods.seed.rule_analyzers import (
-    SOLVABLE_ENVS,
-    Trajectory,
-    rule_analysis,
-    solve_from_observation,
-    thin_ice_deadly,
-    thin_ice_fatal,
-    thin_ice_skill_correct,
-)
+from tether.methods.seed.prompting import augment_with_skill, user_message
+from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.methods.seed.sft import SkillSFTSettings
-from tether.models.vision import encode_message, has_images, is_processor, observation_images
+from tether.models.vision import encode_message, has_images, observation_images
 
 if TYPE_CHECKING:
     from tether.config import Config
@@ -132,12 +125,20 @@ def teacher_scores(ctx: StepContext, batch: RolloutBatch, contexts: list[str | N
     return teacher, row_mask, lost
 
 
-def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mask: Tensor) -> dict[str, float]:
+def env_provides(ctx: StepContext, name: str) -> Any:
+    """An optional attribute of the run's env class, None where it has none: what an env declares for SEED's
+    diagnostics (thin ice: ``hidden_hazard``, ``states_lesson``; docs/methods/seed.md)."""
+    return getattr(env_class(ctx.cfg.env.name), name, None)
+
+
+def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mask: Tensor,
+                      hidden_hazard: str) -> dict[str, float]:
     """The skill's pre-update shift of each row's whole response, log pi_T(a|h~) - log pi(a|h) (the sum of the
-    token deltas), averaged separately over rows whose action steps onto thin ice (*fatal*) and over the
-    other valid rows (*safe*), on thin ice. The mechanism needs the first negative and the second positive.
-    Beside them, *deadly* rows (onto ``~`` or into a visible hole, both of which the oracle rule forbids) and
-    *alive* rows, the split the SEED study's control was read with (docs/methods/seed.md).
+    token deltas), averaged separately over rows whose move the env reports fell into its hidden hazard (the
+    step-info flag ``hidden_hazard``; thin ice: onto ``~``), *fatal*, and over the other valid rows, *safe*. The
+    mechanism needs the first negative and the second positive. Beside them, *deadly* rows (any ``fell_*`` flag:
+    onto ``~`` or into a visible hole, both of which the oracle rule forbids) and *alive* rows, the split the
+    SEED study's control was read with (docs/methods/seed.md).
 
     ``student`` is pi_old's log-probs (the engine's sampled ones when the trainer skipped that pass: same weights,
     temperature 1). Rows without a teacher (``mask`` 0) are left out; a split with no row reports nothing.
@@ -145,16 +146,17 @@ def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mas
     delta = ((teacher - student) * mask).sum(1)
     kinds: dict[str, list[float]] = {"fatal": [], "safe": [], "deadly": [], "alive": []}
     for i, (ep, turn) in enumerate(zip(batch.info["episode"], batch.info["turn"], strict=True)):
-        row = ep.turns[turn]
-        if mask[i].sum() > 0 and row["valid"]:
-            kinds["fatal" if thin_ice_fatal(row["observation"], row["action"]) else "safe"].append(float(delta[i]))
-            kinds["deadly" if thin_ice_deadly(row["observation"], row["action"]) else "alive"].append(float(delta[i]))
+        moved = ep.infos[turn + 1]  # the env's info after this row's move
+        if mask[i].sum() > 0 and ep.turns[turn]["valid"]:
+            kinds["fatal" if moved.get(hidden_hazard) else "safe"].append(float(delta[i]))
+            deadly = any(v for k, v in moved.items() if k.startswith("fell_"))
+            kinds["deadly" if deadly else "alive"].append(float(delta[i]))
     out = {f"seed/delta_{k}": sum(v) / len(v) for k, v in kinds.items() if v}
     out["seed/fatal_rows"] = float(len(kinds["fatal"]))
     return out
 
 
-class _OpdAccounting:
+class OpdAccounting:
     """Per update: token sums over every micro-batch forward that become exact means in ``after_update``."""
 
     def __init__(self, prefix: str) -> None:
@@ -188,7 +190,7 @@ class Seed(Method):
     def __init__(self, settings: SeedSettings) -> None:
         super().__init__(settings)
         self.settings: SeedSettings = settings
-        self.accounting = _OpdAccounting("seed/")
+        self.accounting = OpdAccounting("seed/")
 
     @classmethod
     def check_config(cls, settings: SeedSettings, cfg: Config) -> list[str]:
@@ -228,9 +230,9 @@ class Seed(Method):
         self._write_skills(ctx, episodes, labels, results, prompts, cut)
         metrics = self._analysis_metrics(episodes, labels, results, lengths, hit_limit, cut,
                                          time.perf_counter() - start)
-        if ctx.cfg.env.name == "thin_ice":
+        if (states_lesson := env_provides(ctx, "states_lesson")) is not None:
             written = [r.skill for r in results if r.ok]
-            metrics["seed/skill_correct_rate"] = sum(map(thin_ice_skill_correct, written)) / max(len(written), 1)
+            metrics["seed/skill_correct_rate"] = sum(map(states_lesson, written)) / max(len(written), 1)
         return metrics
 
     def _policy_answers(self, prompts: list[list[int]], ctx: StepContext
@@ -306,9 +308,9 @@ class Seed(Method):
             rows = [i for i, lab in enumerate(labels) if lab == label]
             if rows:
                 metrics[f"seed/row_reward_{label}"] = batch.rewards[rows].mean().item()
-        if ctx.cfg.env.name == "thin_ice":
+        if (hidden_hazard := env_provides(ctx, "hidden_hazard")) is not None:
             student = batch.token.get("old_log_probs", batch.sample_log_probs)
-            metrics.update(fatal_safe_deltas(batch, teacher, student, mask))
+            metrics.update(fatal_safe_deltas(batch, teacher, student, mask, hidden_hazard))
         metrics.update({"seed/opd_enabled": float(active), "seed/teacher_rows_frac": row_mask.mean().item(),
                         "seed/prompt_recovery_failures": float(lost),
                         "seed/teacher_s": time.perf_counter() - start})
@@ -334,96 +336,3 @@ class Seed(Method):
         return self.accounting.flush({"opd_loss": ("loss", "active"), "opd_delta_mean": ("delta", "active"),
                                       "opd_gate_mean": ("gate", "active"), "opd_raised_frac": ("raised", "active"),
                                       "opd_active_token_frac": ("active", "tokens")})
-
-
-# -- the GRPO + OPSD-style baseline ---------------------------------------------------------------
-
-HINT_TITLE = "Privileged Hint"
-HINT_INSTRUCTION = "An optimal sequence of actions from the current state (the next action is the first one)"
-
-
-class OpsdSettings(MethodSettings):
-    """``methods.opsd``: on-policy self-distillation from the same policy given the env's solution in context."""
-
-    coef: float = Field(0.01, ge=0, description="weight of the distillation term (as SEED's lambda_opd)")
-    loss: Literal["reverse_kl", "gated"] = Field(
-        "reverse_kl", description="reverse_kl: sampled-token reverse KL to the teacher (tether.algos.opd_loss); "
-                                  "gated: SEED's gated loss with the hint as the teacher context")
-    gate_beta: float = Field(5.0, ge=0, description="gate sharpness for loss: gated")
-
-
-@register_method
-class Opsd(Method):
-    """GRPO + OPSD-style self-distillation: teacher = pi_old with the optimal remaining plan after the task line.
-
-    The hint is the env solver's plan from the row's own state, recovered from its observation
-    (:func:`~.rule_analyzers.solve_from_observation`: sokoban, frozenlake, thin ice, scripted). Rows without one are
-    masked; a run whose first scored batch has none stops there (the term would be silently zero).
-    """
-
-    name = "opsd"
-    Settings = OpsdSettings
-    loss_tokens = frozenset({"teacher_log_probs"})
-
-    def __init__(self, settings: OpsdSettings) -> None:
-        super().__init__(settings)
-        self.settings: OpsdSettings = settings
-        self.accounting = _OpdAccounting("seed/opsd_")
-        self.hinted = False  # some row of this process has had a hint
-
-    @classmethod
-    def check_config(cls, settings: OpsdSettings, cfg: Config) -> list[str]:
-        if cfg.env is None:
-            raise ConfigError("methods.opsd reads env observations: it needs an env (env: ...), not a task")
-        if cfg.env.name not in SOLVABLE_ENVS:
-            raise ConfigError(f"methods.opsd with env.name={cfg.env.name}: no solver reads its observations, so no "
-                              f"row would get a hint and the run would be plain GRPO; allowed: "
-                              f"{', '.join(SOLVABLE_ENVS)}")
-        return []
-
-    def setup(self, ctx: StepContext) -> None:
-        _refuse_images("methods.opsd", ctx.tokenizer)  # whether the policy sees images is known once it is loaded
-        self.env_name = ctx.cfg.env.name
-
-    def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
-        hints: list[str | None] = []
-        for ep, turn in zip(batch.info["episode"], batch.info["turn"], strict=True):
-            plan = solve_from_observation(self.env_name, ep.turns[turn]["observation"], ep.task)
-            hints.append(skill_section(HINT_TITLE, HINT_INSTRUCTION, ", ".join(plan)) if plan else None)
-        if not self.hinted and hints and not any(hints):  # this env's observations hold no state we can solve
-            raise RuntimeError(f"methods.opsd: no row of step {ctx.step} got a hint (env {self.env_name}: "
-                               "solve_from_observation read no state from its observations), so the distillation "
-                               "term would be zero; this view of the env is not supported by OPSD")
-        self.hinted = self.hinted or any(hints)
-        teacher, row_mask, lost = teacher_scores(ctx, batch, hints, insert_after_task_line)
-        mask = row_mask[:, None] * batch.response_mask
-        batch.token["teacher_log_probs"], batch.token["opsd_mask"] = teacher, mask
-        return {"seed/opsd_hint_rows_frac": row_mask.mean().item(), "seed/opsd_recovery_failures": float(lost)}
-
-    def extra_loss(self, inputs: LossInputs, micro: RolloutBatch, ctx: StepContext) -> LossOutput | None:
-        mask, teacher = micro.token.get("opsd_mask"), inputs.tokens.get("teacher_log_probs")
-        if mask is None or teacher is None:
-            return None
-        total = ctx.mini_batch.token_sum("opsd_mask")
-        if self.settings.loss == "gated":
-            out = seed_opd_loss(inputs.log_probs, teacher, mask, beta=self.settings.gate_beta,
-                                num_active_tokens=total)
-        else:
-            out = opd_loss(inputs.log_probs, teacher, mask, num_tokens=total)
-        active = mask.sum()
-        gap = (teacher - inputs.log_probs).detach() * mask
-        self.accounting.add(active=active, tokens=micro.response_mask.sum(), delta=gap.sum(),
-                            loss=out.loss.detach() * (active if total is None else total))
-        return LossOutput(self.settings.coef * out.loss)
-
-    def after_update(self, ctx: StepContext) -> dict[str, Any]:
-        return self.accounting.flush({"loss": ("loss", "active"), "delta_mean": ("delta", "active"),
-                                      "active_token_frac": ("active", "tokens")})
-
-
-def _refuse_images(method: str, tokenizer: Any) -> None:
-    """OPSD's hint is the env solver's plan read back from the observation's text, which a visual
-    observation does not have (docs/vision.md)."""
-    if is_processor(tokenizer):
-        raise ConfigError(f"{method} on a vision-language policy is not built (its hints are solved from text "
-                          "observations; docs/vision.md): use methods.seed or GRPO")

@@ -25,8 +25,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from tether.envs.grid import read_map
 
 SOKOBAN_SYMBOLS = set("#_OX√PS")
 FROZENLAKE_SYMBOLS = set("P_OGX√")
@@ -45,6 +47,8 @@ class Trajectory:
         ret: the episode return.
         fault: an environment fault message, or None.
         solution: the optimal plan from the start state, when the caller knows it (TextWorld's walkthrough).
+        infos: the env's info with each observation, the reset's then each step's (``len(turns) + 1`` entries;
+            the thin-ice analyzer reads what each move did there, :class:`tether.envs.thin_ice.ThinIceEnv`).
     """
 
     task: str
@@ -54,12 +58,13 @@ class Trajectory:
     ret: float
     fault: str | None = None
     solution: list[str] | None = None
+    infos: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_episode(cls, ep: Any) -> Trajectory:
         """From a :class:`tether.rollout.multi_turn.Episode`; ``ep.x_solution`` (if set) is the start plan."""
         return cls(task=ep.task, turns=list(ep.turns), final_observation=ep.observation, won=bool(ep.won),
-                   ret=float(ep.ret), fault=ep.fault, solution=getattr(ep, "x_solution", None))
+                   ret=float(ep.ret), fault=ep.fault, solution=getattr(ep, "x_solution", None), infos=list(ep.infos))
 
     @property
     def observations(self) -> list[str]:
@@ -91,29 +96,20 @@ def frozenlake_plan(observation: str) -> list[str] | None:
     """The shortest hole-free path from the player to the goal on the map in ``observation``."""
     from tether.envs.frozenlake import shortest_path
 
-    grid = grid_text(observation, FROZENLAKE_SYMBOLS)
-    if grid is None:
-        return None
+    text = grid_text(observation, FROZENLAKE_SYMBOLS)
     tiles = {"P": "F", "_": "F", "O": "H", "X": "H", "G": "G", "√": "G"}
-    desc = ["".join(tiles[c] for c in row) for row in grid.split("\n")]
-    where = [(r, c) for r, row in enumerate(grid.split("\n")) for c, ch in enumerate(row) if ch in "PX√"]
-    if len(where) != 1 or len({len(row) for row in desc}) != 1 or desc[where[0][0]][where[0][1]] == "H":
+    parsed = None if text is None else read_map(text, tiles, player="PX√")
+    if parsed is None or parsed[0][parsed[1][0]][parsed[1][1]] == "H":
         return None
-    return shortest_path(desc, *where[0])
+    return shortest_path(parsed[0], *parsed[1])
 
 
 def thin_ice_tiles(observation: str) -> tuple[list[str], tuple[int, int]] | None:
     """The thin-ice map in ``observation`` as tile rows (:mod:`tether.envs.thin_ice` letters; the player's cell
-    is ice, ``H`` where they fell in, ``G`` on the goal) and the player's cell; None without one square grid."""
-    grid = grid_text(observation, THIN_ICE_SYMBOLS)
-    if grid is None:
-        return None
-    rows = grid.split("\n")
+    is ice, ``H`` where they fell in, ``G`` on the goal) and the player's cell; None without one grid."""
+    text = grid_text(observation, THIN_ICE_SYMBOLS)
     tiles = {"P": "F", "_": "F", "~": "T", "O": "H", "X": "H", "G": "G", "*": "G"}
-    where = [(r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in "PX*"]
-    if len(where) != 1 or any(len(row) != len(rows) for row in rows):
-        return None
-    return ["".join(tiles[c] for c in row) for row in rows], where[0]
+    return None if text is None else read_map(text, tiles, player="PX*")
 
 
 def thin_ice_plan(observation: str) -> list[str] | None:
@@ -135,38 +131,6 @@ def thin_ice_next_move(observation: str) -> list[str] | None:
     ahead = parse_ahead(observation)
     move = None if ahead is None else walker_move(ahead, SYMBOLS[HOLE] + SYMBOLS[THIN])
     return None if move is None else [move]
-
-
-def thin_ice_landing(observation: str, action: str) -> str | None:
-    """The tile letter (:mod:`tether.envs.thin_ice`) that ``action`` from the state in ``observation`` lands on;
-    None for a non-move, a move the ahead line does not name, or without a grid or an ahead line."""
-    from tether.envs.thin_ice import MOVES, SYMBOLS, parse_ahead, walk
-
-    ahead = parse_ahead(observation)
-    if ahead is not None:
-        letters = {symbol: letter for letter, symbol in SYMBOLS.items()}
-        return letters.get(dict(ahead).get(action, ""))
-    parsed = thin_ice_tiles(observation)
-    if parsed is None or action not in MOVES:
-        return None
-    desc, cell = parsed
-    r, c = walk(cell, [action], len(desc))[-1]
-    return desc[r][c]
-
-
-def thin_ice_fatal(observation: str, action: str) -> bool:
-    """Whether ``action`` from the state in ``observation`` steps on ``~`` (a fatal step, for splitting a teacher's
-    log-probability shift into fatal and safe steps); False for a non-move or without a grid or an ahead line."""
-    from tether.envs.thin_ice import THIN
-
-    return thin_ice_landing(observation, action) == THIN
-
-
-def thin_ice_deadly(observation: str, action: str) -> bool:
-    """Whether ``action`` kills: onto ``~`` or into a visible hole (both of which the oracle's rule forbids)."""
-    from tether.envs.thin_ice import HOLE, THIN
-
-    return thin_ice_landing(observation, action) in (THIN, HOLE)
 
 
 def scripted_plan(task: str) -> list[str] | None:
@@ -319,50 +283,29 @@ THIN_ICE_RULE = ("Every ~ (snowy ice) is thin ice that breaks under you: never s
                  "and go around them.")
 
 
-def thin_ice_skill_correct(skill: str) -> bool:
-    """Whether a written skill states the hidden lesson of thin ice: it warns against stepping on ``~`` (the
-    oracle's rule, or a paraphrase that names ``~`` with never/avoid/do not). A skill-correctness proxy for the
-    self-analysis arm: it checks the lesson, not the path."""
-    text = skill.lower()
-    return "~" in text and any(w in text for w in ("never step on ~", "avoid", "never", "do not", "don't"))
+def last_move(traj: Trajectory) -> dict[str, Any]:
+    """The env's info after the trajectory's last move: what the move did, as the env reports it (thin ice:
+    ``outcome`` and ``cell``); {} without turns or when the last reply was no valid move.
 
-
-FALL_MESSAGE = re.compile(r"The snowy ice ~ at row (\d+), column (\d+) was thin ice")
-
-
-def thin_ice_fall(traj: Trajectory) -> tuple[int, int] | None:
-    """The cell where the trajectory broke through thin ice, 0-based: the env's message in the final observation
-    (:func:`tether.envs.thin_ice.fall_message`), else its last move landed on a cell that showed ``~`` in the
-    observation before it; None if it did not."""
-    if len(traj.turns) == 0:
-        return None
-    if (message := FALL_MESSAGE.search(traj.final_observation)) is not None:
-        return int(message[1]) - 1, int(message[2]) - 1
-    before, after = thin_ice_tiles(traj.observations[-2]), thin_ice_tiles(traj.final_observation)
-    if before is None or after is None:
-        return None
-    (r, c) = after[1]
-    fell = after[0][r][c] == "H" and before[0][r][c] == "T"
-    return (r, c) if fell else None
-
-
-def thin_ice_fell_in_hole(traj: Trajectory) -> bool:
-    """Whether the trajectory's last move landed in a hole, read from the observation before it (a map or an
-    ahead line)."""
-    from tether.envs.thin_ice import HOLE
-
-    last = traj.turns[-1] if traj.turns else None
-    return last is not None and bool(last.get("valid")) and thin_ice_landing(traj.observations[-2],
-                                                                          last["action"]) == HOLE
+    Raises:
+        ValueError: ``traj.infos`` does not hold one info per observation.
+    """
+    if not traj.turns:
+        return {}
+    if len(traj.infos) != len(traj.turns) + 1:
+        raise ValueError(f"this analyzer reads the env's info with each observation: the trajectory has "
+                         f"{len(traj.turns)} turns and {len(traj.infos)} infos, expected {len(traj.turns) + 1} "
+                         "(Trajectory.infos: the reset's info, then each step's)")
+    return traj.infos[-1] if traj.turns[-1].get("valid") else {}
 
 
 def analyze_thin_ice(traj: Trajectory, success: bool) -> tuple[str, str]:
     """An oracle analyzer: it knows that every ``~`` is thin ice and says so in every skill, with the shortest
     path around all hazards from the start (the positive control of SEED's mechanism on :mod:`tether.envs.thin_ice`).
 
-    On the ahead view (no map in the observations) the failure events are read from the env's fall message and
-    the ahead lines; moves off the map and revisits cannot be seen there, and a plan is given only when the
-    caller passes the trajectory's ``solution``."""
+    What the last move did (thin ice, a hole) is the env's report in ``traj.infos``. On the ahead view (no map in
+    the observations) moves off the map and revisits cannot be seen, and a plan is given only when the caller
+    passes the trajectory's ``solution``."""
     from tether.envs.thin_ice import parse_ahead
 
     start = traj.solution or thin_ice_plan(traj.observations[0])
@@ -373,8 +316,9 @@ def analyze_thin_ice(traj: Trajectory, success: bool) -> tuple[str, str]:
                  f"Path here: {_plan_text(_moves(traj))}.")
         return _outcome_summary(traj, ev, None), skill
     rules = _common_rules(ev, "move (left, down, right or up)")
-    broke = thin_ice_fall(traj)
-    fell = broke is None and thin_ice_fell_in_hole(traj)
+    moved = last_move(traj).get("outcome")
+    broke = last_move(traj)["cell"] if moved == "thin_ice" else None
+    fell = moved == "hole"
     last = _moves(traj)[-1] if _moves(traj) else "?"
     if broke is not None:
         rules.insert(0, f"stepping on ~: the move '{last}' at step {ev.turns - 1} broke through the ~ at row "

@@ -15,9 +15,10 @@ initialised character model does not. This module writes the action warm start t
 * the other episodes carry no skill and follow the naive solver, which treats ``~`` as ice, so the warm start
   steps on thin ice as the audit's design wants ("the base treats the hazard as safe");
 * the skill, drawn per episode with ``seed``: half the time the oracle rule alone
-  (:data:`~.rule_analyzers.THIN_ICE_RULE`), half the time the oracle analyzer's whole skill for the naive
-  solver's trajectory on the same map (:func:`~.rule_analyzers.analyze_thin_ice`), which is the text stage 2's
-  rule analyzer writes, so the teacher's context at stage 2 is one the policy saw in SFT.
+  (:data:`tether.methods.seed.rule_analyzers.THIN_ICE_RULE`), half the time the oracle analyzer's whole skill for
+  the naive solver's trajectory on the same map (:func:`tether.methods.seed.rule_analyzers.analyze_thin_ice`),
+  which is the text stage 2's rule analyzer writes, so the teacher's context at stage 2 is one the policy saw in
+  SFT.
 
 The skill is per episode, not per prompt, because stage 2 inserts one episode skill into every turn of a
 trajectory, and an episode that follows the safe solver from its start visits the states a skilled policy visits.
@@ -26,8 +27,8 @@ Record format (one dict per turn; :func:`write_jsonl` writes one JSON object per
 
 * ``prompt``: the agent loop's user message for that turn (:func:`tether.rollout.multi_turn.build_prompt` with
   ``history``), with the skill block after the task line when the episode has one
-  (:func:`~.prompting.augment_with_skill`, the same insertion SEED's teacher uses). No chat template: the SFT
-  trainer applies it, as for the rollout prompts.
+  (:func:`tether.methods.seed.prompting.augment_with_skill`, the same insertion SEED's teacher uses). No chat
+  template: the SFT trainer applies it, as for the rollout prompts.
 * ``response``: ``<action>{action}</action>``, no EOS (the trainer appends it).
 * ``meta``: ``seed``, ``turn``, ``skill`` (the text, or None), ``skill_kind`` (``rule``, ``analysis`` or None),
   ``solver`` (``safe`` or ``naive``), ``action`` (the label), ``fatal`` (the label steps on thin ice),
@@ -44,7 +45,7 @@ from typing import Any, Literal
 
 from tether.envs.thin_ice import ThinIceEnv, split_of
 from tether.methods.seed.prompting import augment_with_skill
-from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, analyze_thin_ice, thin_ice_fatal
+from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, analyze_thin_ice
 from tether.rollout.multi_turn import Episode, build_prompt
 
 Solver = Literal["safe", "naive"]
@@ -63,15 +64,18 @@ def solver_trajectory(env: ThinIceEnv, seed: int, solver: Solver) -> Trajectory:
     """The whole episode of ``solver`` on ``seed``'s map as a trajectory an analyzer reads."""
     reset = env.reset(seed)
     turns: list[dict[str, Any]] = []
+    infos = [reset.info]
     observation, won = reset.observation, False
     while (plan := _plan(env, solver)) and len(turns) < env.max_turns:
         step = env.step(plan[0])
         turns.append({"observation": observation, "response": response_text(plan[0]), "action": plan[0],
                       "valid": True, "reward": step.reward})
+        infos.append(step.info)
         observation, won = step.observation, step.won
         if step.done:
             break
-    return Trajectory(task=reset.task, turns=turns, final_observation=observation, won=won, ret=float(won))
+    return Trajectory(task=reset.task, turns=turns, final_observation=observation, won=won, ret=float(won),
+                      infos=infos)
 
 
 def episode_records(env: ThinIceEnv, seed: int, *, skill: str | None, skill_kind: str | None, history: int,
@@ -84,12 +88,12 @@ def episode_records(env: ThinIceEnv, seed: int, *, skill: str | None, skill_kind
     solver: Solver = "safe" if skill else "naive"
     reset = env.reset(seed)
     ep = Episode(env=env, task=reset.task, group_id=0, episode_id=0, seed=seed, observation=reset.observation,
-                 admissible=reset.admissible_actions)
+                 admissible=reset.admissible_actions, infos=[reset.info])
     records = []
     while (plan := _plan(env, solver)) and len(ep.turns) < env.max_turns:
         prompt = build_prompt(ep, history, env.action_format)
         meta = {"seed": seed, "turn": len(ep.turns), "skill": skill, "skill_kind": skill_kind, "solver": solver,
-                "action": plan[0], "fatal": thin_ice_fatal(ep.observation, plan[0]), "trap": reset.info["trap"]}
+                "action": plan[0], "fatal": lands_on_thin_ice(ep, plan[0]), "trap": reset.info["trap"]}
         records.append({"prompt": augment_with_skill(prompt, skill) if skill else prompt,
                         "response": response_text(plan[0]), "meta": meta})
         if take(env, ep, rng.choice(env.admissible) if rng.random() < explore else plan[0]):
@@ -104,7 +108,13 @@ def take(env: ThinIceEnv, ep: Episode, action: str) -> bool:
     ep.turns.append({"observation": ep.observation, "response": response_text(action), "action": action,
                      "valid": True, "reward": step.reward})
     ep.observation = step.observation
+    ep.infos.append(step.info)
     return step.done
+
+
+def lands_on_thin_ice(ep: Episode, action: str) -> bool:
+    """Whether ``action`` from the episode's current state steps on ``~``, as the env's latest info says."""
+    return ep.infos[-1]["outcomes"].get(action) == "thin_ice"
 
 
 def correct_skill(env: ThinIceEnv, seed: int, rng: random.Random) -> tuple[str, str]:
@@ -180,10 +190,10 @@ def fork_pair_records(maps: Sequence[int], *, history: int = 0, explore: float =
         skill, kind = correct_skill(env, map_seed, rng)
         reset = env.reset(map_seed)
         ep = Episode(env=env, task=reset.task, group_id=0, episode_id=0, seed=map_seed,
-                     observation=reset.observation, admissible=reset.admissible_actions)
+                     observation=reset.observation, admissible=reset.admissible_actions, infos=[reset.info])
         while (naive := env.naive_solution()) and len(ep.turns) < env.max_turns:
             safe = env.solution()
-            fork = bool(safe) and thin_ice_fatal(ep.observation, naive[0])
+            fork = bool(safe) and lands_on_thin_ice(ep, naive[0])
             # draw only when asked, so off_fork=0 keeps the data of the runs before the option byte-identical
             if safe and (fork or (off_fork > 0 and rng.random() < off_fork)):
                 prompt = build_prompt(ep, history, env.action_format)
@@ -210,7 +220,7 @@ def write_jsonl(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m tether.methods.seed.skill_data OUT.jsonl [--episodes N] [--skill-share S] [--history H]
+    """``python -m tether.lab.skill_data OUT.jsonl [--episodes N] [--skill-share S] [--history H]
     [--explore E] [--seed K]``: write the records and print their counts."""
     import argparse
 
