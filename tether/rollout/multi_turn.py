@@ -12,7 +12,8 @@ Every row also carries the tags of GiGPO's step advantage (``algorithm.advantage
 acted on (``obs_key``) and the discounted env return from its turn on (``step_return``, :func:`discounted_returns`
 with ``env.step_gamma``). The trainer makes the advantages from them (:mod:`tether.advantage_inputs`).
 
-Environments run in this process or in Ray actors (``env.workers``, :mod:`tether.envs.workers`); the
+Environments run in child processes or threads of this process (``env.isolation``) or in Ray actors
+(``env.workers``, :mod:`tether.envs.workers`); the
 envs of a batch are reset and stepped with one pool call, so actors step them in parallel. An environment
 that raises or hangs (or a worker that dies) ends its episode as failed, the fault is counted in
 ``env/faults`` and the step goes on. docs/agents.md has the whole picture.
@@ -36,14 +37,12 @@ import torch
 from tether.engine.base import SamplingParams
 from tether.envs import (
     Observation,
-    call_with_timeout,
     escape_placeholders,
-    make_env,
     observation_key,
     observation_text,
 )
 from tether.envs.safe import EnvFault
-from tether.envs.workers import make_env_pool
+from tether.envs.workers import make_env_pool, probe_env
 from tether.errors import EnvFaultError
 from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
@@ -144,21 +143,16 @@ class AgentCollector:
             raise ValueError("AgentCollector needs cfg.env")
         self.cfg, self.env_cfg, self.tokenizer = cfg, cfg.env, tokenizer
         # the first env, built at start under the reset limit: one that hangs stops the run with a message
-        e = cfg.env
+        self.envs = make_env_pool(cfg.env)
         try:
-            probe = call_with_timeout(lambda: make_env(e.name, **e.kwargs), e.reset_timeout_s or e.timeout_s,
-                                      f"env {e.name}: building the first environment")
+            probe = probe_env(cfg.env, self.envs)
         except EnvFault as fault:
-            raise EnvFaultError(f"env {e.name} (constructor): {fault}; no episode can start") from None
-        if getattr(probe, "renders_images", False) and not is_processor(tokenizer):
+            raise EnvFaultError(f"env {cfg.env.name} (constructor): {fault}; no episode can start") from None
+        if probe.renders_images and not is_processor(tokenizer):
             raise ValueError(f"env {cfg.env.name!r} observes images, but the policy {cfg.model.name!r} came with a "
                              "text tokenizer, not a vision-language processor: use a vision-language model, or "
                              "env.kwargs.observation: text")
-        self.train_seeds = list(probe.train_seeds(cfg.env.train_tasks))
-        self.val_seeds = list(probe.eval_seeds(cfg.env.val_tasks))
-        self.action_format = probe.action_format
-        probe.close()
-        self.envs = make_env_pool(cfg.env)
+        self.train_seeds, self.val_seeds, self.action_format = probe.train_seeds, probe.val_seeds, probe.action_format
         self.stream = PromptStream(len(self.train_seeds), cfg.seed)
         self._next_group = 0
         self._next_episode = 0
