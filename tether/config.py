@@ -379,7 +379,8 @@ class LoggingConfig(Section):
                                          "tags...), {} for the defaults; unset: no W&B")
     mlflow: dict[str, Any] | None = Field(None, description="MLflow settings (tracking_uri, experiment, run_name, "
                                           "tags); unset: no MLflow")
-    progress: bool = Field(True, description="a progress bar on the terminal")
+    progress: bool = Field(True, description="progress on stderr: a bar per step and per validation on a terminal, "
+                           "plain lines with the ETA otherwise (docs/metrics.md)")
 
 
 class ParityConfig(Section):

@@ -27,7 +27,7 @@ images are those of the observations it shows (the history's, then the current o
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -46,7 +46,7 @@ from tether.envs.workers import make_env_pool, probe_env
 from tether.errors import EnvFaultError
 from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
-from tether.rollout.single_turn import GENERATE_ROWS, PromptStream
+from tether.rollout.single_turn import GENERATE_ROWS, PromptStream, validation_progress
 
 if TYPE_CHECKING:
     from tether.config import Config, EnvConfig
@@ -194,8 +194,10 @@ class AgentCollector:
         return episodes
 
     def run_episodes(self, engine: Any, episodes: list[Episode], params: SamplingParams, seed: int,
-                     intervention: Any = None) -> list[dict[str, Any]]:
-        """Play every episode to the end (or max_turns); return one dict per active turn."""
+                     intervention: Any = None,
+                     on_turn: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+        """Play every episode to the end (or max_turns); return one dict per active turn. ``on_turn(done, total)``
+        hears the episodes finished after each generation chunk's steps, and all of them at the end."""
         rows: list[dict[str, Any]] = []
         try:
             for turn in range(self.env_cfg.max_turns):
@@ -212,6 +214,10 @@ class AgentCollector:
                     outcomes = self.envs.act_all([ep.env for ep in chunk], gen.texts)
                     for j, (ep, outcome) in enumerate(zip(chunk, outcomes, strict=True)):
                         rows.append(self._record(ep, turn, prompts[start + j], gen, j, outcome))
+                    if on_turn is not None:
+                        on_turn(sum(ep.done for ep in episodes), len(episodes))
+            if on_turn is not None:  # the episodes max_turns ended are finished too
+                on_turn(len(episodes), len(episodes))
         finally:
             self.envs.close_all([ep.env for ep in episodes])
         return rows
@@ -304,7 +310,8 @@ class AgentCollector:
         if all(ep.fault for ep in episodes):
             raise no_episode_started(self.env_cfg, episodes, "validation")
         params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p)
-        rows = self.run_episodes(engine, episodes, params, seed)
+        with validation_progress(self.cfg, len(episodes), "episodes") as bar:
+            rows = self.run_episodes(engine, episodes, params, seed, on_turn=bar.update)
         self._next_group, self._next_episode = saved
         n = len(episodes)
         won = torch.tensor([e.won for e in episodes], dtype=torch.float32).view(len(seeds), k)
