@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
 import time
 
 from tests.envs.worker_envs import ProcessFaultEnv
@@ -85,3 +87,32 @@ def test_an_env_class_that_cannot_reach_a_process_is_one_fault_naming_the_fix():
     fault = env.reset(0).info["fault"]
     assert fault.startswith("LocalEnv make(): the env's class and env.kwargs must pickle to reach its process")
     assert fault.endswith("or set env.isolation: thread")
+
+
+def test_a_step_busy_when_the_trainer_is_killed_does_not_spin_on(tmp_path):
+    trainer = subprocess.Popen([sys.executable, "-c", (
+        "import functools\n"
+        "from tether.envs.scripted import ScriptedEnv\n"
+        "from tether.envs.workers import LocalEnvPool\n"
+        "pool = LocalEnvPool(functools.partial(ScriptedEnv, fault='step_spin', hang_s=600.0), timeout_s=600.0,"
+        " processes=True)\n"
+        "env = pool.make()\n"
+        "env.reset(0)\n"
+        "print(env._child.pid, flush=True)\n"
+        "env.step('apple')\n")], stdout=subprocess.PIPE, text=True)
+    spinning = int(trainer.stdout.readline())
+    trainer.kill()  # SIGKILL, no finaliser runs: the zygote sees its pipe close and ends, the kernel kills the child
+    trainer.wait()
+    deadline = time.monotonic() + 10.0
+    while not ended(spinning) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ended(spinning)
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for whoever adopted it to reap it: not running either way."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

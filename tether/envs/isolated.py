@@ -20,6 +20,10 @@ cost grows with the forking process's memory (the trainer holds a model), and a 
 another of the trainer's threads held would stay locked in the child. The env's class and ``env.kwargs`` reach the
 zygote pickled (the class by reference: it must be importable with the trainer's ``sys.path``, which the zygote
 gets), so a class defined inside a function needs ``env.isolation: thread``. POSIX only (fork, descriptor passing).
+
+The env processes ignore Ctrl-C and SIGTERM (the trainer's to handle: it may finish its step, with its envs, before it
+stops) and end with the trainer: when it closes their pipes, or, if it is killed, when the zygote sees its own pipe
+close and ends, and the kernel kills the zygote's children with it (Linux), even one busy in a step.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,10 +91,27 @@ def serve(conn: Connection, factory: Callable[[], TextEnv]) -> None:
             conn.send(("raised", f"its result could not be sent to the trainer ({type(e).__name__}: {e})"))
 
 
+def ignore_stop_signals() -> None:
+    """Ctrl-C and SIGTERM are the trainer's, which may finish its step (its envs' processes still serving it) before it
+    stops; the env processes end when the trainer closes their pipes or is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent (the zygote) ends, so that a child busy in a step when the
+    trainer is killed (and the zygote, seeing its pipe close, ends) does not spin on as an orphan. Linux only."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def zygote_main(fd: int) -> None:
     """The zygote's loop: read the factory (after the trainer's ``sys.path``), then fork one :func:`serve` child per
     ``fork`` request (its pid, then its end of the pipe, go back) and reap the child a ``wait`` request names."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's; it ends the zygote and the children
+    ignore_stop_signals()
+    zygote = os.getpid()
     conn = Connection(fd)
     paths, blob = conn.recv()
     sys.path[:] = [*paths, *(p for p in sys.path if p not in paths)]
@@ -110,6 +132,9 @@ def zygote_main(fd: int) -> None:
         theirs, mine = socket.socketpair()
         child = os.fork()
         if child == 0:
+            die_with_parent()
+            if os.getppid() != zygote:  # the zygote ended before the line above took effect
+                os._exit(0)
             conn.close()
             theirs.close()
             try:
@@ -157,9 +182,14 @@ class Zygote:
         self.conn = Connection(mine.detach())
         self.conn.send((list(sys.path), blob))
         self.ready = False
+        self.lock = threading.Lock()  # one request at a time, whichever thread asks
 
     def fork(self, what: str) -> tuple[int, Connection]:
         """A new child: its pid and the trainer's end of its pipe (raises :class:`EnvFault` if none can be made)."""
+        with self.lock:
+            return self._fork(what)
+
+    def _fork(self, what: str) -> tuple[int, Connection]:
         try:
             if not self.ready:
                 status, value = self._answer(what)
@@ -177,7 +207,7 @@ class Zygote:
 
     def wait(self, pid: int) -> int | None:
         """Reap child ``pid`` (which has ended or been killed) and return its exit code (negative: a signal)."""
-        with contextlib.suppress(EOFError, OSError):
+        with self.lock, contextlib.suppress(EOFError, OSError):
             self.conn.send(("wait", pid))
             if self.conn.poll(5.0):
                 return self.conn.recv()
