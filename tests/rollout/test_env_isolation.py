@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 
 import pytest
 
@@ -66,3 +67,16 @@ def test_isolation_is_checked_before_any_model_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"env\.isolation"):
         agent_config(tmp_path, "env.isolation=fork")
 
+
+
+def test_an_env_that_ends_its_process_mid_step_faults_its_episodes_and_the_step_goes_on(tmp_path, tokenizer,
+                                                                                        process_fault_env):
+    cfg = agent_config(tmp_path, "env.isolation=process", "env.name=process_fault",
+                       f"env.kwargs={{process_fault: exit, safe_pid: {os.getpid()}, exit_code: 9}}")
+    collector = AgentCollector(cfg, tokenizer)
+    _, episodes = play(collector, tokenizer)
+    assert len(episodes) == 6 and all(re.fullmatch(r"scripted step\('\w+'\): the env's process ended with exit code 9",
+                                                    e[2]) for e in episodes), [e[2] for e in episodes]
+    assert collector.faults == 6
+    play(collector, tokenizer)  # fresh processes serve the next episodes (and fault the same way)
+    assert collector.faults == 12 and collector.envs.children.started == 12  # the probe's served the first episode
