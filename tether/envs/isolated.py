@@ -87,6 +87,8 @@ def serve(conn: Connection, factory: Callable[[], TextEnv]) -> None:
             reply = ("raised", f"{type(e).__name__}: {e}")
         try:
             conn.send(reply)
+        except OSError:  # the trainer is gone
+            return
         except Exception as e:  # the result did not pickle
             conn.send(("raised", f"its result could not be sent to the trainer ({type(e).__name__}: {e})"))
 
@@ -121,30 +123,36 @@ def zygote_main(fd: int) -> None:
         conn.send(("raised", f"{type(e).__name__}: {e}"))
         return
     conn.send(("ok", "ready"))
-    while True:
+    with contextlib.suppress(EOFError, OSError):  # the trainer closed the pipe, or is gone
+        while True:
+            serve_request(conn, zygote, factory)
+
+
+def serve_request(conn: Connection, zygote: int, factory: Callable[[], TextEnv]) -> None:
+    """One request to the zygote: ``("fork", _)`` or ``("wait", pid)``."""
+    op, pid = conn.recv()
+    if op == "wait":
         try:
-            op, pid = conn.recv()
-        except (EOFError, OSError):
-            return
-        if op == "wait":
             conn.send(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-            continue
-        theirs, mine = socket.socketpair()
-        child = os.fork()
-        if child == 0:
-            die_with_parent()
-            if os.getppid() != zygote:  # the zygote ended before the line above took effect
-                os._exit(0)
-            conn.close()
-            theirs.close()
-            try:
-                serve(Connection(mine.detach()), factory)
-            finally:
-                os._exit(0)  # never back into the zygote's loop
-        mine.close()
-        conn.send(child)
-        send_handle(conn, theirs.fileno(), os.getppid())
+        except ChildProcessError:  # not a child of this zygote (any more)
+            conn.send(None)
+        return
+    theirs, mine = socket.socketpair()
+    child = os.fork()
+    if child == 0:
+        die_with_parent()
+        if os.getppid() != zygote:  # the zygote ended before the line above took effect
+            os._exit(0)
+        conn.close()
         theirs.close()
+        try:
+            serve(Connection(mine.detach()), factory)
+        finally:
+            os._exit(0)  # never back into the zygote's loop
+    mine.close()
+    conn.send(child)
+    send_handle(conn, theirs.fileno(), os.getppid())
+    theirs.close()
 
 
 def exit_description(code: int | None) -> str:
