@@ -290,10 +290,15 @@ class ChildPool:
         self.idle: list[Child] = []
         self.started = 0  # children started so far
         self.broken: str | None = None  # why no child can be made (the env's class does not reach a process)
+        self.lock = threading.Lock()  # the pool's envs are called from several threads at once
         weakref.finalize(self, end_all, self.idle)
 
     def take(self, what: str) -> Child:
         """An idle child, else a new one (raises :class:`EnvFault` if none can be made)."""
+        with self.lock:
+            return self._take(what)
+
+    def _take(self, what: str) -> Child:
         if self.idle:
             return self.idle.pop()
         if self.broken is not None:
@@ -310,8 +315,9 @@ class ChildPool:
         return child
 
     def give(self, child: Child) -> None:
-        if not child.ended:
-            self.idle.append(child)
+        with self.lock:
+            if not child.ended:
+                self.idle.append(child)
 
 
 def end_all(children: list[Child]) -> None:
@@ -334,6 +340,10 @@ class ProcessEnv(SafeEnv):
         self._child: Child | None = None
         super().__init__(children.factory, timeout_s=timeout_s, reset_timeout_s=reset_timeout_s,
                          reset_retries=reset_retries)
+
+    def _start(self) -> None:
+        """Nothing yet: the first ``reset`` builds the env (as a retry after a constructor fault would), so that the
+        pool's ``reset_all`` builds the envs of a batch at once."""
 
     def _build(self) -> None:
         self._adopt(self._request("make", None, self.reset_timeout_s, f"{self.name} make()"))

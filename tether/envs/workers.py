@@ -1,12 +1,12 @@
 """Where the agent loop's environments run: on this machine (``env.workers: 0``) or in Ray actors (``> 0``).
 
 The agent loop (:class:`~tether.rollout.multi_turn.AgentCollector`) hands a pool the envs of a whole batch
-of episodes per call (``reset_all``, ``act_all``, ``close_all``). :class:`LocalEnvPool` steps them one
-after the other, each env a :class:`~tether.envs.isolated.ProcessEnv` in a child process of its own
-(``env.isolation: process``, the default) or a :class:`~tether.envs.safe.SafeEnv` whose calls run in threads of
-this process (``thread``). :class:`RayEnvPool` spreads the envs round-robin over ``workers`` actors
-(:class:`EnvWorker`) on any node of the Ray cluster, sends every call of the batch at once and waits for all of
-them, so slow envs step in parallel.
+of episodes per call (``reset_all``, ``act_all``, ``close_all``). :class:`LocalEnvPool` runs them on this machine:
+each env a :class:`~tether.envs.isolated.ProcessEnv` in a child process of its own, the calls of a batch at once
+(``env.isolation: process``, the default), or a :class:`~tether.envs.safe.SafeEnv` whose calls run in threads of
+this process, one env after the other (``thread``). :class:`RayEnvPool` spreads the envs round-robin over
+``workers`` actors (:class:`EnvWorker`) on any node of the Ray cluster, sends every call of the batch at once and
+waits for all of them, so slow envs step in parallel.
 
 Faults are contained and end the episode as failed (``info["fault"]``, counted in ``env/faults``) either way:
 
@@ -24,6 +24,7 @@ import functools
 import itertools
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 Outcome = tuple[str, bool, EnvStep]  # (parsed action, valid, the env's step)
 T = TypeVar("T")
 GRACE_S = 10.0  # beyond SafeEnv's own limits, before a worker counts as stuck
+PARALLEL_CALLS = 32  # env processes called at once by one pool (the trainer's threads only wait on their pipes)
 
 
 def act(env: Any, text: str) -> Outcome:
@@ -47,14 +49,17 @@ def act(env: Any, text: str) -> Outcome:
 
 
 class LocalEnvPool:
-    """Envs on this machine, each a :class:`SafeEnv` over ``factory`` (a :class:`ProcessEnv` in a child process with
-    ``processes``, else in this process's threads); batch calls run one env after the other."""
+    """Envs on this machine, each a :class:`SafeEnv` over ``factory``: with ``processes`` a :class:`ProcessEnv` in a
+    process of its own, and the calls of a batch run at once (each waits on its env's pipe in a thread of
+    :data:`PARALLEL_CALLS`, so slow envs step in parallel and a call's round trip overlaps the others'); else in
+    this process, one env after the other."""
 
     def __init__(self, factory: Callable[[], TextEnv], *, timeout_s: float,
                  reset_timeout_s: float | None = None, reset_retries: int = 0, processes: bool = False) -> None:
         self.factory, self.timeout_s, self.reset_timeout_s = factory, timeout_s, reset_timeout_s
         self.reset_retries = reset_retries
         self.children = ChildPool(factory) if processes else None
+        self._calls = ThreadPoolExecutor(PARALLEL_CALLS, thread_name_prefix="tether-env") if processes else None
 
     def make(self) -> SafeEnv:
         if self.children is not None:
@@ -64,14 +69,22 @@ class LocalEnvPool:
                        reset_retries=self.reset_retries)
 
     def reset_all(self, envs: list[SafeEnv], seeds: list[int]) -> list[EnvReset]:
-        return [env.reset(seed) for env, seed in zip(envs, seeds, strict=True)]
+        return self._each(lambda env, seed: env.reset(seed), envs, seeds)
 
     def act_all(self, envs: list[SafeEnv], texts: list[str]) -> list[Outcome]:
-        return [act(env, text) for env, text in zip(envs, texts, strict=True)]
+        return self._each(act, envs, texts)
 
     def close_all(self, envs: list[SafeEnv]) -> None:
-        for env in envs:
-            env.close()
+        self._each(lambda env, _: env.close(), envs, envs)
+
+    def _each(self, call: Callable[[SafeEnv, Any], T], envs: list[SafeEnv], args: list[Any]) -> list[T]:
+        """``call(env, arg)`` for each pair, in order; at once in the env processes' threads (each env is one
+        thread's: the results are those of the one-by-one loop)."""
+        if len(envs) != len(args):
+            raise ValueError(f"{len(envs)} envs and {len(args)} arguments")
+        if self._calls is None or len(envs) < 2:
+            return [call(env, arg) for env, arg in zip(envs, args, strict=True)]
+        return list(self._calls.map(call, envs, args))
 
 
 class EnvWorker:

@@ -12,11 +12,10 @@ Every row also carries the tags of GiGPO's step advantage (``algorithm.advantage
 acted on (``obs_key``) and the discounted env return from its turn on (``step_return``, :func:`discounted_returns`
 with ``env.step_gamma``). The trainer makes the advantages from them (:mod:`tether.advantage_inputs`).
 
-Environments run in child processes or threads of this process (``env.isolation``) or in Ray actors
-(``env.workers``, :mod:`tether.envs.workers`); the
-envs of a batch are reset and stepped with one pool call, so actors step them in parallel. An environment
-that raises or hangs (or a worker that dies) ends its episode as failed, the fault is counted in
-``env/faults`` and the step goes on. docs/agents.md has the whole picture.
+Environments run in processes of their own or in threads of this process (``env.isolation``), or in Ray actors
+(``env.workers``, :mod:`tether.envs.workers`); the envs of a batch are reset and stepped with one pool call, so
+env processes and actors step them in parallel. An environment that raises, hangs or ends its process (or a worker
+that dies) ends its episode as failed, the fault is counted in ``env/faults`` and the step goes on. docs/agents.md has the whole picture.
 
 Visual envs (observations that are :class:`~tether.envs.Observation`) are prompted the same way: the
 observation's text, with an image placeholder where each image goes, and the prompt is encoded by the
