@@ -15,7 +15,8 @@ with ``env.step_gamma``). The trainer makes the advantages from them (:mod:`teth
 Environments run in processes of their own or in threads of this process (``env.isolation``), or in Ray actors
 (``env.workers``, :mod:`tether.envs.workers`); the envs of a batch are reset and stepped with one pool call, so
 env processes and actors step them in parallel. An environment that raises, hangs or ends its process (or a worker
-that dies) ends its episode as failed, the fault is counted in ``env/faults`` and the step goes on. docs/agents.md has the whole picture.
+that dies) ends its episode as failed, the fault is counted in ``env/faults`` and the step goes on. docs/agents.md
+has the whole picture.
 
 Visual envs (observations that are :class:`~tether.envs.Observation`) are prompted the same way: the
 observation's text, with an image placeholder where each image goes, and the prompt is encoded by the
