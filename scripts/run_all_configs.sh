@@ -3,20 +3,34 @@
 # its `# written by:` lines name, and report which finished: issue #43's "every shipped config is run to its end at
 # least once". Hours on a CPU; a script, not a test.
 #
-#   scripts/run_all_configs.sh                 # all of them
-#   ONLY=armor scripts/run_all_configs.sh      # the configs whose path contains "armor" (and what they need)
-#   DRY=1 scripts/run_all_configs.sh           # print the commands, run nothing
+#   scripts/run_all_configs.sh                     # all of them
+#   scripts/run_all_configs.sh --only armor        # the configs whose path contains "armor" (and what they need)
+#   scripts/run_all_configs.sh --dry-run [...]     # list what would run and why, and what would be skipped; run nothing
 #
-# Everything runs inside WORK (default runs/all_configs), which links configs/ and scripts/ of this checkout: every
-# relative runs/... path of a config (its run_dir, the checkpoints it reads) lands there, so nothing a person ran
-# is touched. Each config runs with the command of its first comment line (`# tether train|sft|seed-sft CONFIG`);
-# one whose inputs come from a script or an old commit (a `# written by:` line that is not a tether command) is
-# skipped and listed. WORK/summary.tsv has one line per config; the exit code is the number that failed.
+# (ONLY=PATTERN and DRY=1 in the environment do the same.) Everything runs inside WORK (default runs/all_configs),
+# which links configs/ and scripts/ of this checkout: every relative runs/... path of a config (its run_dir, the
+# checkpoints it reads) lands there, so nothing a person ran is touched. Each config runs with the command of its
+# first comment line (`# tether train|sft|seed-sft CONFIG`), after the commands its `# written by:` lines name. A
+# config is skipped, with a one-line reason, when: its inputs come from a script or an old commit (a `# written by:`
+# line that is not a tether command), a command it needs failed or was skipped, or `tether validate` refuses it once
+# its inputs exist (a package, a data set or a GPU it needs is missing here; validate's first line is the reason).
+# WORK/summary.tsv has one line per config or command; the exit code is the number that failed.
 set -u
+usage() { sed -n '2,17s/^# \{0,1\}//p' "$0"; }
+ONLY=${ONLY:-}
+DRY=${DRY:-}
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --only) [[ $# -ge 2 ]] || { echo "--only needs a PATTERN" >&2; exit 2; }; ONLY=$2; shift 2 ;;
+        --only=*) ONLY=${1#--only=}; shift ;;
+        --dry-run|-n) DRY=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "unknown argument: $1 (allowed: --only PATTERN, --dry-run, -h)" >&2; exit 2 ;;
+    esac
+done
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$REPO/runs/all_configs}
 TETHER=${TETHER:-"$REPO/.venv/bin/python -m tether"}
-ONLY=${ONLY:-}
 mkdir -p "$WORK"
 ln -sfn "$REPO/configs" "$WORK/configs"
 ln -sfn "$REPO/scripts" "$WORK/scripts"
@@ -24,53 +38,79 @@ cd "$WORK" || exit 1
 summary=summary.tsv
 : > "$summary"
 failed=0
-declare -A state
+declare -A state  # config or cmd:COMMAND -> ok | failed | skipped (| started, while its inputs run)
 
+outcome() { case $1 in failed) echo failed ;; skipped) echo "was skipped" ;; *) echo "waits on itself" ;; esac; }
 first_command() { sed -n '1s/^# *\(tether [a-z-]* configs\/[^ ]*\.yaml\).*/\1/p' "$1"; }
 writers() { sed -n 's/^# *written by: *//p' "$1"; }
 
-run_config() {
-    local config=$1 command writer
+skip() {  # NAME REASON: record NAME as skipped, one line
+    state[$1]=skipped
+    if [[ -n "$DRY" ]]; then
+        printf 'skip  %s: %s\n' "$1" "$2"
+    else
+        printf '%s\tskipped: %s\n' "$1" "$2" >> "$summary"
+    fi
+}
+
+run_config() {  # CONFIG [WHY]: run what CONFIG needs, then CONFIG; its state says how it went
+    local config=$1 why=${2:-selected} command writer needed reason
     [[ -n "${state[$config]:-}" ]] && return 0
     state[$config]=started
     while read -r writer; do
         [[ -z "$writer" ]] && continue
         if [[ "$writer" != tether\ * ]]; then
-            printf '%s\tskipped: its inputs are written by: %s\n' "$config" "$writer" >> "$summary"
+            skip "$config" "its inputs are written by: $writer"
             return 0
         fi
-        local needed
         needed=$(echo "$writer" | awk '{print $3}')
         if [[ -f "$needed" && "$writer" == "$(first_command "$needed")" ]]; then
-            run_config "$needed"
-        else
-            run_command "$writer" "$writer"  # a config's command with other settings, e.g. an SFT warm start
+            run_config "$needed" "needed by $config"
+            if [[ "${state[$needed]}" != ok ]]; then
+                skip "$config" "it needs $needed, which $(outcome "${state[$needed]}")"
+                return 0
+            fi
+        else  # a config's command with other settings, e.g. an SFT warm start
+            run_command "cmd:$writer" "$writer" "needed by $config"
+            if [[ "${state[cmd:$writer]}" != ok ]]; then
+                skip "$config" "it needs \`$writer\`, which $(outcome "${state[cmd:$writer]}")"
+                return 0
+            fi
         fi
     done < <(writers "$config")
     command=$(first_command "$config")
     if [[ -z "$command" ]]; then
-        printf '%s\tskipped: no "# tether COMMAND CONFIG" first line\n' "$config" >> "$summary"
+        skip "$config" 'no "# tether COMMAND CONFIG" first line'
         return 0
     fi
-    run_command "$config" "$command"
+    if [[ -z "$DRY" ]] && ! reason=$($TETHER validate "$config" 2>&1); then
+        skip "$config" "tether validate: $(echo "$reason" | grep -v '^\s*$' | head -1)"
+        return 0
+    fi
+    run_command "$config" "$command" "$why"
 }
 
-run_command() {  # NAME COMMAND: run COMMAND once, log it, and record its exit code under NAME
-    local name=$1 command=$2 start rc log
-    [[ "${state[cmd:$command]:-}" == done ]] && return 0
-    state[cmd:$command]=done
-    log="logs/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-150).log"
-    mkdir -p logs
-    if [[ -n "${DRY:-}" ]]; then
-        echo "$command"
+run_command() {  # KEY COMMAND WHY: run COMMAND once, log it, and record how it went under KEY
+    local key=$1 command=$2 why=$3 start rc log
+    [[ -n "${state[$key]:-}" && "${state[$key]}" != started ]] && return 0
+    if [[ -n "$DRY" ]]; then
+        printf 'run   %s  (%s)\n' "$command" "$why"
+        state[$key]=ok
         return 0
     fi
+    log="logs/$(echo "${key#cmd:}" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-150).log"
+    mkdir -p logs
     start=$(date +%s)
     # shellcheck disable=SC2086  # TETHER and the command are words
     $TETHER ${command#tether } > "$log" 2>&1
     rc=$?
-    printf '%s\texit %s\t%ss\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" "$WORK/$log" >> "$summary"
-    [[ $rc -ne 0 ]] && failed=$((failed + 1))
+    printf '%s\texit %s\t%ss\t%s\n' "${key#cmd:}" "$rc" "$(( $(date +%s) - start ))" "$WORK/$log" >> "$summary"
+    if [[ $rc -eq 0 ]]; then
+        state[$key]=ok
+    else
+        state[$key]=failed
+        failed=$((failed + 1))
+    fi
 }
 
 while read -r config; do
@@ -79,5 +119,9 @@ while read -r config; do
 done < <(cd "$REPO" && find configs -name '*.yaml' -not -path 'configs/gpu/*' -not -path '*/gpu/*' \
              -not -name 'protocol*.yaml' | sort)
 
+if [[ -n "$DRY" ]]; then
+    echo "(a real run also checks each config with tether validate once its inputs exist, and skips it if refused)"
+    exit 0
+fi
 column -t -s $'\t' "$summary"
 exit "$failed"

@@ -106,7 +106,12 @@ class EnvConfig(Section):
     reset_retries: int = Field(2, ge=0, description="a construction or reset that faults is tried again this many "
                                "times, with a fresh env, before its episode counts as faulted; when no episode of a "
                                "step can start, the run stops naming the env, the phase and the first error")
-    workers: int = Field(0, ge=0, description="0: envs step in this process (threads); N: in N Ray actors, "
+    isolation: Literal["process", "thread"] = Field(
+        "process", description="with env.workers=0: process runs each env in a child process of its own, so a call "
+        "past its limit is killed even when it busy-loops and an env that ends its process (os._exit, a crash) "
+        "faults only its episode; thread runs envs in this process (no process per env, but a busy loop outlives "
+        "its limit and os._exit ends the run; docs/reliability.md)")
+    workers: int = Field(0, ge=0, description="0: envs step on this machine (env.isolation); N: in N Ray actors, "
                          "in parallel, where a crash or a hang kills only the actor (docs/agents.md)")
     worker_cpus: float = Field(0.5, gt=0, description="Ray CPUs each env worker reserves (env.workers > 0)")
     step_gamma: float = Field(0.95, ge=0, le=1, description="discount of the step return each row carries, read by "
@@ -374,7 +379,8 @@ class LoggingConfig(Section):
                                          "tags...), {} for the defaults; unset: no W&B")
     mlflow: dict[str, Any] | None = Field(None, description="MLflow settings (tracking_uri, experiment, run_name, "
                                           "tags); unset: no MLflow")
-    progress: bool = Field(True, description="a progress bar on the terminal")
+    progress: bool = Field(True, description="progress on stderr: a bar per step and per validation on a terminal, "
+                           "plain lines with the ETA otherwise (docs/metrics.md)")
 
 
 class ParityConfig(Section):

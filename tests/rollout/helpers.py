@@ -68,11 +68,13 @@ class ScriptedEngine:
 
 
 def agent_config(tmp_path: Any, *overrides: str, **sections: Any) -> Config:
-    """A small agent run on the scripted env: 2 tasks x 3 clones per step, 3 guesses, no validation."""
+    """A small agent run on the scripted env: 2 tasks x 3 clones per step, 3 guesses, no validation, envs in this
+    process (``env.isolation: thread``: faster to start, and a test may count what its env classes did)."""
     base: dict[str, Any] = {
         "seed": 0, "run_dir": str(tmp_path / "run"),
         "env": {"name": "scripted", "kwargs": {"turns": 3}, "max_turns": 5, "history": 2,
-                "invalid_action_penalty": 0.1, "train_tasks": 8, "val_tasks": 3, "timeout_s": 5.0},
+                "invalid_action_penalty": 0.1, "train_tasks": 8, "val_tasks": 3, "timeout_s": 5.0,
+                "isolation": "thread"},  # in-process: these tests read env state; tests/envs/test_isolated.py the rest
         "rollout": {"prompts_per_step": 2, "group_size": 3, "max_new_tokens": 8},
         "algorithm": {"advantage": "episode"},
         "optim": {"lr": 1e-3, "micro_batch_size": 8},

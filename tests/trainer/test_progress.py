@@ -1,14 +1,18 @@
 """Progress a person can see: a status line per phase before the first step, validation start and result, and one
-plain line per step with its ETA when stderr is not a terminal (tether/track/progress.py)."""
+plain line per step with its ETA when stderr is not a terminal, and a validation's own bar or sparse plain lines
+(tether/track/progress.py)."""
 
 from __future__ import annotations
 
+import io
 import re
+
+from rich.console import Console
 
 from tests.trainer.helpers import tiny_config
 from tether.sft import progress_log
 from tether.track import progress as progress_module
-from tether.track.progress import Progress, StepLines, format_eta
+from tether.track.progress import CountProgress, Progress, StepLines, format_eta
 from tether.trainer import Trainer
 
 
@@ -54,12 +58,55 @@ def test_sft_prints_a_line_per_step_and_each_held_out_loss(capsys):
     assert logged == [(1, {"sft/loss": 0.75}), (1, {"sft/val_loss": 0.5})]
 
 
-def test_a_long_validation_reports_its_samples_as_they_finish(tmp_path, capsys):
-    from tether.rollout.single_turn import validation_progress
+def test_without_a_terminal_a_validation_prints_sparse_lines_with_rate_and_eta(monkeypatch, capsys):
+    now = [100.0]  # made at 100 s; then each update at its own time
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    with CountProgress("validation", 256, "samples", plain=True, every_s=10.0) as bar:
+        for now[0], done in ((110.0, 64), (112.0, 128), (121.0, 192), (130.0, 256)):  # 112 s: skipped (2 s after)
+            bar.update(done, 256)
+    assert capsys.readouterr().err.splitlines() == [
+        "validation 64/256 samples  0.2 s/sample  eta 0:30",  # 10 s for 64: 192 x 0.156 s left
+        "validation 192/256 samples  0.1 s/sample  eta 0:07",  # 21 s for 192: 64 x 0.109 s left
+        "validation 256/256 samples  0.1 s/sample  eta 0:00"]
 
-    report = validation_progress(tiny_config(tmp_path, "logging.progress=true"))
-    report(64, 256)
-    report(10, 10)  # one engine call: nothing to report
-    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines()]
-    assert lines == ["validation: 64/256 samples"]
-    assert validation_progress(tiny_config(tmp_path)) is None  # logging.progress=false
+
+def test_on_a_terminal_a_validation_has_a_bar_of_its_own_or_a_row_under_the_training_bar():
+    screen = Console(file=io.StringIO(), force_terminal=True, width=120)
+    with CountProgress("validation", 8, "samples", plain=False, console=screen) as first:  # before the first step
+        first.update(8, 8)
+    assert re.search(r"validation 8/8 .*samples", screen.file.getvalue())
+    screen = Console(file=io.StringIO(), force_terminal=True, width=120)
+    with Progress(3, plain=False, console=screen) as training:
+        training.update(1, {"train/reward_mean": 0.5})
+        with CountProgress("validation", 6, "episodes", plain=False) as val:  # joins the live training bar
+            val.update(6, 6)
+            training._bar.refresh()  # draw now, not at rich's next tick
+            assert [task.description for task in training._bar.tasks] == ["step", "validation"]
+        assert [task.description for task in training._bar.tasks] == ["step"]  # its row goes when it ends
+    shown = screen.file.getvalue()
+    assert re.search(r"validation 6/6 .*episodes", shown) and "step 1/3" in shown
+
+
+def test_progress_off_prints_nothing(capsys):
+    with CountProgress("validation", 4, "samples", enabled=False, plain=True, every_s=0.0) as bar:
+        bar.update(4, 4)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_single_turn_validation_reports_its_samples_as_they_finish(tmp_path, tiny_policy, capsys):
+    cfg = tiny_config(tmp_path, "logging.progress=true")
+    policy, tokenizer = tiny_policy
+    Trainer(cfg, policy=policy, tokenizer=tokenizer).validate()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("validation ")]
+    assert len(lines) == 1 and re.fullmatch(r"validation (\d+)/\1 samples  \d+\.\d s/sample  eta 0:00", lines[0])
+
+
+def test_an_agent_validation_reports_its_episodes_as_they_finish(tmp_path, tokenizer, capsys):
+    from tests.rollout.helpers import ScriptedEngine, agent_config
+    from tether.rollout.multi_turn import AgentCollector
+
+    collector = AgentCollector(agent_config(tmp_path, "logging.progress=true", "val.greedy=false", "val.samples=2"),
+                               tokenizer)
+    collector.validate(ScriptedEngine(tokenizer), seed=0)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("validation ")]
+    assert lines[0].startswith("validation ") and re.fullmatch(r"validation 6/6 episodes  .*eta 0:00", lines[-1])

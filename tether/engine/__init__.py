@@ -12,7 +12,8 @@ from tether.engine.base import (
     RolloutEngine,
     SamplingParams,
 )
-from tether.engine.hf import HFEngine, process_logits, sample_tokens
+from tether.engine.decoding import process_logits, sample_tokens
+from tether.engine.hf import HFEngine
 from tether.engine.registry import ENGINES, build_engine, check_engine_available, engine_builder, engine_entry
 
 __all__ = ["ENGINES", "EngineUnavailableError", "Generation", "HFEngine", "Intervention", "InterventionStep",

@@ -8,13 +8,13 @@ malformed result (a step that is not an :class:`EnvStep` or whose reward is not 
 builds a new one with the ``make`` factory. The caller never sees the exception and never waits longer than the
 timeout.
 
-Why threads and not processes: a thread costs ~0.1 ms per call and needs no pickling, so any env
-(including ones holding C handles, like TextWorld's game engine) works unchanged. The price: Python
-cannot kill a thread, so a hung call keeps running in the background (a daemon thread, so it never
-blocks interpreter exit) with whatever CPU and memory it holds, and a hang inside C code that holds the
-GIL would stall the whole process. A subprocess per env would be fully killable but costs a process
-and IPC per env; none of tether's envs needs it. ``EpisodeOverError`` (stepping a finished episode)
-is a caller bug and is re-raised, not contained.
+Why threads: a thread costs ~0.1 ms per call and needs no pickling, so any env works unchanged. The price: Python
+cannot kill a thread, so a hung call keeps running in the background (a daemon thread, so it never blocks interpreter
+exit) with whatever CPU and memory it holds, a busy loop keeps its core, a hang inside C code that holds the GIL
+stalls the whole process, and ``os._exit`` ends it. :class:`~tether.envs.isolated.ProcessEnv` (``env.isolation:
+process``, the agent loop's default) is this class with the env in a child process, which can be killed.
+
+``EpisodeOverError`` (stepping a finished episode) is a caller bug and is re-raised, not contained.
 """
 
 from __future__ import annotations
@@ -108,12 +108,24 @@ class SafeEnv:
         self._construction_fault: str | None = None  # reported by the first reset
         self._episode_over = False
         self._env: TextEnv | None = None
+        self._start()
+
+    def _start(self) -> None:
+        """Build the first env now; a constructor fault is reported by the first ``reset``."""
         try:
-            self._adopt(call_with_timeout(make, self.reset_timeout_s, f"{self.name} make()"))
+            self._build()
         except EnvFault as fault:
             self._construction_fault = self._record(fault)
 
-    def _adopt(self, env: TextEnv) -> None:
+    def _build(self) -> None:
+        """Build a fresh env under the reset limit (raises :class:`EnvFault`)."""
+        self._adopt(call_with_timeout(self._make, self.reset_timeout_s, f"{self.name} make()"))
+
+    def _call(self, method: str, *args: Any, timeout_s: float, what: str) -> Any:
+        """``env.<method>(*args)`` of the current env under ``timeout_s`` (raises :class:`EnvFault`)."""
+        return call_with_timeout(functools.partial(getattr(self._env, method), *args), timeout_s, what)
+
+    def _adopt(self, env: Any) -> None:
         self._env = env
         self.name, self.max_turns, self.action_format = env.name, env.max_turns, env.action_format
 
@@ -140,9 +152,8 @@ class SafeEnv:
                 continue
             try:
                 if self._env is None:
-                    self._adopt(call_with_timeout(self._make, self.reset_timeout_s, f"{self.name} make()"))
-                return call_with_timeout(functools.partial(self._env.reset, seed), self.reset_timeout_s,
-                                         f"{self.name} reset({seed})")
+                    self._build()
+                return self._call("reset", seed, timeout_s=self.reset_timeout_s, what=f"{self.name} reset({seed})")
             except EnvFault as fault:
                 message = self._record(fault)  # every try's fault is counted
                 first = first or message
@@ -156,10 +167,9 @@ class SafeEnv:
             return fault_step(message)
         if self._episode_over or self._env is None:
             raise EpisodeOverError(f"{self.name}: step() after a faulted episode; call reset(seed) first")
-        env = self._env
         what = f"{self.name} step({action[:60]!r})"
         try:
-            step = call_with_timeout(lambda: env.step(action), self.timeout_s, what)
+            step = self._call("step", action, timeout_s=self.timeout_s, what=what)
             if (problem := step_problem(step)) is not None:
                 raise EnvFault(f"{what} {problem}", timed_out=False)
             return step
@@ -170,12 +180,11 @@ class SafeEnv:
     def parse_action(self, response_text: str) -> tuple[str, bool]:
         """The env's parse; one that raises, hangs or returns something else than ``(str, bool)`` is a fault,
         reported by the next ``step``."""
-        env = self._env
-        if env is None or self._pending_fault is not None:
+        if self._env is None or self._pending_fault is not None:
             return "", False
         what = f"{self.name} parse_action()"
         try:
-            parsed = call_with_timeout(lambda: env.parse_action(response_text), self.timeout_s, what)
+            parsed = self._call("parse_action", response_text, timeout_s=self.timeout_s, what=what)
             if not (isinstance(parsed, tuple) and len(parsed) == 2 and isinstance(parsed[0], str)):
                 raise EnvFault(f"{what} returned {parsed!r}, not (action, valid)", timed_out=False)
             return parsed[0], bool(parsed[1])
@@ -185,31 +194,30 @@ class SafeEnv:
 
     def solution(self) -> list[str] | None:
         """The env's solution, or None if it faults (a solver fault does not end the episode)."""
-        env = self._env
-        if env is None:
+        if self._env is None:
             return None
         try:
-            return call_with_timeout(env.solution, self.timeout_s, f"{self.name} solution()")
+            return self._call("solution", timeout_s=self.timeout_s, what=f"{self.name} solution()")
         except EnvFault:
             return None
 
     def close(self) -> None:
-        env, self._env = self._env, None
-        if env is not None:
-            self._close_quietly(env)
+        if self._env is not None:
+            self._close_quietly()
+        self._env = None
 
-    def _close_quietly(self, env: TextEnv) -> None:
+    def _close_quietly(self) -> None:
         with contextlib.suppress(EnvFault):  # best effort: the env is dropped either way
-            call_with_timeout(env.close, self.timeout_s, f"{self.name} close()")
+            self._call("close", timeout_s=self.timeout_s, what=f"{self.name} close()")
 
     def _record(self, fault: EnvFault) -> str:
         """Count the fault and drop the env so that a fresh one serves the next episode."""
         self.faults += 1
         self.last_fault = str(fault)
-        env, self._env = self._env, None
         # A hung env is still busy in its thread: closing it from here could race with it.
-        if env is not None and not fault.timed_out:
-            self._close_quietly(env)
+        if self._env is not None and not fault.timed_out:
+            self._close_quietly()
+        self._env = None
         return self.last_fault
 
 

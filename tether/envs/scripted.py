@@ -7,7 +7,8 @@ off-list word is an invalid no-op and uses no guess), so a loop test can exercis
 env-side termination and its own ``max_turns`` truncation (set ``turns`` above ``max_turns``).
 
 ``fault`` makes the env misbehave on purpose, to test :class:`tether.envs.SafeEnv`:
-``"reset_raise"``, ``"step_raise"``, ``"reset_hang"`` or ``"step_hang"`` (a hang sleeps ``hang_s``).
+``"reset_raise"``, ``"step_raise"``, ``"reset_hang"``, ``"step_hang"`` (a hang sleeps ``hang_s``), ``"reset_spin"`` or
+``"step_spin"`` (a busy loop of ``hang_s`` that never sleeps: a thread's timeout cannot stop it, a process's can).
 Step faults fire on step number ``fault_turn`` (1-based).
 """
 
@@ -25,7 +26,7 @@ from tether.envs.base import (
     train_seeds,
 )
 
-_FAULTS = (None, "reset_raise", "step_raise", "reset_hang", "step_hang")
+_FAULTS = (None, "reset_raise", "step_raise", "reset_hang", "step_hang", "reset_spin", "step_spin")
 
 
 class ScriptedEnv:
@@ -39,7 +40,7 @@ class ScriptedEnv:
             invalid actions) or is None (any non-empty action is valid).
         fault (str | None): deliberate misbehaviour, see the module docstring.
         fault_turn (int): the step number (1-based) at which a step fault fires.
-        hang_s (float): how long a hang sleeps.
+        hang_s (float): how long a hang sleeps or a spin loops.
     """
 
     name = "scripted"
@@ -133,3 +134,7 @@ class ScriptedEnv:
             raise RuntimeError(f"scripted fault: {where} raised on purpose")
         if self.fault == f"{where}_hang":
             time.sleep(self.hang_s)
+        if self.fault == f"{where}_spin":
+            end = time.monotonic() + self.hang_s
+            while time.monotonic() < end:
+                pass

@@ -1,14 +1,18 @@
-"""Where the agent loop's environments run: in this process (``env.workers: 0``) or in Ray actors (``> 0``).
+"""Where the agent loop's environments run: on this machine (``env.workers: 0``) or in Ray actors (``> 0``).
 
 The agent loop (:class:`~tether.rollout.multi_turn.AgentCollector`) hands a pool the envs of a whole batch
-of episodes per call (``reset_all``, ``act_all``, ``close_all``). :class:`LocalEnvPool` steps them one
-after the other in this process, each call in a :class:`~tether.envs.safe.SafeEnv` thread. :class:`RayEnvPool`
-spreads the envs round-robin over ``workers`` actors (:class:`EnvWorker`) on any node of the Ray cluster,
-sends every call of the batch at once and waits for all of them, so slow envs step in parallel.
+of episodes per call (``reset_all``, ``act_all``, ``close_all``). :class:`LocalEnvPool` runs them on this machine:
+each env a :class:`~tether.envs.isolated.ProcessEnv` in a child process of its own, the calls of a batch at once
+(``env.isolation: process``, the default), or a :class:`~tether.envs.safe.SafeEnv` whose calls run in threads of
+this process, one env after the other (``thread``). :class:`RayEnvPool` spreads the envs round-robin over
+``workers`` actors (:class:`EnvWorker`) on any node of the Ray cluster, sends every call of the batch at once and
+waits for all of them, so slow envs step in parallel.
 
 Faults are contained and end the episode as failed (``info["fault"]``, counted in ``env/faults``) either way:
 
 * an env that raises or hangs: by the :class:`~tether.envs.safe.SafeEnv` it runs in (inside the actor for Ray);
+  with ``env.isolation: process`` a call past its limit kills the env's process, so a busy loop ends too, and an
+  env that ends its process (``os._exit``, a native crash) faults its episode;
 * a worker that dies (a crash in native code) or stops answering (a hang that holds the GIL, which a thread
   cannot outlive): every call waiting on it faults, and the worker is killed and replaced by a fresh one
   for the envs made after that. This is what actors add over threads: a process can be killed.
@@ -20,12 +24,14 @@ import functools
 import itertools
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.envs.base import EnvReset, EnvStep, TextEnv
+from tether.envs.isolated import ChildPool, ProcessEnv
 from tether.envs.registry import check_env_kwargs, env_class
-from tether.envs.safe import SafeEnv, fault_reset, fault_step
+from tether.envs.safe import SafeEnv, call_with_timeout, fault_reset, fault_step
 
 if TYPE_CHECKING:
     from tether.config import EnvConfig
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
 Outcome = tuple[str, bool, EnvStep]  # (parsed action, valid, the env's step)
 T = TypeVar("T")
 GRACE_S = 10.0  # beyond SafeEnv's own limits, before a worker counts as stuck
+PARALLEL_CALLS = 32  # env processes called at once by one pool (the trainer's threads only wait on their pipes)
 
 
 def act(env: Any, text: str) -> Outcome:
@@ -42,26 +49,42 @@ def act(env: Any, text: str) -> Outcome:
 
 
 class LocalEnvPool:
-    """Envs in this process, each a :class:`SafeEnv` over ``factory``; batch calls run one env after the other."""
+    """Envs on this machine, each a :class:`SafeEnv` over ``factory``: with ``processes`` a :class:`ProcessEnv` in a
+    process of its own, and the calls of a batch run at once (each waits on its env's pipe in a thread of
+    :data:`PARALLEL_CALLS`, so slow envs step in parallel and a call's round trip overlaps the others'); else in
+    this process, one env after the other."""
 
     def __init__(self, factory: Callable[[], TextEnv], *, timeout_s: float,
-                 reset_timeout_s: float | None = None, reset_retries: int = 0) -> None:
+                 reset_timeout_s: float | None = None, reset_retries: int = 0, processes: bool = False) -> None:
         self.factory, self.timeout_s, self.reset_timeout_s = factory, timeout_s, reset_timeout_s
         self.reset_retries = reset_retries
+        self.children = ChildPool(factory) if processes else None
+        self._calls = ThreadPoolExecutor(PARALLEL_CALLS, thread_name_prefix="tether-env") if processes else None
 
     def make(self) -> SafeEnv:
+        if self.children is not None:
+            return ProcessEnv(self.children, timeout_s=self.timeout_s,
+                              reset_timeout_s=self.reset_timeout_s, reset_retries=self.reset_retries)
         return SafeEnv(self.factory, timeout_s=self.timeout_s, reset_timeout_s=self.reset_timeout_s,
                        reset_retries=self.reset_retries)
 
     def reset_all(self, envs: list[SafeEnv], seeds: list[int]) -> list[EnvReset]:
-        return [env.reset(seed) for env, seed in zip(envs, seeds, strict=True)]
+        return self._each(lambda env, seed: env.reset(seed), envs, seeds)
 
     def act_all(self, envs: list[SafeEnv], texts: list[str]) -> list[Outcome]:
-        return [act(env, text) for env, text in zip(envs, texts, strict=True)]
+        return self._each(act, envs, texts)
 
     def close_all(self, envs: list[SafeEnv]) -> None:
-        for env in envs:
-            env.close()
+        self._each(lambda env, _: env.close(), envs, envs)
+
+    def _each(self, call: Callable[[SafeEnv, Any], T], envs: list[SafeEnv], args: list[Any]) -> list[T]:
+        """``call(env, arg)`` for each pair, in order; at once in the env processes' threads (each env is one
+        thread's: the results are those of the one-by-one loop)."""
+        if len(envs) != len(args):
+            raise ValueError(f"{len(envs)} envs and {len(args)} arguments")
+        if self._calls is None or len(envs) < 2:
+            return [call(env, arg) for env, arg in zip(envs, args, strict=True)]
+        return list(self._calls.map(call, envs, args))
 
 
 class EnvWorker:
@@ -180,15 +203,63 @@ class RayEnvPool:
                 self.actors[i] = self._worker.remote(*self._args)
 
 
-def make_env_pool(cfg: EnvConfig) -> LocalEnvPool | RayEnvPool:
-    """``env.workers: 0``: :class:`LocalEnvPool`; N > 0: :class:`RayEnvPool` with N actors.
-
-    The env class is resolved here, so an env registered in this process also works in the actors.
-    """
+def env_factory(cfg: EnvConfig) -> Callable[[], TextEnv]:
+    """Builds ``cfg``'s env. The class is resolved here, so an env registered in this process also works in the
+    actors (it travels by reference)."""
     check_env_kwargs(cfg.name, cfg.kwargs)
-    factory = functools.partial(env_class(cfg.name), **cfg.kwargs)
+    return functools.partial(env_class(cfg.name), **cfg.kwargs)
+
+
+def in_processes(cfg: EnvConfig) -> bool:
+    """Whether envs run in child processes of this machine (``env.workers: 0, env.isolation: process``)."""
+    return cfg.workers == 0 and cfg.isolation == "process"
+
+
+def make_env_pool(cfg: EnvConfig) -> LocalEnvPool | RayEnvPool:
+    """``env.workers: 0``: :class:`LocalEnvPool` (its envs in child processes or threads, ``env.isolation``);
+    N > 0: :class:`RayEnvPool` with N actors."""
+    factory = env_factory(cfg)
     if cfg.workers == 0:
         return LocalEnvPool(factory, timeout_s=cfg.timeout_s, reset_timeout_s=cfg.reset_timeout_s,
-                            reset_retries=cfg.reset_retries)
+                            reset_retries=cfg.reset_retries, processes=in_processes(cfg))
     return RayEnvPool(factory, timeout_s=cfg.timeout_s, reset_timeout_s=cfg.reset_timeout_s, workers=cfg.workers,
                       worker_cpus=cfg.worker_cpus, reset_retries=cfg.reset_retries)
+
+
+@dataclass(frozen=True)
+class EnvProbe:
+    """What the agent loop reads of an env before its first episode."""
+
+    train_seeds: list[int]
+    val_seeds: list[int]
+    action_format: str
+    renders_images: bool
+
+
+def probe(factory: Callable[[], TextEnv], train_tasks: int, val_tasks: int) -> EnvProbe:
+    """Build one env and read its seeds of each split and its action format."""
+    env = factory()
+    try:
+        return EnvProbe(list(env.train_seeds(train_tasks)), list(env.eval_seeds(val_tasks)), env.action_format,
+                        bool(getattr(env, "renders_images", False)))
+    finally:
+        env.close()
+
+
+def probe_env(cfg: EnvConfig, pool: LocalEnvPool | RayEnvPool) -> EnvProbe:
+    """:func:`probe` ``cfg``'s env under its reset limit, in one of ``pool``'s env processes if it has them, else in a
+    thread of this process (raises :class:`~tether.envs.safe.EnvFault`)."""
+    limit, what = cfg.reset_timeout_s or cfg.timeout_s, f"env {cfg.name}: building the first environment"
+    children = getattr(pool, "children", None)
+    if children is None:
+        return call_with_timeout(functools.partial(probe, env_factory(cfg), cfg.train_tasks, cfg.val_tasks),
+                                 limit, what)
+    child = children.take(what)
+    try:
+        facts = child.request("make", None, timeout_s=limit, what=what)
+        seeds = [child.request("call", (method, (n,)), timeout_s=limit, what=f"{what}: {method}({n})")
+                 for method, n in (("train_seeds", cfg.train_tasks), ("eval_seeds", cfg.val_tasks))]
+        child.request("call", ("close", ()), timeout_s=limit, what=f"{what}: close()")
+    finally:
+        children.give(child)
+    return EnvProbe(list(seeds[0]), list(seeds[1]), facts.action_format, facts.renders_images)

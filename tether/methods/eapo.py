@@ -32,7 +32,8 @@ from torch import Tensor
 
 from tether.algos.eapo_gate import GATES, LN2, gate_statistic, js_divergence, mixture_log_probs, scheduled_lambda
 from tether.engine.base import InterventionStep, SamplingParams
-from tether.engine.hf import KVDecoder, left_pad, process_logits, sample_tokens
+from tether.engine.decoding import left_pad, process_logits, sample_tokens
+from tether.engine.hf import KVDecoder
 from tether.methods.base import Method, MethodSettings, register_method
 
 if TYPE_CHECKING:

@@ -12,10 +12,11 @@ Every row also carries the tags of GiGPO's step advantage (``algorithm.advantage
 acted on (``obs_key``) and the discounted env return from its turn on (``step_return``, :func:`discounted_returns`
 with ``env.step_gamma``). The trainer makes the advantages from them (:mod:`tether.advantage_inputs`).
 
-Environments run in this process or in Ray actors (``env.workers``, :mod:`tether.envs.workers`); the
-envs of a batch are reset and stepped with one pool call, so actors step them in parallel. An environment
-that raises or hangs (or a worker that dies) ends its episode as failed, the fault is counted in
-``env/faults`` and the step goes on. docs/agents.md has the whole picture.
+Environments run in processes of their own or in threads of this process (``env.isolation``), or in Ray actors
+(``env.workers``, :mod:`tether.envs.workers`); the envs of a batch are reset and stepped with one pool call, so
+env processes and actors step them in parallel. An environment that raises, hangs or ends its process (or a worker
+that dies) ends its episode as failed, the fault is counted in ``env/faults`` and the step goes on. docs/agents.md
+has the whole picture.
 
 Visual envs (observations that are :class:`~tether.envs.Observation`) are prompted the same way: the
 observation's text, with an image placeholder where each image goes, and the prompt is encoded by the
@@ -26,7 +27,7 @@ images are those of the observations it shows (the history's, then the current o
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -36,18 +37,16 @@ import torch
 from tether.engine.base import SamplingParams
 from tether.envs import (
     Observation,
-    call_with_timeout,
     escape_placeholders,
-    make_env,
     observation_key,
     observation_text,
 )
 from tether.envs.safe import EnvFault
-from tether.envs.workers import make_env_pool
+from tether.envs.workers import make_env_pool, probe_env
 from tether.errors import EnvFaultError
 from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
-from tether.rollout.single_turn import GENERATE_ROWS, PromptStream
+from tether.rollout.single_turn import GENERATE_ROWS, PromptStream, validation_progress
 
 if TYPE_CHECKING:
     from tether.config import Config, EnvConfig
@@ -145,21 +144,16 @@ class AgentCollector:
             raise ValueError("AgentCollector needs cfg.env")
         self.cfg, self.env_cfg, self.tokenizer = cfg, cfg.env, tokenizer
         # the first env, built at start under the reset limit: one that hangs stops the run with a message
-        e = cfg.env
+        self.envs = make_env_pool(cfg.env)
         try:
-            probe = call_with_timeout(lambda: make_env(e.name, **e.kwargs), e.reset_timeout_s or e.timeout_s,
-                                      f"env {e.name}: building the first environment")
+            probe = probe_env(cfg.env, self.envs)
         except EnvFault as fault:
-            raise EnvFaultError(f"env {e.name} (constructor): {fault}; no episode can start") from None
-        if getattr(probe, "renders_images", False) and not is_processor(tokenizer):
+            raise EnvFaultError(f"env {cfg.env.name} (constructor): {fault}; no episode can start") from None
+        if probe.renders_images and not is_processor(tokenizer):
             raise ValueError(f"env {cfg.env.name!r} observes images, but the policy {cfg.model.name!r} came with a "
                              "text tokenizer, not a vision-language processor: use a vision-language model, or "
                              "env.kwargs.observation: text")
-        self.train_seeds = list(probe.train_seeds(cfg.env.train_tasks))
-        self.val_seeds = list(probe.eval_seeds(cfg.env.val_tasks))
-        self.action_format = probe.action_format
-        probe.close()
-        self.envs = make_env_pool(cfg.env)
+        self.train_seeds, self.val_seeds, self.action_format = probe.train_seeds, probe.val_seeds, probe.action_format
         self.stream = PromptStream(len(self.train_seeds), cfg.seed)
         self._next_group = 0
         self._next_episode = 0
@@ -201,8 +195,10 @@ class AgentCollector:
         return episodes
 
     def run_episodes(self, engine: Any, episodes: list[Episode], params: SamplingParams, seed: int,
-                     intervention: Any = None) -> list[dict[str, Any]]:
-        """Play every episode to the end (or max_turns); return one dict per active turn."""
+                     intervention: Any = None,
+                     on_turn: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+        """Play every episode to the end (or max_turns); return one dict per active turn. ``on_turn(done, total)``
+        hears the episodes finished after each generation chunk's steps, and all of them at the end."""
         rows: list[dict[str, Any]] = []
         try:
             for turn in range(self.env_cfg.max_turns):
@@ -219,6 +215,10 @@ class AgentCollector:
                     outcomes = self.envs.act_all([ep.env for ep in chunk], gen.texts)
                     for j, (ep, outcome) in enumerate(zip(chunk, outcomes, strict=True)):
                         rows.append(self._record(ep, turn, prompts[start + j], gen, j, outcome))
+                    if on_turn is not None:
+                        on_turn(sum(ep.done for ep in episodes), len(episodes))
+            if on_turn is not None:  # the episodes max_turns ended are finished too
+                on_turn(len(episodes), len(episodes))
         finally:
             self.envs.close_all([ep.env for ep in episodes])
         return rows
@@ -312,7 +312,8 @@ class AgentCollector:
         if all(ep.fault for ep in episodes):
             raise no_episode_started(self.env_cfg, episodes, "validation")
         params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p)
-        rows = self.run_episodes(engine, episodes, params, seed)
+        with validation_progress(self.cfg, len(episodes), "episodes") as bar:
+            rows = self.run_episodes(engine, episodes, params, seed, on_turn=bar.update)
         self._next_group, self._next_episode = saved
         n = len(episodes)
         won = torch.tensor([e.won for e in episodes], dtype=torch.float32).view(len(seeds), k)

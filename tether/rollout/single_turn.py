@@ -19,7 +19,7 @@ from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.tasks import metrics as task_metrics
 from tether.tasks.base import score_batch, task_split
-from tether.track.progress import status
+from tether.track.progress import CountProgress
 
 if TYPE_CHECKING:
     from tether.config import Config, OverlongConfig
@@ -252,8 +252,9 @@ class SingleTurnCollector:
         params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=v.temperature,
                                 top_p=v.top_p, greedy=v.greedy, stop=tuple(self.cfg.rollout.stop))
         train_faults = self.reward_faults  # validation's faults are its own (val/reward_faults), not training's
-        batch = self.generate(engine, items, k, params, seed, group_ids=list(range(len(items))),
-                              on_rows=validation_progress(self.cfg))
+        with validation_progress(self.cfg, len(items) * k, "samples") as bar:
+            batch = self.generate(engine, items, k, params, seed, group_ids=list(range(len(items))),
+                                  on_rows=bar.update)
         val_faults, self.reward_faults = self.reward_faults - train_faults, train_faults
         correct = batch.correct.view(len(items), k).float()
         per_item = correct.sum(1)
@@ -290,13 +291,6 @@ def write_samples(run_dir: Path, step: int, batch: RolloutBatch, limit: int = 4)
                                 "components": batch.info["reward_components"][i]}, default=str) + "\n")
 
 
-def validation_progress(cfg: Config) -> Callable[[int, int], None] | None:
-    """A status line per engine call of a validation with more than one (``logging.progress``): rows done."""
-    if not cfg.logging.progress:
-        return None
-
-    def report(done: int, total: int) -> None:
-        if total > GENERATE_ROWS:
-            status(f"validation: {done}/{total} samples")
-
-    return report
+def validation_progress(cfg: Config, total: int, unit: str) -> CountProgress:
+    """The bar (on a terminal) or the plain lines of one validation of ``total`` ``unit`` (``logging.progress``)."""
+    return CountProgress("validation", total, unit, enabled=cfg.logging.progress)

@@ -1,0 +1,98 @@
+"""scripts/run_all_configs.sh on a made-up checkout, with a fake `tether`: ``--dry-run`` lists what would run and why,
+``--only`` picks a subset (with what it needs), and a config is skipped with one line when a script writes its inputs,
+a command it needs failed, or ``tether validate`` refuses it; the exit code counts the failures."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "run_all_configs.sh"
+
+CONFIGS = {  # path: its comment lines
+    "base.yaml": ["# tether train configs/base.yaml"],
+    "after_base.yaml": ["# tether train configs/after_base.yaml", "# written by: tether train configs/base.yaml"],
+    "scripted.yaml": ["# tether sft configs/scripted.yaml", "# written by: python scripts/make_data.py"],
+    "after_scripted.yaml": ["# tether train configs/after_scripted.yaml",
+                            "# written by: tether sft configs/scripted.yaml"],
+    "broken.yaml": ["# tether train configs/broken.yaml"],
+    "after_broken.yaml": ["# tether train configs/after_broken.yaml", "# written by: tether train configs/broken.yaml"],
+    "needs_gpu.yaml": ["# tether train configs/needs_gpu.yaml"],
+    "gpu/preset.yaml": ["# tether train configs/gpu/preset.yaml"],
+}
+
+FAKE_TETHER = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+case "$*" in
+  "validate configs/needs_gpu.yaml") echo "train.device: cuda is not available here (torch has no CUDA)"; exit 2 ;;
+  "train configs/broken.yaml") exit 1 ;;
+esac
+exit 0
+"""
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPT, tmp_path / "scripts" / SCRIPT.name)
+    for path, lines in CONFIGS.items():
+        config = tmp_path / "configs" / path
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text("\n".join(lines) + "\nseed: 0\n")
+    fake = tmp_path / "fake_tether"
+    fake.write_text(FAKE_TETHER)
+    fake.chmod(0o755)
+    return tmp_path
+
+
+def run(checkout: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "WORK": str(checkout / "work"), "TETHER": str(checkout / "fake_tether"),
+           "CALLS": str(checkout / "calls.txt")}
+    return subprocess.run(["bash", str(checkout / "scripts" / SCRIPT.name), *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_dry_run_lists_what_would_run_and_why_and_what_is_skipped(checkout):
+    out = run(checkout, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "run   tether train configs/base.yaml  (needed by configs/after_base.yaml)",
+        "run   tether train configs/after_base.yaml  (selected)",
+        "run   tether train configs/broken.yaml  (needed by configs/after_broken.yaml)",
+        "run   tether train configs/after_broken.yaml  (selected)",
+        "skip  configs/scripted.yaml: its inputs are written by: python scripts/make_data.py",
+        "skip  configs/after_scripted.yaml: it needs configs/scripted.yaml, which was skipped",
+        "run   tether train configs/needs_gpu.yaml  (selected)",
+        "(a real run also checks each config with tether validate once its inputs exist, and skips it if refused)",
+    ]
+    assert not (checkout / "calls.txt").exists()  # nothing ran
+
+
+def test_only_picks_the_matching_configs_and_what_they_need(checkout):
+    out = run(checkout, "--dry-run", "--only", "after_base")
+    assert [line for line in out.stdout.splitlines() if not line.startswith("(")] == [
+        "run   tether train configs/base.yaml  (needed by configs/after_base.yaml)",
+        "run   tether train configs/after_base.yaml  (selected)"]
+    assert run(checkout, "--bogus").returncode == 2
+
+
+def test_a_run_skips_with_one_line_reason_and_counts_failures(checkout):
+    out = run(checkout)
+    assert out.returncode == 1  # broken.yaml failed; everything else ran or was skipped
+    summary = [line.split("\t")[:2] for line in (checkout / "work" / "summary.tsv").read_text().splitlines()]
+    assert summary == [
+        ["configs/base.yaml", "exit 0"],
+        ["configs/after_base.yaml", "exit 0"],
+        ["configs/broken.yaml", "exit 1"],
+        ["configs/after_broken.yaml", "skipped: it needs configs/broken.yaml, which failed"],
+        ["configs/scripted.yaml", "skipped: its inputs are written by: python scripts/make_data.py"],
+        ["configs/after_scripted.yaml", "skipped: it needs configs/scripted.yaml, which was skipped"],
+        ["configs/needs_gpu.yaml",
+         "skipped: tether validate: train.device: cuda is not available here (torch has no CUDA)"],
+    ]
+    calls = (checkout / "calls.txt").read_text().splitlines()
+    assert "train configs/needs_gpu.yaml" not in calls and "train configs/gpu/preset.yaml" not in calls
+    assert calls.index("validate configs/base.yaml") < calls.index("train configs/base.yaml")
