@@ -84,7 +84,7 @@ def task_examples(cfg: Config, s: SFTConfig) -> list[Example]:
 def jsonl_examples(s: SFTConfig) -> list[Example]:
     """``{prompt, response[, system, images]}`` lines of ``s.path``; the first bad line is named."""
     from tether.config import ConfigError
-    from tether.tasks.jsonl_task import read_jsonl
+    from tether.files import read_jsonl
 
     path = Path(s.path or "")
     if not path.is_file():
@@ -196,17 +196,18 @@ def write_examples(path: Path, examples: list[Example]) -> None:
     Images go to ``frames/`` beside the file as PNGs (lossless: they read back pixel for pixel), and a row
     lists their paths relative to the file's folder.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from tether.files import write_jsonl
+
     rows = []
     for i, e in enumerate(examples):
         row: dict[str, Any] = {"prompt": e.prompt, "response": e.response, **({"system": e.system} if e.system else {})}
         if e.images:
-            (path.parent / "frames").mkdir(exist_ok=True)
+            (path.parent / "frames").mkdir(parents=True, exist_ok=True)
             row["images"] = [f"frames/{path.stem}-{i}-{k}.png" for k in range(len(e.images))]
             for name, image in zip(row["images"], e.images, strict=True):
                 image.save(path.parent / name)
         rows.append(row)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path, rows)
 
 
 def split_examples(examples: list[Any], val_fraction: float, seed: int) -> tuple[list[Any], list[Any]]:

@@ -41,6 +41,7 @@ from typing import Any
 
 import tether
 from tether.config import Config, ConfigError
+from tether.files import append_jsonl
 from tether.lab.calibration import PASSED, endpoint_step, measure, trained
 from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
 from tether.lab.report import write_report
@@ -188,8 +189,7 @@ def record_code(directory: Path, what: str) -> None:
     code = code_state()
     row = {"what": what, "commit": code["commit"], "clean": code["clean"],
            "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    with (directory / "code.jsonl").open("a") as out:
-        out.write(json.dumps(row) + "\n")
+    append_jsonl(directory / "code.jsonl", [row])
 
 
 def code_records(directory: Path) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from typing import Any
 from tether.config import Config, ConfigError, dump_config, load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
+from tether.files import read_jsonl, write_jsonl
 from tether.methods import method_config
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
@@ -44,7 +45,6 @@ from tether.rollout.multi_turn import AgentCollector
 from tether.seeding import step_seed
 from tether.sft import Example, encode_examples, row_example, train_sft, write_examples
 from tether.start import start_run
-from tether.tasks.jsonl_task import read_jsonl
 from tether.track import build_tracker
 
 # -- 1. rollouts -----------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     records = label_episodes(episodes, cfg.env.name, s, threshold=seed.success_threshold,
                              include_summary=seed.include_summary, analyzer=analyzer)
     # the frames are saved once, with the train and val pairs below; a record counts them
-    _write_jsonl(run_dir / "data" / "records.jsonl", [{**r, "images": len(r["images"])} for r in records])
+    write_jsonl(run_dir / "data" / "records.jsonl", [{**r, "images": len(r["images"])} for r in records])
     train_records, val_records = split_records(records, s.val_fraction, s.data_seed)
     for name, part in (("train", train_records), ("val", val_records)):
         write_examples(run_dir / "data" / f"{name}.jsonl", to_examples(part))
@@ -233,8 +233,4 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     }
     (run_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 

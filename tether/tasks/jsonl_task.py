@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import json
 import random
 import tempfile
 import threading
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tether.files import numbered_jsonl
 from tether.tasks.base import RewardMap, Score, TaskItem, fault_score
 from tether.tasks.extract import (
     DEFAULT_PROMPT_TEMPLATE,
@@ -49,39 +49,6 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     finally:
         if quiet:
             datasets.enable_progress_bars()
-
-
-def read_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The objects of a JSONL file, blank lines skipped; the first bad line is one error.
-
-    Raises:
-        ValueError: naming ``key``, the file and line, and what is wrong: not JSON, not an object, a missing field
-            of ``fields``; or no rows at all.
-    """
-    return [row for _, row in numbered_jsonl(file, key, fields)]
-
-
-def numbered_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[tuple[int, dict[str, Any]]]:
-    """:func:`read_jsonl`, each row with its line number (counting blank lines), so later checks can name it."""
-    rows = []
-    with file.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{key}: {file} line {number} is not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{key}: {file} line {number} is {type(row).__name__}, not an object")
-            missing = [field for field in fields if field not in row]
-            if missing:
-                raise ValueError(f"{key}: {file} line {number} has no {missing[0]!r} field (fields: "
-                                 f"{', '.join(row) or 'none'})")
-            rows.append((number, row))
-    if not rows:
-        raise ValueError(f"{key}: {file} holds no rows")
-    return rows
 
 
 def _math_text(answer: str) -> str:
