@@ -210,15 +210,6 @@ def write_examples(path: Path, examples: list[Example]) -> None:
     write_jsonl(path, rows)
 
 
-def split_examples(examples: list[Any], val_fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
-    """A seeded shuffle, then the first ``round(val_fraction * n)`` (at least 1 when the fraction is > 0) are val."""
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    n_val = 0 if val_fraction == 0 else max(1, round(val_fraction * len(examples)))
-    n_val = min(n_val, len(examples) - 1)
-    return [examples[i] for i in order[n_val:]], [examples[i] for i in order[:n_val]]
-
-
 def encode_examples(examples: list[Example], tokenizer: Any, max_length: int,
                     prompt_tokens: int | None = None) -> tuple[list[tuple[list[int], list[int]]], int]:
     """(chat-templated prompt ids, response ids + EOS) per example; drops those over ``max_length``.
@@ -388,6 +379,7 @@ def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[s
     """
     from tether.config import ConfigError
     from tether.models import load_policy
+    from tether.splits import split_train_val
     from tether.start import start_run
     from tether.track import build_tracker
 
@@ -399,7 +391,7 @@ def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[s
     device = start_run(cfg)  # a missing GPU fails now, before any model load
     status(f"building the sft examples (sft.data={s.data})")
     examples = sft_examples(cfg, device)
-    train_ex, val_ex = split_examples(examples, s.val_fraction, s.data_seed)
+    train_ex, val_ex = split_train_val(examples, s.val_fraction, s.data_seed)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # an SFT run is short: it restarts rather than resumes

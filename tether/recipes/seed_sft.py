@@ -44,6 +44,7 @@ from tether.models.vision import encode_message, has_images, observation_images
 from tether.rollout.multi_turn import AgentCollector
 from tether.seeding import step_seed
 from tether.sft import Example, encode_examples, row_example, train_sft, write_examples
+from tether.splits import split_train_val
 from tether.start import start_run
 from tether.track import build_tracker
 
@@ -108,14 +109,6 @@ def label_episodes(episodes: list[Any], env_name: str, s: SkillSFTSettings, *, t
              "ok": r.ok, "error": r.error, "skill": r.skill, "analyzer": s.analyzer,
              "images": observation_images(ep.seen)}
             for ep, o, p, r in zip(played, outcomes, prompts, results, strict=True)]
-
-
-def split_records(records: list[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Kept (``ok``) records, shuffled with ``seed``, cut into train and val (at least one train record)."""
-    kept = [r for r in records if r["ok"]]
-    random.Random(seed).shuffle(kept)
-    n_val = min(int(len(kept) * val_fraction), max(len(kept) - 1, 0))
-    return kept[n_val:], kept[:n_val]
 
 
 # -- 3. response-only SFT --------------------------------------------------------------------------
@@ -201,7 +194,9 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
                              include_summary=seed.include_summary, analyzer=analyzer)
     # the frames are saved once, with the train and val pairs below; a record counts them
     write_jsonl(run_dir / "data" / "records.jsonl", [{**r, "images": len(r["images"])} for r in records])
-    train_records, val_records = split_records(records, s.val_fraction, s.data_seed)
+    # int(n x val_fraction) records held out, as SEED's code cuts them (tether sft rounds to the nearest)
+    kept = [r for r in records if r["ok"]]
+    train_records, val_records = split_train_val(kept, s.val_fraction, s.data_seed, rounding="floor")
     for name, part in (("train", train_records), ("val", val_records)):
         write_examples(run_dir / "data" / f"{name}.jsonl", to_examples(part))
     if not train_records:

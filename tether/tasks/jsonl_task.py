@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import random
 import tempfile
 import threading
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.files import numbered_jsonl
+from tether.splits import seeded_order, shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, fault_score
 from tether.tasks.extract import (
     DEFAULT_PROMPT_TEMPLATE,
@@ -141,8 +141,7 @@ def carve(rows: list[Any], sizes: dict[str, int], seed: int) -> dict[str, list[A
         named = ", ".join(f"{name}_size={size}" for name, size in sizes.items())
         raise ValueError(f"{named} must be at least 1 in all and leave a training row: the data has {len(rows)} "
                          f"rows, so at most {len(rows) - 1} held out")
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
+    order = seeded_order(len(rows), seed)
     out, start = {}, 0
     for name, size in sizes.items():
         out[name] = [rows[i] for i in order[start:start + size]]
@@ -282,8 +281,7 @@ class JsonlTask:
             train_rows, val_rows = _split(load_rows(path), val_size, seed)
             return train_rows, val_rows, Path(path).stem
         if path is None and train_path is not None and val_path is not None:
-            train_rows = load_rows(train_path)
-            random.Random(seed).shuffle(train_rows)  # so train_size takes a seeded subset
+            train_rows = shuffled(load_rows(train_path), seed)  # so train_size takes a seeded subset
             return train_rows, load_rows(val_path), Path(train_path).stem
         raise ValueError("jsonl task needs either path=... (split into train/val) or both train_path=... "
                          "and val_path=...")
