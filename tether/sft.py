@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from tether.config import Config, SFTConfig, SFTSettings
+    from tether.config import SFTConfig, SFTRunConfig, SFTSettings
 
 # reasoning-gym item i of seed s comes from Random(s + i): a seed this far from the task's (and from its val
 # seed, 2**30 away) draws other questions; any that still repeat one of the splits are dropped.
@@ -58,7 +58,7 @@ class Example:
 # -- data ------------------------------------------------------------------------------------------
 
 
-def task_examples(cfg: Config, s: SFTConfig) -> list[Example]:
+def task_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
     """Demonstrations of ``cfg.task`` (module docstring), never from its train or val split."""
     from tether.tasks import make_task
 
@@ -102,7 +102,7 @@ def jsonl_examples(s: SFTConfig) -> list[Example]:
     return out
 
 
-def solver_examples(cfg: Config, s: SFTConfig) -> list[Example]:
+def solver_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
     """The env's scripted solver on the first ``s.examples`` (default 1000) training seeds, one example per state."""
     from tether.envs import make_env
     from tether.rollout.multi_turn import Episode, build_prompt
@@ -136,8 +136,9 @@ def solver_examples(cfg: Config, s: SFTConfig) -> list[Example]:
     return out
 
 
-def rejection_examples(cfg: Config, s: SFTConfig, device: torch.device) -> list[Example]:
-    """``s.samples_per_prompt`` samples of ``s.sampler`` per training prompt of ``cfg.task``; the correct ones."""
+def rejection_examples(cfg: SFTRunConfig, s: SFTConfig, device: torch.device) -> list[Example]:
+    """``s.samples_per_prompt`` samples of ``s.sampler`` per training prompt of ``cfg.task`` (sampled as ``rollout``
+    says); the correct ones."""
     from tether.engine.hf import HFEngine
     from tether.models import load_policy
     from tether.rollout.single_turn import SingleTurnCollector
@@ -145,7 +146,7 @@ def rejection_examples(cfg: Config, s: SFTConfig, device: torch.device) -> list[
 
     task = make_task(cfg.task.name, **cfg.task.kwargs)
     sampler, tokenizer = load_policy(s.sampler)
-    collector = SingleTurnCollector(task, tokenizer, cfg)
+    collector = SingleTurnCollector(task, tokenizer, cfg.rl_config())
     engine = HFEngine(sampler.to(device), tokenizer, bf16_autocast=cfg.model.bf16_autocast)
     items = task.train[: s.examples] if s.examples else task.train
     batch = collector.generate(engine, items, s.samples_per_prompt, collector.sampling(), seed=s.data_seed)
@@ -159,7 +160,7 @@ def rejection_examples(cfg: Config, s: SFTConfig, device: torch.device) -> list[
     return [Example(item.prompt, text, task.system_prompt) for item, text in kept]
 
 
-def sft_examples(cfg: Config, device: torch.device | None = None) -> list[Example]:
+def sft_examples(cfg: SFTRunConfig, device: torch.device | None = None) -> list[Example]:
     """The examples ``cfg.sft.data`` names (checked before any model loads)."""
     from tether.config import ConfigError
 
@@ -371,7 +372,7 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
     return {"steps": float(step), **last}
 
 
-def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """``tether sft``: examples, split, SFT, ``run_dir/checkpoint``; the data are read before any model loads.
 
     Returns:
@@ -383,8 +384,6 @@ def run_sft(cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> dict[s
     from tether.start import start_run
     from tether.track import build_tracker
 
-    if cfg.sft is None:
-        raise ConfigError("tether sft needs an sft: section (data, epochs, lr, ...; docs/lab.md)")
     s = cfg.sft
     from tether.track.progress import status
 

@@ -16,9 +16,10 @@
 4. Save ``run_dir/checkpoint`` (``save_pretrained`` + tokenizer; :func:`tether.models.load_policy` loads it): the
    stage-2 actor, analyzer and KL reference.
 
-Run it with ``tether seed-sft CONFIG [key=value ...]``; settings are
-``methods.seed.sft`` of the config (:class:`~tether.methods.seed.sft.SkillSFTSettings`), the analyzer prompt
-options are the other ``methods.seed`` keys. Stage 2 is the ``seed`` method in ``tether train``.
+Run it with ``tether seed-sft CONFIG [key=value ...]``; the config's schema is
+:class:`~tether.config.SeedSFTRunConfig`: settings are ``methods.seed.sft`` of the config
+(:class:`~tether.methods.seed.sft.SkillSFTSettings`), the analyzer prompt options are the other ``methods.seed``
+keys. Stage 2 is the ``seed`` method in ``tether train``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tether.config import Config, ConfigError, dump_config, load_config
+from tether.config import Config, ConfigError, SeedSFTRunConfig, dump_config, load_command_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
 from tether.files import read_jsonl, write_jsonl
@@ -153,12 +154,12 @@ def parse_rate(model: Any, tokenizer: Any, records: list[dict], *, max_new_token
 # -- 4. the pipeline -------------------------------------------------------------------------------
 
 
-def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = None, *, policy: Any = None,
+def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | None = None, *, policy: Any = None,
                   tokenizer: Any = None, analyzer: Any = None, engine: Any = None) -> dict[str, Any]:
     """Stage 1 end to end: rollouts, labels, split, SFT, ``run_dir/checkpoint``.
 
     Args:
-        config: a config path (with ``overrides``) or a loaded :class:`~tether.config.Config` with an ``env``; its
+        config: a config path (with ``overrides``) or a loaded :class:`~tether.config.SeedSFTRunConfig`; its
             ``model`` is the base policy, ``run_dir`` the output directory, ``methods.seed`` the settings.
         overrides: dotted ``key=value`` overrides for a config path.
         policy, tokenizer: use these instead of loading ``model.name`` (tests).
@@ -173,9 +174,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     frames), ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response, and on a visual env ``images``: the frames
     under ``data/frames/``), ``metrics.jsonl`` (``sft/*``), ``checkpoint/``.
     """
-    cfg = config if not isinstance(config, (str, Path)) else load_config(config, overrides or [])
-    if cfg.env is None:
-        raise ConfigError("seed-sft rolls out an agent: the config needs an env (env: ...)")
+    cfg = config if not isinstance(config, (str, Path)) else load_command_config("seed-sft", config, overrides or [])
     seed = method_config("seed", cfg.methods.get("seed", {}))
     s: SkillSFTSettings = seed.sft
     device = start_run(cfg)  # a missing GPU fails now, before any rollout or model load
@@ -188,7 +187,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
         policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
     start = time.perf_counter()
-    episodes = rollout_episodes(cfg, policy, tokenizer, s, engine)
+    episodes = rollout_episodes(cfg.rl_config(), policy, tokenizer, s, engine)
     t_rollout = time.perf_counter() - start
     records = label_episodes(episodes, cfg.env.name, s, threshold=seed.success_threshold,
                              include_summary=seed.include_summary, analyzer=analyzer)
