@@ -175,10 +175,8 @@ def recipe_armor(stage1: Path, stage2: Path, stage1_override: StageOverrides = N
 def sft(config: Path, overrides: Overrides = None) -> None:
     """Supervised warm start (the config's sft: section): task demonstrations, a JSONL file or an env's solver."""
     cfg = _load(config, overrides, command="sft")
-    from tether.checks import run_checks
     from tether.sft import run_sft
 
-    run_checks(cfg)
     _warn_full_fine_tuning(cfg, "sft")
     summary = run_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
@@ -217,12 +215,8 @@ def experiment(protocol: Path,
 def seed_sft(config: Path, overrides: Overrides = None) -> None:
     """SEED stage 1: roll out, label trajectories with an analyzer, response-only SFT -> a checkpoint."""
     cfg = _load(config, overrides, command="seed-sft")
-    from tether.checks import run_checks
-    from tether.distributed import resolve_device
     from tether.recipes.seed_sft import run_skill_sft
 
-    resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report
-    run_checks(cfg)
     _warn_full_fine_tuning(cfg, "seed-sft")
     summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))

@@ -21,7 +21,8 @@ from tether.models.vision import (
     tiny_vlm,
 )
 from tether.recipes.seed_sft import run_skill_sft
-from tether.sft import Example, encode_examples, evaluate_nll, nll_sum, row_example, train_sft, write_examples
+from tether.sft import evaluate_nll, nll_sum, train_sft
+from tether.sft_data import Example, encode_examples, row_example, write_examples
 
 
 def _examples() -> list[Example]:

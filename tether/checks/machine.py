@@ -125,7 +125,7 @@ def check_sft_data(sft: SFTConfig) -> None:
     """``sft.data: jsonl``: the file exists and every line has a prompt and a response (the first bad line named)."""
     if sft.data != "jsonl":
         return
-    from tether.sft import jsonl_examples
+    from tether.sft_data import jsonl_examples
 
     jsonl_examples(sft)
 

@@ -35,7 +35,7 @@ from typing import Any
 from tether.config import Config, ConfigError, SeedSFTRunConfig, dump_config, load_command_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
-from tether.files import read_jsonl, write_jsonl
+from tether.files import read_jsonl, write_jsonl, write_text_atomic
 from tether.methods import method_config
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
@@ -44,10 +44,10 @@ from tether.models import load_policy
 from tether.models.vision import encode_message, has_images, observation_images
 from tether.rollout.multi_turn import AgentCollector
 from tether.seeding import step_seed
-from tether.sft import Example, encode_examples, row_example, train_sft, write_examples
+from tether.sft import train_sft
+from tether.sft_data import Example, encode_examples, row_example, write_examples
 from tether.splits import split_train_val
-from tether.start import start_run
-from tether.track import build_tracker
+from tether.start import restart_run_dir, run_tracker, start_run
 
 # -- 1. rollouts -----------------------------------------------------------------------------------
 
@@ -177,12 +177,11 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     cfg = config if not isinstance(config, (str, Path)) else load_command_config("seed-sft", config, overrides or [])
     seed = method_config("seed", cfg.methods.get("seed", {}))
     s: SkillSFTSettings = seed.sft
-    device = start_run(cfg)  # a missing GPU fails now, before any rollout or model load
+    device = start_run(cfg, policy=policy is None)  # a missing GPU, then a bad config: before any model loads
     replay = load_replay(s)  # so does a bad replay file
-    run_dir = Path(cfg.run_dir)
-    (run_dir / "data").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    run_dir = restart_run_dir(cfg.run_dir)  # locked; stage 1 restarts rather than resumes
+    (run_dir / "data").mkdir(exist_ok=True)
+    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     if policy is None:
         policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
@@ -209,8 +208,7 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
                        include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
     before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
-    with build_tracker(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
-                       mlflow=cfg.logging.mlflow) as tracker:
+    with run_tracker(cfg.logging, run_dir) as tracker:
         losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast)
     after, answers = parse_rate(policy, tokenizer, probe, **rate_kwargs) if s.eval_examples else (math.nan, [])
     checkpoint = run_dir / "checkpoint"
