@@ -28,7 +28,7 @@ DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
 HEADER = """# Configuration reference
 
-Generated from the schema (`tether/config.py` and each method's settings class) by `tether config-docs --write`;
+Generated from the schema (`tether/config/` and each method's settings class) by `tether config-docs --write`;
 do not edit by hand: `tests/test_config_docs.py` fails when this file differs from what the schema gives. A config
 is YAML whose sections are the headings below; any key can be overridden on the command line as `key.path=value`
 (`tether train configs/quickstart.yaml optim.lr=1e-5`). Unknown keys, wrong types and values outside the allowed
