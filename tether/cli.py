@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from tether.config import Config, ConfigError, load_config
+from tether.config import Config, ConfigError, RunConfig, config_command, load_command_config
 from tether.errors import TetherError
 
 
@@ -62,17 +62,19 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="show the traceback
     (resumable), 5 environment fault, 128+N signal N (docs/reliability.md)."""
 
 
-def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None) -> Config:
+def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None,
+          command: str = "train") -> Any:
+    """The config of ``command`` (its own schema, :data:`tether.config.SCHEMAS`), its imports imported."""
     from tether.methods.base import resolve_method_targets
     from tether.user_code import import_user_modules
 
-    cfg = load_config(config, overrides or [], data=data)
+    cfg = load_command_config(command, config, overrides or [], data=data)
     import_user_modules(cfg.imports)  # the config's own code, before anything looks a name up
-    resolve_method_targets(cfg.methods)
+    resolve_method_targets(getattr(cfg, "methods", {}))  # tether sft's config has no methods
     return cfg
 
 
-def _warn_full_fine_tuning(cfg: Config, command: str) -> None:
+def _warn_full_fine_tuning(cfg: RunConfig, command: str) -> None:
     """The SFT commands train every weight; a ``model.lora`` section there is read by the RL stage only."""
     if cfg.model.lora is not None:
         typer.secho(f"warning: tether {command} fine-tunes every weight; model.lora applies to tether train only",
@@ -178,11 +180,9 @@ def recipe_armor(stage1: Path, stage2: Annotated[Path | None, typer.Argument()] 
 @app.command()
 def sft(config: Path, overrides: Overrides = None) -> None:
     """Supervised warm start (the config's sft: section): task demonstrations, a JSONL file or an env's solver."""
-    cfg = _load(config, overrides)
-    from tether.checks import run_checks
+    cfg = _load(config, overrides, command="sft")
     from tether.sft import run_sft
 
-    run_checks(cfg, sft=True)
     _warn_full_fine_tuning(cfg, "sft")
     summary = run_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
@@ -220,13 +220,9 @@ def experiment(protocol: Path,
 @app.command("seed-sft")
 def seed_sft(config: Path, overrides: Overrides = None) -> None:
     """SEED stage 1: roll out, label trajectories with an analyzer, response-only SFT -> a checkpoint."""
-    cfg = _load(config, overrides)
-    from tether.checks import run_checks
-    from tether.distributed import resolve_device
+    cfg = _load(config, overrides, command="seed-sft")
     from tether.recipes.seed_sft import run_skill_sft
 
-    resolve_device(cfg.train.device)  # the machine first: a missing GPU is the error to report
-    run_checks(cfg)
     _warn_full_fine_tuning(cfg, "seed-sft")
     summary = run_skill_sft(cfg)
     typer.echo(json.dumps(summary, indent=2, default=str))
@@ -255,14 +251,20 @@ def config_docs(check: Annotated[bool, typer.Option(help="only say whether docs/
 @app.command()
 def validate(config: Path, overrides: Overrides = None) -> None:
     """Check a config (names, types, ranges, component settings) and that the files, models and packages it names
-    are here, without loading any model."""
+    are here, without loading any model. The schema is that of the command the file's first line names
+    (``# tether sft ...``), else sft's for a config with an ``sft:`` section, else train's."""
     from tether.checks import run_checks
     from tether.trainer.rundir import check_run_dir
 
-    cfg = _load(config, overrides)
-    run_checks(cfg, sft=True)
+    command = config_command(config)
+    cfg = _load(config, overrides, command=command)
+    run_checks(cfg)
+    workload = "task " + cfg.task.name if cfg.task else "env " + cfg.env.name
+    if command != "train":
+        typer.echo(f"ok: {config} (tether {command}, {workload})")
+        return
     start = check_run_dir(cfg)  # the run directory as `tether train` would find it: layout, resume, settings
-    typer.echo(f"ok: {config} ({'task ' + cfg.task.name if cfg.task else 'env ' + cfg.env.name}); {start}")
+    typer.echo(f"ok: {config} ({workload}); {start}")
 
 
 if __name__ == "__main__":

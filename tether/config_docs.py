@@ -1,8 +1,9 @@
 """docs/config.md, written from the configuration schema itself, so the reference cannot drift from the code.
 
-Every section of :class:`tether.config.Config` (and every method plug-in's settings class, under ``methods.<name>``)
-becomes a table of its fields: key, type, default, allowed values (a ``Literal``'s choices, a number's bounds) and
-the field's ``description``. ``tether config-docs`` prints it, ``--write`` writes the file;
+Every section of :class:`tether.config.Config` (and every method plug-in's settings class, under ``methods.<name>``,
+and the sections of the ``tether sft`` and ``tether seed-sft`` schemas that ``tether train``'s lacks) becomes a
+table of its fields: key, type, default, allowed values (a ``Literal``'s choices, a number's bounds) and the field's
+``description``. ``tether config-docs`` prints it, ``--write`` writes the file;
 ``tests/test_config_docs.py`` fails when the checked-in file differs from what the schema gives.
 """
 
@@ -21,17 +22,21 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from tether.config import Config
+from tether.config import SCHEMAS, Config
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
 HEADER = """# Configuration reference
 
-Generated from the schema (`tether/config.py` and each method's settings class) by `tether config-docs --write`;
+Generated from the schema (`tether/config/` and each method's settings class) by `tether config-docs --write`;
 do not edit by hand: `tests/test_config_docs.py` fails when this file differs from what the schema gives. A config
 is YAML whose sections are the headings below; any key can be overridden on the command line as `key.path=value`
 (`tether train configs/quickstart.yaml optim.lr=1e-5`). Unknown keys, wrong types and values outside the allowed
 ones stop the run before any model loads (`tether validate CONFIG` checks only that).
+
+`tether train` (and `tether eval`, `tether recipe`) read the sections below; `tether sft` and `tether seed-sft` read
+schemas of their own, which share the top-level keys, `model`, `task` and `env`, `logging`, and take the sections
+at the end of this page (a key of another command's config is refused, naming that command).
 """
 
 # pydantic keeps Field(ge=0, ...) as annotated_types objects: (class, its attribute, how it reads)
@@ -141,9 +146,14 @@ def sections(model: type[BaseModel], prefix: str,
             yield from sections(nested, f"{prefix}.{name}" if prefix else name, field.description)
 
 
-def section_markdown(path: str, description: str | None, model: type[BaseModel]) -> str:
-    """One section: its heading, what it is, and a table of its non-section fields."""
+def section_markdown(path: str, description: str | None, model: type[BaseModel],
+                     commands: tuple[str, ...] = ()) -> str:
+    """One section: its heading, what it is, and a table of its non-section fields; ``commands`` name the commands
+    whose schema it belongs to when that is not ``tether train``'s."""
     title = f"`{path}`" if path else "Top level"
+    if commands:
+        names = " and ".join(f"`tether {c}`" for c in commands)
+        title = f"{names}: top level" if not path else f"{title} of {names}"
     lines = [f"## {title}", ""]
     intro = _plain(model.__doc__ or "") or description  # the class says more than the field that holds it
     if intro:
@@ -172,10 +182,23 @@ def method_sections() -> Iterator[tuple[str, str | None, type[BaseModel]]]:
         yield from sections(settings, f"methods.{name}", f"method plug-in `{name}` ({METHODS[name].__module__})")
 
 
+def command_sections() -> list[tuple[str, str | None, type[BaseModel], tuple[str, ...]]]:
+    """The sections of the other commands' schemas (``tether sft``, ``tether seed-sft``) that ``tether train``'s
+    lacks, each once, with the commands that read it."""
+    train = {(path, model) for path, _, model in sections(Config, "", None)}
+    found: dict[tuple[str, type[BaseModel]], tuple[str | None, list[str]]] = {}
+    for command, schema in SCHEMAS.items():
+        for path, description, model in sections(schema, "", None):
+            if (path, model) not in train:
+                found.setdefault((path, model), (description, []))[1].append(command)
+    return [(path, description, model, tuple(commands)) for (path, model), (description, commands) in found.items()]
+
+
 def render_config_docs() -> str:
     """The whole of docs/config.md."""
     parts = [HEADER]
     parts += [section_markdown(*s) for s in sections(Config, "", None)]
     parts += [section_markdown(*s) for s in method_sections()]
+    parts += [section_markdown(*s) for s in command_sections()]
     return "\n".join(parts).rstrip("\n") + "\n"
 

@@ -1,23 +1,98 @@
-"""The start every command shares (``train``, ``eval``, ``sft``, ``seed-sft``): the device, the threads, the seed.
+"""The start every command shares (``train``, ``eval``, ``sft``, ``seed-sft``): the device, the checks, the threads,
+the seed; the run directory's lock; the metric sinks.
 
-The device is resolved against the machine first, so a missing GPU stops a command before it loads a model or
-writes a file; then ``train.threads`` and the global seed (``seed``) are set, before any model exists (a LoRA
-adapter's initialisation draws from that seed). Sampling seeds are not global: :mod:`tether.seeding`.
+:func:`start_run` resolves the device against the machine first, so a missing GPU stops a command before it checks
+anything else, loads a model or writes a file; then it runs every check that needs no model (:mod:`tether.checks`),
+and sets ``train.threads`` and the global seed (``seed``), before any model exists (a LoRA adapter's initialisation
+draws from that seed). Sampling seeds are not global: :mod:`tether.seeding`.
+
+One process writes a run directory at a time (:func:`lock_run_dir`): ``tether train`` takes the lock when it settles
+what the directory holds (:mod:`tether.trainer.rundir`: resume, an earlier run in the way); ``tether sft`` and
+``tether seed-sft``, short runs that start over rather than resume, take it in :func:`restart_run_dir`.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import torch
 
-from tether.config import Config
+from tether.config import ConfigError, LoggingConfig, RunConfig
 from tether.distributed import resolve_device
 
+if TYPE_CHECKING:
+    from tether.track import Tracker
 
-def start_run(cfg: Config) -> torch.device:
-    """Resolve ``train.device`` on this machine (raises ``ConfigError`` naming the key), set ``train.threads`` and
+LOCK = ".lock"
+_HELD: dict[Path, int] = {}  # lock files this process holds -> their descriptors (held until the process ends)
+
+
+class RunDirError(ConfigError):
+    """The run directory cannot be used as configured (in use, unwritable, or an earlier run in the way)."""
+
+
+def start_run(cfg: RunConfig, *, policy: bool = True) -> torch.device:
+    """Resolve ``train.device`` on this machine (raises ``ConfigError`` naming the key), run the checks of
+    :func:`tether.checks.run_checks` (``policy=False`` when the caller brings the policy), set ``train.threads`` and
     seed torch's global generator with ``seed``. Returns the device."""
+    from tether.checks import run_checks  # the checks import the registries: every layer below this one
+
     device = resolve_device(cfg.train.device)
+    run_checks(cfg, policy=policy)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.seed)
     return device
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Make this process the one writer of ``run_dir``.
+
+    An advisory ``flock`` on ``run_dir/.lock``: the kernel releases it when its process dies however it dies,
+    so a lock left by a killed run is never stale. The file holds the holder's pid and host for the message.
+    Taking it again in the same process is a no-op (a recipe's stages, tests).
+
+    Raises:
+        RunDirError: another live process holds the lock (the message names it).
+    """
+    path = run_dir.resolve() / LOCK
+    if path in _HELD:
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = path.read_text().strip() or "another process"
+        os.close(fd)
+        raise RunDirError(f"run_dir {run_dir} is in use by {holder}; wait for it to end or stop it, or set "
+                          "another run_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
+    _HELD[path] = fd
+
+
+def restart_run_dir(run_dir: str | Path) -> Path:
+    """The run directory of a command that starts over rather than resumes (``tether sft``, ``tether seed-sft``):
+    created, locked (:func:`lock_run_dir`), and the metric rows of an earlier run in it dropped.
+
+    Raises:
+        RunDirError: ``run_dir`` is a file, or another process writes it.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run_dir {run_dir} is a file, not a directory; set another run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    return run_dir
+
+
+def run_tracker(logging: LoggingConfig, run_dir: Path) -> Tracker:
+    """The metric sinks ``logging`` names, writing into ``run_dir`` (:func:`tether.track.build_tracker`)."""
+    from tether.track import build_tracker
+
+    return build_tracker(run_dir, tensorboard=logging.tensorboard, wandb=logging.wandb, mlflow=logging.mlflow)

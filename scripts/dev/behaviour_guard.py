@@ -56,8 +56,8 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
         f"model.name={TINY}", "env.max_turns=3", "env.train_tasks=8", "env.val_tasks=2",
         "rollout.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=8", "optim.lr=1e-3",
         "val.every=2", "train.steps=3", "train.save_every=0"]),
-    "sft": ("sft", "configs/agents/frozenlake_grpo.yaml", [
-        f"model.name={TINY}", "sft.data=solver", "env.train_tasks=8", "env.val_tasks=2", "sft.epochs=1",
+    "sft": ("sft", "configs/agents/frozenlake_sft.yaml", [
+        f"model.name={TINY}", "env.train_tasks=8", "env.val_tasks=2", "sft.examples=null", "sft.epochs=1",
         "sft.batch_size=8", "sft.micro_batch_size=8", "sft.lr=1e-3", "sft.val_fraction=0.2", "sft.max_steps=3"]),
     "seed_sft": ("seed-sft", "configs/seed/sft.yaml", [
         f"model.name={TINY}", "env.max_turns=3", "env.train_tasks=8", "env.val_tasks=2",

@@ -212,7 +212,7 @@ def test_validate_prints_each_error_and_each_warning_on_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_sft_data_is_checked_by_validate_and_sft_but_not_by_train(tmp_path):
+def test_sft_data_is_checked_by_validate_and_sft_and_train_refuses_the_section(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: char-16x1}}\n"
                       f"logging: {{tensorboard: false}}\nsft: {{data: jsonl, path: {tmp_path / 'pairs.jsonl'}}}\n")
@@ -222,7 +222,9 @@ def test_sft_data_is_checked_by_validate_and_sft_but_not_by_train(tmp_path):
     (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "1+1?"}) + "\n")
     result = CliRunner().invoke(app, ["validate", str(config)])
     assert result.exit_code == 2 and "pairs.jsonl line 1 has no 'response' field" in result.output, result.output
-    assert check_config(load_config(config), policy=False) == []  # tether train ignores the sft: section
+    result = CliRunner().invoke(app, ["train", str(config)])  # the sft: section is tether sft's, not train's
+    assert result.exit_code == 2 and "sft: a setting of `tether sft`, which `tether train` does not read" in \
+        result.output, result.output
     assert not (tmp_path / "run").exists()
 
 

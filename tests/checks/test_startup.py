@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from tests.trainer.helpers import tiny_config
 from tether.checks import check_config
 from tether.cli import app
-from tether.config import ConfigError, load_config
+from tether.config import ConfigError, config_command, load_command_config, load_config
 from tether.trainer import Trainer
 
 
@@ -102,7 +102,8 @@ def test_every_shipped_config_that_reads_a_run_names_its_writer():
     for path in sorted(root.rglob("*.yaml")):
         text = path.read_text()
         if "run_dir:" in text and "written by:" not in text and str(path.relative_to(root)) not in known_gaps:
-            name = load_config(path).model.name if "task:" in text or "env:" in text else ""
+            workload = "task:" in text or "env:" in text
+            name = load_command_config(config_command(path), path).model.name if workload else ""
             if name.startswith("runs/"):
                 unnamed.append(str(path.relative_to(root)))
     assert unnamed == []

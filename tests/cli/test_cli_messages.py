@@ -103,10 +103,12 @@ def test_config_docs_prints_the_reference_and_leaves_the_file():
     assert DOC_PATH.stat().st_mtime_ns == before
 
 
-def test_sft_warns_that_it_ignores_lora(monkeypatch):
+def test_sft_warns_that_it_ignores_lora(monkeypatch, tmp_path):
     import tether.sft
 
     monkeypatch.setattr(tether.sft, "run_sft", lambda cfg: {"checkpoint": "x"})
-    out = run("sft", QUICKSTART, "model.lora={rank: 4}", "sft={data: task}")
+    config = tmp_path / "sft.yaml"
+    config.write_text("task: {name: parity}\nmodel: {name: char-16x1}\nsft: {data: task}\n")
+    out = run("sft", str(config), "model.lora={rank: 4}", f"run_dir={tmp_path / 'run'}")
     assert out.exit_code == 0, out.output
     assert "warning: tether sft fine-tunes every weight; model.lora applies to tether train only" in out.output

@@ -15,7 +15,7 @@ import typer
 
 from tether.checks import check_config
 from tether.cli import app
-from tether.config import load_config
+from tether.config import config_command, load_command_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -107,7 +107,8 @@ def test_a_documented_command_exists_with_its_options(where, words):
 
 def config_uses(words: list[str]) -> list[tuple[str, list[str]]]:
     """(config, overrides) each command runs a config with: train, sft, seed-sft, validate (the first argument),
-    eval (--config), recipe armor (both stages)."""
+    eval (--config), recipe armor (both stages). Each is checked against its command's schema (validate: the one
+    the file's first line names)."""
     command, rest = command_at(list(words))
     overrides = [w for w in rest if "=" in w and not w.startswith("-") and not is_placeholder(w)]
     yamls = [w for w in rest if w.endswith(".yaml") and not is_placeholder(w)]
@@ -126,14 +127,15 @@ USES = sorted({(config, tuple(overrides), where) for where, words in COMMANDS
 
 @cache
 def validated(config: str, overrides: tuple[str, ...], full: bool) -> None:
-    cfg = load_config(ROOT / config, list(overrides))
-    check_config(cfg, machine=full, sft=True)
+    cfg = load_command_config(config_command(ROOT / config), ROOT / config, list(overrides))
+    check_config(cfg, machine=full)
 
 
 @pytest.mark.parametrize("config, overrides, where", USES, ids=[f"{w} {c}" for c, _, w in USES])
 def test_a_documented_config_exists_and_validates(config, overrides, where):
     path = ROOT / config
     assert path.is_file(), f"{where}: {config} does not exist"
-    reads_a_run = any("runs/" in o for o in overrides) or bool(load_config(path).written_by)
+    written_by = load_command_config(config_command(path), path).written_by
+    reads_a_run = any("runs/" in o for o in overrides) or bool(written_by)
     gpu = config.startswith(GPU_ONLY)
     validated(config, overrides, not (reads_a_run or gpu))

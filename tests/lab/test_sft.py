@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tether.config import ConfigError, load_config
+from tether.config import ConfigError, load_command_config
 from tether.models import load_policy
 from tether.sft import run_sft, sft_examples
 from tether.tasks import make_task
@@ -24,7 +24,7 @@ def sft_config(tmp_path, sft: dict, task: dict | None = None, **extra):
                                                            "report_size": 8, "sft_size": 64}},
             "logging": {"tensorboard": False}, "train": {"device": "cpu"},
             "sft": {"batch_size": 16, "micro_batch_size": 8, "lr": 3e-3, "epochs": 2, **sft}, **extra}
-    return load_config(data=data)
+    return load_command_config("sft", data=data)
 
 
 def test_task_demonstrations_train_and_save_a_loadable_checkpoint(tmp_path):

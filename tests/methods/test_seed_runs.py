@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.rollout.helpers import ScriptedEngine, agent_config
+from tests.rollout.helpers import ScriptedEngine, agent_config, seed_sft_config
 from tether import algos
 from tether.algos import LossInputs
-from tether.config import ConfigError, load_config
+from tether.config import ConfigError, config_command, load_command_config
 from tether.engine.base import Generation
 from tether.methods import MiniBatch
 from tether.methods.seed.plugin import teacher_prompts
@@ -267,12 +267,12 @@ def test_opsd_refuses_envs_it_cannot_hint_before_and_during_a_run(tiny_policy, t
 def test_both_stages_end_to_end(tiny_policy, tmp_path):
     model, tok = tiny_policy
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    sft = agent_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
-                       "rollout.max_new_tokens=6", f"run_dir={tmp_path / 'sft'}",
-                       methods={"seed": {"analysis_max_new_tokens": 8, "analysis_context_length": 512,
-                                         "sft": {"tasks": 2, "rollouts_per_task": 2, "epochs": 2, "batch_size": 2,
-                                                 "micro_batch_size": 2, "lr": 1e-3, "eval_examples": 1,
-                                                 "val_fraction": 0.25}}})
+    sft = seed_sft_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
+                          "rollout.max_new_tokens=6", f"run_dir={tmp_path / 'sft'}",
+                          methods={"seed": {"analysis_max_new_tokens": 8, "analysis_context_length": 512,
+                                            "sft": {"tasks": 2, "rollouts_per_task": 2, "epochs": 2, "batch_size": 2,
+                                                    "micro_batch_size": 2, "lr": 1e-3, "eval_examples": 1,
+                                                    "val_fraction": 0.25}}})
     summary = run_skill_sft(sft, policy=model, tokenizer=tok)
     assert summary["trajectories"] == 4 and summary["kept"] == 4  # rule analyses always parse
     assert summary["train_examples"] == 3 and summary["val_examples"] == 1 and summary["steps"] == 4
@@ -304,9 +304,9 @@ def test_stage_one_with_an_external_analyzer(tiny_policy, tmp_path):
             return parse_analysis('{"episode_summary": "s", "episode_skill": "say it"}' if ok else "nope")
 
     model, tok = tiny_policy
-    cfg = agent_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft'}",
-                       methods={"seed": {"sft": {"tasks": 3, "rollouts_per_task": 1, "analyzer": "openai",
-                                                 "epochs": 1, "eval_examples": 0}}})
+    cfg = seed_sft_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft'}",
+                          methods={"seed": {"sft": {"tasks": 3, "rollouts_per_task": 1, "analyzer": "openai",
+                                                    "epochs": 1, "eval_examples": 0}}})
     summary = run_skill_sft(cfg, policy=model, tokenizer=tok, analyzer=Fake(), engine=ScriptedEngine(tok))
     records = [json.loads(line) for line in (tmp_path / "sft" / "data" / "records.jsonl").read_text().splitlines()]
     assert [r["outcome"] for r in records] == ["success", "failure", "failure"]  # one turn: only "win" wins
@@ -320,10 +320,10 @@ def test_stage_one_mixes_in_replay_pairs(tiny_policy, tmp_path):
     model, tok = tiny_policy
 
     def stage_one(**sft):
-        cfg = agent_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft'}",
-                           methods={"seed": {"sft": {"tasks": 2, "rollouts_per_task": 1, "epochs": 1,
-                                                     "batch_size": 8, "eval_examples": 0, "val_fraction": 0.0,
-                                                     **sft}}})
+        cfg = seed_sft_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft'}",
+                              methods={"seed": {"sft": {"tasks": 2, "rollouts_per_task": 1, "epochs": 1,
+                                                        "batch_size": 8, "eval_examples": 0, "val_fraction": 0.0,
+                                                        **sft}}})
         return run_skill_sft(cfg, policy=model, tokenizer=tok, engine=ScriptedEngine(tok))
 
     summary = stage_one(replay_data=str(replay), replay_examples=3)
@@ -331,7 +331,7 @@ def test_stage_one_mixes_in_replay_pairs(tiny_policy, tmp_path):
     assert stage_one(replay_data=str(replay))["train_examples"] == 2 + 5
 
     with pytest.raises(ConfigError, match="replay_data: no file"):  # before any rollout: no engine needed
-        run_skill_sft(agent_config(tmp_path, methods={"seed": {"sft": {"replay_data": str(tmp_path / "no")}}}),
+        run_skill_sft(seed_sft_config(tmp_path, methods={"seed": {"sft": {"replay_data": str(tmp_path / "no")}}}),
                       policy=model, tokenizer=tok, engine=object())
     replay.write_text('{"prompt": "p"}\n')
     with pytest.raises(ConfigError, match=r"replay_data: .*pairs.jsonl line 1 has no 'response' field"):
@@ -340,7 +340,7 @@ def test_stage_one_mixes_in_replay_pairs(tiny_policy, tmp_path):
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_validate(path):
-    cfg = load_config(path)
+    cfg = load_command_config(config_command(path), path)
     assert cfg.env is not None and cfg.env.name in ("frozenlake", "sokoban")
     if path.name != "sft.yaml":  # the compared RL runs share the paper's KL and entropy coefficients
         assert cfg.algorithm.kl.coef == 0.01 and cfg.algorithm.entropy_coef == 0.001

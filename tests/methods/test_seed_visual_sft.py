@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from tests.models.helpers import sokoban_frames
-from tests.rollout.helpers import agent_config
+from tests.rollout.helpers import seed_sft_config
 from tether.config import SFTSettings
 from tether.envs import IMAGE_PLACEHOLDER, make_env
 from tether.models.vision import (
@@ -21,7 +21,8 @@ from tether.models.vision import (
     tiny_vlm,
 )
 from tether.recipes.seed_sft import run_skill_sft
-from tether.sft import Example, encode_examples, evaluate_nll, nll_sum, row_example, train_sft, write_examples
+from tether.sft import evaluate_nll, nll_sum, train_sft
+from tether.sft_data import Example, encode_examples, row_example, write_examples
 
 
 def _examples() -> list[Example]:
@@ -92,12 +93,13 @@ def test_written_image_rows_read_back_pixel_for_pixel(tmp_path):
 
 def test_stage_one_on_visual_sokoban_trains_on_the_episodes_frames(tmp_path):
     model, processor = tiny_vlm("qwen2_5_vl", seed=0)
-    cfg = agent_config(tmp_path, "env.max_turns=2", "env.history=1", "rollout.max_new_tokens=4",
-                       f"run_dir={tmp_path / 'sft'}",
-                       env={"name": "sokoban_visual", "kwargs": {"max_solution_steps": 4}},
-                       methods={"seed": {"analysis_max_new_tokens": 4,
-                                         "sft": {"tasks": 2, "rollouts_per_task": 1, "epochs": 1, "batch_size": 2,
-                                                 "micro_batch_size": 1, "eval_examples": 1, "val_fraction": 0.0}}})
+    cfg = seed_sft_config(tmp_path, "env.max_turns=2", "env.history=1", "rollout.max_new_tokens=4",
+                          f"run_dir={tmp_path / 'sft'}",
+                          env={"name": "sokoban_visual", "kwargs": {"max_solution_steps": 4}},
+                          methods={"seed": {"analysis_max_new_tokens": 4,
+                                            "sft": {"tasks": 2, "rollouts_per_task": 1, "epochs": 1, "batch_size": 2,
+                                                    "micro_batch_size": 1, "eval_examples": 1,
+                                                    "val_fraction": 0.0}}})
     summary = run_skill_sft(cfg, policy=model, tokenizer=processor)  # rollouts and the probe with the tiny VLM
     assert summary["kept"] == summary["trajectories"] == summary["train_examples"] == 2  # rule analyses parse
     assert summary["steps"] == 1 and math.isfinite(summary["train_loss"])
@@ -115,15 +117,15 @@ def test_stage_one_on_visual_sokoban_trains_on_the_episodes_frames(tmp_path):
 
 
 def test_tether_sft_trains_on_jsonl_rows_with_images(tmp_path):
-    from tether.config import load_config
+    from tether.config import load_command_config
     from tether.sft import run_sft
 
     write_examples(tmp_path / "pairs.jsonl", _examples())
-    cfg = load_config(data={"run_dir": str(tmp_path / "sft"), "model": {"name": "tiny-idefics3"},
-                            "env": {"name": "sokoban_visual"}, "logging": {"tensorboard": False},
-                            "train": {"device": "cpu"},
-                            "sft": {"data": "jsonl", "path": str(tmp_path / "pairs.jsonl"), "val_fraction": 0.0,
-                                    "batch_size": 2, "micro_batch_size": 1, "epochs": 1}})
+    cfg = load_command_config("sft", data={
+        "run_dir": str(tmp_path / "sft"), "model": {"name": "tiny-idefics3"}, "env": {"name": "sokoban_visual"},
+        "logging": {"tensorboard": False}, "train": {"device": "cpu"},
+        "sft": {"data": "jsonl", "path": str(tmp_path / "pairs.jsonl"), "val_fraction": 0.0, "batch_size": 2,
+                "micro_batch_size": 1, "epochs": 1}})
     model, processor = tiny_vlm("idefics3", seed=0)
     summary = run_sft(cfg, policy=model, tokenizer=processor)
     assert summary["train_examples"] == 2 and summary["steps"] == 1 and math.isfinite(summary["train_loss"])

@@ -1,4 +1,5 @@
-"""A scripted engine and a tiny agent-config builder shared by the rollout tests."""
+"""A scripted engine and tiny agent-config builders (``tether train``'s, ``tether seed-sft``'s) shared by the rollout
+tests."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import torch
 
 from tether.checks import load_checked_config
-from tether.config import Config
+from tether.config import Config, SeedSFTRunConfig
 from tether.engine.base import Generation, SamplingParams
 
 WORDS = ("apple", "banana", "cherry", "grape", "lemon")  # the scripted env's default words
@@ -85,3 +86,17 @@ def agent_config(tmp_path: Any, *overrides: str, **sections: Any) -> Config:
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
     return load_checked_config(data=base, overrides=list(overrides))
+
+
+def seed_sft_config(tmp_path: Any, *overrides: str, **sections: Any) -> SeedSFTRunConfig:
+    """:func:`agent_config`'s env, policy and sampling as a ``tether seed-sft`` config (its own schema)."""
+    base: dict[str, Any] = {
+        "seed": 0, "run_dir": str(tmp_path / "run"),
+        "env": {"name": "scripted", "kwargs": {"turns": 3}, "max_turns": 5, "history": 2,
+                "invalid_action_penalty": 0.1, "train_tasks": 8, "val_tasks": 3, "timeout_s": 5.0},
+        "rollout": {"max_new_tokens": 8},
+        "logging": {"tensorboard": False, "progress": False},
+    }
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return load_checked_config(data=base, overrides=list(overrides), command="seed-sft")

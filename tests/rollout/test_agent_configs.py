@@ -6,14 +6,25 @@ from pathlib import Path
 
 import pytest
 
-from tether.config import load_config
+from tether.config import load_command_config, load_config
 from tether.envs import check_env_kwargs
 
-CONFIGS = sorted((Path(__file__).parents[2] / "configs" / "agents").glob("*.yaml"))
+AGENTS = Path(__file__).parents[2] / "configs" / "agents"
+CONFIGS = sorted(p for p in AGENTS.glob("*.yaml") if not p.stem.endswith("_sft"))
+WARM_STARTS = sorted(AGENTS.glob("*_sft.yaml"))
 
 
 def test_there_are_agent_configs():
     assert {p.stem for p in CONFIGS} >= {"sokoban_grpo", "frozenlake_grpo", "textworld_grpo"}
+    assert {p.stem for p in WARM_STARTS} == {"sokoban_sft", "frozenlake_sft"}
+
+
+@pytest.mark.parametrize("path", WARM_STARTS, ids=[p.stem for p in WARM_STARTS])
+def test_a_warm_start_plays_the_env_of_its_grpo_config(path):
+    """tether sft reads a config of its own; its env section is the GRPO config's, so it trains on RL's prompts."""
+    cfg = load_command_config("sft", path)
+    assert cfg.sft.data == "solver" and path.read_text().startswith(f"# tether sft configs/agents/{path.name}\n")
+    assert cfg.env == load_config(path.with_name(path.name.replace("_sft", "_grpo"))).env
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

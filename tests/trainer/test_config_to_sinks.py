@@ -11,7 +11,6 @@ import yaml
 from tests.trainer.helpers import tiny_config
 from tether.track import JsonlSink, Tracker
 from tether.trainer import Trainer
-from tether.trainer import build as trainer_build
 
 
 class RecordingSink:
@@ -37,7 +36,7 @@ def test_the_trainer_hands_its_config_to_the_sinks_once(tmp_path, tiny_policy, m
     def tracker_with_fake_sink(run_dir: Path, **_: Any) -> Tracker:
         return Tracker(run_dir, [JsonlSink(Path(run_dir) / "metrics.jsonl"), sink])
 
-    monkeypatch.setattr(trainer_build, "build_tracker", tracker_with_fake_sink)
+    monkeypatch.setattr("tether.track.build_tracker", tracker_with_fake_sink)  # what tether.start.run_tracker calls
     cfg = tiny_config(tmp_path, "optim.lr=3e-4", "train.steps=1")
     model, tok = tiny_policy
     Trainer(cfg, policy=model, tokenizer=tok).fit()

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.rollout.helpers import agent_config
+from tests.rollout.helpers import seed_sft_config
 from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
 from tether.distributed import DataParallel, Replicate, resolve_device
@@ -94,7 +94,7 @@ def test_cuda_without_a_gpu_stops_eval_and_seed_sft_before_any_model_loads(tmp_p
     monkeypatch.setattr("tether.models.load_policy", no_model_loads)
     with pytest.raises(ConfigError, match=r"train\.device=cuda:0"):
         evaluate(tiny_config(tmp_path / "eval", "train.device=cuda:0"))
-    sft = agent_config(tmp_path / "sft", "train.device=cuda", methods={"seed": {}})
+    sft = seed_sft_config(tmp_path / "sft", "train.device=cuda", methods={"seed": {}})
     with pytest.raises(ConfigError, match=r"train\.device=cuda"):
         run_skill_sft(sft)
     assert not Path(sft.run_dir).exists()

@@ -15,8 +15,9 @@ import pytest
 from tests.trainer.helpers import tiny_config
 from tether.config import dump_config
 from tether.distributed import DataParallel
+from tether.start import LOCK, RunDirError, lock_run_dir
 from tether.trainer.checkpoint import CheckpointManager
-from tether.trainer.rundir import LOCK, RunDirError, lock_run_dir, prepare_run_dir
+from tether.trainer.rundir import prepare_run_dir
 
 
 def write_marker(text: str):

@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tether.checks.components import CONFIG_CHECKS
 from tether.checks.findings import Findings
@@ -26,7 +27,15 @@ from tether.checks.kwargs import check_kwarg_types, check_kwargs
 from tether.checks.machine import check_model, machine_checks
 from tether.checks.startup import check_prerequisites, startup_checks
 from tether.checks.workload import check_workload
-from tether.config import Config, ConfigError, load_config
+from tether.config import (
+    Config,
+    ConfigError,
+    RunConfig,
+    SFTConfig,
+    SFTRunConfig,
+    SupervisedRunConfig,
+    load_command_config,
+)
 from tether.methods.base import resolve_method_targets
 from tether.user_code import import_user_modules
 
@@ -44,35 +53,39 @@ def _run(checks: tuple, cfg: Config, found: Findings) -> list[str]:
     return errors
 
 
-def prerequisites(policy: bool) -> Callable[[Config, Findings], None]:
+def prerequisites(policy: bool, sft: SFTConfig | None) -> Callable[[Config, Findings], None]:
     """:func:`~tether.checks.startup.check_prerequisites` as a check of the machine phase."""
     def check(cfg: Config, found: Findings) -> None:
-        check_prerequisites(cfg, found, policy=policy)
+        check_prerequisites(cfg, found, policy=policy, sft=sft)
 
     return check
 
 
-def check_config(cfg: Config, *, machine: bool = True, policy: bool = True, sft: bool = False) -> list[str]:
+def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True) -> list[str]:
     """Run the checks; return the warning lines.
 
     Args:
-        cfg: a config that passed :func:`tether.config.load_config`.
+        cfg: a config that passed :func:`tether.config.load_command_config`, of any command: an SFT command's is
+            checked as its :meth:`~tether.config.SupervisedRunConfig.rl_config` (what its rollouts read), plus the
+            data of ``tether sft``'s ``sft`` section.
         machine: also check that what it names is on this machine (after the config checks pass, since those
             say whether the names mean anything).
         policy: check ``model.name`` too (False when the caller brings the policy).
-        sft: check the data of the ``sft:`` section too (``tether sft``, ``tether validate``).
 
     Raises:
         ConfigError: one line per failed check.
     """
+    sft = cfg.sft if isinstance(cfg, SFTRunConfig) else None
+    if isinstance(cfg, SupervisedRunConfig):
+        cfg = cfg.rl_config()
     import_user_modules(cfg.imports)  # what they register is what the checks below look up
     resolve_method_targets(cfg.methods)  # methods: {"my_module:MyMethod": {...}}
     found = Findings()
     errors = _run((*CONFIG_CHECKS, check_workload), cfg, found)
     if machine and not errors:
         # a missing input an earlier command writes is named with that command, instead of what is missing
-        errors = _run((prerequisites(policy),), cfg, found) or _run(machine_checks(policy=policy, sft=sft), cfg,
-                                                                      found)
+        errors = _run((prerequisites(policy, sft),), cfg, found) or _run(machine_checks(policy=policy, sft=sft),
+                                                                           cfg, found)
     if machine and not errors:  # what train would otherwise find after its model loads (tether.checks.startup)
         errors = _run(startup_checks(policy=policy), cfg, found)
     if errors:
@@ -80,17 +93,17 @@ def check_config(cfg: Config, *, machine: bool = True, policy: bool = True, sft:
     return found.warnings
 
 
-def run_checks(cfg: Config, *, policy: bool = True, sft: bool = False) -> None:
+def run_checks(cfg: RunConfig, *, policy: bool = True) -> None:
     """:func:`check_config` with the machine checks, its warnings printed to stderr (by the first rank only)."""
-    warnings = check_config(cfg, policy=policy, sft=sft)
+    warnings = check_config(cfg, policy=policy)
     if os.environ.get("RANK", "0") == "0":
         for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
 
 
 def load_checked_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                        data: dict | None = None) -> Config:
-    """:func:`tether.config.load_config` plus the checks of what the config says (not the machine's)."""
-    cfg = load_config(path, overrides, data)
+                        data: dict | None = None, command: str = "train") -> Any:
+    """:func:`tether.config.load_command_config` plus the checks of what the config says (not the machine's)."""
+    cfg = load_command_config(command, path, overrides, data)
     check_config(cfg, machine=False)
     return cfg

@@ -15,7 +15,7 @@ from pathlib import Path
 from tether.checks.context import hub_file, warn_context
 from tether.checks.findings import Findings
 from tether.checks.workload import workload_class
-from tether.config import Config, ConfigError
+from tether.config import Config, ConfigError, SFTConfig
 
 HUB_ID_PARTS = 2  # "org/name"
 HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or repository name
@@ -123,13 +123,13 @@ def check_rewards_here(cfg: Config, found: Findings) -> None:
         check_reward_terms(cfg.task.rewards)
 
 
-def check_sft_data(cfg: Config, found: Findings) -> None:
+def check_sft_data(sft: SFTConfig) -> None:
     """``sft.data: jsonl``: the file exists and every line has a prompt and a response (the first bad line named)."""
-    if cfg.sft is None or cfg.sft.data != "jsonl":
+    if sft.data != "jsonl":
         return
-    from tether.sft import jsonl_examples
+    from tether.sft_data import jsonl_examples
 
-    jsonl_examples(cfg.sft)
+    jsonl_examples(sft)
 
 
 def check_lora_targets(cfg: Config, found: Findings) -> None:
@@ -175,12 +175,15 @@ def _linear_layer_names(name: str) -> list[str] | None:
     return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
-def machine_checks(*, policy: bool = True, sft: bool = False) -> tuple:
-    """The checks of this module; ``policy=False`` when the caller brings the policy itself, ``sft=True`` for the
-    data of the ``sft:`` section (``tether sft`` and ``tether validate``; ``tether train`` ignores that section)."""
+def machine_checks(*, policy: bool = True, sft: SFTConfig | None = None) -> tuple:
+    """The checks of this module; ``policy=False`` when the caller brings the policy itself; ``sft``, the section of
+    a ``tether sft`` config, adds the check of its data."""
     def models(cfg: Config, found: Findings) -> None:
         check_models(cfg, found, policy=policy)
 
-    optional = ((warn_context, check_lora_targets) if policy else ()) + ((check_sft_data,) if sft else ())
+    def sft_data(cfg: Config, found: Findings) -> None:
+        check_sft_data(sft)
+
+    optional = ((warn_context, check_lora_targets) if policy else ()) + ((sft_data,) if sft is not None else ())
     return (models, check_packages, check_engine_here, check_chat_template, check_workload_inputs,
             check_rewards_here, *optional)

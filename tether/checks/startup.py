@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from tether.checks.findings import Findings
-from tether.config import Config, ConfigError
+from tether.config import Config, ConfigError, SFTConfig
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
@@ -32,16 +32,17 @@ def model_inputs(cfg: Config, *, policy: bool = True) -> dict[str, str]:
     return found
 
 
-def data_inputs(cfg: Config) -> dict[str, str]:
-    """Config key -> file, for the data files the run reads: ``*path`` settings of the task, env and ``sft``."""
+def data_inputs(cfg: Config, sft: SFTConfig | None = None) -> dict[str, str]:
+    """Config key -> file, for the data files the run reads: ``*path`` settings of the task, env and ``sft`` (the
+    section of a ``tether sft`` config)."""
     found = {}
     workload = cfg.task if cfg.task is not None else cfg.env
     section = "task" if cfg.task is not None else "env"
     for key, value in workload.kwargs.items():
         if key.endswith("path") and isinstance(value, str):
             found[f"{section}.kwargs.{key}"] = value
-    if cfg.sft is not None and cfg.sft.path is not None:
-        found["sft.path"] = cfg.sft.path
+    if sft is not None and sft.path is not None:
+        found["sft.path"] = sft.path
     return found
 
 
@@ -54,7 +55,7 @@ def _is_alias(name: str) -> bool:
         TINY_ALIAS.fullmatch(name) is not None
 
 
-def check_prerequisites(cfg: Config, found: Findings, *, policy: bool = True) -> None:
+def check_prerequisites(cfg: Config, found: Findings, *, policy: bool = True, sft: SFTConfig | None = None) -> None:
     """A model or data path the config names that is not here yet, when the config says which command writes its
     inputs (``# written by: COMMAND`` comment lines): that command is named, to run first."""
     written_by = cfg.written_by
@@ -62,7 +63,8 @@ def check_prerequisites(cfg: Config, found: Findings, *, policy: bool = True) ->
         return
     from tether.checks.context import hub_file
 
-    missing = [f"{key}={value}" for key, value in data_inputs(cfg).items() if not Path(value).expanduser().exists()]
+    missing = [f"{key}={value}" for key, value in data_inputs(cfg, sft).items()
+               if not Path(value).expanduser().exists()]
     for key, value in model_inputs(cfg, policy=policy).items():
         if _is_alias(value) or Path(value).expanduser().exists() or hub_file(value, "config.json") is not None:
             continue

@@ -16,9 +16,10 @@
 4. Save ``run_dir/checkpoint`` (``save_pretrained`` + tokenizer; :func:`tether.models.load_policy` loads it): the
    stage-2 actor, analyzer and KL reference.
 
-Run it with ``tether seed-sft CONFIG [key=value ...]``; settings are
-``methods.seed.sft`` of the config (:class:`~tether.methods.seed.sft.SkillSFTSettings`), the analyzer prompt
-options are the other ``methods.seed`` keys. Stage 2 is the ``seed`` method in ``tether train``.
+Run it with ``tether seed-sft CONFIG [key=value ...]``; the config's schema is
+:class:`~tether.config.SeedSFTRunConfig`: settings are ``methods.seed.sft`` of the config
+(:class:`~tether.methods.seed.sft.SkillSFTSettings`), the analyzer prompt options are the other ``methods.seed``
+keys. Stage 2 is the ``seed`` method in ``tether train``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tether.config import Config, ConfigError, dump_config, load_config
+from tether.config import Config, ConfigError, SeedSFTRunConfig, dump_config, load_command_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
+from tether.files import read_jsonl, write_jsonl, write_text_atomic
 from tether.methods import method_config
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
@@ -42,10 +44,10 @@ from tether.models import load_policy
 from tether.models.vision import encode_message, has_images, observation_images
 from tether.rollout.multi_turn import AgentCollector
 from tether.seeding import step_seed
-from tether.sft import Example, encode_examples, row_example, train_sft, write_examples
-from tether.start import start_run
-from tether.tasks.jsonl_task import read_jsonl
-from tether.track import build_tracker
+from tether.sft import train_sft
+from tether.sft_data import Example, encode_examples, row_example, write_examples
+from tether.splits import split_train_val
+from tether.start import restart_run_dir, run_tracker, start_run
 
 # -- 1. rollouts -----------------------------------------------------------------------------------
 
@@ -110,14 +112,6 @@ def label_episodes(episodes: list[Any], env_name: str, s: SkillSFTSettings, *, t
             for ep, o, p, r in zip(played, outcomes, prompts, results, strict=True)]
 
 
-def split_records(records: list[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Kept (``ok``) records, shuffled with ``seed``, cut into train and val (at least one train record)."""
-    kept = [r for r in records if r["ok"]]
-    random.Random(seed).shuffle(kept)
-    n_val = min(int(len(kept) * val_fraction), max(len(kept) - 1, 0))
-    return kept[n_val:], kept[:n_val]
-
-
 # -- 3. response-only SFT --------------------------------------------------------------------------
 
 
@@ -160,12 +154,12 @@ def parse_rate(model: Any, tokenizer: Any, records: list[dict], *, max_new_token
 # -- 4. the pipeline -------------------------------------------------------------------------------
 
 
-def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = None, *, policy: Any = None,
+def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | None = None, *, policy: Any = None,
                   tokenizer: Any = None, analyzer: Any = None, engine: Any = None) -> dict[str, Any]:
     """Stage 1 end to end: rollouts, labels, split, SFT, ``run_dir/checkpoint``.
 
     Args:
-        config: a config path (with ``overrides``) or a loaded :class:`~tether.config.Config` with an ``env``; its
+        config: a config path (with ``overrides``) or a loaded :class:`~tether.config.SeedSFTRunConfig`; its
             ``model`` is the base policy, ``run_dir`` the output directory, ``methods.seed`` the settings.
         overrides: dotted ``key=value`` overrides for a config path.
         policy, tokenizer: use these instead of loading ``model.name`` (tests).
@@ -180,28 +174,27 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     frames), ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response, and on a visual env ``images``: the frames
     under ``data/frames/``), ``metrics.jsonl`` (``sft/*``), ``checkpoint/``.
     """
-    cfg = config if not isinstance(config, (str, Path)) else load_config(config, overrides or [])
-    if cfg.env is None:
-        raise ConfigError("seed-sft rolls out an agent: the config needs an env (env: ...)")
+    cfg = config if not isinstance(config, (str, Path)) else load_command_config("seed-sft", config, overrides or [])
     seed = method_config("seed", cfg.methods.get("seed", {}))
     s: SkillSFTSettings = seed.sft
-    device = start_run(cfg)  # a missing GPU fails now, before any rollout or model load
+    device = start_run(cfg, policy=policy is None)  # a missing GPU, then a bad config: before any model loads
     replay = load_replay(s)  # so does a bad replay file
-    run_dir = Path(cfg.run_dir)
-    (run_dir / "data").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    run_dir = restart_run_dir(cfg.run_dir)  # locked; stage 1 restarts rather than resumes
+    (run_dir / "data").mkdir(exist_ok=True)
+    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     if policy is None:
         policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
     start = time.perf_counter()
-    episodes = rollout_episodes(cfg, policy, tokenizer, s, engine)
+    episodes = rollout_episodes(cfg.rl_config(), policy, tokenizer, s, engine)
     t_rollout = time.perf_counter() - start
     records = label_episodes(episodes, cfg.env.name, s, threshold=seed.success_threshold,
                              include_summary=seed.include_summary, analyzer=analyzer)
     # the frames are saved once, with the train and val pairs below; a record counts them
-    _write_jsonl(run_dir / "data" / "records.jsonl", [{**r, "images": len(r["images"])} for r in records])
-    train_records, val_records = split_records(records, s.val_fraction, s.data_seed)
+    write_jsonl(run_dir / "data" / "records.jsonl", [{**r, "images": len(r["images"])} for r in records])
+    # int(n x val_fraction) records held out, as SEED's code cuts them (tether sft rounds to the nearest)
+    kept = [r for r in records if r["ok"]]
+    train_records, val_records = split_train_val(kept, s.val_fraction, s.data_seed, rounding="floor")
     for name, part in (("train", train_records), ("val", val_records)):
         write_examples(run_dir / "data" / f"{name}.jsonl", to_examples(part))
     if not train_records:
@@ -215,8 +208,7 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
                        include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
     before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
-    with build_tracker(run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
-                       mlflow=cfg.logging.mlflow) as tracker:
+    with run_tracker(cfg.logging, run_dir) as tracker:
         losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast)
     after, answers = parse_rate(policy, tokenizer, probe, **rate_kwargs) if s.eval_examples else (math.nan, [])
     checkpoint = run_dir / "checkpoint"
@@ -233,8 +225,4 @@ def run_skill_sft(config: str | Path | Config, overrides: list[str] | None = Non
     }
     (run_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 

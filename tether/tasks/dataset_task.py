@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import inspect
 import json
-import random
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
 from tether.tasks.jsonl_task import _FORMATS, JsonlTask, carve, load_rows
@@ -89,12 +89,6 @@ def takes_one_argument(fn: Callable) -> bool:
     except ValueError:
         return True
     return True
-
-
-def shuffled(rows: list[Any], seed: int) -> list[Any]:
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    return [rows[i] for i in order]
 
 
 def take_held_out(rows: list[Any], sizes: dict[str, int], seed: int, split: str) -> dict[str, list[Any]]:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import heapq
-import json
-import random
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from tether.files import numbered_jsonl
+from tether.splits import seeded_order, shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, fault_score
 from tether.tasks.extract import (
     DEFAULT_PROMPT_TEMPLATE,
@@ -49,39 +49,6 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     finally:
         if quiet:
             datasets.enable_progress_bars()
-
-
-def read_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The objects of a JSONL file, blank lines skipped; the first bad line is one error.
-
-    Raises:
-        ValueError: naming ``key``, the file and line, and what is wrong: not JSON, not an object, a missing field
-            of ``fields``; or no rows at all.
-    """
-    return [row for _, row in numbered_jsonl(file, key, fields)]
-
-
-def numbered_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[tuple[int, dict[str, Any]]]:
-    """:func:`read_jsonl`, each row with its line number (counting blank lines), so later checks can name it."""
-    rows = []
-    with file.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{key}: {file} line {number} is not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{key}: {file} line {number} is {type(row).__name__}, not an object")
-            missing = [field for field in fields if field not in row]
-            if missing:
-                raise ValueError(f"{key}: {file} line {number} has no {missing[0]!r} field (fields: "
-                                 f"{', '.join(row) or 'none'})")
-            rows.append((number, row))
-    if not rows:
-        raise ValueError(f"{key}: {file} holds no rows")
-    return rows
 
 
 def _math_text(answer: str) -> str:
@@ -174,8 +141,7 @@ def carve(rows: list[Any], sizes: dict[str, int], seed: int) -> dict[str, list[A
         named = ", ".join(f"{name}_size={size}" for name, size in sizes.items())
         raise ValueError(f"{named} must be at least 1 in all and leave a training row: the data has {len(rows)} "
                          f"rows, so at most {len(rows) - 1} held out")
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
+    order = seeded_order(len(rows), seed)
     out, start = {}, 0
     for name, size in sizes.items():
         out[name] = [rows[i] for i in order[start:start + size]]
@@ -315,8 +281,7 @@ class JsonlTask:
             train_rows, val_rows = _split(load_rows(path), val_size, seed)
             return train_rows, val_rows, Path(path).stem
         if path is None and train_path is not None and val_path is not None:
-            train_rows = load_rows(train_path)
-            random.Random(seed).shuffle(train_rows)  # so train_size takes a seeded subset
+            train_rows = shuffled(load_rows(train_path), seed)  # so train_size takes a seeded subset
             return train_rows, load_rows(val_path), Path(train_path).stem
         raise ValueError("jsonl task needs either path=... (split into train/val) or both train_path=... "
                          "and val_path=...")

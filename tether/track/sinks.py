@@ -6,11 +6,12 @@ Sinks receive plain floats; converting tensors happens once, in :class:`tether.t
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from tether.files import jsonl_line
 
 
 @runtime_checkable
@@ -41,7 +42,7 @@ class JsonlSink:
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.write(jsonl_line({"step": step, **metrics}))
         self._file.flush()
 
     def close(self) -> None:

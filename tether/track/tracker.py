@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tether.files import write_text_atomic
 from tether.track.sinks import (
     JsonlSink,
     MetricSink,
@@ -55,19 +55,6 @@ def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
         stacked = torch.stack([metrics[n].detach().reshape(()).to(dtype) for n in names])
         out.update(zip(names, stacked.tolist(), strict=True))  # the one host sync for this device
     return out  # type: ignore[return-value]
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
 
 
 def write_yaml_atomic(path: str | Path, data: Mapping[str, Any]) -> Path:

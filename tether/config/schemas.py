@@ -1,0 +1,112 @@
+"""Each command's config, one schema each (:data:`SCHEMAS`): ``tether train``'s RL :class:`Config`, and the
+schemas of ``tether sft`` and ``tether seed-sft``, which share its top-level keys and workload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, PrivateAttr, model_validator
+
+from tether.config.base import Section
+from tether.config.health import HealthConfig
+from tether.config.sections import (
+    AlgorithmConfig,
+    DeviceConfig,
+    DistributedConfig,
+    EnvConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    RolloutConfig,
+    SamplingConfig,
+    SFTConfig,
+    TaskConfig,
+    TrainConfig,
+    ValConfig,
+)
+
+
+class RunConfig(Section):
+    """What every command's config starts with: the seed, the run directory, the policy, the workload."""
+
+    imports: list[str] = Field(default_factory=list, description="Python modules (my_pkg.rewards) or .py files "
+                               "(relative to the config file) imported before any check, so the tasks, "
+                               "environments, reward functions, estimators, losses and methods they register are "
+                               "known (docs/tasks.md)")
+    seed: int = Field(0, description="run seed: sampling seeds are functions of (seed, step, purpose)")
+    run_dir: str = Field("runs/default", description="where config.yaml, metrics, checkpoints and logs go")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy and its reference")
+    task: TaskConfig | None = Field(None, description="single-turn workload (set this or env)")
+    env: EnvConfig | None = Field(None, description="multi-turn agent workload (set this or task)")
+    # the commands that write this config's inputs, from its "# written by: COMMAND" lines (tether.checks.startup)
+    _written_by: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def written_by(self) -> list[str]:
+        """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
+        return list(self._written_by)
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> RunConfig:
+        if (self.task is None) == (self.env is None):
+            raise ValueError("set exactly one of 'task' (single-turn) or 'env' (multi-turn agent)")
+        return self
+
+
+class Config(RunConfig):
+    """``tether train`` (and ``eval``, ``recipe``): the RL run."""
+
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="sampling of training batches")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="advantage, loss, KL, "
+                                       "entropy")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and batch cutting")
+    val: ValConfig = Field(default_factory=ValConfig, description="validation on held-out prompts")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="the run: steps, checkpoints, device")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="layout over the "
+                                           "ranks of a torchrun launch")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="run health checks (docs/health.md)")
+    methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plug-in name -> its settings")
+
+
+class SupervisedRunConfig(RunConfig):
+    """The sections ``tether sft`` and ``tether seed-sft`` share: where they run, how they sample, what they log."""
+
+    rollout: SamplingConfig = Field(default_factory=SamplingConfig, description="how the policy samples, where the "
+                                    "command samples")
+    train: DeviceConfig = Field(default_factory=DeviceConfig, description="where the command runs")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
+
+    def rl_config(self) -> Config:
+        """This config's sections in an RL :class:`Config`, every other section at its default: the collectors
+        that roll the policy out and the checks of :mod:`tether.checks` read that."""
+        cfg = Config.model_validate(self.model_dump(exclude={"sft"}))
+        cfg._written_by = self.written_by
+        return cfg
+
+
+class SFTRunConfig(SupervisedRunConfig):
+    """``tether sft``: supervised fine-tuning on the data ``sft`` names."""
+
+    sft: SFTConfig = Field(description="the data and the hyperparameters")
+
+
+class SeedSFTRunConfig(SupervisedRunConfig):
+    """``tether seed-sft``: SEED's stage 1 on an agent environment (``env``); its settings are ``methods.seed``, the
+    analyzer prompt options with ``sft`` (docs/methods/seed.md)."""
+
+    methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="seed: the SEED method's "
+                                               "settings (its sft section, and the analyzer prompt's options that "
+                                               "stage 2 shares)")
+
+    @model_validator(mode="after")
+    def _seed_on_an_env(self) -> SeedSFTRunConfig:
+        if self.env is None:
+            raise ValueError("tether seed-sft rolls out an agent: set env (not task)")
+        if set(self.methods) - {"seed"}:
+            raise ValueError(f"methods: tether seed-sft reads methods.seed only, got {', '.join(sorted(self.methods))}")
+        return self
+
+
+# The schema of each command's config; `tether eval` and `tether recipe` read train's.
+SCHEMAS: dict[str, type[RunConfig]] = {"train": Config, "sft": SFTRunConfig, "seed-sft": SeedSFTRunConfig}

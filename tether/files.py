@@ -1,0 +1,88 @@
+"""The files a run writes and reads: whole files written atomically, JSONL rows appended, the one JSONL reader.
+
+Two ways to write, by what a reader may see:
+
+* a file written once, whole (``config.yaml``, ``summary.json``, SFT's ``data/*.jsonl``): :func:`write_text_atomic`
+  and :func:`write_jsonl` write a temporary file beside it, fsync it and ``os.replace`` it, so a reader (or a run
+  killed mid-write) finds the old file or the new one, never half of one;
+* a log that grows (``metrics.jsonl``, ``code.jsonl``): :func:`append_jsonl` adds rows at the end and flushes;
+  a kill can tear only the last line.
+
+Every JSONL row is :func:`jsonl_line`: one ``json.dumps`` object and a newline (non-finite floats as Python's
+``NaN``/``Infinity``, which ``json.loads`` reads back). This module imports nothing of tether's, so every layer can
+use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace``: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def jsonl_line(row: Mapping[str, Any], default: Callable[[Any], Any] | None = None) -> str:
+    """``row`` as one JSONL line, newline included; ``default`` converts what JSON cannot hold (``json.dumps``)."""
+    return json.dumps(row, default=default) + "\n"
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]],
+                default: Callable[[Any], Any] | None = None) -> Path:
+    """Write ``rows`` as the whole of ``path``, one JSON object a line, atomically (:func:`write_text_atomic`)."""
+    return write_text_atomic(path, "".join(jsonl_line(row, default) for row in rows))
+
+
+def append_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]],
+                 default: Callable[[Any], Any] | None = None) -> None:
+    """Append ``rows`` to ``path`` (created with its folder if missing), one JSON object a line, then flush."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.writelines(jsonl_line(row, default) for row in rows)
+
+
+def read_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The objects of a JSONL file, blank lines skipped; the first bad line is one error.
+
+    Raises:
+        ValueError: naming ``key``, the file and line, and what is wrong: not JSON, not an object, a missing field
+            of ``fields``; or no rows at all.
+    """
+    return [row for _, row in numbered_jsonl(file, key, fields)]
+
+
+def numbered_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[tuple[int, dict[str, Any]]]:
+    """:func:`read_jsonl`, each row with its line number (counting blank lines), so later checks can name it."""
+    rows = []
+    with Path(file).open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{key}: {file} line {number} is not JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{key}: {file} line {number} is {type(row).__name__}, not an object")
+            missing = [field for field in fields if field not in row]
+            if missing:
+                raise ValueError(f"{key}: {file} line {number} has no {missing[0]!r} field (fields: "
+                                 f"{', '.join(row) or 'none'})")
+            rows.append((number, row))
+    if not rows:
+        raise ValueError(f"{key}: {file} holds no rows")
+    return rows

@@ -1,0 +1,119 @@
+"""What ``tether experiment`` checks before any run starts: each arm's config validates, seeds are distinct, the
+endpoint and secondary metrics are ones validation logs, the task's splits exist and never share a prompt
+(:func:`check_protocol`)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from tether.config import Config, ConfigError
+from tether.lab.protocol import Protocol, arm_config
+
+SINGLE_TURN_VAL_METRICS = ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length")
+AGENT_VAL_METRICS = ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode_return", "val/turns",
+                     "val/invalid_action_frac", "val/hazard_death_frac")
+# per hazard flag an env reports (val/fell_in_hole_frac, val/fell_through_ice_frac): env-specific, so a pattern
+AGENT_FLAG_METRIC = re.compile(r"val/fell_\w+_frac")
+
+
+def check_protocol(protocol: Protocol) -> None:
+    """Everything that can be checked without a model: arm configs, metric names, splits and their overlap."""
+    metrics = [protocol.endpoint.metric, *protocol.secondary]
+    if protocol.endpoint.at == "best" and protocol.endpoint.split == "val":
+        raise ConfigError("endpoint.split=val with at=best would report on the split that chose the checkpoint; "
+                          "use a separate split (e.g. report)")
+    for arm in protocol.arms:
+        cfg = arm_config(protocol, arm, protocol.seeds[0])
+        known = val_metric_names(cfg)
+        for metric in metrics:
+            if metric not in known and not (cfg.env is not None and AGENT_FLAG_METRIC.fullmatch(metric)):
+                raise ConfigError(f"arm {arm!r}: no run logs the metric {metric!r}; validation logs: "
+                                  f"{', '.join(known)}")
+        if protocol.endpoint.at == "best" and cfg.train.best_metric not in known:
+            raise ConfigError(f"arm {arm!r}: train.best_metric={cfg.train.best_metric!r} is never logged, so no "
+                              f"checkpoint would be chosen; use one of {', '.join(known)}")
+        if protocol.endpoint.at == "best" and not cfg.val.every:
+            raise ConfigError(f"arm {arm!r}: val.every=0 never validates on the selection split, so endpoint.at=best "
+                              "has no checkpoint to read; set val.every or endpoint.at=final")
+        check_selection(protocol, arm, cfg)
+        if cfg.task is not None:
+            check_splits(arm, cfg, protocol.endpoint.split)
+        else:
+            check_env_split(arm, cfg, protocol.endpoint.split)
+
+
+def check_selection(protocol: Protocol, arm: str, cfg: Config) -> None:
+    """The selection-split validations the endpoint rule and the calibration read exist."""
+    e = protocol.endpoint
+    if e.at == "best" and not e.start_selectable and cfg.val.every > cfg.train.steps:
+        raise ConfigError(f"arm {arm!r}: val.every={cfg.val.every} > train.steps={cfg.train.steps} validates only "
+                          "the starting policy, which endpoint.at=best may not choose (endpoint.start_selectable)")
+    if arm not in protocol.calibration_arms():
+        return
+    if not cfg.val.every:
+        raise ConfigError(f"arm {arm!r} is calibrated on the selection split but val.every=0 never validates there")
+    if e.at == "final" and cfg.train.steps % cfg.val.every:
+        raise ConfigError(f"arm {arm!r} is calibrated at its last step, which val.every={cfg.val.every} does not "
+                          f"validate (train.steps={cfg.train.steps}); make train.steps a multiple of val.every")
+
+
+def check_env_split(arm: str, cfg: Config, split: str) -> None:
+    """An agent env's endpoint split: ``val`` (its held-out seeds), or a split its ``eval_split`` argument names
+    (thin ice: ``report``, seeds disjoint from the ``selection`` seeds validation reads during training)."""
+    if split == "val":
+        return
+    from tether.envs import env_class
+
+    cls = env_class(cfg.env.name)
+    if "eval_split" not in inspect.signature(cls).parameters:
+        raise ConfigError(f"arm {arm!r}: env {cfg.env.name!r} has one held-out split (val); "
+                          f"endpoint.split={split!r} is not one")
+    if cfg.env.kwargs.get("eval_split", "selection") == split:
+        raise ConfigError(f"arm {arm!r}: env.kwargs.eval_split={split!r} makes training validate on the endpoint "
+                          "split; leave validation on the selection split")
+    try:
+        cls(**{**cfg.env.kwargs, "eval_split": split}).close()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"arm {arm!r}: endpoint.split={split!r}: {err}") from None
+
+
+def endpoint_split_overrides(cfg: Config, split: str) -> list[str]:
+    """How ``tether eval`` reads ``split``: ``val.split`` for a task, ``env.kwargs.eval_split`` for an env."""
+    if cfg.env is not None and split != "val":
+        return [f"env.kwargs.eval_split={split}"]
+    return [f"val.split={split}"]
+
+
+def val_metric_names(cfg: Config) -> tuple[str, ...]:
+    """What validation logs for this config: the fixed metrics and the task's response features, if any."""
+    if cfg.task is None:
+        return AGENT_VAL_METRICS
+    from tether.tasks import make_task
+
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    describe = getattr(task, "response_features", None)
+    if describe is None or not task.val:
+        return SINGLE_TURN_VAL_METRICS
+    keys = describe(task.val[0], "")
+    return SINGLE_TURN_VAL_METRICS + tuple(f"val/{key}/{what}" for key in keys for what in ("share", "accuracy"))
+
+
+def check_splits(arm: str, cfg: Config, endpoint_split: str) -> None:
+    """The task's train, selection and endpoint splits exist and share no prompt."""
+    from tether.tasks import make_task, task_split
+
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    names = list(dict.fromkeys(["train", "val", endpoint_split]))
+    prompts = {}
+    for name in names:
+        try:
+            prompts[name] = {item.prompt for item in task_split(task, name)}
+        except ValueError as err:
+            raise ConfigError(f"arm {arm!r}: {err}") from None
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            shared = prompts[a] & prompts[b]
+            if shared:
+                raise ConfigError(f"arm {arm!r}: splits {a!r} and {b!r} of task {cfg.task.name!r} share "
+                                  f"{len(shared)} prompt(s), e.g. {sorted(shared)[0]!r}")
