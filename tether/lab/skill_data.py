@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import tether.files as files
 from tether.envs.thin_ice import ThinIceEnv, split_of
 from tether.methods.seed.prompting import augment_with_skill
 from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, analyze_thin_ice
@@ -213,10 +214,7 @@ def fork_pair_records(maps: Sequence[int], *, history: int = 0, explore: float =
 
 def write_jsonl(records: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """``records`` as JSON lines (``prompt``, ``response``, ``meta``); returns the path."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return out
+    return files.write_jsonl(path, records)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

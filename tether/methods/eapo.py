@@ -22,7 +22,6 @@ still holds: docs/methods/eapo.md, "Why the weights are unbiased").
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -34,6 +33,7 @@ from tether.algos.eapo_gate import GATES, LN2, gate_statistic, js_divergence, mi
 from tether.engine.base import InterventionStep, SamplingParams
 from tether.engine.decoding import left_pad, process_logits, sample_tokens
 from tether.engine.hf import KVDecoder
+from tether.files import append_jsonl
 from tether.methods.base import Method, MethodSettings, register_method
 
 if TYPE_CHECKING:
@@ -333,14 +333,14 @@ def log_injections(batch: RolloutBatch, tokenizer: Any, step: int, limit: int, p
     task item's text where there is one), the response text before the token, the token, and the row's verdict."""
     injected = ((batch.token["injected_mask"] > 0) & (batch.response_mask > 0)).nonzero().tolist()[:limit]
     items = batch.info.get("item")
-    with path.open("a") as f:
-        for row, t in injected:
-            ids = batch.response_ids[row].tolist()
-            prompt = items[row].prompt if items else tokenizer.decode(batch.prompt_ids[row])
-            f.write(json.dumps({"step": step, "row": row, "position": t, "prompt": prompt,
-                                "before": tokenizer.decode(ids[:t], skip_special_tokens=True),
-                                "token": tokenizer.decode(ids[t:t + 1]), "correct": bool(batch.correct[row])})
-                    + "\n")
+    rows = []
+    for row, t in injected:
+        ids = batch.response_ids[row].tolist()
+        prompt = items[row].prompt if items else tokenizer.decode(batch.prompt_ids[row])
+        rows.append({"step": step, "row": row, "position": t, "prompt": prompt,
+                     "before": tokenizer.decode(ids[:t], skip_special_tokens=True),
+                     "token": tokenizer.decode(ids[t:t + 1]), "correct": bool(batch.correct[row])})
+    append_jsonl(path, rows)
 
 
 def rollout_metrics(batch: RolloutBatch) -> dict[str, float]:

@@ -26,7 +26,6 @@ images are those of the observations it shows (the history's, then the current o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from tether.envs import (
 from tether.envs.safe import EnvFault
 from tether.envs.workers import make_env_pool, probe_env
 from tether.errors import EnvFaultError
+from tether.files import append_jsonl
 from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.single_turn import GENERATE_ROWS, PromptStream, validation_progress
@@ -328,13 +328,13 @@ class AgentCollector:
     def write_transcripts(self, step: int, episodes: list[Episode], limit: int = 4) -> None:
         """The first ``limit`` of ``episodes`` (one per group), sampled in step ``step + 1``, as JSON lines of
         ``run_dir/transcripts.jsonl``, for ``tether show``."""
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return  # one copy of the transcripts, as for single-turn samples
         run_dir = Path(self.cfg.run_dir)
-        with (run_dir / "transcripts.jsonl").open("a") as f:
-            for ep in episodes[:limit]:
-                turns = save_frames(run_dir, ep, step)
-                f.write(json.dumps({"step": step, "episode": ep.episode_id, "group": ep.group_id,
-                                    "seed": ep.seed, "task": ep.task, "won": ep.won, "return": ep.ret,
-                                    "fault": ep.fault, "turns": turns, **ep_extra(ep)}) + "\n")
+        append_jsonl(run_dir / "transcripts.jsonl",
+                     ({"step": step, "episode": ep.episode_id, "group": ep.group_id, "seed": ep.seed, "task": ep.task,
+                       "won": ep.won, "return": ep.ret, "fault": ep.fault, "turns": save_frames(run_dir, ep, step),
+                       **ep_extra(ep)} for ep in episodes[:limit]))
 
 
 def no_episode_started(env: EnvConfig, episodes: list[Episode], when: str) -> EnvFaultError:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import warnings
 from collections.abc import Callable
@@ -14,6 +13,7 @@ import torch
 
 from tether.engine.base import Intervention, RolloutEngine, SamplingParams
 from tether.errors import RefillShortfall
+from tether.files import append_jsonl
 from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
@@ -281,14 +281,13 @@ def write_samples(run_dir: Path, step: int, batch: RolloutBatch, limit: int = 4)
         return
     firsts = list(dict.fromkeys(batch.group_ids.tolist()))[:limit]
     rows = [batch.group_ids.tolist().index(g) for g in firsts]
-    with (Path(run_dir) / "samples.jsonl").open("a") as f:
-        for i in rows:
-            item = batch.info["item"][i]
-            f.write(json.dumps({"step": step, "group": firsts[rows.index(i)], "prompt": item.prompt,
-                                "answer": item.answer, "completion": batch.info["text"][i],
-                                "reward": float(batch.rewards[i]), "correct": bool(batch.correct[i]),
-                                "extracted": batch.info["extracted"][i],
-                                "components": batch.info["reward_components"][i]}, default=str) + "\n")
+    items = batch.info["item"]
+    append_jsonl(Path(run_dir) / "samples.jsonl",
+                 ({"step": step, "group": group, "prompt": items[i].prompt, "answer": items[i].answer,
+                   "completion": batch.info["text"][i], "reward": float(batch.rewards[i]),
+                   "correct": bool(batch.correct[i]), "extracted": batch.info["extracted"][i],
+                   "components": batch.info["reward_components"][i]} for group, i in zip(firsts, rows, strict=True)),
+                 default=str)
 
 
 def validation_progress(cfg: Config, total: int, unit: str) -> CountProgress:

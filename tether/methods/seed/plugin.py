@@ -28,7 +28,6 @@ Validation never calls any of this: deployment is prompt-identical to GRPO.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -41,6 +40,7 @@ from tether.algos import LossInputs, LossOutput, seed_opd_loss
 from tether.config import ConfigError
 from tether.engine.base import SamplingParams
 from tether.envs import env_class, escape_placeholders
+from tether.files import append_jsonl
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill, user_message
@@ -263,12 +263,11 @@ class Seed(Method):
 
     def _write_skills(self, ctx: StepContext, episodes: list, labels: list[str], results: list[Analysis],
                       prompts: list[list[int]], cut: list[bool]) -> None:
-        with (ctx.run_dir / "skills.jsonl").open("a") as f:
-            for ep, label, r, p, c in zip(episodes, labels, results, prompts, cut, strict=True):
-                f.write(json.dumps({"step": ctx.step, "episode": ep.episode_id, "group": ep.group_id,
-                                    "task": ep.task, "outcome": label, "return": ep.ret, "ok": r.ok,
-                                    "skill": r.skill, "summary": r.summary, "error": r.error, "raw": r.raw,
-                                    "prompt_tokens": len(p), "prompt_truncated": c}) + "\n")
+        append_jsonl(ctx.run_dir / "skills.jsonl",
+                     ({"step": ctx.step, "episode": ep.episode_id, "group": ep.group_id, "task": ep.task,
+                       "outcome": label, "return": ep.ret, "ok": r.ok, "skill": r.skill, "summary": r.summary,
+                       "error": r.error, "raw": r.raw, "prompt_tokens": len(p), "prompt_truncated": c}
+                      for ep, label, r, p, c in zip(episodes, labels, results, prompts, cut, strict=True)))
 
     @staticmethod
     def _analysis_metrics(episodes: list, labels: list[str], results: list[Analysis], lengths: list[float],
