@@ -48,10 +48,6 @@ class CheckpointWriteError(ConfigError):
     """A checkpoint could not be written (a full disk, no permission): one line naming the path and the cause."""
 
 
-class CheckpointError(RuntimeError):
-    """No checkpoint can be resumed although the run directory says one should exist."""
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
