@@ -81,7 +81,7 @@ def test_sft_refuses_a_run_directory_another_process_writes(tmp_path):
 @pytest.mark.parametrize("command", ["sft", "seed-sft"])
 def test_both_sft_commands_lock_their_run_directory_before_any_model_loads(tmp_path, monkeypatch, command):
     from tether.recipes.seed_sft import run_skill_sft
-    from tether.sft import run_sft
+    from tether.recipes.sft import run_sft
 
     def refused(run_dir: Path) -> None:
         raise RunDirError(f"run_dir {run_dir} is in use")

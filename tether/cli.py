@@ -181,7 +181,7 @@ def recipe_armor(stage1: Path, stage2: Annotated[Path | None, typer.Argument()] 
 def sft(config: Path, overrides: Overrides = None) -> None:
     """Supervised warm start (the config's sft: section): task demonstrations, a JSONL file or an env's solver."""
     cfg = _load(config, overrides, command="sft")
-    from tether.sft import run_sft
+    from tether.recipes.sft import run_sft
 
     _warn_full_fine_tuning(cfg, "sft")
     summary = run_sft(cfg)

@@ -1,4 +1,4 @@
-"""The examples of tether's SFT loop (:mod:`tether.sft`): where they come from, how they are written and encoded.
+"""The examples of the SFT loop (:mod:`tether.recipes.sft`): where they come from, how they are written and encoded.
 
 Warm starts before RL come from four kinds of data, chosen by ``sft.data``:
 

@@ -104,9 +104,9 @@ def test_config_docs_prints_the_reference_and_leaves_the_file():
 
 
 def test_sft_warns_that_it_ignores_lora(monkeypatch, tmp_path):
-    import tether.sft
+    import tether.recipes.sft
 
-    monkeypatch.setattr(tether.sft, "run_sft", lambda cfg: {"checkpoint": "x"})
+    monkeypatch.setattr(tether.recipes.sft, "run_sft", lambda cfg: {"checkpoint": "x"})
     config = tmp_path / "sft.yaml"
     config.write_text("task: {name: parity}\nmodel: {name: char-16x1}\nsft: {data: task}\n")
     out = run("sft", str(config), "model.lora={rank: 4}", f"run_dir={tmp_path / 'run'}")

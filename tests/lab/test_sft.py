@@ -1,4 +1,4 @@
-"""``tether sft``: the one SFT loop, its data sources and its checks (tether/sft.py)."""
+"""``tether sft``: the one SFT loop, its data sources and its checks (tether/recipes/sft.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from tether.config import ConfigError, load_command_config
 from tether.models import load_policy
-from tether.sft import run_sft, sft_examples
+from tether.recipes.sft import run_sft, sft_examples
 from tether.tasks import make_task
 
 

@@ -1,4 +1,4 @@
-"""SEED stage 1 on images: SFT rows that carry their frames through tether's one SFT loop (tether/sft.py), on tiny
+"""SEED stage 1 on images: SFT rows that carry their frames through the one SFT loop (tether/recipes/sft.py), on tiny
 random VLMs of real architectures, and the whole stage on visual Sokoban."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tether.models.vision import (
     tiny_vlm,
 )
 from tether.recipes.seed_sft import run_skill_sft
-from tether.sft import evaluate_nll, nll_sum, train_sft
+from tether.recipes.sft import evaluate_nll, nll_sum, train_sft
 from tether.sft_data import Example, encode_examples, row_example, write_examples
 
 
@@ -118,7 +118,7 @@ def test_stage_one_on_visual_sokoban_trains_on_the_episodes_frames(tmp_path):
 
 def test_tether_sft_trains_on_jsonl_rows_with_images(tmp_path):
     from tether.config import load_command_config
-    from tether.sft import run_sft
+    from tether.recipes.sft import run_sft
 
     write_examples(tmp_path / "pairs.jsonl", _examples())
     cfg = load_command_config("sft", data={

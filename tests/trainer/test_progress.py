@@ -10,7 +10,7 @@ import re
 from rich.console import Console
 
 from tests.trainer.helpers import tiny_config
-from tether.sft import progress_log
+from tether.recipes.sft import progress_log
 from tether.track import progress as progress_module
 from tether.track.progress import CountProgress, Progress, StepLines, format_eta
 from tether.trainer import Trainer

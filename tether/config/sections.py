@@ -322,7 +322,7 @@ class DistributedConfig(Section):
 
 
 class SFTSettings(Section):
-    """Supervised fine-tuning hyperparameters, shared by ``tether sft`` and SEED's skill SFT (tether/sft.py)."""
+    """Supervised fine-tuning hyperparameters, shared by ``tether sft`` and SEED's skill SFT (tether/recipes/sft.py)."""
 
     epochs: int = Field(1, ge=1, description="passes over the training examples")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimiser steps (default: all epochs)")

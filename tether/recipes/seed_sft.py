@@ -12,7 +12,7 @@
    stage 1 drops examples over its max length instead; the two agree whenever prompts fit).
    On a visual env the prompt is the authors' ``seed_visual`` variant, as at stage 2: each step's observation is an
    ``<image>`` slot, filled with the episode's frames, one per step; the record carries the frames, and the SFT
-   encodes each prompt with them through the policy's processor (:mod:`tether.sft`).
+   encodes each prompt with them through the policy's processor (:mod:`tether.recipes.sft`).
 4. Save ``run_dir/checkpoint`` (``save_pretrained`` + tokenizer; :func:`tether.models.load_policy` loads it): the
    stage-2 actor, analyzer and KL reference.
 
@@ -42,9 +42,9 @@ from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.methods.seed.sft import SkillSFTSettings
 from tether.models import load_policy
 from tether.models.vision import encode_message, has_images, observation_images
+from tether.recipes.sft import train_sft
 from tether.rollout.multi_turn import AgentCollector
 from tether.seeding import step_seed
-from tether.sft import train_sft
 from tether.sft_data import Example, encode_examples, row_example, write_examples
 from tether.splits import split_train_val
 from tether.start import restart_run_dir, run_tracker, start_run

@@ -1,6 +1,6 @@
 """SEED stage 1's settings, ``methods.seed.sft`` of a config (seed.md Sec. 1.1).
 
-The hyperparameters are tether's one SFT loop's (:class:`tether.config.SFTSettings`, :mod:`tether.sft`) with the
+The hyperparameters are tether's one SFT loop's (:class:`tether.config.SFTSettings`, :mod:`tether.recipes.sft`) with the
 paper's values as defaults; the pipeline that uses them (rollouts, labels, SFT) is the recipe
 :mod:`tether.recipes.seed_sft` (``tether seed-sft CONFIG``).
 """
@@ -29,7 +29,7 @@ class OpenAISettings(BaseModel):
 
 
 class SkillSFTSettings(SFTSettings):
-    """``methods.seed.sft``: stage 1. The SFT hyperparameters are tether's one SFT loop's (:mod:`tether.sft`), with
+    """``methods.seed.sft``: stage 1. The SFT hyperparameters are the one SFT loop's (:mod:`tether.recipes.sft`), with
     the paper's values as defaults (ALFWorld, Qwen2.5-3B, 8 GPUs)."""
 
     tasks: int = Field(180, ge=1, description="training tasks rolled out (paper: 180), the first of env.train_tasks")
