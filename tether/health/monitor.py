@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from tether.config import Config
+from tether.files import append_jsonl
 from tether.health.collapse import CollapseGuard
 from tether.health.degenerate import DegenerateCheck
 from tether.health.errors import CollapseError, HealthError
@@ -117,13 +117,12 @@ class HealthMonitor:
         if not missing or not self.is_main:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        with (self.dir / "no_answer.jsonl").open("a") as f:
-            for i in missing[:audit.examples]:
-                item = batch.info["item"][i] if "item" in batch.info else None
-                f.write(json.dumps({"step": step, "item": getattr(item, "id", None),
-                                    "prompt": getattr(item, "prompt", None),
-                                    "answer": getattr(item, "answer", None), "response": batch.info["text"][i],
-                                    "truncated": batch.info.get("truncated", [None] * len(batch))[i]}) + "\n")
+        items = batch.info.get("item", [None] * len(batch))
+        truncated = batch.info.get("truncated", [None] * len(batch))
+        append_jsonl(self.dir / "no_answer.jsonl",
+                     ({"step": step, "item": getattr(items[i], "id", None), "prompt": getattr(items[i], "prompt", None),
+                       "answer": getattr(items[i], "answer", None), "response": batch.info["text"][i],
+                       "truncated": truncated[i]} for i in missing[:audit.examples]))
         share, wrong = metrics["reward/no_answer_frac"], metrics["reward/wrong_answer_frac"]
         if share >= audit.warn_no_answer_frac and share > wrong and not self.warned_no_answer:
             truncated = sum(bool(batch.info.get("truncated", [False] * len(batch))[i]) for i in missing)
