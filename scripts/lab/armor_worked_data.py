@@ -14,11 +14,11 @@ judged on.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
 from tether.config import load_config
+from tether.files import write_jsonl
 from tether.tasks import make_task
 from tether.tasks.base import task_split
 from tether.tasks.extract import format_prompt
@@ -67,8 +67,7 @@ def main() -> None:
             break
     if len(rows) < args.examples:
         raise SystemExit(f"only {len(rows)} usable questions outside the config's splits; ask for fewer")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(args.out, rows)
     print(f"wrote {len(rows)} worked examples to {args.out}; e.g. {rows[0]}")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from tether.config import load_config
 from tether.envs.thin_ice import ThinIceEnv
-from tether.lab.skill_data import fork_pair_records, response_text, skill_following_records, write_jsonl
+from tether.lab.skill_data import fork_pair_records, skill_following_records, solver_trajectory, write_jsonl
 from tether.methods.seed.analyzer import Step, analysis_prompt, success_label
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 
@@ -38,21 +38,7 @@ FORK_SEED_START = 200_000  # the fork pairs'
 
 def noisy_trajectory(env: ThinIceEnv, seed: int, explore: float, rng: random.Random) -> Trajectory:
     """The naive solver on ``seed``'s map with a random move with probability ``explore`` at each turn."""
-    reset = env.reset(seed)
-    turns: list[dict[str, Any]] = []
-    infos = [reset.info]
-    observation, won = reset.observation, False
-    while (plan := env.naive_solution()) and len(turns) < env.max_turns:
-        action = rng.choice(env.admissible) if rng.random() < explore else plan[0]
-        step = env.step(action)
-        turns.append({"observation": observation, "response": response_text(action), "action": action,
-                      "valid": True, "reward": step.reward})
-        infos.append(step.info)
-        observation, won = step.observation, step.won
-        if step.done:
-            break
-    return Trajectory(task=reset.task, turns=turns, final_observation=observation, won=won, ret=float(won),
-                      infos=infos)
+    return solver_trajectory(env, seed, "naive", explore=explore, rng=rng)
 
 
 def analysis_records(n: int, *, explore: float, seed: int, env_kwargs: dict[str, Any]) -> list[dict[str, Any]]:

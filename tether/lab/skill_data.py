@@ -61,15 +61,18 @@ def _plan(env: ThinIceEnv, solver: Solver) -> list[str] | None:
     return env.solution() if solver == "safe" else env.naive_solution()
 
 
-def solver_trajectory(env: ThinIceEnv, seed: int, solver: Solver) -> Trajectory:
-    """The whole episode of ``solver`` on ``seed``'s map as a trajectory an analyzer reads."""
+def solver_trajectory(env: ThinIceEnv, seed: int, solver: Solver, *, explore: float = 0.0,
+                      rng: random.Random | None = None) -> Trajectory:
+    """The whole episode of ``solver`` on ``seed``'s map as a trajectory an analyzer reads; with ``rng``, a random
+    admissible move instead of the solver's with probability ``explore`` at each turn."""
     reset = env.reset(seed)
     turns: list[dict[str, Any]] = []
     infos = [reset.info]
     observation, won = reset.observation, False
     while (plan := _plan(env, solver)) and len(turns) < env.max_turns:
-        step = env.step(plan[0])
-        turns.append({"observation": observation, "response": response_text(plan[0]), "action": plan[0],
+        action = plan[0] if rng is None or rng.random() >= explore else rng.choice(env.admissible)
+        step = env.step(action)
+        turns.append({"observation": observation, "response": response_text(action), "action": action,
                       "valid": True, "reward": step.reward})
         infos.append(step.info)
         observation, won = step.observation, step.won
