@@ -151,3 +151,39 @@ def test_sft_recall_adds_direct_answers_to_the_training_sums_only():
     assert not {i.prompt for i in task.val} & {i.prompt for i in items}  # nothing of the selection split
     assert make_task("addition", train_size=5, val_size=4, sft_size=10).sft_items() == \
         make_task("addition", train_size=5, val_size=4, sft_size=10).splits["sft"]
+
+
+def test_overflow_weights_draw_sums_with_a_new_leading_digit_per_split():
+    task = make_task("addition", digits=3, train_size=300, val_size=300, report_size=300, sft_size=300,
+                     overflow={0: 0.5, 1: 0.5}, sft_overflow={0: 1.0}, seed=0)
+    for split in ("train", "val", "report"):
+        flags = [int(i.meta["a"] + i.meta["b"] >= 1000) for i in task.splits[split]]
+        assert flags == [i.meta["overflow"] for i in task.splits[split]]
+        assert 0.4 < sum(flags) / len(flags) < 0.6
+        assert abs(task.features()[split]["overflow=1"] - sum(flags) / len(flags)) < 1e-12
+    assert all(i.meta["a"] + i.meta["b"] < 1000 for i in task.splits["sft"])
+    item = next(i for i in task.val if i.meta["overflow"])
+    assert task.response_features(item, "#1") == {"mode/scratchpad": False, "mode/direct": True, "overflow": True}
+
+
+REPORT_HEAD = ["430+870", "975+709", "991+371"]  # read from the code before overflow weights were added
+
+
+def test_overflow_weights_leave_a_task_without_them_unchanged():
+    kwargs = {"digits": 3, "train_size": 20, "val_size": 20, "report_size": 20, "sft_size": 20,
+              "carries": {0: 0.5, 2: 0.5}}
+    plain = make_task("addition", **kwargs)
+    assert "overflow=0" not in plain.features()["train"]
+    assert set(plain.response_features(plain.val[0], "#1")) == {"mode/scratchpad", "mode/direct"}
+    # the draws of the earlier studies' splits: fixed before overflow weights existed
+    assert [i.prompt for i in plain.splits["report"][:3]] == REPORT_HEAD
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"overflow": {2: 1.0}}, "overflow flags 0..1"),
+    ({"sft_overflow": {0: 0.0}}, "positive sum"),
+    ({"carries": {0: 1.0}, "overflow": {1: 1.0}}, "needs at least one carry"),
+])
+def test_bad_overflow_weights_are_one_clear_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_task("addition", **{"digits": 3, "train_size": 4, "val_size": 4, "report_size": 4, **kwargs})

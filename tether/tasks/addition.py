@@ -10,6 +10,10 @@ A prompt is ``"478+356"``. Two answer modes are scored alike (only the final ans
   The token after ``7+5`` (``+`` for a carry, ``=`` for none) is where a policy that never learned to carry
   goes wrong; that is the decisive point EAPO's prior can fix (docs/methods/eapo.md).
 
+``overflow: {0: 0.5, 1: 0.5}`` draws half the prompts whose sum has one more digit than the terms
+(``964+572``: the top column's ``9+5+1=15:1536`` writes the new leading digit, a single decisive token for a policy
+that has only seen sums of ``digits`` digits); ``train_overflow`` and ``sft_overflow`` as for carries.
+
 Splits never share a pair ``(a, b)``: ``report`` is drawn first, then ``val`` (the selection split, used to pick
 checkpoints and priors), ``train`` and ``sft`` (demonstrations for warm starts), each from its own seeded stream,
 so a split does not change when a later one is resized. Each split's items are drawn with the carry-count
@@ -37,6 +41,11 @@ def carries_of(a: int, b: int) -> int:
         count += carry
         a, b = a // 10, b // 10
     return count
+
+
+def overflows(a: int, b: int, digits: int) -> int:
+    """1 when ``a + b`` has more digits than the terms (the top column's carry writes a new leading digit), else 0."""
+    return int(a + b >= 10 ** digits)
 
 
 def scratchpad(a: int, b: int) -> str:
@@ -79,16 +88,24 @@ def response_mode(text: str) -> str:
     return "scratchpad" if "=" in text.rsplit("#", 1)[0] else "direct"
 
 
-def _weights(carries: dict[int, float] | None, digits: int, where: str) -> dict[int, float]:
-    """Carry-count weights, checked: keys in 0..digits, weights >= 0 with a positive sum."""
-    if carries is None:
+def _weights(given: dict[int, float] | None, most: int, where: str, what: str = "carry counts") -> dict[int, float]:
+    """Weights over counts, checked: keys in 0..most, weights >= 0 with a positive sum."""
+    if given is None:
         return {}
-    weights = {int(k): float(v) for k, v in carries.items()}
-    bad = [k for k in weights if not 0 <= k <= digits]
+    weights = {int(k): float(v) for k, v in given.items()}
+    bad = [k for k in weights if not 0 <= k <= most]
     if bad or any(v < 0 for v in weights.values()) or sum(weights.values()) <= 0:
-        raise ValueError(f"{where}={carries!r}: keys must be carry counts 0..{digits} and weights >= 0 with a "
-                         "positive sum")
+        raise ValueError(f"{where}={given!r}: keys must be {what} 0..{most} and weights >= 0 with a positive sum")
     return weights
+
+
+def _split_weights(given: dict[int, float] | None, train: dict[int, float] | None, sft: dict[int, float] | None,
+                   most: int, name: str, what: str) -> dict[str, dict[int, float]]:
+    """Each split's weights: ``given`` for val and report, ``train_<name>`` and ``sft_<name>`` where set."""
+    weights = _weights(given, most, name, what)
+    return {"train": _weights(train, most, f"train_{name}", what) if train is not None else weights,
+            "val": weights, "report": weights,
+            "sft": _weights(sft, most, f"sft_{name}", what) if sft is not None else weights}
 
 
 @register_task("addition")
@@ -98,7 +115,8 @@ class AdditionTask:
     def __init__(self, *, digits: int = 3, train_size: int = 64, val_size: int = 256, report_size: int = 512,
                  sft_size: int = 0, seed: int = 0, carries: dict[int, float] | None = None,
                  sft_carries: dict[int, float] | None = None, train_carries: dict[int, float] | None = None,
-                 sft_scratchpad: float = 1.0, sft_recall: int = 0,
+                 overflow: dict[int, float] | None = None, train_overflow: dict[int, float] | None = None,
+                 sft_overflow: dict[int, float] | None = None, sft_scratchpad: float = 1.0, sft_recall: int = 0,
                  correct_reward: float = 1.0, wrong_reward: float = 0.0, system_prompt: str | None = None) -> None:
         if not 1 <= digits <= 9:
             raise ValueError(f"digits={digits}: use 1 to 9")
@@ -113,14 +131,15 @@ class AdditionTask:
         self.name = f"addition/{digits}digit"
         self.system_prompt = system_prompt
         self.reward = RewardMap(mode="binary", correct=correct_reward, wrong=wrong_reward)
-        weights = _weights(carries, digits, "carries")
-        split_weights = {"train": _weights(train_carries, digits, "train_carries") if train_carries is not None
-                         else weights, "val": weights, "report": weights,
-                         "sft": _weights(sft_carries, digits, "sft_carries") if sft_carries is not None else weights}
+        carry_weights = _split_weights(carries, train_carries, sft_carries, digits, "carries", "carry counts")
+        overflow_weights = _split_weights(overflow, train_overflow, sft_overflow, 1, "overflow",
+                                          "overflow flags")  # 1: the sum has one more digit than the terms
+        self.reports_overflow = any(overflow_weights.values())
         taken: set[tuple[int, int]] = set()
         self.splits: dict[str, list[TaskItem]] = {}
         for split in SPLIT_ORDER:
-            self.splits[split] = self._draw(split, sizes[split], split_weights[split], taken, sft_scratchpad)
+            self.splits[split] = self._draw(split, sizes[split], carry_weights[split], overflow_weights[split], taken,
+                                            sft_scratchpad)
 
     @property
     def train(self) -> list[TaskItem]:
@@ -130,24 +149,29 @@ class AdditionTask:
     def val(self) -> list[TaskItem]:
         return self.splits["val"]
 
-    def _draw(self, split: str, n: int, weights: dict[int, float], taken: set[tuple[int, int]],
-              scratchpad_share: float) -> list[TaskItem]:
+    def _draw(self, split: str, n: int, weights: dict[int, float], overflow: dict[int, float],
+              taken: set[tuple[int, int]], scratchpad_share: float) -> list[TaskItem]:
         rng = random.Random(f"addition/{self.seed}/{self.digits}/{split}")
         low, high = 10 ** (self.digits - 1) if self.digits > 1 else 0, 10 ** self.digits - 1
         items = []
         for index in range(n):
             want = rng.choices(list(weights), list(weights.values()))[0] if weights else None
+            # drawn only when asked for, so the splits of a task without overflow weights stay what they were
+            want_overflow = rng.choices(list(overflow), list(overflow.values()))[0] if overflow else None
             for _ in range(_MAX_DRAWS):
                 a, b = rng.randint(low, high), rng.randint(low, high)
-                if (a, b) not in taken and (want is None or carries_of(a, b) == want):
+                if ((a, b) not in taken and (want is None or carries_of(a, b) == want)
+                        and (want_overflow is None or overflows(a, b, self.digits) == want_overflow)):
                     break
             else:
-                raise ValueError(f"addition: could not draw a new {self.digits}-digit pair with {want} carries for "
-                                 f"split {split!r} in {_MAX_DRAWS} tries; lower that split's size or weight")
+                raise ValueError(f"addition: could not draw a new {self.digits}-digit pair with {want} carries and "
+                                 f"overflow {want_overflow} for split {split!r} in {_MAX_DRAWS} tries; lower that "
+                                 "split's size or weight (overflow 1 needs at least one carry)")
             taken.add((a, b))
             mode = "scratchpad" if rng.random() < scratchpad_share else "direct"
             items.append(TaskItem(prompt=f"{a}+{b}", answer=str(a + b), id=f"addition/{split}/{index}",
-                                  meta={"a": a, "b": b, "carries": carries_of(a, b), "mode": mode}))
+                                  meta={"a": a, "b": b, "carries": carries_of(a, b),
+                                        "overflow": overflows(a, b, self.digits), "mode": mode}))
         return items
 
     def sft_items(self, limit: int | None = None) -> list[TaskItem]:
@@ -163,21 +187,28 @@ class AdditionTask:
         return demonstration(item.meta["a"], item.meta["b"], item.meta.get("mode", "scratchpad"))
 
     def features(self) -> dict[str, dict[str, float]]:
-        """Per split, the fraction of items with each carry count (``carries=k``) and, for sft, each mode."""
+        """Per split, the fraction of items with each carry count (``carries=k``), with and without overflow
+        (``overflow=k``, when overflow weights were given) and, for sft, each mode."""
         out = {}
         for split, items in self.splits.items():
             if not items:
                 continue
             counts = Counter(f"carries={item.meta['carries']}" for item in items)
+            if self.reports_overflow:
+                counts.update(f"overflow={item.meta['overflow']}" for item in items)
             if split == "sft":
                 counts.update(f"mode={item.meta['mode']}" for item in items)
             out[split] = {key: counts[key] / len(items) for key in sorted(counts)}
         return out
 
     def response_features(self, item: TaskItem, response_text: str) -> dict[str, bool]:
-        """Which mode a response answers in (``mode/scratchpad``, ``mode/direct``), for validation metrics."""
+        """Which mode a response answers in (``mode/scratchpad``, ``mode/direct``), for validation metrics; with
+        overflow weights also whether its prompt overflows (``overflow``: its share and the accuracy on those)."""
         mode = response_mode(response_text)
-        return {f"mode/{m}": mode == m for m in MODES}
+        features = {f"mode/{m}": mode == m for m in MODES}
+        if self.reports_overflow:
+            features["overflow"] = item.meta["overflow"] == 1
+        return features
 
     def score(self, item: TaskItem, response_text: str) -> Score:
         extracted = extract_final(response_text)
