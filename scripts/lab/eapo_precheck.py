@@ -1,11 +1,13 @@
 """EAPO lab study, precondition check (docs/methods/eapo.md, "Evidence, second design"), on the selection split.
 
-1. Accuracy of the base and the prior by carry count (greedy and sampled): the prior must succeed where the base
-   fails, or EAPO has nothing to inject.
+1. Accuracy of the base and the prior by carry count, and with and without overflow where the task draws it
+   (greedy and sampled): the prior must succeed where the base fails, or EAPO has nothing to inject.
 2. The JS statistic of the two next-token distributions along the base's own rollouts, split by where the token
-   sits: a carry decision (the scratchpad so far is right and the next character is the '+' of a carry), another
-   on-track position, or off track. A fixed threshold tau is then chosen by the rule the protocol states, and the
-   gate's landing places at that tau are counted with the prior injecting at every gated position (lambda = 1).
+   sits: a carry decision (the scratchpad so far is right and the next character is the '+' of a carry), an
+   overflow decision (on track in the top column of a sum with a new leading digit, and the next character is that
+   digit: after '=', ':' or '#'), another on-track position, or off track. A fixed threshold tau is then chosen by
+   the rule the protocol states, and the gate's landing places at that tau are counted with the prior injecting at
+   every gated position (lambda = 1).
 
 Usage: python scripts/lab/eapo_precheck.py CONFIG --prior DIR [--out FILE.json] [--tau-quantile 0.98]
 """
@@ -29,33 +31,44 @@ from tether.tasks import make_task
 from tether.tasks.addition import extract_final, scratchpad
 
 
-def accuracy_by_carries(model, tok, items, params: SamplingParams, seed: int) -> dict[str, float]:
+def accuracy_by_carries(model, tok, items, params: SamplingParams, seed: int, by_overflow: bool) -> dict[str, float]:
     engine = HFEngine(model, tok)
     gen = engine.generate([encode_chat(tok, i.prompt) for i in items], params, seed=seed)
     out: dict[str, list[int]] = {}
     for item, text in zip(items, gen.texts, strict=True):
         ok = extract_final(text) == item.answer
         out.setdefault(f"carries={item.meta['carries']}", []).append(int(ok))
+        if by_overflow:
+            out.setdefault(f"overflow={item.meta['overflow']}", []).append(int(ok))
         out.setdefault("all", []).append(int(ok))
     return {k: sum(v) / len(v) for k, v in sorted(out.items())}
 
 
-def position_class(prefix: str, gold: str) -> str:
-    """carry: on track and the gold scratchpad's next characters are '+1'; on_track: the response so far is a prefix
-    of the gold scratchpad; off_track: it is not (an earlier token was wrong)."""
+def position_class(prefix: str, gold: str, overflow: bool = False) -> str:
+    """carry: on track and the gold scratchpad's next characters are '+1'; overflow: on track in the top column of an
+    overflowing sum, next the new leading digit (after '=', ':' or '#'); on_track: the response so far is a prefix of
+    the gold scratchpad; off_track: it is not (an earlier token was wrong)."""
     if not gold.startswith(prefix):
         return "off_track"
     if gold[len(prefix):len(prefix) + 2] == "+1" and len(prefix) >= 3 and prefix[-2] == "+":
         return "carry"
+    if overflow and "," not in gold[len(prefix):] and prefix[-1:] in ("=", ":", "#") and gold[len(prefix)] == "1":
+        return "overflow"
     return "on_track"
 
 
-def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, seed: int, budget: int = 4) -> dict:
+def hard(item, by_overflow: bool) -> bool:
+    """The prompts the base is built to fail: overflowing sums where the task draws them, else two carries."""
+    return item.meta["overflow"] == 1 if by_overflow else item.meta["carries"] == 2
+
+
+def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, seed: int, by_overflow: bool,
+                 budget: int = 4) -> dict:
     engine = HFEngine(base, tok)
     injection = PriorInjection(prior, gate="js", threshold=tau, mix_lambda=1.0, budget=budget, params=params,
                                seed=seed, pad_id=tok.pad_token_id)
     gen = engine.generate([encode_chat(tok, i.prompt) for i in items], params, seed=seed, intervention=injection)
-    stats: dict[str, list[float]] = {"carry": [], "on_track": [], "off_track": []}
+    stats: dict[str, list[float]] = {"carry": [], "overflow": [], "on_track": [], "off_track": []}
     landed: Counter = Counter()
     carries_available = 0
     for row, item in enumerate(items):
@@ -63,7 +76,7 @@ def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, se
         ids = gen.response_ids[row][gen.response_mask[row] > 0].tolist()
         for t in range(len(ids)):
             prefix = tok.decode(ids[:t], skip_special_tokens=True)
-            cls = position_class(prefix, gold)
+            cls = position_class(prefix, gold, by_overflow and item.meta["overflow"] == 1)
             carries_available += cls == "carry"
             stats[cls].append(float(gen.token["eapo_gate_stat"][row, t]))
             if gen.token["injected_mask"][row, t] > 0:
@@ -72,15 +85,16 @@ def gate_landing(base, prior, tok, items, params: SamplingParams, tau: float, se
     injected = int((gen.token["injected_mask"] * gen.response_mask).sum())
     verdicts = [extract_final(text) == i.answer for i, text in zip(items, gen.texts, strict=True)]
     correct = sum(verdicts)
-    two_carry = [v for v, i in zip(verdicts, items, strict=True) if i.meta["carries"] == 2]
+    hard_ones = [v for v, i in zip(verdicts, items, strict=True) if hard(i, by_overflow)]
     quant = {k: [round(float(torch.quantile(torch.tensor(v), q)), 4) for q in (0.5, 0.9, 0.99)] if v else []
              for k, v in stats.items()}
     return {"tau": tau, "tokens": tokens, "injected_tokens": injected, "injected_token_frac": injected / tokens,
             "injected_rollouts_frac": float((gen.token["injected_mask"].sum(1) > 0).float().mean()),
             "landed": dict(landed), "landed_on_carry_frac": landed["carry"] / max(injected, 1),
+            "landed_on_overflow_frac": landed["overflow"] / max(injected, 1),
             "carry_positions_seen": carries_available, "budget": budget,
             "accuracy_with_injection": correct / len(items),
-            "accuracy_with_injection_2_carries": sum(two_carry) / max(len(two_carry), 1),
+            "accuracy_with_injection_hard": sum(hard_ones) / max(len(hard_ones), 1),
             "js_quantiles_50_90_99": quant, "raw": stats}
 
 
@@ -99,15 +113,17 @@ def main() -> None:
     cfg = load_config(args.config)
     task = make_task(cfg.task.name, **cfg.task.kwargs)
     items = task.val[: args.prompts]  # the selection split: never the report split
+    by_overflow = getattr(task, "reports_overflow", False)
     base, tok = load_policy(cfg.model.name)
     prior, _ = load_policy(args.prior)
     sampled = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
     greedy = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, greedy=True)
     report = {"selection_prompts": len(items), "features": task.features()["val"]}
     for name, model in (("base", base), ("prior", prior)):
-        report[f"{name}_greedy"] = accuracy_by_carries(model, tok, items, greedy, seed=1)
-        report[f"{name}_sampled"] = accuracy_by_carries(model, tok, items, sampled, seed=2)
-    probe = gate_landing(base, prior, tok, items, sampled, tau=float("inf"), seed=3)  # the gate never fires
+        report[f"{name}_greedy"] = accuracy_by_carries(model, tok, items, greedy, seed=1, by_overflow=by_overflow)
+        report[f"{name}_sampled"] = accuracy_by_carries(model, tok, items, sampled, seed=2, by_overflow=by_overflow)
+    # the gate never fires: the JS statistic along the base's own rollouts
+    probe = gate_landing(base, prior, tok, items, sampled, tau=float("inf"), seed=3, by_overflow=by_overflow)
     report["js_by_position_without_injection"] = probe["js_quantiles_50_90_99"]
     report["carry_positions_seen"] = probe["carry_positions_seen"]
     everything = torch.tensor([v for values in probe.pop("raw").values() for v in values])
@@ -117,7 +133,8 @@ def main() -> None:
         if value is None:
             continue
         for budget in args.budgets:
-            landing = gate_landing(base, prior, tok, items, sampled, tau=value, seed=3, budget=budget)
+            landing = gate_landing(base, prior, tok, items, sampled, tau=value, seed=3, by_overflow=by_overflow,
+                                   budget=budget)
             landing.pop("raw")
             report[f"{key}_budget{budget}"] = landing
     print(json.dumps(report, indent=2), flush=True)
