@@ -4,9 +4,11 @@ lock; the metric sinks)."""
 from __future__ import annotations
 
 import multiprocessing
+import random
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,10 +27,41 @@ def test_start_sets_threads_and_the_seed_after_the_checks(tmp_path, monkeypatch)
     calls = []
     monkeypatch.setattr("tether.checks.run_checks", lambda cfg, policy: calls.append(("checks", policy)))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(("threads", n)))
-    monkeypatch.setattr(torch, "manual_seed", lambda s: calls.append(("seed", s)))
+    monkeypatch.setattr("tether.start.seed_everything", lambda s: calls.append(("seed", s)))
     assert start_run(sft_config(tmp_path, "seed=5", "train.threads=3", "train.device=cpu"), policy=False) == \
         torch.device("cpu")
     assert calls == [("checks", False), ("threads", 3), ("seed", 5)]
+
+
+def eval_config(tmp_path: Path, *overrides: str):
+    """``tether eval`` reads a training config."""
+    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "parity"}, "model": {"name": "char-16x1"},
+            "logging": {"tensorboard": False}}
+    return load_command_config("train", data=data, overrides=list(overrides))
+
+
+def draws() -> tuple[float, float, float]:
+    return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+
+def seeded_by_hand(seed: int) -> tuple[float, float, float]:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return draws()
+
+
+@pytest.mark.parametrize("config", [eval_config, sft_config])
+def test_start_seeds_pythons_numpys_and_torchs_generators_from_the_run_seed(tmp_path, config):
+    got = {}
+    for seed in (3, 4):
+        random.seed(99)  # whatever ran before
+        np.random.seed(99)
+        torch.manual_seed(99)
+        start_run(config(tmp_path, f"seed={seed}", "train.device=cpu"), policy=False)
+        got[seed] = draws()
+    assert got[3] == seeded_by_hand(3) and got[4] == seeded_by_hand(4)
+    assert all(a != b for a, b in zip(got[3], got[4], strict=True))  # each generator follows the seed
 
 
 def test_start_runs_the_checks_of_the_commands_schema(tmp_path):

@@ -13,7 +13,8 @@ exit code   meaning
 3           a health check stopped the run (parity, token round trip, collapse, nothing can train)
 4           the run stopped early and can be resumed: non-finite updates, a DAPO refill shortfall
 5           an environment fault: no episode could start (its constructor or reset kept failing)
-128 + N     stopped by signal N after saving a checkpoint (130: Ctrl-C, 143: SIGTERM)
+128 + N     stopped by signal N (130: Ctrl-C, 143: SIGTERM): train after saving a checkpoint, sft and
+            seed-sft with nothing saved (they start over)
 ==========  =====================================================================================================
 """
 
@@ -43,3 +44,13 @@ class RefillShortfall(TetherError, RuntimeError):
     checkpoint to the message. Resuming with ``rollout.partial_batches`` or more ``max_gen_batches`` is accepted."""
 
     exit_code = EXIT_STOPPED
+
+
+class TrainingStopped(TetherError, RuntimeError):
+    """The run ended before its last step: a signal (exit code 128 + N; ``tether train`` saved a checkpoint first and
+    resumes from it, ``tether sft`` and ``tether seed-sft`` saved nothing and start over), or updates that stayed
+    non-finite or a DAPO refill shortfall (exit code 4, resumable)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_STOPPED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -18,11 +18,19 @@ purpose             used by
 
 ``tether sft`` draws its split, its batch order and its rejection samples from ``sft.data_seed``: a seed of the
 data, the same whatever the run's ``seed``.
+
+Every other draw comes from the global generators (Python's ``random``, NumPy's, torch's): every command seeds them
+from the run's ``seed`` when it starts (:func:`seed_everything`, called by :func:`tether.start.start_run`), and a
+training checkpoint saves their state for its resume (``tether.trainer.checkpoint.rng_state``).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
+
+import numpy as np
+import torch
 
 
 def step_seed(run_seed: int, step: int, purpose: str, k: int = 0) -> int:
@@ -51,3 +59,13 @@ class StepSeeds:
 
     def __call__(self, purpose: str, k: int = 0) -> int:
         return step_seed(self.run_seed, self.step, purpose, k)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every global generator from the run's seed: Python's ``random``, NumPy's legacy global one and torch's
+    (CPU and every GPU). Sampling draws from seeds of its own (:func:`step_seed`); these make any other draw, in
+    tether or in user code (a reward function, an environment, a LoRA adapter's initialisation), repeat from run
+    to run."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # NumPy takes 32 bits
+    torch.manual_seed(seed)  # also seeds every CUDA device

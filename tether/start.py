@@ -1,28 +1,38 @@
 """The start every command shares (``train``, ``eval``, ``sft``, ``seed-sft``): the device, the checks, the threads,
-the seed; the run directory's lock; the metric sinks.
+the seed; the run directory's lock; the metric sinks; the signals.
 
 :func:`start_run` resolves the device against the machine first, so a missing GPU stops a command before it checks
 anything else, loads a model or writes a file; then it runs every check that needs no model (:mod:`tether.checks`),
-and sets ``train.threads`` and the global seed (``seed``), before any model exists (a LoRA adapter's initialisation
-draws from that seed). Sampling seeds are not global: :mod:`tether.seeding`.
+and sets ``train.threads`` and seeds Python's, NumPy's and torch's global generators from ``seed``
+(:func:`tether.seeding.seed_everything`), before any model exists (a LoRA adapter's initialisation draws from that
+seed). Sampling seeds are not global: :mod:`tether.seeding`.
 
 One process writes a run directory at a time (:func:`lock_run_dir`): ``tether train`` takes the lock when it settles
 what the directory holds (:mod:`tether.trainer.rundir`: resume, an earlier run in the way); ``tether sft`` and
 ``tether seed-sft``, short runs that start over rather than resume, take it in :func:`restart_run_dir`.
+
+While a command's steps run, SIGTERM and SIGINT are remembered (:class:`StopSignals`) and the loop stops after the
+step under way: ``tether train`` saves a checkpoint first, ``tether sft`` and ``tether seed-sft`` save nothing (a
+partial warm start would pass for a finished one); each ends with :class:`~tether.errors.TrainingStopped`, exit code
+128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import socket
+import threading
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
 import torch
 
 from tether.config import ConfigError, LoggingConfig, RunConfig
 from tether.distributed import resolve_device
+from tether.seeding import seed_everything
 
 if TYPE_CHECKING:
     from tether.track import Tracker
@@ -38,14 +48,14 @@ class RunDirError(ConfigError):
 def start_run(cfg: RunConfig, *, policy: bool = True) -> torch.device:
     """Resolve ``train.device`` on this machine (raises ``ConfigError`` naming the key), run the checks of
     :func:`tether.checks.run_checks` (``policy=False`` when the caller brings the policy), set ``train.threads`` and
-    seed torch's global generator with ``seed``. Returns the device."""
+    seed Python's, NumPy's and torch's global generators with ``seed``. Returns the device."""
     from tether.checks import run_checks  # the checks import the registries: every layer below this one
 
     device = resolve_device(cfg.train.device)
     run_checks(cfg, policy=policy)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.seed)
+    seed_everything(cfg.seed)
     return device
 
 
@@ -96,3 +106,35 @@ def run_tracker(logging: LoggingConfig, run_dir: Path) -> Tracker:
     from tether.track import build_tracker
 
     return build_tracker(run_dir, tensorboard=logging.tensorboard, wandb=logging.wandb, mlflow=logging.mlflow)
+
+
+class StopSignals:
+    """While active, SIGTERM and SIGINT are remembered in :attr:`signal` instead of ending the process, so a loop can
+    finish its step (and ``tether train`` save it). The first one restores the previous handlers: a second Ctrl-C
+    acts at once.
+
+    Only the main thread may install handlers; elsewhere this does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._remember)
+        return self
+
+    def _remember(self, signum: int, frame: FrameType | None) -> None:
+        self.signal = signum
+        self._restore()
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._restore()

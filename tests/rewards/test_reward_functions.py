@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tether.config import ConfigError, RewardTermConfig, TaskConfig
+from tether.files import read_jsonl
 from tether.rewards import RewardedTask, RewardTerm, build_task, check_reward_terms, item_columns
 from tether.tasks import Score, TaskItem
 
@@ -73,7 +74,7 @@ def test_conversational_prompts_get_message_completions():
 @pytest.mark.parametrize("fn, faulted", [("broken", [True, True]), ("short_list", [True, True]),
                                          ("nan_on_first", [True, False])])
 def test_faults_are_contained_and_get_the_lowest_clean_reward(tmp_path, fn, faulted):
-    log = tmp_path / "health" / "reward_faults.log"
+    log = tmp_path / "health" / "reward_faults.jsonl"
     task = RewardedTask(Exact(), [term(fn)], fault_log=log)
     with pytest.warns(UserWarning, match="faulted"):
         scores = task.score_batch(ITEMS, ["a", "b"])
@@ -83,16 +84,20 @@ def test_faults_are_contained_and_get_the_lowest_clean_reward(tmp_path, fn, faul
         if s.fault:
             assert s.reward == (min(clean) if clean else 0.0) and not s.correct and fn in s.error
     task.score_batch(ITEMS, ["a", "b"])  # a second fault writes nothing more
-    text = log.read_text()
-    assert text.count(f"reward function {fn!r}") == 1
-    assert ("RuntimeError: reward server down" in text) == (fn == "broken")
+    [row] = read_jsonl(log, "fault log", ("term", "error", "traceback"))
+    assert row["term"] == fn and row["error"] == scores[0 if faulted[0] else 1].error.removeprefix(f"{fn}: ")
+    if fn == "broken":  # raised: its traceback
+        assert row["error"] == "RuntimeError: reward server down" and \
+            row["traceback"].rstrip().endswith("RuntimeError: reward server down")
+    else:  # returned a bad value: nothing raised
+        assert row["traceback"] is None
 
 
 def test_build_task_applies_the_config(tmp_path):
     cfg = TaskConfig(name="parity", rewards=[{"fn": f"{M}:length_reward", "weight": 0.0}])
     task = build_task(cfg, tmp_path)
     assert isinstance(task, RewardedTask) and task.name == "parity" and len(task.train) == 12
-    assert task.fault_log == tmp_path / "health" / "reward_faults.log"
+    assert task.fault_log == tmp_path / "health" / "reward_faults.jsonl"
     assert build_task(TaskConfig(name="parity")).__class__.__name__ == "ParityTask"
 
 
@@ -136,4 +141,5 @@ def test_training_logs_each_term_and_counts_faults(tmp_path):
     step = next(r for r in rows if "train/reward_mean" in r)
     assert {"reward/component/task", "reward/component/length_reward", "reward/component/nan_on_first"} <= set(step)
     assert step["reward/faults"] >= 1  # the first row of each 64-row scoring chunk
-    assert (tmp_path / "run" / "health" / "reward_faults.log").is_file()
+    assert [row["term"] for row in read_jsonl(tmp_path / "run" / "health" / "reward_faults.jsonl", "fault log")] == \
+        ["nan_on_first"]

@@ -14,13 +14,13 @@ import torch
 
 from tests.trainer.helpers import tiny_config
 from tether.distributed import DataParallel
-from tether.errors import EXIT_HEALTH, EXIT_STOPPED
+from tether.errors import EXIT_HEALTH, EXIT_STOPPED, TrainingStopped
 from tether.health import HealthError
+from tether.seeding import seed_everything
 from tether.tasks import Score
 from tether.trainer import Trainer
-from tether.trainer.checkpoint import CheckpointManager, load_state, seed_everything
+from tether.trainer.checkpoint import CheckpointManager, load_state
 from tether.trainer.rundir import prepare_run_dir
-from tether.trainer.stop import TrainingStopped
 
 
 def trainer_for(cfg, tiny_policy) -> Trainer:

@@ -12,9 +12,9 @@ import torch
 
 from tests.trainer.helpers import tiny_config
 from tether.algos import LossOutput
+from tether.errors import TrainingStopped
 from tether.models import tiny_model
 from tether.trainer import Trainer
-from tether.trainer.stop import TrainingStopped
 
 
 def make_trainer(cfg):

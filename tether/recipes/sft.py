@@ -7,7 +7,9 @@ The loss is the response-only NLL, token-mean over each optimiser batch, on the 
 (``train.device``, ``model.bf16_autocast``), logged through the trainer's tracker (metrics.jsonl, TensorBoard,
 W&B/MLflow) under ``sft/``. The pairs used are written to ``run_dir/data/{train,val}.jsonl`` (SEED's
 ``replay_data`` reads them). The result, ``run_dir/checkpoint``, is a plain Hugging Face directory:
-``tether train CONFIG model.name=RUN_DIR/checkpoint`` continues from it with RL.
+``tether train CONFIG model.name=RUN_DIR/checkpoint`` continues from it with RL. SIGTERM or SIGINT stops the loop
+after the optimiser step under way, with its metrics logged and nothing saved (an SFT run starts over), exit code
+128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tether.errors import TrainingStopped
 from tether.sft_data import encode_examples, sft_examples, write_examples
+from tether.start import StopSignals
 
 if TYPE_CHECKING:
     from tether.config import SFTRunConfig, SFTSettings
@@ -84,6 +89,36 @@ def progress_log(log: Any, total: int) -> Any:
     return logged
 
 
+def sft_step(model: Any, batch: list, pad_id: int, optimizer: torch.optim.Optimizer, s: SFTSettings,
+             bf16_autocast: bool) -> tuple[float, float, int]:
+    """One optimiser step on ``batch``: the token-mean NLL over the batch's response tokens, accumulated over
+    micro-batches, gradient clipped at ``s.grad_clip``. Returns the loss, the gradient norm before clipping and the
+    response tokens."""
+    tokens = sum(len(r) for _, r in batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss_value = 0.0
+    for m in range(0, len(batch), s.micro_batch_size):
+        with autocast(model, bf16_autocast):
+            loss = nll_sum(model, batch[m:m + s.micro_batch_size], pad_id) / tokens
+        loss.backward()
+        loss_value += loss.item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+    optimizer.step()
+    return loss_value, float(grad_norm), tokens
+
+
+def stop_if_signalled(signals: StopSignals, step: int, total: int) -> None:
+    """Raise :class:`~tether.errors.TrainingStopped` (exit code 128 + N) once SIGTERM or SIGINT has arrived.
+
+    Nothing is saved: an SFT run starts over rather than resumes, and a checkpoint of part of it in
+    ``run_dir/checkpoint`` would pass for a finished warm start.
+    """
+    if signals.signal is not None:
+        name = signal.Signals(signals.signal).name
+        raise TrainingStopped(f"sft stopped by {name} after step {step} of {total}; nothing saved (an SFT run "
+                              "starts over): run the command again", 128 + signals.signal)
+
+
 def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings, *,
               log: Any = None, bf16_autocast: bool = False) -> dict[str, float]:
     """Response-only SFT: AdamW, warm-up then cosine, grad clip; token-mean NLL per optimiser batch.
@@ -98,6 +133,10 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
 
     Returns:
         ``steps``, ``train_loss`` (last step), ``val_loss`` (after the last epoch; NaN without val data).
+
+    Raises:
+        TrainingStopped: SIGTERM or SIGINT arrived; the loop stopped after the optimiser step (or the held-out
+            loss) under way, with its metrics logged, and nothing is saved (:func:`stop_if_signalled`).
     """
     from transformers import get_cosine_schedule_with_warmup
 
@@ -110,32 +149,26 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
     schedule = get_cosine_schedule_with_warmup(optimizer, int(s.warmup_ratio * total), total)
     model.eval()
     step, last = 0, {"train_loss": math.nan, "val_loss": math.nan}
-    for epoch in range(s.epochs):
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(s.data_seed + epoch)).tolist()
-        for b in range(0, len(order), s.batch_size):
-            if step == total:
-                break
-            batch = [train[i] for i in order[b:b + s.batch_size]]
-            tokens = sum(len(r) for _, r in batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss_value = 0.0
-            for m in range(0, len(batch), s.micro_batch_size):
-                with autocast(model, bf16_autocast):
-                    loss = nll_sum(model, batch[m:m + s.micro_batch_size], pad) / tokens
-                loss.backward()
-                loss_value += loss.item()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-            optimizer.step()
-            schedule.step()
-            step += 1
-            last["train_loss"] = loss_value
-            if log is not None:
-                log({"sft/loss": loss_value, "sft/grad_norm": float(grad_norm), "sft/lr": schedule.get_last_lr()[0],
-                     "sft/tokens": tokens, "sft/epoch": epoch}, step)
-        if val:
-            last["val_loss"] = evaluate_nll(model, val, pad, s.micro_batch_size, bf16_autocast)
-            if log is not None:
-                log({"sft/val_loss": last["val_loss"]}, step)
+    with StopSignals() as signals:
+        for epoch in range(s.epochs):
+            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(s.data_seed + epoch)).tolist()
+            for b in range(0, len(order), s.batch_size):
+                if step == total:
+                    break
+                batch = [train[i] for i in order[b:b + s.batch_size]]
+                loss, grad_norm, tokens = sft_step(model, batch, pad, optimizer, s, bf16_autocast)
+                schedule.step()
+                step += 1
+                last["train_loss"] = loss
+                if log is not None:
+                    log({"sft/loss": loss, "sft/grad_norm": grad_norm, "sft/lr": schedule.get_last_lr()[0],
+                         "sft/tokens": tokens, "sft/epoch": epoch}, step)
+                stop_if_signalled(signals, step, total)
+            if val:
+                last["val_loss"] = evaluate_nll(model, val, pad, s.micro_batch_size, bf16_autocast)
+                if log is not None:
+                    log({"sft/val_loss": last["val_loss"]}, step)
+                stop_if_signalled(signals, step, total)
     return {"steps": float(step), **last}
 
 

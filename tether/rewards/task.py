@@ -3,8 +3,9 @@
 The reward of a row is ``[task score] + sum_i weight_i * value_i``; each term is a component of the reward audit
 (``reward/component/<name>``). A row that any term faults on is a fault (``reward/faults``): it is judged wrong and
 gets the fault reward, the lowest reward of the rows scored with it that did not fault (0.0 when none), so a
-policy never gains by crashing a reward function. The first traceback of each term is written once to
-``run_dir/health/reward_faults.log``, with a warning.
+policy never gains by crashing a reward function. The first fault of each term is one row of
+``run_dir/health/reward_faults.jsonl`` (``term``; ``error``, the message; ``traceback``, None when the function
+raised nothing but returned a bad value), with a warning.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import Config, TaskConfig
+from tether.files import append_jsonl
 from tether.rewards.terms import RewardTerm, TermResult
 from tether.tasks.base import Score, Task, TaskItem, score_batch
 
-FAULT_LOG = Path("health") / "reward_faults.log"
+FAULT_LOG = Path("health") / "reward_faults.jsonl"
 
 
 def item_columns(items: Sequence[TaskItem]) -> dict[str, list]:
@@ -46,7 +48,7 @@ class RewardedTask:
         terms: the reward functions.
         keep_score: add the task's reward; False: only the terms count (``correct`` is still the task's verdict where
             an item has a gold answer, else "the reward is positive").
-        fault_log: where the first traceback of each term goes; None: nowhere.
+        fault_log: the JSONL file of each term's first fault (:data:`FAULT_LOG` of the run); None: nowhere.
     """
 
     def __init__(self, task: Task, terms: list[RewardTerm], *, keep_score: bool = True,
@@ -93,16 +95,15 @@ class RewardedTask:
         return Score(floor, False, score.extracted, fault=True, error=score.error, components={"fault": floor})
 
     def _report(self, term: RewardTerm, result: TermResult) -> None:
-        """The first fault of each term: a warning, and its traceback (or message) in the run's health folder."""
+        """The first fault of each term: a warning, and a row of its message and traceback in the run's health
+        folder."""
         first = next((fault for fault in result.faults if fault is not None), None)
         if first is None or term.name in self._logged:
             return
         self._logged.add(term.name)
         where = ""
         if self.fault_log is not None and os.environ.get("RANK", "0") == "0":
-            self.fault_log.parent.mkdir(parents=True, exist_ok=True)
-            with self.fault_log.open("a", encoding="utf-8") as f:
-                f.write(f"reward function {term.name!r}: {first}\n{result.trace or ''}\n")
+            append_jsonl(self.fault_log, [{"term": term.name, "error": first, "traceback": result.trace}])
             where = f"; details in {self.fault_log}"
         warnings.warn(f"reward function {term.name!r} faulted ({first}): its rows get the fault reward and count in "
                       f"reward/faults; the run goes on{where}", stacklevel=3)

@@ -37,7 +37,7 @@ from tether.seeding import StepSeeds
 from tether.start import run_tracker, start_run
 from tether.track import Tracker
 from tether.track.progress import status
-from tether.trainer.checkpoint import CheckpointManager, seed_everything
+from tether.trainer.checkpoint import CheckpointManager
 from tether.trainer.rundir import prepare_run_dir
 from tether.trainer.step import autocast, score_log_probs
 
@@ -59,11 +59,11 @@ class TrainerBuild:
     def __init__(self, cfg: Config, *, policy: Any = None, tokenizer: Any = None) -> None:
         """Build every component in dependency order. ``policy``/``tokenizer`` override ``cfg.model``."""
         self.cfg = cfg
-        # a missing GPU fails first; then tether.checks (the config, and what it names is here); threads; the seed
+        # a missing GPU fails first; then tether.checks (the config, and what it names is here); threads; the seed of
+        # Python's, NumPy's and torch's global generators (restored from the checkpoint on resume)
         self.device = start_run(cfg, policy=policy is None)
         self.strategy = build_strategy(cfg.distributed, self.device)  # joins torchrun's group; lays models out
         self.dp = self.strategy.dp  # one process, or this rank's place under torchrun
-        seed_everything(cfg.seed)  # Python's, NumPy's and torch's global generators; restored on resume
         self.run_dir = Path(cfg.run_dir)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.train.keep_last, self.dp)
         # the lock, a crash's leftovers, the checkpoint to resume and its settings: settled before any model loads

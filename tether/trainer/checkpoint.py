@@ -89,18 +89,9 @@ def checkpoint_problem(directory: Path) -> str | None:
     return None
 
 
-def seed_everything(seed: int) -> None:
-    """Seed every global generator from the run's seed: Python's ``random``, NumPy's legacy global one and torch's
-    (CPU and every GPU). Sampling draws from seeds of its own (a function of seed, step and purpose); these make any
-    other draw, in tether or in user code (a reward function, an environment), repeat from run to run.
-    :func:`rng_state` saves them with every checkpoint and :func:`set_rng_state` restores them on resume."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # NumPy takes 32 bits
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
 def rng_state() -> dict[str, Any]:
-    """The global RNGs. Sampling draws from its own seeded generator; these cover the rest (dropout, shuffles)."""
+    """The global RNGs, as :func:`tether.seeding.seed_everything` seeded them when the run started and the steps
+    since left them. Sampling draws from its own seeded generator; these cover the rest (dropout, user code)."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tether.errors import RefillShortfall
+from tether.errors import RefillShortfall, TrainingStopped
 from tether.health import HealthError
+from tether.start import StopSignals
 from tether.track import write_text_atomic
-from tether.trainer.stop import StopSignals, TrainingStopped
 
 if TYPE_CHECKING:
     from tether.config import Config

@@ -24,12 +24,12 @@ from tether.algos import LossInputs
 from tether.config import Config
 from tether.distributed import DataParallel
 from tether.distributed.strategy import own_micro_batches
+from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
 from tether.models.forward import response_log_probs
 from tether.models.layers import activation_bytes
 from tether.rollout.batch import RolloutBatch
-from tether.trainer.stop import TrainingStopped
 
 if TYPE_CHECKING:
     from tether.health import HealthMonitor
