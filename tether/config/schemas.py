@@ -24,6 +24,7 @@ from tether.config.sections import (
     TrainConfig,
     ValConfig,
 )
+from tether.config.seed_sft import SkillSFTSettings
 
 
 class RunConfig(Section):
@@ -92,12 +93,12 @@ class SFTRunConfig(SupervisedRunConfig):
 
 
 class SeedSFTRunConfig(SupervisedRunConfig):
-    """``tether seed-sft``: SEED's stage 1 on an agent environment (``env``); its settings are ``methods.seed``, the
-    analyzer prompt options with ``sft`` (docs/methods/seed.md)."""
+    """``tether seed-sft``: SEED's stage 1 on an agent environment (``env``); its settings are ``sft``, and the
+    analyzer prompt options it shares with stage 2 are ``methods.seed`` (docs/methods/seed.md)."""
 
+    sft: SkillSFTSettings = Field(description="stage 1: the rollouts, the analyzer that labels them, the SFT")
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="seed: the SEED method's "
-                                               "settings (its sft section, and the analyzer prompt's options that "
-                                               "stage 2 shares)")
+                                               "settings that stage 2 shares (the analyzer prompt's options)")
 
     @model_validator(mode="after")
     def _seed_on_an_env(self) -> SeedSFTRunConfig:
