@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from tether.cli import app
 from tether.config import (
+    STAGE_ONE_SEED_KEYS,
     Config,
     ConfigError,
     SeedSFTRunConfig,
@@ -59,6 +60,23 @@ def test_sft_needs_its_section_and_seed_sft_an_env_and_seed_settings_only():
     assert "tether seed-sft rolls out an agent: set env (not task)" in error_of("seed-sft", {**TASK, "sft": {}})
     assert "tether seed-sft reads methods.seed only, got armor, seed" in error_of(
         "seed-sft", {**ENV, "sft": {}, "methods": {"seed": {}, "armor": {}}})
+
+
+def test_seed_sft_reads_the_analyzer_prompt_options_of_methods_seed_and_refuses_stage_twos():
+    """Stage 2's settings in a stage-1 config would be silently ignored (methods.seed.analyzer is not the labeller,
+    sft.analyzer is); the keys stage 1 reads are SEED's settings, so a rename there fails here."""
+    from tether.methods.seed import SeedSettings
+
+    assert set(STAGE_ONE_SEED_KEYS) <= set(SeedSettings.model_fields)
+    shared = {"analysis_max_new_tokens": 8, "analysis_context_length": 64, "include_summary": False,
+              "success_threshold": 0.5}
+    assert load_command_config("seed-sft", data={**ENV, "sft": {}, "methods": {"seed": shared}}).methods["seed"] == \
+        shared
+    msg = error_of("seed-sft", {**ENV, "sft": {}, "methods": {"seed": {"analyzer": "rule", "opd_coef": 0.1,
+                                                                      "include_summary": False}}})
+    assert ("methods.seed.analyzer, methods.seed.opd_coef: settings of stage 2 (`tether train`), which `tether "
+            "seed-sft` does not read: of methods.seed it reads analysis_max_new_tokens, analysis_context_length, "
+            "include_summary, success_threshold only; stage 1's own settings are under sft") in msg
 
 
 MOVED = ("  methods.seed.sft: moved to the top-level sft section of the `tether seed-sft` config "

@@ -47,6 +47,7 @@ from tether.config.loading import (
 )
 from tether.config.schemas import (
     SCHEMAS,
+    STAGE_ONE_SEED_KEYS,
     Config,
     RunConfig,
     SeedSFTRunConfig,
@@ -88,6 +89,7 @@ __all__ = [
     "DTYPES",
     "LLAMA_LINEAR",
     "SCHEMAS",
+    "STAGE_ONE_SEED_KEYS",
     "SYNTAX_HINTS",
     "WRITTEN_BY",
     "AlgorithmConfig",

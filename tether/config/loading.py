@@ -107,12 +107,19 @@ class MovedKey(NamedTuple):
 MOVED_KEYS = (MovedKey("methods.seed.sft", "sft", "seed-sft", "docs/methods/seed.md"),)
 
 
-def moved_keys(data: dict[str, Any]) -> list[MovedKey]:
-    """The keys of :data:`MOVED_KEYS` that ``data`` (a config before validation) still writes."""
-    def has(node: Any, path: list[str]) -> bool:
-        return not path or (isinstance(node, dict) and path[0] in node and has(node[path[0]], path[1:]))
-
-    return [m for m in MOVED_KEYS if has(data, m.old.split("."))]
+def pop_moved_keys(data: dict[str, Any]) -> list[MovedKey]:
+    """Take out of ``data`` (a config before validation) the keys of :data:`MOVED_KEYS` it still writes, so the
+    schema says nothing more about them; return them."""
+    moved = []
+    for m in MOVED_KEYS:
+        *parents, key = m.old.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node:
+            del node[key]
+            moved.append(m)
+    return moved
 
 
 def _invalid_config(command: str, moved: list[MovedKey], err: ValidationError | None = None) -> ConfigError:
@@ -194,7 +201,7 @@ def load_command_config(command: str, path: str | Path | None = None, overrides:
     data = apply_overrides(data, overrides or [])
     _anchor_import_files(data, Path.cwd())
     migrate_advantage_keys(data)
-    moved = moved_keys(data)
+    moved = pop_moved_keys(data)
     try:
         cfg = SCHEMAS[command].model_validate(data)
     except ValidationError as err:
