@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from tether.cli import app
 from tether.config import (
+    STAGE_ONE_SEED_KEYS,
     Config,
     ConfigError,
     SeedSFTRunConfig,
@@ -55,9 +56,50 @@ def test_a_key_no_command_has_is_still_an_unknown_key_with_its_guess():
 
 def test_sft_needs_its_section_and_seed_sft_an_env_and_seed_settings_only():
     assert "  sft: Field required" in error_of("sft", TASK)
-    assert "tether seed-sft rolls out an agent: set env (not task)" in error_of("seed-sft", TASK)
+    assert "  sft: Field required" in error_of("seed-sft", ENV)
+    assert "tether seed-sft rolls out an agent: set env (not task)" in error_of("seed-sft", {**TASK, "sft": {}})
     assert "tether seed-sft reads methods.seed only, got armor, seed" in error_of(
-        "seed-sft", {**ENV, "methods": {"seed": {}, "armor": {}}})
+        "seed-sft", {**ENV, "sft": {}, "methods": {"seed": {}, "armor": {}}})
+
+
+def test_seed_sft_reads_the_analyzer_prompt_options_of_methods_seed_and_refuses_stage_twos():
+    """Stage 2's settings in a stage-1 config would be silently ignored (methods.seed.analyzer is not the labeller,
+    sft.analyzer is); the keys stage 1 reads are SEED's settings, so a rename there fails here."""
+    from tether.methods.seed import SeedSettings
+
+    assert set(STAGE_ONE_SEED_KEYS) <= set(SeedSettings.model_fields)
+    shared = {"analysis_max_new_tokens": 8, "analysis_context_length": 64, "include_summary": False,
+              "success_threshold": 0.5}
+    assert load_command_config("seed-sft", data={**ENV, "sft": {}, "methods": {"seed": shared}}).methods["seed"] == \
+        shared
+    msg = error_of("seed-sft", {**ENV, "sft": {}, "methods": {"seed": {"analyzer": "rule", "opd_coef": 0.1,
+                                                                      "include_summary": False}}})
+    assert ("methods.seed.analyzer, methods.seed.opd_coef: settings of stage 2 (`tether train`), which `tether "
+            "seed-sft` does not read: of methods.seed it reads analysis_max_new_tokens, analysis_context_length, "
+            "include_summary, success_threshold only; stage 1's own settings are under sft") in msg
+
+
+MOVED = ("  methods.seed.sft: moved to the top-level sft section of the `tether seed-sft` config "
+         "(docs/methods/seed.md); ")
+
+
+@pytest.mark.parametrize("command, data, overrides, advice", [
+    ("train", {**ENV, "methods": {"seed": {"opd_coef": 0.1, "sft": {"tasks": 2}}}}, [],
+     "`tether train` does not read it: drop it here"),
+    ("train", ENV, ["methods.seed.sft.lr=1e-5"], "`tether train` does not read it: drop it here"),
+    # the move, not the top-level section it leaves empty
+    ("seed-sft", {**ENV, "methods": {"seed": {"sft": {"tasks": 2}}}}, [], "write its keys there"),
+    ("seed-sft", {**ENV, "sft": {"tasks": 2}}, ["methods.seed.sft.lr=1e-5"], "write its keys there"),
+])
+def test_stage_one_settings_under_methods_seed_are_one_error_naming_their_new_place(command, data, overrides,
+                                                                                    advice):
+    assert error_of(command, data, overrides) == f"invalid configuration:\n{MOVED}{advice}"
+
+
+def test_a_moved_key_comes_with_the_configs_other_errors():
+    msg = error_of("seed-sft", {**ENV, "rollout": {"temprature": 1.0}, "methods": {"seed": {"sft": {}}}})
+    assert msg.splitlines()[1:] == [f"{MOVED}write its keys there", "  rollout.temprature: unknown key; did you mean "
+                                    "temperature? rollout allows: max_new_tokens, stop, temperature, top_k, top_p"]
 
 
 def test_each_command_gets_its_schema_and_the_sft_commands_an_rl_view_of_their_sections():
@@ -68,8 +110,10 @@ def test_each_command_gets_its_schema_and_the_sft_commands_an_rl_view_of_their_s
     assert isinstance(rl, Config) and (rl.seed, rl.task.name, rl.model.name) == (7, "parity", "char-16x1")
     assert (rl.rollout.temperature, rl.train.threads) == (0.5, 2)
     assert rl.rollout == type(rl.rollout)(temperature=0.5) and rl.algorithm == type(rl.algorithm)()  # RL defaults
-    seed = load_command_config("seed-sft", data={**ENV, "methods": {"seed": {"sft": {"tasks": 2}}}})
-    assert isinstance(seed, SeedSFTRunConfig) and seed.rl_config().methods == {"seed": {"sft": {"tasks": 2}}}
+    seed = load_command_config("seed-sft", data={**ENV, "sft": {"tasks": 2},
+                                                  "methods": {"seed": {"analysis_max_new_tokens": 8}}})
+    assert isinstance(seed, SeedSFTRunConfig) and seed.sft.tasks == 2
+    assert seed.rl_config().methods == {"seed": {"analysis_max_new_tokens": 8}}  # stage 1's settings stay behind
     assert isinstance(load_config(data=TASK), Config)
 
 
@@ -87,11 +131,12 @@ def test_the_command_of_a_config_file(tmp_path, first_line, body, command):
     assert config_command(path) == command
 
 
-def test_every_shipped_sft_config_is_one_of_tether_sfts():
+def test_every_shipped_config_with_an_sft_section_names_its_command_first():
+    """`tether sft` and `tether seed-sft` configs both have a top-level `sft`: the first line tells them apart."""
     shipped = [p for p in sorted((ROOT / "configs").rglob("*.yaml")) if "\nsft:" in "\n" + p.read_text()]
-    assert shipped and {config_command(p) for p in shipped} == {"sft"}
+    assert shipped and {config_command(p) for p in shipped} == {"sft", "seed-sft"}
     for path in shipped:
-        assert path.read_text().startswith("# tether sft "), path
+        assert path.read_text().startswith(f"# tether {config_command(path)} "), path
 
 
 def test_validate_uses_the_schema_the_first_line_names(tmp_path):

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from tether import cli, config_docs
 from tether.config import Config
-from tether.config_docs import DOC_PATH, method_sections, render_config_docs, sections
+from tether.config_docs import DOC_PATH, command_sections, method_sections, render_config_docs, sections
 
 
 def test_checked_in_reference_is_current() -> None:
@@ -15,7 +15,8 @@ def test_checked_in_reference_is_current() -> None:
         "docs/config.md is out of date: run `tether config-docs --write`"
 
 
-@pytest.mark.parametrize("path,model", [(p, m) for p, _, m in [*sections(Config, "", None), *method_sections()]])
+@pytest.mark.parametrize("path,model", [*[(p, m) for p, _, m in [*sections(Config, "", None), *method_sections()]],
+                                        *[(p, m) for p, _, m, _ in command_sections()]])
 def test_every_field_has_a_description(path: str, model: type) -> None:
     undocumented = [name for name, field in model.model_fields.items() if not field.description]
     assert not undocumented, f"{path or 'top level'}: fields without description: {undocumented}"
@@ -29,7 +30,7 @@ def test_a_row_gives_key_type_default_allowed_values_and_description() -> None:
     assert "| `env.reset_timeout_s` | `float \\| null` | `null` | > 0 |" in text  # a | would end the cell
     assert "| `task.name` | `str` | *required* |" in text
     assert "| `train.gradient_checkpointing` | `bool \\| str` | `auto` | `true`, `false`, `auto` |" in text
-    for heading in ("## `health.collapse`", "## `methods.armor`", "## `methods.seed.sft.openai`"):
+    for heading in ("## `health.collapse`", "## `methods.armor`", "## `sft.openai` of `tether seed-sft`"):
         assert heading in text
 
 

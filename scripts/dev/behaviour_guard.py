@@ -61,10 +61,9 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
         "sft.batch_size=8", "sft.micro_batch_size=8", "sft.lr=1e-3", "sft.val_fraction=0.2", "sft.max_steps=3"]),
     "seed_sft": ("seed-sft", "configs/seed/sft.yaml", [
         f"model.name={TINY}", "env.max_turns=3", "env.train_tasks=8", "env.val_tasks=2",
-        "rollout.max_new_tokens=8", "methods.seed.analysis_max_new_tokens=16", "methods.seed.sft.tasks=2",
-        "methods.seed.sft.rollouts_per_task=2", "methods.seed.sft.epochs=1", "methods.seed.sft.batch_size=4",
-        "methods.seed.sft.micro_batch_size=4", "methods.seed.sft.lr=1e-3", "methods.seed.sft.max_length=2048",
-        "methods.seed.sft.eval_examples=1"]),
+        "rollout.max_new_tokens=8", "methods.seed.analysis_max_new_tokens=16", "sft.tasks=2",
+        "sft.rollouts_per_task=2", "sft.epochs=1", "sft.batch_size=4", "sft.micro_batch_size=4", "sft.lr=1e-3",
+        "sft.max_length=2048", "sft.eval_examples=1"]),
 }
 EVALS = {"quickstart": "checkpoints/step_000004", "agent_grpo": "checkpoints/step_000003"}
 

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import pytest
 
-from tether.config import ConfigError
+from tether.config import ConfigError, load_command_config
 from tether.envs import make_env
 from tether.methods import method_config
 from tether.methods.seed.analyzer import (
@@ -28,6 +28,7 @@ from tether.methods.seed.openai_analyzer import OpenAIAnalyzer, repair_prompt
 from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, user_message
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis, solve_from_observation
 
+SEED_SFT = {"env": {"name": "frozenlake"}, "model": {"name": "char-16x1"}}
 STEPS = [Step("You see a door.", "<think>open it</think><action>open door</action>", True),
          Step("The door is open.", "<action>fly</action>", False)]
 
@@ -293,12 +294,13 @@ def test_settings_defaults_are_the_papers_and_unknown_keys_fail():
     s = method_config("seed", {})
     assert (s.opd_coef, s.gate_beta, s.analysis_max_new_tokens, s.analysis_context_length) == (0.01, 5.0, 4096,
                                                                                                16384)
-    assert (s.sft.epochs, s.sft.batch_size, s.sft.lr, s.sft.val_fraction, s.sft.data_seed) == (3, 8, 5e-6, 0.1,
-                                                                                                 2026)
+    stage_one = load_command_config("seed-sft", data={**SEED_SFT, "sft": {}}).sft  # stage 1: `tether seed-sft`
+    assert (stage_one.epochs, stage_one.batch_size, stage_one.lr, stage_one.val_fraction, stage_one.data_seed) == \
+        (3, 8, 5e-6, 0.1, 2026)
     with pytest.raises(ConfigError, match=r"methods\.seed\.opd_coeff"):
         method_config("seed", {"opd_coeff": 0.1})
-    with pytest.raises(ConfigError, match=r"methods\.seed\.sft\.analyzer"):
-        method_config("seed", {"sft": {"analyzer": "gpt"}})
+    with pytest.raises(ConfigError, match=r"\n  sft\.analyzer: Input should be 'rule' or 'openai'"):
+        load_command_config("seed-sft", data={**SEED_SFT, "sft": {"analyzer": "gpt"}})
 
 
 def test_opd_schedule():

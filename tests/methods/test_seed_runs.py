@@ -269,10 +269,9 @@ def test_both_stages_end_to_end(tiny_policy, tmp_path):
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     sft = seed_sft_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
                           "rollout.max_new_tokens=6", f"run_dir={tmp_path / 'sft'}",
-                          methods={"seed": {"analysis_max_new_tokens": 8, "analysis_context_length": 512,
-                                            "sft": {"tasks": 2, "rollouts_per_task": 2, "epochs": 2, "batch_size": 2,
-                                                    "micro_batch_size": 2, "lr": 1e-3, "eval_examples": 1,
-                                                    "val_fraction": 0.25}}})
+                          methods={"seed": {"analysis_max_new_tokens": 8, "analysis_context_length": 512}},
+                          sft={"tasks": 2, "rollouts_per_task": 2, "epochs": 2, "batch_size": 2,
+                               "micro_batch_size": 2, "lr": 1e-3, "eval_examples": 1, "val_fraction": 0.25})
     summary = run_skill_sft(sft, policy=model, tokenizer=tok)
     assert summary["trajectories"] == 4 and summary["kept"] == 4  # rule analyses always parse
     assert summary["train_examples"] == 3 and summary["val_examples"] == 1 and summary["steps"] == 4
@@ -305,8 +304,8 @@ def test_stage_one_with_an_external_analyzer(tiny_policy, tmp_path):
 
     model, tok = tiny_policy
     cfg = seed_sft_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft'}",
-                          methods={"seed": {"sft": {"tasks": 3, "rollouts_per_task": 1, "analyzer": "openai",
-                                                    "epochs": 1, "eval_examples": 0}}})
+                          sft={"tasks": 3, "rollouts_per_task": 1, "analyzer": "openai", "epochs": 1,
+                               "eval_examples": 0})
     summary = run_skill_sft(cfg, policy=model, tokenizer=tok, analyzer=Fake(), engine=ScriptedEngine(tok))
     records = [json.loads(line) for line in (tmp_path / "sft" / "data" / "records.jsonl").read_text().splitlines()]
     assert [r["outcome"] for r in records] == ["success", "failure", "failure"]  # one turn: only "win" wins
@@ -321,21 +320,48 @@ def test_stage_one_mixes_in_replay_pairs(tiny_policy, tmp_path):
 
     def stage_one(**sft):
         cfg = seed_sft_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft'}",
-                              methods={"seed": {"sft": {"tasks": 2, "rollouts_per_task": 1, "epochs": 1,
-                                                        "batch_size": 8, "eval_examples": 0, "val_fraction": 0.0,
-                                                        **sft}}})
+                              sft={"tasks": 2, "rollouts_per_task": 1, "epochs": 1, "batch_size": 8,
+                                   "eval_examples": 0, "val_fraction": 0.0, **sft})
         return run_skill_sft(cfg, policy=model, tokenizer=tok, engine=ScriptedEngine(tok))
 
     summary = stage_one(replay_data=str(replay), replay_examples=3)
     assert summary["replay_examples"] == 3 and summary["train_examples"] == 2 + 3
     assert stage_one(replay_data=str(replay))["train_examples"] == 2 + 5
 
-    with pytest.raises(ConfigError, match="replay_data: no file"):  # before any rollout: no engine needed
-        run_skill_sft(seed_sft_config(tmp_path, methods={"seed": {"sft": {"replay_data": str(tmp_path / "no")}}}),
+    with pytest.raises(ConfigError, match=r"^sft\.replay_data: no file"):  # before any rollout: no engine needed
+        run_skill_sft(seed_sft_config(tmp_path, sft={"replay_data": str(tmp_path / "no")}),
                       policy=model, tokenizer=tok, engine=object())
     replay.write_text('{"prompt": "p"}\n')
-    with pytest.raises(ConfigError, match=r"replay_data: .*pairs.jsonl line 1 has no 'response' field"):
+    with pytest.raises(ConfigError, match=r"^sft\.replay_data: .*pairs.jsonl line 1 has no 'response' field"):
         stage_one(replay_data=str(replay))
+
+
+def test_stage_one_reads_the_top_level_sft_section_of_its_config_file(tiny_policy, tmp_path):
+    """A `tether seed-sft` file: `sft` holds stage 1's settings (an override reaches them too), `methods.seed` the
+    analyzer prompt's options; the run directory's copy keeps them where the file put them."""
+    config = tmp_path / "stage1.yaml"
+    config.write_text(f"""# tether seed-sft stage1.yaml
+run_dir: {tmp_path / 'sft'}
+env: {{name: scripted, kwargs: {{turns: 3}}, max_turns: 1, train_tasks: 8, val_tasks: 3}}
+rollout: {{max_new_tokens: 8}}
+logging: {{tensorboard: false, progress: false}}
+methods:
+  seed: {{include_summary: false}}
+sft: {{tasks: 3, rollouts_per_task: 1, epochs: 2, batch_size: 2, micro_batch_size: 1, eval_examples: 0,
+      val_fraction: 0.0}}
+""")
+    model, tok = tiny_policy
+    summary = run_skill_sft(config, ["sft.rollouts_per_task=2"], policy=model, tokenizer=tok,
+                            engine=ScriptedEngine(tok))
+    # 3 tasks x 2 rollouts, each analysed by the rule analyzer (always parses), 2 epochs of 3 batches of 2
+    assert (summary["trajectories"], summary["train_examples"], summary["steps"]) == (6, 6, 6)
+    train = [json.loads(line) for line in (tmp_path / "sft" / "data" / "train.jsonl").read_text().splitlines()]
+    assert json.loads(train[0]["response"]).keys() == {"episode_skill"}  # methods.seed.include_summary: false
+    saved = load_command_config("seed-sft", tmp_path / "sft" / "config.yaml")
+    assert (saved.sft.tasks, saved.sft.rollouts_per_task, saved.methods) == (3, 2, {"seed": {"include_summary": False}})
+    with pytest.raises(ConfigError, match=r"^invalid configuration:\n  methods\.seed\.sft: moved to the top-level "
+                                          r"sft section of the `tether seed-sft` config"):
+        run_skill_sft(config, ["methods.seed.sft.tasks=2"], policy=model, tokenizer=tok, engine=object())
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)

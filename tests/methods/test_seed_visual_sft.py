@@ -96,10 +96,9 @@ def test_stage_one_on_visual_sokoban_trains_on_the_episodes_frames(tmp_path):
     cfg = seed_sft_config(tmp_path, "env.max_turns=2", "env.history=1", "rollout.max_new_tokens=4",
                           f"run_dir={tmp_path / 'sft'}",
                           env={"name": "sokoban_visual", "kwargs": {"max_solution_steps": 4}},
-                          methods={"seed": {"analysis_max_new_tokens": 4,
-                                            "sft": {"tasks": 2, "rollouts_per_task": 1, "epochs": 1, "batch_size": 2,
-                                                    "micro_batch_size": 1, "eval_examples": 1,
-                                                    "val_fraction": 0.0}}})
+                          methods={"seed": {"analysis_max_new_tokens": 4}},
+                          sft={"tasks": 2, "rollouts_per_task": 1, "epochs": 1, "batch_size": 2,
+                               "micro_batch_size": 1, "eval_examples": 1, "val_fraction": 0.0})
     summary = run_skill_sft(cfg, policy=model, tokenizer=processor)  # rollouts and the probe with the tiny VLM
     assert summary["kept"] == summary["trajectories"] == summary["train_examples"] == 2  # rule analyses parse
     assert summary["steps"] == 1 and math.isfinite(summary["train_loss"])

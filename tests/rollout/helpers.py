@@ -96,6 +96,7 @@ def seed_sft_config(tmp_path: Any, *overrides: str, **sections: Any) -> SeedSFTR
                 "invalid_action_penalty": 0.1, "train_tasks": 8, "val_tasks": 3, "timeout_s": 5.0},
         "rollout": {"max_new_tokens": 8},
         "logging": {"tensorboard": False, "progress": False},
+        "sft": {},
     }
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value

@@ -9,6 +9,7 @@ that need the registries or the machine are :mod:`tether.checks`.
 * :mod:`~tether.config.base`: :class:`Section` and :class:`ConfigError`;
 * :mod:`~tether.config.sections`: the sections (model, task, env, rollout, algorithm, optim, val, train,
   distributed, sft, logging); :mod:`~tether.config.health`: the health checks' section;
+  :mod:`~tether.config.seed_sft`: SEED stage 1's section (``sft`` of ``tether seed-sft``);
 * :mod:`~tether.config.schemas`: each command's config (``tether train``'s :class:`Config`, ``tether sft``'s,
   ``tether seed-sft``'s);
 * :mod:`~tether.config.loading`: reading, overrides, validation messages, the command a file is for.
@@ -46,6 +47,7 @@ from tether.config.loading import (
 )
 from tether.config.schemas import (
     SCHEMAS,
+    STAGE_ONE_SEED_KEYS,
     Config,
     RunConfig,
     SeedSFTRunConfig,
@@ -76,6 +78,10 @@ from tether.config.sections import (
     TrainConfig,
     ValConfig,
 )
+from tether.config.seed_sft import (
+    OpenAISettings,
+    SkillSFTSettings,
+)
 
 __all__ = [
     "COMMAND_LINE",
@@ -83,6 +89,7 @@ __all__ = [
     "DTYPES",
     "LLAMA_LINEAR",
     "SCHEMAS",
+    "STAGE_ONE_SEED_KEYS",
     "SYNTAX_HINTS",
     "WRITTEN_BY",
     "AlgorithmConfig",
@@ -99,6 +106,7 @@ __all__ = [
     "LoraSettings",
     "ModelConfig",
     "NoSignalConfig",
+    "OpenAISettings",
     "OptimConfig",
     "OverlongConfig",
     "ParityConfig",
@@ -114,6 +122,7 @@ __all__ = [
     "SamplingConfig",
     "Section",
     "SeedSFTRunConfig",
+    "SkillSFTSettings",
     "SupervisedRunConfig",
     "TaskConfig",
     "TrainConfig",

@@ -8,7 +8,7 @@ import difflib
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -86,16 +86,56 @@ def other_command(key: tuple, command: str) -> str | None:
     return None
 
 
-def _raise_validation(err: ValidationError, command: str) -> None:
-    lines = validation_lines(err, SCHEMAS[command])
-    for e in err.errors():  # a key of another command's config: say whose, instead of guessing a spelling
+class MovedKey(NamedTuple):
+    """A key that left a section for another command's config: ``old`` (dotted), where it is now (``new``, a key
+    path of ``command``'s schema) and the page that says so."""
+
+    old: str
+    new: str
+    command: str
+    doc: str
+
+    def line(self, command: str) -> str:
+        """The error line of ``old`` in a config of ``command``."""
+        where = f"the top-level {self.new} section" if "." not in self.new else self.new
+        what = ("write its keys there" if command == self.command else
+                f"`tether {command}` does not read it: drop it here")
+        return f"  {self.old}: moved to {where} of the `tether {self.command}` config ({self.doc}); {what}"
+
+
+# Keys that moved to another command's config; a config that still writes one is refused, naming the new place.
+MOVED_KEYS = (MovedKey("methods.seed.sft", "sft", "seed-sft", "docs/methods/seed.md"),)
+
+
+def pop_moved_keys(data: dict[str, Any]) -> list[MovedKey]:
+    """Take out of ``data`` (a config before validation) the keys of :data:`MOVED_KEYS` it still writes, so the
+    schema says nothing more about them; return them."""
+    moved = []
+    for m in MOVED_KEYS:
+        *parents, key = m.old.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node:
+            del node[key]
+            moved.append(m)
+    return moved
+
+
+def _invalid_config(command: str, moved: list[MovedKey], err: ValidationError | None = None) -> ConfigError:
+    """One error for the moved keys and the schema's errors: a moved key is named with its new place (and that
+    place's absence goes unsaid), an unknown key of another command's schema with that command."""
+    lines = validation_lines(err, SCHEMAS[command]) if err is not None else []
+    for e in err.errors() if err is not None else ():  # a key of another command's config: say whose
         other = other_command(e["loc"], command) if e["type"] == "extra_forbidden" else None
         if other is not None:
             key = _format_loc(e["loc"])
             lines = [line for line in lines if not line.startswith(f"  {key}: unknown key")]
             lines.append(f"  {key}: a setting of `tether {other}`, which `tether {command}` does not read (its "
                          f"config: docs/config.md; drop the key, or run `tether {other}` with this config)")
-    raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+    unsaid = {f"  {m.new}: Field required" for m in moved if m.command == command}
+    lines = [m.line(command) for m in moved] + [line for line in lines if line not in unsaid]
+    return ConfigError("invalid configuration:\n" + "\n".join(lines))
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -144,7 +184,7 @@ def load_command_config(command: str, path: str | Path | None = None, overrides:
                         data: dict | None = None) -> RunConfig:
     """:func:`load_config` against the schema of ``command`` (:data:`SCHEMAS`): a :class:`Config`, an
     :class:`SFTRunConfig` or a :class:`SeedSFTRunConfig`. A key of another command's schema is named with that
-    command."""
+    command, a key that moved (:data:`MOVED_KEYS`) with its new place."""
     data = copy.deepcopy(data) if data is not None else {}
     text = None
     if path is not None:
@@ -161,10 +201,13 @@ def load_command_config(command: str, path: str | Path | None = None, overrides:
     data = apply_overrides(data, overrides or [])
     _anchor_import_files(data, Path.cwd())
     migrate_advantage_keys(data)
+    moved = pop_moved_keys(data)
     try:
         cfg = SCHEMAS[command].model_validate(data)
     except ValidationError as err:
-        _raise_validation(err, command)
+        raise _invalid_config(command, moved, err) from None
+    if moved:
+        raise _invalid_config(command, moved)
     cfg._written_by = written_by_lines(text) if text is not None else []
     return cfg
 

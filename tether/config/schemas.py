@@ -24,6 +24,7 @@ from tether.config.sections import (
     TrainConfig,
     ValConfig,
 )
+from tether.config.seed_sft import SkillSFTSettings
 
 
 class RunConfig(Section):
@@ -91,13 +92,19 @@ class SFTRunConfig(SupervisedRunConfig):
     sft: SFTConfig = Field(description="the data and the hyperparameters")
 
 
-class SeedSFTRunConfig(SupervisedRunConfig):
-    """``tether seed-sft``: SEED's stage 1 on an agent environment (``env``); its settings are ``methods.seed``, the
-    analyzer prompt options with ``sft`` (docs/methods/seed.md)."""
+# The methods.seed keys stage 1 reads: the analyzer prompt's options (tether.methods.seed.SeedSettings), which both
+# stages share; the other keys are stage 2's.
+STAGE_ONE_SEED_KEYS = ("analysis_max_new_tokens", "analysis_context_length", "include_summary", "success_threshold")
 
+
+class SeedSFTRunConfig(SupervisedRunConfig):
+    """``tether seed-sft``: SEED's stage 1 on an agent environment (``env``); its settings are ``sft``, and the
+    analyzer prompt options it shares with stage 2 are ``methods.seed`` (docs/methods/seed.md)."""
+
+    sft: SkillSFTSettings = Field(description="stage 1: the rollouts, the analyzer that labels them, the SFT")
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description="seed: the SEED method's "
-                                               "settings (its sft section, and the analyzer prompt's options that "
-                                               "stage 2 shares)")
+                                               "settings that stage 2 shares (the analyzer prompt's options: "
+                                               f"{', '.join(STAGE_ONE_SEED_KEYS)})")
 
     @model_validator(mode="after")
     def _seed_on_an_env(self) -> SeedSFTRunConfig:
@@ -105,6 +112,11 @@ class SeedSFTRunConfig(SupervisedRunConfig):
             raise ValueError("tether seed-sft rolls out an agent: set env (not task)")
         if set(self.methods) - {"seed"}:
             raise ValueError(f"methods: tether seed-sft reads methods.seed only, got {', '.join(sorted(self.methods))}")
+        stage_two = [key for key in self.methods.get("seed", {}) if key not in STAGE_ONE_SEED_KEYS]
+        if stage_two:
+            raise ValueError(f"methods.seed.{', methods.seed.'.join(stage_two)}: settings of stage 2 (`tether "
+                             "train`), which `tether seed-sft` does not read: of methods.seed it reads "
+                             f"{', '.join(STAGE_ONE_SEED_KEYS)} only; stage 1's own settings are under sft")
         return self
 
 

@@ -17,9 +17,9 @@
    stage-2 actor, analyzer and KL reference.
 
 Run it with ``tether seed-sft CONFIG [key=value ...]``; the config's schema is
-:class:`~tether.config.SeedSFTRunConfig`: settings are ``methods.seed.sft`` of the config
-(:class:`~tether.methods.seed.sft.SkillSFTSettings`), the analyzer prompt options are the other ``methods.seed``
-keys. Stage 2 is the ``seed`` method in ``tether train``.
+:class:`~tether.config.SeedSFTRunConfig`: settings are the top-level ``sft`` of the config
+(:class:`~tether.config.SkillSFTSettings`), the analyzer prompt options, which stage 2 shares, are ``methods.seed``.
+Stage 2 is the ``seed`` method in ``tether train``.
 """
 
 from __future__ import annotations
@@ -32,14 +32,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tether.config import Config, ConfigError, SeedSFTRunConfig, dump_config, load_command_config
+from tether.config import (
+    Config,
+    ConfigError,
+    SeedSFTRunConfig,
+    SkillSFTSettings,
+    dump_config,
+    load_command_config,
+)
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
 from tether.files import read_jsonl, write_jsonl, write_text_atomic
 from tether.methods import method_config
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
-from tether.methods.seed.sft import SkillSFTSettings
 from tether.models import load_policy
 from tether.models.vision import encode_message, has_images, observation_images
 from tether.recipes.sft import train_sft
@@ -61,7 +67,7 @@ def rollout_episodes(cfg: Config, policy: Any, tokenizer: Any, s: SkillSFTSettin
     """
     collector = AgentCollector(cfg, tokenizer)
     if s.tasks > len(collector.train_seeds):
-        raise ConfigError(f"methods.seed.sft.tasks={s.tasks} exceeds env.train_tasks={len(collector.train_seeds)}; "
+        raise ConfigError(f"sft.tasks={s.tasks} exceeds env.train_tasks={len(collector.train_seeds)}; "
                           "raise env.train_tasks or lower the SFT tasks")
     engine = engine or HFEngine(policy, tokenizer, bf16_autocast=cfg.model.bf16_autocast)
     params = collector.sampling(temperature=s.temperature)
@@ -121,9 +127,9 @@ def load_replay(s: SkillSFTSettings) -> list[Example]:
         return []
     path = Path(s.replay_data)
     if not path.is_file():
-        raise ConfigError(f"methods.seed.sft.replay_data: no file {path}")
+        raise ConfigError(f"sft.replay_data: no file {path}")
     try:
-        pairs = read_jsonl(path, "methods.seed.sft.replay_data", ("prompt", "response"))
+        pairs = read_jsonl(path, "sft.replay_data", ("prompt", "response"))
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if s.replay_examples is not None and s.replay_examples < len(pairs):
@@ -160,7 +166,8 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
 
     Args:
         config: a config path (with ``overrides``) or a loaded :class:`~tether.config.SeedSFTRunConfig`; its
-            ``model`` is the base policy, ``run_dir`` the output directory, ``methods.seed`` the settings.
+            ``model`` is the base policy, ``run_dir`` the output directory, ``sft`` the settings, ``methods.seed``
+            the analyzer prompt's options.
         overrides: dotted ``key=value`` overrides for a config path.
         policy, tokenizer: use these instead of loading ``model.name`` (tests).
         analyzer: an ``analyze(prompt) -> Analysis`` object for ``sft.analyzer: openai`` (tests).
@@ -176,7 +183,7 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     """
     cfg = config if not isinstance(config, (str, Path)) else load_command_config("seed-sft", config, overrides or [])
     seed = method_config("seed", cfg.methods.get("seed", {}))
-    s: SkillSFTSettings = seed.sft
+    s = cfg.sft
     device = start_run(cfg, policy=policy is None)  # a missing GPU, then a bad config: before any model loads
     replay = load_replay(s)  # so does a bad replay file
     run_dir = restart_run_dir(cfg.run_dir)  # locked; stage 1 restarts rather than resumes

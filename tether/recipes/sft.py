@@ -127,7 +127,7 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
         model: the policy, already on its device (kept in eval mode: no dropout, as in RL).
         tokenizer: its tokenizer or processor (the pad id).
         train, val: encoded examples, :func:`encode_examples`.
-        s: hyperparameters (``sft`` of a config, or SEED's ``methods.seed.sft``).
+        s: hyperparameters (``sft`` of a ``tether sft`` or a ``tether seed-sft`` config).
         log: ``log(metrics, step)``, e.g. a :class:`~tether.track.Tracker`'s ``log``; None for none.
         bf16_autocast: forward passes under bfloat16 autocast.
 

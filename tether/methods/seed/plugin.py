@@ -45,7 +45,6 @@ from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill, user_message
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
-from tether.methods.seed.sft import SkillSFTSettings
 from tether.models.vision import encode_message, has_images, observation_images
 
 if TYPE_CHECKING:
@@ -55,7 +54,8 @@ if TYPE_CHECKING:
 
 
 class SeedSettings(MethodSettings):
-    """``methods.seed`` of a config: stage 2 (and, under ``sft``, stage 1). Defaults are the paper's."""
+    """``methods.seed`` of a config: stage 2. Defaults are the paper's. A ``tether seed-sft`` config reads the
+    analyzer prompt's options here too (stage 1's own settings are its top-level ``sft``)."""
 
     opd_coef: float = Field(0.01, ge=0, description="lambda_opd, the weight of the gated OPD loss (paper: 0.01)")
     gate_beta: float = Field(5.0, ge=0, description="beta of the gate sigmoid(beta * (l_T - l)) (paper: 5.0)")
@@ -74,7 +74,6 @@ class SeedSettings(MethodSettings):
                                                       "(false: by each micro-batch's, as the SEED code)")
     opd_start_after_steps: int | None = Field(None, ge=0, description="OPD off while update number <= this")
     opd_stop_after_steps: int | None = Field(None, ge=0, description="OPD off once update number > this")
-    sft: SkillSFTSettings = Field(default_factory=SkillSFTSettings, description="stage 1 (tether seed-sft) only")
 
     def opd_active(self, update: int) -> bool:
         """OPD schedule (seed.md Sec. 6, property 25); ``update`` counts from 1. Analysis runs either way."""

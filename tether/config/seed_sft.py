@@ -1,23 +1,23 @@
-"""SEED stage 1's settings, ``methods.seed.sft`` of a config (seed.md Sec. 1.1).
+"""``sft`` of a ``tether seed-sft`` config: SEED stage 1's settings (seed.md Sec. 1.1; docs/methods/seed.md).
 
-The hyperparameters are tether's one SFT loop's (:class:`tether.config.SFTSettings`, :mod:`tether.recipes.sft`) with the
-paper's values as defaults; the pipeline that uses them (rollouts, labels, SFT) is the recipe
-:mod:`tether.recipes.seed_sft` (``tether seed-sft CONFIG``).
+The hyperparameters are tether's one SFT loop's (:class:`~tether.config.sections.SFTSettings`,
+:mod:`tether.recipes.sft`) with the paper's values as defaults; the pipeline that uses them (rollouts, labels, SFT)
+is the recipe :mod:`tether.recipes.seed_sft`. The analyzer prompt options stage 2 shares stay in ``methods.seed``.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from tether.config import SFTSettings
+from tether.config.base import Section
+from tether.config.sections import SFTSettings
 
 
-class OpenAISettings(BaseModel):
-    """The OpenAI-compatible analyzer (:class:`~.openai_analyzer.OpenAIAnalyzer`)."""
+class OpenAISettings(Section):
+    """The OpenAI-compatible analyzer (:class:`~tether.methods.seed.openai_analyzer.OpenAIAnalyzer`)."""
 
-    model_config = ConfigDict(extra="forbid")
     base_url_env: str = Field("OPENAI_BASE_URL", description="env var holding the base URL, e.g. http://host/v1")
     model_env: str = Field("OPENAI_MODEL", description="env var holding the model name")
     api_key_env: str = Field("OPENAI_API_KEY", description="env var holding the key (may be unset)")
@@ -29,8 +29,8 @@ class OpenAISettings(BaseModel):
 
 
 class SkillSFTSettings(SFTSettings):
-    """``methods.seed.sft``: stage 1. The SFT hyperparameters are the one SFT loop's (:mod:`tether.recipes.sft`), with
-    the paper's values as defaults (ALFWorld, Qwen2.5-3B, 8 GPUs)."""
+    """``sft`` of ``tether seed-sft``: SEED's stage 1. The SFT hyperparameters are the one SFT loop's
+    (:mod:`tether.recipes.sft`), with the paper's values as defaults (ALFWorld, Qwen2.5-3B, 8 GPUs)."""
 
     tasks: int = Field(180, ge=1, description="training tasks rolled out (paper: 180), the first of env.train_tasks")
     rollouts_per_task: int = Field(8, ge=1, description="trajectories per task (paper: 8)")
