@@ -12,7 +12,7 @@ from tether.config import ConfigError
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.plugin import OpdAccounting, teacher_scores
 from tether.methods.seed.prompting import insert_after_task_line, skill_section
-from tether.methods.seed.rule_analyzers import SOLVABLE_ENVS, solve_from_observation
+from tether.methods.seed.rule_analyzers import OBSERVATION_SOLVERS, solve_from_observation
 from tether.models.vision import is_processor
 
 if TYPE_CHECKING:
@@ -58,10 +58,10 @@ class Opsd(Method):
     def check_config(cls, settings: OpsdSettings, cfg: Config) -> list[str]:
         if cfg.env is None:
             raise ConfigError("methods.opsd reads env observations: it needs an env (env: ...), not a task")
-        if cfg.env.name not in SOLVABLE_ENVS:
+        if cfg.env.name not in OBSERVATION_SOLVERS:
             raise ConfigError(f"methods.opsd with env.name={cfg.env.name}: no solver reads its observations, so no "
                               f"row would get a hint and the run would be plain GRPO; allowed: "
-                              f"{', '.join(SOLVABLE_ENVS)}")
+                              f"{', '.join(OBSERVATION_SOLVERS)}")
         return []
 
     def setup(self, ctx: StepContext) -> None:

@@ -139,21 +139,21 @@ def scripted_plan(task: str) -> list[str] | None:
     return [match.group(1)] if match else None
 
 
-SOLVABLE_ENVS = ("sokoban", "frozenlake", "thin_ice", "scripted")  # the envs solve_from_observation reads
+# env name -> the optimal plan from (observation, task), for envs whose observation is the whole state (sokoban,
+# frozenlake, thin ice) or whose task names the answer (scripted): a table, like RULE_ANALYZERS, that a new env joins
+OBSERVATION_SOLVERS: dict[str, Callable[[str, str], list[str] | None]] = {
+    "sokoban": lambda observation, task: sokoban_plan(observation),
+    "frozenlake": lambda observation, task: frozenlake_plan(observation),
+    "thin_ice": lambda observation, task: thin_ice_plan(observation) or thin_ice_next_move(observation),
+    "scripted": lambda observation, task: scripted_plan(task),
+}
 
 
 def solve_from_observation(env_name: str, observation: str, task: str = "") -> list[str] | None:
-    """The optimal plan from the state an observation shows, for envs whose observation is the whole state
-    (sokoban, frozenlake) or whose task names the answer (scripted); None otherwise."""
-    if env_name == "sokoban":
-        return sokoban_plan(observation)
-    if env_name == "frozenlake":
-        return frozenlake_plan(observation)
-    if env_name == "thin_ice":
-        return thin_ice_plan(observation) or thin_ice_next_move(observation)
-    if env_name == "scripted":
-        return scripted_plan(task)
-    return None
+    """The optimal plan from the state an observation shows (:data:`OBSERVATION_SOLVERS`); None for an env
+    without a solver or an observation it cannot read."""
+    solver = OBSERVATION_SOLVERS.get(env_name)
+    return solver(observation, task) if solver is not None else None
 
 
 # -- failure events ----------------------------------------------------------------------------
