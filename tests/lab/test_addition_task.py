@@ -166,6 +166,17 @@ def test_overflow_weights_draw_sums_with_a_new_leading_digit_per_split():
     assert task.response_features(item, "#1") == {"mode/scratchpad": False, "mode/direct": True, "overflow": True}
 
 
+def test_inner_carries_with_overflow_give_sums_whose_only_carry_is_the_overflow():
+    task = make_task("addition", digits=3, train_size=200, val_size=200, report_size=200, sft_size=200,
+                     inner_carries={0: 1.0}, overflow={0: 0.5, 1: 0.5}, sft_inner_carries={1: 1.0}, seed=0)
+    for split in ("train", "val", "report"):
+        items = task.splits[split]
+        assert all(i.meta["carries"] == i.meta["overflow"] for i in items)  # no carry but the top column's
+        assert 0.35 < sum(i.meta["overflow"] for i in items) / len(items) < 0.65
+    assert all(carries_of(i.meta["a"], i.meta["b"]) - (i.meta["a"] + i.meta["b"] >= 1000) == 1
+               for i in task.splits["sft"])
+
+
 REPORT_HEAD = ["430+870", "975+709", "991+371"]  # read from the code before overflow weights were added
 
 
@@ -183,6 +194,8 @@ def test_overflow_weights_leave_a_task_without_them_unchanged():
     ({"overflow": {2: 1.0}}, "overflow flags 0..1"),
     ({"sft_overflow": {0: 0.0}}, "positive sum"),
     ({"carries": {0: 1.0}, "overflow": {1: 1.0}}, "needs at least one carry"),
+    ({"inner_carries": {3: 1.0}}, "carry counts below the top column 0..2"),
+    ({"carries": {2: 1.0}, "inner_carries": {0: 1.0}}, "carries = inner_carries \\+ overflow"),
 ])
 def test_bad_overflow_weights_are_one_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -12,7 +12,9 @@ A prompt is ``"478+356"``. Two answer modes are scored alike (only the final ans
 
 ``overflow: {0: 0.5, 1: 0.5}`` draws half the prompts whose sum has one more digit than the terms
 (``964+572``: the top column's ``9+5+1=15:1536`` writes the new leading digit, a single decisive token for a policy
-that has only seen sums of ``digits`` digits); ``train_overflow`` and ``sft_overflow`` as for carries.
+that has only seen sums of ``digits`` digits); ``inner_carries`` weights the carries below the top column
+(``carries`` = ``inner_carries`` + ``overflow``), so ``inner_carries: {0: 1.0}`` with those overflow weights gives
+sums whose only carry, if any, is the overflow; ``train_`` and ``sft_`` variants as for carries.
 
 Splits never share a pair ``(a, b)``: ``report`` is drawn first, then ``val`` (the selection split, used to pick
 checkpoints and priors), ``train`` and ``sft`` (demonstrations for warm starts), each from its own seeded stream,
@@ -116,7 +118,9 @@ class AdditionTask:
                  sft_size: int = 0, seed: int = 0, carries: dict[int, float] | None = None,
                  sft_carries: dict[int, float] | None = None, train_carries: dict[int, float] | None = None,
                  overflow: dict[int, float] | None = None, train_overflow: dict[int, float] | None = None,
-                 sft_overflow: dict[int, float] | None = None, sft_scratchpad: float = 1.0, sft_recall: int = 0,
+                 sft_overflow: dict[int, float] | None = None, inner_carries: dict[int, float] | None = None,
+                 train_inner_carries: dict[int, float] | None = None,
+                 sft_inner_carries: dict[int, float] | None = None, sft_scratchpad: float = 1.0, sft_recall: int = 0,
                  correct_reward: float = 1.0, wrong_reward: float = 0.0, system_prompt: str | None = None) -> None:
         if not 1 <= digits <= 9:
             raise ValueError(f"digits={digits}: use 1 to 9")
@@ -134,12 +138,15 @@ class AdditionTask:
         carry_weights = _split_weights(carries, train_carries, sft_carries, digits, "carries", "carry counts")
         overflow_weights = _split_weights(overflow, train_overflow, sft_overflow, 1, "overflow",
                                           "overflow flags")  # 1: the sum has one more digit than the terms
+        inner_weights = _split_weights(inner_carries, train_inner_carries, sft_inner_carries, digits - 1,
+                                       "inner_carries", "carry counts below the top column")
         self.reports_overflow = any(overflow_weights.values())
         taken: set[tuple[int, int]] = set()
         self.splits: dict[str, list[TaskItem]] = {}
         for split in SPLIT_ORDER:
-            self.splits[split] = self._draw(split, sizes[split], carry_weights[split], overflow_weights[split], taken,
-                                            sft_scratchpad)
+            conditions = {"carries": carry_weights[split], "overflow": overflow_weights[split],
+                          "inner_carries": inner_weights[split]}
+            self.splits[split] = self._draw(split, sizes[split], conditions, taken, sft_scratchpad)
 
     @property
     def train(self) -> list[TaskItem]:
@@ -149,30 +156,37 @@ class AdditionTask:
     def val(self) -> list[TaskItem]:
         return self.splits["val"]
 
-    def _draw(self, split: str, n: int, weights: dict[int, float], overflow: dict[int, float],
-              taken: set[tuple[int, int]], scratchpad_share: float) -> list[TaskItem]:
+    def _draw(self, split: str, n: int, conditions: dict[str, dict[int, float]], taken: set[tuple[int, int]],
+              scratchpad_share: float) -> list[TaskItem]:
+        """``n`` new pairs; for each, a wanted value of every weighted quantity (``carries``, ``overflow``,
+        ``inner_carries``) is drawn in that order, then pairs until one has them all."""
         rng = random.Random(f"addition/{self.seed}/{self.digits}/{split}")
         low, high = 10 ** (self.digits - 1) if self.digits > 1 else 0, 10 ** self.digits - 1
         items = []
         for index in range(n):
-            want = rng.choices(list(weights), list(weights.values()))[0] if weights else None
-            # drawn only when asked for, so the splits of a task without overflow weights stay what they were
-            want_overflow = rng.choices(list(overflow), list(overflow.values()))[0] if overflow else None
+            # a value is drawn only for a weighted quantity, so the splits of a task without the later ones stay
+            # what they were
+            want = {name: rng.choices(list(w), list(w.values()))[0] for name, w in conditions.items() if w}
             for _ in range(_MAX_DRAWS):
                 a, b = rng.randint(low, high), rng.randint(low, high)
-                if ((a, b) not in taken and (want is None or carries_of(a, b) == want)
-                        and (want_overflow is None or overflows(a, b, self.digits) == want_overflow)):
+                if (a, b) not in taken and all(self._quantity(name, a, b) == v for name, v in want.items()):
                     break
             else:
-                raise ValueError(f"addition: could not draw a new {self.digits}-digit pair with {want} carries and "
-                                 f"overflow {want_overflow} for split {split!r} in {_MAX_DRAWS} tries; lower that "
-                                 "split's size or weight (overflow 1 needs at least one carry)")
+                wanted = ", ".join(f"{name}={v}" for name, v in want.items())
+                raise ValueError(f"addition: could not draw a new {self.digits}-digit pair with {wanted} for split "
+                                 f"{split!r} in {_MAX_DRAWS} tries; lower that split's size or weight (overflow 1 "
+                                 "needs at least one carry; carries = inner_carries + overflow)")
             taken.add((a, b))
             mode = "scratchpad" if rng.random() < scratchpad_share else "direct"
             items.append(TaskItem(prompt=f"{a}+{b}", answer=str(a + b), id=f"addition/{split}/{index}",
                                   meta={"a": a, "b": b, "carries": carries_of(a, b),
                                         "overflow": overflows(a, b, self.digits), "mode": mode}))
         return items
+
+    def _quantity(self, name: str, a: int, b: int) -> int:
+        overflow = overflows(a, b, self.digits)
+        return {"carries": carries_of(a, b), "overflow": overflow,
+                "inner_carries": carries_of(a, b) - overflow}[name]
 
     def sft_items(self, limit: int | None = None) -> list[TaskItem]:
         """What ``tether sft`` (data: task) demonstrates: the first ``limit`` sft items, then ``sft_recall``
