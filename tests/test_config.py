@@ -233,3 +233,19 @@ def test_the_old_advantage_keys_are_read_as_the_estimator_with_a_warning(old, ne
 def test_old_advantage_keys_that_never_worked_together_are_refused(data, message):
     with pytest.raises(ConfigError, match=message):
         load_checked_config(data={**BASE, **data})
+
+
+def test_a_dumped_config_loads_back_with_its_integer_keys(tmp_path):
+    """A run's config.yaml is read again by `tether eval --config` and on resume: a task argument keyed by ints (the
+    addition task's carry weights) must come back as ints, or the task's typed arguments refuse it."""
+    from tether.checks.kwargs import check_kwarg_types
+    from tether.config import dump_config, load_config
+    from tether.tasks.addition import AdditionTask
+
+    cfg = load_config("configs/lab/eapo3/grpo.yaml")
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(cfg))
+    again = load_config(saved)
+    assert again.task.kwargs["overflow"] == {0: 0.5, 1: 0.5}
+    assert again.model_dump() == cfg.model_dump()
+    check_kwarg_types(AdditionTask, again.task.kwargs, "task.kwargs")  # raises on {'0': 0.5}

@@ -305,4 +305,19 @@ def _replace_estimator(algorithm: dict[str, Any], old: str, new: str, allowed: t
 
 
 def dump_config(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """The config as YAML that loads back to the same config (``config.yaml`` of a run: ``tether eval --config``,
+    resume). JSON-mode values (paths, enums and tuples as YAML knows them), with the keys of every mapping as the
+    config holds them: JSON would write ``task.kwargs.carries: {0: 0.5}`` as ``{'0': 0.5}``, which a task whose
+    argument is a ``dict[int, float]`` refuses."""
+    return yaml.safe_dump(_python_keys(cfg.model_dump(), cfg.model_dump(mode="json")), sort_keys=False)
+
+
+def _python_keys(python: Any, json_mode: Any) -> Any:
+    """``json_mode`` with each mapping's keys taken from ``python`` where YAML can hold them (ints, floats, bools);
+    both are dumps of one model, so their mappings list the same keys in the same order."""
+    if isinstance(json_mode, dict) and isinstance(python, dict) and len(python) == len(json_mode):
+        return {(pk if isinstance(pk, int | float | bool) else jk): _python_keys(pv, jv)
+                for (pk, pv), (jk, jv) in zip(python.items(), json_mode.items(), strict=True)}
+    if isinstance(json_mode, list) and isinstance(python, list | tuple) and len(python) == len(json_mode):
+        return [_python_keys(pv, jv) for pv, jv in zip(python, json_mode, strict=True)]
+    return json_mode
