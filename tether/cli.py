@@ -102,6 +102,11 @@ def evaluate(path: Path, overrides: Overrides = None,
              config: Annotated[Path | None, typer.Option(help="config with the task/env")] = None) -> None:
     """Evaluate a checkpoint (or a run's best) on the held-out set: avg@k / pass@k, or an env's success rate."""
     run_config = config or _find_run_config(path)
+    command = config_command(run_config)
+    if config is None and command != "train":
+        raise ConfigError(f"{run_config}, the config found beside {path}, is a `tether {command}` config: it names no "
+                          f"held-out evaluation; pass the RL config of the task or env to evaluate on: tether eval "
+                          f"{path} --config CONFIG.yaml")
     cfg = _load(run_config, [*(overrides or []), f"model.name={path}",
                              "logging.tensorboard=false"])
     from tether.trainer import evaluate as run_eval

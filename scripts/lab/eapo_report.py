@@ -1,22 +1,24 @@
 """EAPO lab study, the mechanism tables beside tether experiment's report (docs/methods/eapo.md).
 
 Reads RUN_ROOT (runs/lab/eapo/study) and prints markdown:
-1. per arm, the mean over seeds of the training metrics over steps 1-10 and 51-60: training accuracy, share of
+1. per arm, the mean over seeds of the training metrics over two windows of steps (``--windows``, default 1-10 and
+   51-60): training accuracy, share of
    steps with a zero gradient (GRPO groups without variance), injected tokens and rollouts, accuracy of injected
    and clean rollouts, the importance weights' mean and normalised effective sample size;
 2. compute: rollout tokens per step (generated tokens, plus one prior forward per generated token while the
    prior runs) relative to GRPO;
 3. where the logged injections land: on track (the response so far is a prefix of the gold scratchpad) or off
-   track, and the share that are the first digit of a two-digit column sum or a carry mark.
+   track, and the share that are the first digit of a two-digit column sum, a carry mark, or (for a sum that
+   overflows) in the top column or the answer, where the new leading digit is written and copied.
 
-Usage: python scripts/lab/eapo_report.py [RUN_ROOT]
+Usage: python scripts/lab/eapo_report.py [RUN_ROOT] [--windows 1-10 51-60]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -45,12 +47,12 @@ def fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def training_table(root: Path) -> list[str]:
+def training_table(root: Path, windows: list[tuple[int, int]]) -> list[str]:
     lines = ["| arm | window | " + " | ".join(k.split("/")[1] for k in TRAIN_KEYS) + " | zero-gradient steps |",
              "|---|---|" + "---|" * (len(TRAIN_KEYS) + 1)]
     for arm_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         runs = [rows(p) for p in sorted(arm_dir.glob("seed*/metrics.jsonl"))]
-        for low, high in ((1, 10), (51, 60)):
+        for low, high in windows:
             cells = []
             for key in TRAIN_KEYS:
                 per_seed = [window_mean(r, key, low, high) for r in runs]
@@ -90,9 +92,15 @@ def compute_table(root: Path) -> list[str]:
     return lines
 
 
-def landing(before: str, token: str, gold: str) -> str:
+LANDINGS = ("off track", "on track: carry mark", "on track: tens digit of a column sum",
+            "on track: top column or answer of an overflow", "on track: other", "on track: wrong token")
+
+
+def landing(before: str, token: str, gold: str, overflow: bool = False) -> str:
     if not gold.startswith(before):
         return "off track"
+    if overflow and "," not in gold[len(before):]:
+        return "on track: top column or answer of an overflow"
     if gold[len(before):len(before) + 2] == "+1" and token == "+":
         return "on track: carry mark"
     if gold[len(before):len(before) + 1] == token and before.endswith("=") and token == "1":
@@ -101,26 +109,26 @@ def landing(before: str, token: str, gold: str) -> str:
 
 
 def landing_table(root: Path) -> list[str]:
-    lines = ["| arm | logged injections | " + " | ".join(
-        ("off track", "on track: carry mark", "on track: tens digit of a column sum", "on track: other",
-         "on track: wrong token")) + " |", "|---|---|---|---|---|---|---|"]
+    lines = ["| arm | logged injections | " + " | ".join(LANDINGS) + " |", "|---|---|" + "---|" * len(LANDINGS)]
     for arm_dir in sorted(root.glob("eapo_*")):
         counts: Counter = Counter()
         for path in arm_dir.glob("seed*/eapo_injections.jsonl"):
             for r in rows(path):
                 a, b = (int(x) for x in r["prompt"].split("+"))
-                counts[landing(r["before"], r["token"], scratchpad(a, b))] += 1
+                counts[landing(r["before"], r["token"], scratchpad(a, b), len(str(a + b)) > len(str(max(a, b))))] += 1
         total = sum(counts.values()) or 1
-        lines.append(f"| {arm_dir.name} | {total} | " + " | ".join(
-            f"{counts[k] / total:.2f}" for k in ("off track", "on track: carry mark",
-                                                 "on track: tens digit of a column sum", "on track: other",
-                                                 "on track: wrong token")) + " |")
+        lines.append(f"| {arm_dir.name} | {total} | " + " | ".join(f"{counts[k] / total:.2f}" for k in LANDINGS) + " |")
     return lines
 
 
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/lab/eapo/study")
-    print("\n".join(["### Training, mean over seeds", "", *training_table(root), "", "### Compute", "",
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", nargs="?", default="runs/lab/eapo/study", type=Path)
+    parser.add_argument("--windows", nargs="+", default=["1-10", "51-60"], help="step windows, LOW-HIGH")
+    args = parser.parse_args()
+    root = args.root
+    windows = [tuple(int(x) for x in w.split("-")) for w in args.windows]
+    print("\n".join(["### Training, mean over seeds", "", *training_table(root, windows), "", "### Compute", "",
                      *compute_table(root), "", "### Where the logged injections land (first 64 per step)", "",
                      *landing_table(root)]))
 

@@ -112,3 +112,18 @@ def test_sft_warns_that_it_ignores_lora(monkeypatch, tmp_path):
     out = run("sft", str(config), "model.lora={rank: 4}", f"run_dir={tmp_path / 'run'}")
     assert out.exit_code == 0, out.output
     assert "warning: tether sft fine-tunes every weight; model.lora applies to tether train only" in out.output
+
+
+def test_eval_of_an_sft_checkpoint_without_a_config_says_to_pass_one(tmp_path):
+    """The config found beside an SFT checkpoint is `tether sft`'s (its first line says so): eval asks for the RL
+    config of the task to evaluate on instead of reporting sft's keys as unknown to train."""
+    from tether.config import SFTRunConfig, config_command, dump_config
+
+    sft = SFTRunConfig.model_validate({"run_dir": str(tmp_path), "task": {"name": "parity"}, "sft": {"data": "task"}})
+    (tmp_path / "config.yaml").write_text(dump_config(sft))
+    assert config_command(tmp_path / "config.yaml") == "sft"
+    (tmp_path / "checkpoint").mkdir()
+    out = run("eval", str(tmp_path / "checkpoint"))
+    assert out.exit_code == EXIT_CONFIG
+    assert "is a `tether sft` config: it names no held-out evaluation" in out.output
+    assert f"tether eval {tmp_path / 'checkpoint'} --config CONFIG.yaml" in out.output

@@ -306,10 +306,13 @@ def _replace_estimator(algorithm: dict[str, Any], old: str, new: str, allowed: t
 
 def dump_config(cfg: RunConfig) -> str:
     """The config as YAML that loads back to the same config (``config.yaml`` of a run: ``tether eval --config``,
-    resume). JSON-mode values (paths, enums and tuples as YAML knows them), with the keys of every mapping as the
-    config holds them: JSON would write ``task.kwargs.carries: {0: 0.5}`` as ``{'0': 0.5}``, which a task whose
-    argument is a ``dict[int, float]`` refuses."""
-    return yaml.safe_dump(_python_keys(cfg.model_dump(), cfg.model_dump(mode="json")), sort_keys=False)
+    resume). The first line names the command whose schema it is (:func:`config_command` reads it). JSON-mode
+    values (paths, enums and tuples as YAML knows them), with the keys of every mapping as the config holds them:
+    JSON would write ``task.kwargs.carries: {0: 0.5}`` as ``{'0': 0.5}``, which a task whose argument is a
+    ``dict[int, float]`` refuses."""
+    command = next(name for name, schema in SCHEMAS.items() if type(cfg) is schema)
+    body = yaml.safe_dump(_python_keys(cfg.model_dump(), cfg.model_dump(mode="json")), sort_keys=False)
+    return f"# tether {command} (the settings this run started with)\n{body}"
 
 
 def _python_keys(python: Any, json_mode: Any) -> Any:
