@@ -3,9 +3,7 @@ lock; the metric sinks)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +11,9 @@ import pytest
 import torch
 
 from tests.rollout.helpers import seed_sft_config
+from tests.trainer.helpers import lock_held_elsewhere
 from tether.config import ConfigError, load_command_config
-from tether.start import RunDirError, lock_run_dir, restart_run_dir, run_tracker, start_run
+from tether.start import RunDirError, restart_run_dir, run_tracker, start_run
 
 
 def sft_config(tmp_path: Path, *overrides: str):
@@ -88,26 +87,12 @@ def test_restart_drops_the_metric_rows_and_keeps_the_rest(tmp_path):
         restart_run_dir(tmp_path / "file")
 
 
-def _hold_lock(run_dir: Path, locked) -> None:
-    lock_run_dir(run_dir)
-    locked.set()
-    time.sleep(60)
-
-
 def test_sft_refuses_a_run_directory_another_process_writes(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    fork = multiprocessing.get_context("fork")
-    locked = fork.Event()
-    holder = fork.Process(target=_hold_lock, args=(run_dir, locked), daemon=True)
-    holder.start()
-    try:
-        assert locked.wait(10)
-        with pytest.raises(RunDirError, match=rf"is in use by process {holder.pid} on .*; wait for it"):
-            restart_run_dir(run_dir)
-    finally:
-        holder.kill()
-        holder.join()
+    with lock_held_elsewhere(run_dir) as pid, \
+            pytest.raises(RunDirError, match=rf"is in use by process {pid} on .*; wait for it"):
+        restart_run_dir(run_dir)
     restart_run_dir(run_dir)  # the kernel released the dead holder's lock
 
 

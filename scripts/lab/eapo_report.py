@@ -22,7 +22,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from tether.tasks.addition import scratchpad
+from tether.tasks.addition import overflows, scratchpad
 
 TRAIN_KEYS = ("train/accuracy", "eapo/injected_token_frac", "eapo/injected_rollouts_frac", "eapo/accuracy_injected",
               "eapo/accuracy_clean", "eapo/is_weight_mean", "eapo/is_ess")
@@ -115,7 +115,8 @@ def landing_table(root: Path) -> list[str]:
         for path in arm_dir.glob("seed*/eapo_injections.jsonl"):
             for r in rows(path):
                 a, b = (int(x) for x in r["prompt"].split("+"))
-                counts[landing(r["before"], r["token"], scratchpad(a, b), len(str(a + b)) > len(str(max(a, b))))] += 1
+                overflow = bool(overflows(a, b, len(str(max(a, b)))))
+                counts[landing(r["before"], r["token"], scratchpad(a, b), overflow)] += 1
         total = sum(counts.values()) or 1
         lines.append(f"| {arm_dir.name} | {total} | " + " | ".join(f"{counts[k] / total:.2f}" for k in LANDINGS) + " |")
     return lines

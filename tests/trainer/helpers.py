@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from tether.checks import load_checked_config
@@ -23,3 +28,27 @@ def tiny_config(tmp_path: Any, *overrides: str, **data: Any) -> Config:
     for key, value in data.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
     return load_checked_config(data=base, overrides=list(overrides))
+
+
+def _hold_lock(run_dir: Path, locked: Any) -> None:
+    from tether.start import lock_run_dir
+
+    lock_run_dir(run_dir)
+    locked.set()
+    time.sleep(60)
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(run_dir: Path) -> Iterator[int]:
+    """Another process holds ``run_dir``'s lock while the block runs; yields its pid. Forked, not spawned (no second
+    interpreter start: the tests stay fast); killed after the block, which releases the lock with it."""
+    fork = multiprocessing.get_context("fork")
+    locked = fork.Event()
+    holder = fork.Process(target=_hold_lock, args=(run_dir, locked), daemon=True)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.join()

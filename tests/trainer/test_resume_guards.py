@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import tiny_config
+from tests.trainer.helpers import lock_held_elsewhere, tiny_config
 from tether.config import dump_config
 from tether.distributed import DataParallel
-from tether.start import LOCK, RunDirError, lock_run_dir
+from tether.start import LOCK, RunDirError
 from tether.trainer.checkpoint import CheckpointManager
 from tether.trainer.rundir import prepare_run_dir
 
@@ -147,27 +145,13 @@ def test_resume_applies_and_records_more_steps(tmp_path):
     assert "steps: 9" in (Path(cfg.run_dir) / "config.yaml").read_text()
 
 
-def _hold_lock(run_dir: Path, locked) -> None:
-    lock_run_dir(run_dir)
-    locked.set()
-    time.sleep(60)
-
-
 def test_one_process_per_run_directory_and_a_dead_holder_leaves_no_stale_lock(tmp_path):
     cfg = tiny_config(tmp_path)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True)
-    fork = multiprocessing.get_context("fork")  # no second interpreter start: the test stays fast
-    locked = fork.Event()
-    holder = fork.Process(target=_hold_lock, args=(run_dir, locked), daemon=True)
-    holder.start()
-    try:
-        assert locked.wait(10)
-        with pytest.raises(RunDirError, match=rf"is in use by process {holder.pid} on .*; wait for it"):
-            prepare_run_dir(cfg, manager(cfg), DataParallel())
-    finally:
-        holder.kill()
-        holder.join()
+    with lock_held_elsewhere(run_dir) as pid, \
+            pytest.raises(RunDirError, match=rf"is in use by process {pid} on .*; wait for it"):
+        prepare_run_dir(cfg, manager(cfg), DataParallel())
     assert prepare_run_dir(cfg, manager(cfg), DataParallel()) is None  # the kernel released the dead one's lock
 
 

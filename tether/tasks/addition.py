@@ -169,7 +169,8 @@ class AdditionTask:
             want = {name: rng.choices(list(w), list(w.values()))[0] for name, w in conditions.items() if w}
             for _ in range(_MAX_DRAWS):
                 a, b = rng.randint(low, high), rng.randint(low, high)
-                if (a, b) not in taken and all(self._quantity(name, a, b) == v for name, v in want.items()):
+                if (a, b) not in taken and (not want or all(
+                        q == want.get(name, q) for name, q in self._quantities(a, b).items())):
                     break
             else:
                 wanted = ", ".join(f"{name}={v}" for name, v in want.items())
@@ -183,10 +184,10 @@ class AdditionTask:
                                         "overflow": overflows(a, b, self.digits), "mode": mode}))
         return items
 
-    def _quantity(self, name: str, a: int, b: int) -> int:
-        overflow = overflows(a, b, self.digits)
-        return {"carries": carries_of(a, b), "overflow": overflow,
-                "inner_carries": carries_of(a, b) - overflow}[name]
+    def _quantities(self, a: int, b: int) -> dict[str, int]:
+        """What the weights condition on, for the pair ``(a, b)``."""
+        carries, overflow = carries_of(a, b), overflows(a, b, self.digits)
+        return {"carries": carries, "overflow": overflow, "inner_carries": carries - overflow}
 
     def sft_items(self, limit: int | None = None) -> list[TaskItem]:
         """What ``tether sft`` (data: task) demonstrates: the first ``limit`` sft items, then ``sft_recall``
