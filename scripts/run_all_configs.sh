@@ -10,13 +10,14 @@
 # (ONLY=PATTERN and DRY=1 in the environment do the same.) Everything runs inside WORK (default runs/all_configs),
 # which links configs/ and scripts/ of this checkout: every relative runs/... path of a config (its run_dir, the
 # checkpoints it reads) lands there, so nothing a person ran is touched. Each config runs with the command of its
-# first comment line (`# tether train|sft|seed-sft CONFIG`), after the commands its `# written by:` lines name. A
-# config is skipped, with a one-line reason, when: its inputs come from a script or an old commit (a `# written by:`
-# line that is not a tether command), a command it needs failed or was skipped, or `tether validate` refuses it once
-# its inputs exist (a package, a data set or a GPU it needs is missing here; validate's first line is the reason).
+# first comment line (`# tether train|sft|seed-sft CONFIG`), after the commands its `# written by:` lines name, in
+# their order: tether commands, and `python scripts/...` data scripts of this checkout. A config is skipped, with a
+# one-line reason, when: its inputs come from anything else (a script that is not here, an old commit, a manual
+# step), a command it needs failed or was skipped, or `tether validate` refuses it once its inputs exist (a package,
+# a data set or a GPU it needs is missing here; validate's first line is the reason).
 # WORK/summary.tsv has one line per config or command; the exit code is the number that failed.
 set -u
-usage() { sed -n '2,17s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,18s/^# \{0,1\}//p' "$0"; }
 ONLY=${ONLY:-}
 DRY=${DRY:-}
 while [[ $# -gt 0 ]]; do
@@ -30,7 +31,8 @@ while [[ $# -gt 0 ]]; do
 done
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${WORK:-$REPO/runs/all_configs}
-TETHER=${TETHER:-"$REPO/.venv/bin/python -m tether"}
+PYTHON=${PYTHON:-"$REPO/.venv/bin/python"}
+TETHER=${TETHER:-"$PYTHON -m tether"}
 mkdir -p "$WORK"
 ln -sfn "$REPO/configs" "$WORK/configs"
 ln -sfn "$REPO/scripts" "$WORK/scripts"
@@ -59,6 +61,14 @@ run_config() {  # CONFIG [WHY]: run what CONFIG needs, then CONFIG; its state sa
     state[$config]=started
     while read -r writer; do
         [[ -z "$writer" ]] && continue
+        if [[ "$writer" == python\ scripts/* && -f "$REPO/$(echo "$writer" | awk '{print $2}')" ]]; then
+            run_command "cmd:$writer" "$writer" "needed by $config"  # a data script of this checkout
+            if [[ "${state[cmd:$writer]}" != ok ]]; then
+                skip "$config" "it needs \`$writer\`, which $(outcome "${state[cmd:$writer]}")"
+                return 0
+            fi
+            continue
+        fi
         if [[ "$writer" != tether\ * ]]; then
             skip "$config" "its inputs are written by: $writer"
             return 0
@@ -101,8 +111,12 @@ run_command() {  # KEY COMMAND WHY: run COMMAND once, log it, and record how it 
     log="logs/$(echo "${key#cmd:}" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-150).log"
     mkdir -p logs
     start=$(date +%s)
-    # shellcheck disable=SC2086  # TETHER and the command are words
-    $TETHER ${command#tether } > "$log" 2>&1
+    # shellcheck disable=SC2086  # TETHER, PYTHON and the command are words
+    if [[ "$command" == python\ * ]]; then
+        $PYTHON ${command#python } > "$log" 2>&1
+    else
+        $TETHER ${command#tether } > "$log" 2>&1
+    fi
     rc=$?
     printf '%s\texit %s\t%ss\t%s\n' "${key#cmd:}" "$rc" "$(( $(date +%s) - start ))" "$WORK/$log" >> "$summary"
     if [[ $rc -eq 0 ]]; then

@@ -1,6 +1,7 @@
-"""scripts/run_all_configs.sh on a made-up checkout, with a fake `tether`: ``--dry-run`` lists what would run and why,
-``--only`` picks a subset (with what it needs), and a config is skipped with one line when a script writes its inputs,
-a command it needs failed, or ``tether validate`` refuses it; the exit code counts the failures."""
+"""scripts/run_all_configs.sh on a made-up checkout, with a fake `tether` and `python`: ``--dry-run`` lists what would
+run and why, ``--only`` picks a subset (with what it needs), a data script of the checkout runs before the config
+that reads its output, and a config is skipped with one line when a script that is not here writes its inputs, a
+command it needs failed, or ``tether validate`` refuses it; the exit code counts the failures."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ CONFIGS = {  # path: its comment lines
     "base.yaml": ["# tether train configs/base.yaml"],
     "after_base.yaml": ["# tether train configs/after_base.yaml", "# written by: tether train configs/base.yaml"],
     "scripted.yaml": ["# tether sft configs/scripted.yaml", "# written by: python scripts/make_data.py"],
+    "with_data.yaml": ["# tether sft configs/with_data.yaml", "# written by: tether train configs/base.yaml",
+                       "# written by: python scripts/write_data.py out.jsonl --seed 3"],
     "after_scripted.yaml": ["# tether train configs/after_scripted.yaml",
                             "# written by: tether sft configs/scripted.yaml"],
     "broken.yaml": ["# tether train configs/broken.yaml"],
@@ -33,23 +36,29 @@ esac
 exit 0
 """
 
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "python $*" >> "$CALLS"
+"""
+
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     (tmp_path / "scripts").mkdir()
     shutil.copy(SCRIPT, tmp_path / "scripts" / SCRIPT.name)
+    (tmp_path / "scripts" / "write_data.py").write_text("")  # here, so with_data.yaml's writer runs
     for path, lines in CONFIGS.items():
         config = tmp_path / "configs" / path
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text("\n".join(lines) + "\nseed: 0\n")
-    fake = tmp_path / "fake_tether"
-    fake.write_text(FAKE_TETHER)
-    fake.chmod(0o755)
+    for name, text in (("fake_tether", FAKE_TETHER), ("fake_python", FAKE_PYTHON)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
     return tmp_path
 
 
 def run(checkout: Path, *args: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "WORK": str(checkout / "work"), "TETHER": str(checkout / "fake_tether"),
+           "PYTHON": str(checkout / "fake_python"),
            "CALLS": str(checkout / "calls.txt")}
     return subprocess.run(["bash", str(checkout / "scripts" / SCRIPT.name), *args], env=env, capture_output=True,
                           text=True, timeout=60)
@@ -66,6 +75,8 @@ def test_dry_run_lists_what_would_run_and_why_and_what_is_skipped(checkout):
         "skip  configs/scripted.yaml: its inputs are written by: python scripts/make_data.py",
         "skip  configs/after_scripted.yaml: it needs configs/scripted.yaml, which was skipped",
         "run   tether train configs/needs_gpu.yaml  (selected)",
+        "run   python scripts/write_data.py out.jsonl --seed 3  (needed by configs/with_data.yaml)",
+        "run   tether sft configs/with_data.yaml  (selected)",
         "(a real run also checks each config with tether validate once its inputs exist, and skips it if refused)",
     ]
     assert not (checkout / "calls.txt").exists()  # nothing ran
@@ -92,7 +103,12 @@ def test_a_run_skips_with_one_line_reason_and_counts_failures(checkout):
         ["configs/after_scripted.yaml", "skipped: it needs configs/scripted.yaml, which was skipped"],
         ["configs/needs_gpu.yaml",
          "skipped: tether validate: train.device: cuda is not available here (torch has no CUDA)"],
+        ["python scripts/write_data.py out.jsonl --seed 3", "exit 0"],
+        ["configs/with_data.yaml", "exit 0"],
     ]
     calls = (checkout / "calls.txt").read_text().splitlines()
     assert "train configs/needs_gpu.yaml" not in calls and "train configs/gpu/preset.yaml" not in calls
     assert calls.index("validate configs/base.yaml") < calls.index("train configs/base.yaml")
+    assert calls.count("train configs/base.yaml") == 1  # needed twice, run once
+    data = calls.index("python scripts/write_data.py out.jsonl --seed 3")
+    assert data < calls.index("validate configs/with_data.yaml") < calls.index("sft configs/with_data.yaml")
