@@ -10,7 +10,9 @@
    comparison is not run. Beside it, *deadly* rows (onto ``~`` or into a visible hole: any move that kills) and
    *alive* rows, since the oracle rule forbids both hazards (docs/methods/seed.md says when this was added), and
    a counterfactual diagnostic, *fork_safe_move*: at every row at a fork (the naive move steps on ``~``), the
-   skill's shift of the safe move's log-probability, sampled or not.
+   skill's shift of the safe move's log-probability, sampled or not; *fork* and *fork_fatal*: the sampled rows at
+   forks, all and those onto ``~``. ``gate_third_design`` reads the third design's registered gate from these
+   (:func:`tether.lab.seed_gate.warm_start_gate`).
 3. **Self-analysis**: greedy analyses by the policy of some of those trajectories: parse rate and how many state
    the hidden lesson (:func:`tether.envs.thin_ice.states_lesson`).
 4. With ``--own-skills`` (the self-analysis arm, after stage 1): check 2 again with the policy's own greedy
@@ -34,7 +36,8 @@ import torch
 from tether.config import load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
-from tether.envs.thin_ice import states_lesson
+from tether.envs.thin_ice import at_fork, states_lesson
+from tether.lab.seed_gate import warm_start_gate
 from tether.lab.skill_data import response_text
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill
@@ -79,13 +82,6 @@ def safe_kind(before: dict[str, Any], after: dict[str, Any], action: str) -> str
     return "safe_on_plan" if before["safe_move"] == action else "safe_other"
 
 
-def at_fork(before: dict[str, Any]) -> bool:
-    """Whether the naive solver's next move from this state steps on ``~`` (the env's info of the state): the
-    states where a skill that says "never step on ~" should change the action (the rows whose safe moves the
-    teacher should raise most)."""
-    return before["outcomes"].get(before["naive_move"]) == "thin_ice"
-
-
 def oracle_skills(episodes: list[Episode]) -> dict[int, str]:
     """The oracle rule analyzer's skill per episode (by ``id``), as ``methods.seed.analyzer=rule`` writes it."""
     return {id(ep): parse_analysis(rule_analysis(Trajectory.from_episode(ep), "thin_ice",
@@ -115,6 +111,9 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
     # overlapping those, the safe rows at a fork (the naive move would step on ~)
     detail: dict[str, list[float]] = {"safe_into_hole": [], "safe_on_plan": [], "safe_other": [],
                                       "safe_at_fork": []}
+    # every sampled row at a fork, and those onto ~ there (the third design's gate, read where the signal acts;
+    # added 2026-12-06 before that design's warm start existed)
+    fork_rows: dict[str, list[float]] = {"fork": [], "fork_fatal": []}
     # counterfactual, at every fork row whatever was sampled: the shift of the safe move's response. A policy that
     # always steps on ~ without a skill has almost no sampled safe rows at forks, and its sampled safe rows elsewhere
     # sit near log-prob 0, where no skill can raise them; this reads "raises the safe move" where the skill matters
@@ -142,6 +141,10 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
                                                     - response_log_prob(model, plain_prompt, alt))
         fatal = after.get("outcome") == "thin_ice"
         split["fatal" if fatal else "safe"].append(teacher - student)
+        if fork:
+            fork_rows["fork"].append(teacher - student)
+            if fatal:
+                fork_rows["fork_fatal"].append(teacher - student)
         kind = None if fatal else safe_kind(before, after, t["action"])
         deadly["deadly" if fatal or kind == "safe_into_hole" else "alive"].append(teacher - student)
         if kind is not None:
@@ -149,7 +152,7 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
             if fork:
                 detail["safe_at_fork"].append(teacher - student)
     out: dict[str, Any] = {}
-    for kind, values in {**split, **deadly, **detail, **counterfactual}.items():
+    for kind, values in {**split, **deadly, **detail, **fork_rows, **counterfactual}.items():
         x = torch.tensor(values or [float("nan")])
         out[kind] = {"rows": len(values), "delta_mean": float(x.mean()),
                      "delta_se": float(x.std() / len(values) ** 0.5) if len(values) > 1 else float("nan"),
@@ -195,6 +198,7 @@ def main() -> None:
     pc = result["positive_control"]
     result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]  # pre-registered
     result["control_passed_deadly"] = pc["deadly"]["delta_mean"] < 0 < pc["alive"]["delta_mean"]
+    result["gate_third_design"] = warm_start_gate(pc)  # registered in configs/lab/seed/third/protocol.yaml
     if args.own_skills:
         own = {id(ep): a.skill if a.ok else "" for ep, a in
                zip(plain, own_analyses(engine, tok, plain, args.analysis_tokens), strict=True)}
