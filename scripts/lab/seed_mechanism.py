@@ -6,7 +6,7 @@ For each arm and seed under RUN_ROOT (default runs/lab/seed/study), the mean ove
 the protocol names as mechanism metrics, and per arm the mean over seeds. A metric a run does not log (GRPO has no
 teacher) is left blank. Training metrics are sampled at the rollout temperature on training maps: they say what
 the distillation term saw, not how well the policy generalises (that is the report's endpoint). Under the table,
-the third design's training gate (:func:`tether.lab.seed_gate.training_gate`) for every arm that logs the fork
+the third design's training gate (:func:`tether.lab.seed_third.training_gate`) for every arm that logs the fork
 metrics, on the mean over its seeds.
 """
 
@@ -17,7 +17,7 @@ import json
 import math
 from pathlib import Path
 
-from tether.lab.seed_gate import training_gate
+from tether.lab.seed_third import training_gate
 
 METRICS = ("env/success_rate", "env/fell_through_ice_frac", "env/fell_in_hole_frac", "env/all_fail_group_frac",
            "seed/analysis_success_rate", "seed/skill_correct_rate", "seed/delta_fatal", "seed/delta_safe",

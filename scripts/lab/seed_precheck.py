@@ -12,7 +12,7 @@
    a counterfactual diagnostic, *fork_safe_move*: at every row at a fork (the naive move steps on ``~``), the
    skill's shift of the safe move's log-probability, sampled or not; *fork* and *fork_fatal*: the sampled rows at
    forks, all and those onto ``~``. ``gate_third_design`` reads the third design's registered gate from these
-   (:func:`tether.lab.seed_gate.warm_start_gate`).
+   (:func:`tether.lab.seed_third.warm_start_gate`).
 3. **Self-analysis**: greedy analyses by the policy of some of those trajectories: parse rate and how many state
    the hidden lesson (:func:`tether.envs.thin_ice.states_lesson`).
 4. With ``--own-skills`` (the self-analysis arm, after stage 1): check 2 again with the policy's own greedy
@@ -37,7 +37,7 @@ from tether.config import load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
 from tether.envs.thin_ice import at_fork, states_lesson
-from tether.lab.seed_gate import warm_start_gate
+from tether.lab.seed_third import warm_start_gate
 from tether.lab.skill_data import response_text
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
 from tether.methods.seed.prompting import augment_with_skill

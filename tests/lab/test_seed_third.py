@@ -1,0 +1,177 @@
+"""The third SEED design's registered rules (tether/lab/seed_third.py): each gate threshold decides and an unread
+metric never passes; the pilot fixes the stage-2 length, GRPO's value, the test size and the seeds as registered."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tether.lab.seed_third import (
+    FORK_SAFE_MOVE_MIN,
+    NON_ICE_MIN,
+    PAPER_RELATIVE_GAIN,
+    SPREAD,
+    pilot_curve,
+    pilot_rule,
+    seeds_needed,
+    stage2_length,
+    training_gate,
+    warm_start_gate,
+)
+from tether.lab.stats import mde
+
+
+def kind(rows: int, mean: float, se: float) -> dict[str, float]:
+    return {"rows": rows, "delta_mean": mean, "delta_se": se}
+
+
+def control(**changes: dict[str, float]) -> dict[str, dict[str, float]]:
+    """A precheck positive_control that passes (the smoke run's +6.46 at forks), with ``changes`` applied."""
+    return {"fork_safe_move": kind(60, 6.46, 0.5), "fork_fatal": kind(30, -7.0, 0.2), "safe": kind(900, -0.03, 0.016),
+            **changes}
+
+
+def test_a_warm_start_that_raises_the_safe_move_at_forks_passes():
+    gate = warm_start_gate(control())
+    assert gate["passed"] and set(gate["checks"]) == {"fork_safe_move", "non_ice", "fork_fatal"}
+    assert gate["checks"]["fork_safe_move"]["rows"] == 60
+
+
+@pytest.mark.parametrize(("changes", "failing"), [
+    ({"fork_safe_move": kind(60, FORK_SAFE_MOVE_MIN - 0.01, 0.1)}, "fork_safe_move"),  # too small a raise
+    ({"fork_safe_move": kind(60, 1.5, 0.8)}, "fork_safe_move"),  # mean - 2 se = -0.1: not clearly above 0
+    ({"fork_safe_move": kind(19, 6.0, 0.1)}, "fork_safe_move"),  # too few fork rows to read
+    ({"safe": kind(900, NON_ICE_MIN - 0.001, 0.01)}, "non_ice"),  # the teacher lowers the other moves
+    ({"fork_fatal": kind(30, -0.1, 0.06)}, "fork_fatal"),  # mean + 2 se = +0.02: not lowered
+])
+def test_each_warm_start_threshold_decides(changes, failing):
+    gate = warm_start_gate(control(**changes))
+    assert not gate["passed"]
+    assert [name for name, c in gate["checks"].items() if not c["passed"]] == [failing]
+
+
+def test_the_boundaries_are_inclusive_where_registered_so():
+    at = control(fork_safe_move=kind(20, FORK_SAFE_MOVE_MIN, 0.1), safe=kind(10, NON_ICE_MIN, 0.01))
+    assert warm_start_gate(at)["passed"]
+
+
+def test_fatal_moves_at_forks_are_not_read_when_too_few_were_sampled():
+    gate = warm_start_gate(control(fork_fatal=kind(4, 3.0, 1.0)))
+    assert gate["passed"] and "not read" in gate["checks"]["fork_fatal"]["threshold"]
+
+
+def test_a_control_without_fork_rows_fails():
+    empty = kind(0, math.nan, math.nan)
+    assert not warm_start_gate(control(fork_safe_move=empty, fork_fatal=empty))["passed"]
+
+
+def test_training_gate_reads_the_fork_and_non_ice_deltas():
+    good = {"seed/delta_fork_safe": 0.4, "seed/delta_fork_fatal": -2.0, "seed/delta_safe": -0.05}
+    assert training_gate(good)["passed"]
+    # the second design's training logs: non-ice rows -0.19 at lambda 1 fail the registered -0.10
+    assert [n for n, c in training_gate({**good, "seed/delta_safe": -0.19})["checks"].items()
+            if not c["passed"]] == ["non_ice"]
+    assert not training_gate({**good, "seed/delta_fork_safe": 0.0})["passed"]
+    assert not training_gate({**good, "seed/delta_fork_fatal": 0.1})["passed"]
+    missing = {k: v for k, v in good.items() if k != "seed/delta_fork_safe"}
+    assert not training_gate(missing)["passed"]  # an arm that never logged the fork rows was not read
+
+
+def test_the_mechanism_table_reads_the_training_gate_per_arm(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    rows = {"seed_oracle_w1": [{"step": 1, "seed/delta_fork": 0.1, "seed/delta_fork_safe": 0.5,
+                                "seed/delta_fork_fatal": -3.0, "seed/delta_safe": -0.05},
+                               {"step": 2, "seed/delta_fork": 0.3, "seed/delta_fork_safe": 0.3,
+                                "seed/delta_fork_fatal": -1.0, "seed/delta_safe": -0.25}],
+            "grpo": [{"step": 1, "env/success_rate": 0.5}]}
+    for arm, lines in rows.items():
+        (tmp_path / arm / "seed0").mkdir(parents=True)
+        (tmp_path / arm / "seed0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    done = subprocess.run([sys.executable, "scripts/lab/seed_mechanism.py", str(tmp_path)], cwd=repo,
+                          capture_output=True, text=True, check=True)
+    gates = [line for line in done.stdout.splitlines() if line.startswith("training gate")]
+    # the run's means: fork_safe 0.4, fork_fatal -2.0, non-ice -0.15 (below -0.10); grpo logs no fork rows
+    assert gates == ["training gate, seed_oracle_w1: FAILED: fork_safe 0.400 (> 0: yes), fork_fatal -2.000 (< 0: "
+                     "yes), non_ice -0.150 (>= -0.1: no)"]
+
+
+# -- the pilot -------------------------------------------------------------------------------------------------
+
+
+def curve_of(value) -> dict[int, float]:
+    return {s: value(s) for s in range(0, 65, 4)}
+
+
+def test_the_curve_is_the_mean_over_runs_of_the_steps_every_run_validated(tmp_path):
+    import json
+
+    logs = {"a": [(0, 0.5), (4, 0.6), (4, 0.7), (8, 0.9)], "b": [(0, 0.3), (4, 0.5)]}  # a logs step 4 twice
+    for run, rows in logs.items():
+        (tmp_path / run).mkdir()
+        lines = [json.dumps({"step": s, "val/success_rate": v}) for s, v in rows]
+        (tmp_path / run / "metrics.jsonl").write_text("\n".join([*lines, json.dumps({"step": 9, "loss": 1})]))
+    assert pilot_curve([tmp_path / "a", tmp_path / "b"]) == {0: pytest.approx(0.4), 4: pytest.approx(0.6)}
+
+
+def test_the_stage2_length_is_the_first_step_after_which_grpo_never_rises_by_more_than_eps():
+    # rises 0.01 a step to 0.8 at step 30, then flat: W(24) = 0.70 and W(32) = 0.773 (0.027 short), W(40) = 0.8
+    rise = curve_of(lambda s: min(0.5 + 0.01 * s, 0.8))
+    assert stage2_length(rise, 64) == 32
+    still_rising = curve_of(lambda s: 0.3 + 0.005 * s)  # W(64) - W(48) = 0.08
+    assert stage2_length(still_rising, 64) is None and not pilot_rule(still_rising, 64)["flattened"]
+    assert "train_steps" not in pilot_rule(still_rising, 64)  # the pilot goes on to 96 first
+    longer = {s: 0.3 + 0.005 * s for s in range(0, 97, 4)}
+    last = pilot_rule(longer, 96)  # still rising at 96: stage 2 runs all 96 steps, and the rule says so
+    assert not last["flattened"] and last["train_steps"] == 96 and last["grpo_value"] == round(0.3 + 0.005 * 92, 3)
+    assert stage2_length(curve_of(lambda s: 0.5), 64) == 16  # flat from the start: the shortest candidate
+    # up to 0.8 at step 30, then down to 0.3: a later fall never makes a still-rising step look flat
+    peak = curve_of(lambda s: min(0.5 + 0.01 * s, 0.8) - max(0.0, 0.02 * (s - 40)))
+    assert stage2_length(peak, 64) == 32
+
+
+def test_the_rule_fixes_value_test_size_seeds_and_says_when_delta_exceeds_the_room_left():
+    low = pilot_rule(curve_of(lambda s: min(0.3 + 0.01 * s, 0.5)), 64)
+    # L = 24: W(24) = (0.46 + 0.5 + 0.5) / 3 = 0.487, 0.013 below the plateau; W(16) = 0.42, 0.08 below
+    assert low["train_steps"] == 24 and low["grpo_value"] == 0.487
+    assert low["delta"] == round(PAPER_RELATIVE_GAIN * 0.487, 2) == 0.14
+    assert low["seeds"] == 14 and low["testable"] and low["mde"] == pytest.approx(mde(SPREAD, 14))
+    high = pilot_rule(curve_of(lambda s: min(0.6 + 0.01 * s, 0.9)), 64)
+    # L = 32: W(32) = (0.84 + 0.88 + 0.9) / 3 = 0.873; delta = 0.294 x 0.873 = 0.257 -> 0.26 > 1 - 0.873
+    assert high["train_steps"] == 32 and high["grpo_value"] == 0.873 and high["delta"] == 0.26
+    assert not high["testable"]
+
+
+def test_seeds_reach_an_mde_at_or_below_delta_and_never_fall_below_fourteen():
+    assert mde(SPREAD, 13) > 0.06 >= mde(SPREAD, 14)  # the issue's "about 14 at the observed variance"
+    assert seeds_needed(0.06) == 14 and seeds_needed(0.30) == 14
+    n = seeds_needed(0.05)
+    assert mde(SPREAD, n) <= 0.05 < mde(SPREAD, n - 1) and n > 14
+
+
+def test_the_pilot_script_reads_the_three_pilot_runs_and_prints_what_the_rule_fixes(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tether.lab.seed_third import PILOT_SEEDS
+
+    for k, seed in enumerate(PILOT_SEEDS):  # seeds 0.02 apart around the curve of the test above
+        (tmp_path / f"seed{seed}").mkdir()
+        rows = [{"step": s, "val/success_rate": min(0.3 + 0.01 * s, 0.5) + 0.02 * (k - 1)} for s in range(0, 65, 4)]
+        (tmp_path / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "scripts/lab/seed_pilot.py", "--root", str(tmp_path), "--out",
+                           str(tmp_path / "rule.json")], cwd=repo, capture_output=True, text=True, check=True)
+    rule = json.loads((tmp_path / "rule.json").read_text())
+    assert (rule["train_steps"], rule["grpo_value"], rule["delta"], rule["seeds"]) == (24, 0.487, 0.14, 14)
+    assert done.stdout.startswith("step") and "\"train_steps\": 24" in done.stdout
+    missing = subprocess.run([sys.executable, "scripts/lab/seed_pilot.py", "--root", str(tmp_path / "none")],
+                             cwd=repo, capture_output=True, text=True)
+    assert missing.returncode != 0 and "run the pilot first" in missing.stderr
