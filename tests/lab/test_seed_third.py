@@ -28,13 +28,13 @@ def kind(rows: int, mean: float, se: float) -> dict[str, float]:
 
 def control(**changes: dict[str, float]) -> dict[str, dict[str, float]]:
     """A precheck positive_control that passes (the smoke run's +6.46 at forks), with ``changes`` applied."""
-    return {"fork_safe_move": kind(60, 6.46, 0.5), "fork_fatal": kind(30, -7.0, 0.2), "safe": kind(900, -0.03, 0.016),
-            **changes}
+    return {"fork_safe_move": kind(60, 6.46, 0.5), "fork_fatal": kind(30, -7.0, 0.2), "safe_at_fork": kind(6, 5.0, 1.0),
+            "safe": kind(900, -0.03, 0.016), **changes}
 
 
 def test_a_warm_start_that_raises_the_safe_move_at_forks_passes():
     gate = warm_start_gate(control())
-    assert gate["passed"] and set(gate["checks"]) == {"fork_safe_move", "non_ice", "fork_fatal"}
+    assert gate["passed"] and set(gate["checks"]) == {"fork_safe_move", "non_ice", "fork_fatal", "safe_at_fork"}
     assert gate["checks"]["fork_safe_move"]["rows"] == 60
 
 
@@ -44,6 +44,7 @@ def test_a_warm_start_that_raises_the_safe_move_at_forks_passes():
     ({"fork_safe_move": kind(19, 6.0, 0.1)}, "fork_safe_move"),  # too few fork rows to read
     ({"safe": kind(900, NON_ICE_MIN - 0.001, 0.01)}, "non_ice"),  # the teacher lowers the other moves
     ({"fork_fatal": kind(30, -0.1, 0.06)}, "fork_fatal"),  # mean + 2 se = +0.02: not lowered
+    ({"safe_at_fork": kind(8, 0.07, 0.11)}, "safe_at_fork"),  # the local-view warm start's: not clearly raised
 ])
 def test_each_warm_start_threshold_decides(changes, failing):
     gate = warm_start_gate(control(**changes))
@@ -56,14 +57,15 @@ def test_the_boundaries_are_inclusive_where_registered_so():
     assert warm_start_gate(at)["passed"]
 
 
-def test_fatal_moves_at_forks_are_not_read_when_too_few_were_sampled():
-    gate = warm_start_gate(control(fork_fatal=kind(4, 3.0, 1.0)))
-    assert gate["passed"] and "not read" in gate["checks"]["fork_fatal"]["threshold"]
+def test_sampled_moves_at_forks_are_not_read_when_too_few_were_sampled():
+    gate = warm_start_gate(control(fork_fatal=kind(4, 3.0, 1.0), safe_at_fork=kind(1, -2.0, math.nan)))
+    assert gate["passed"]
+    assert all("not read" in gate["checks"][k]["threshold"] for k in ("fork_fatal", "safe_at_fork"))
 
 
 def test_a_control_without_fork_rows_fails():
     empty = kind(0, math.nan, math.nan)
-    assert not warm_start_gate(control(fork_safe_move=empty, fork_fatal=empty))["passed"]
+    assert not warm_start_gate(control(fork_safe_move=empty, fork_fatal=empty, safe_at_fork=empty))["passed"]
 
 
 def test_training_gate_reads_the_fork_and_non_ice_deltas():

@@ -11,10 +11,10 @@ must not hurt:
 
 * **on the warm start** (``scripts/lab/seed_precheck.py``, its ``positive_control``): the skill raises the *safe*
   move at fork rows, sampled or not (``fork_safe_move``), by at least :data:`FORK_SAFE_MOVE_MIN` nats on average,
-  with the mean two standard errors above 0 over at least :data:`MIN_FORK_ROWS` rows; it lowers the sampled moves
-  onto ``~`` at forks (``fork_fatal``, upper two-standard-error bound below 0, where at least
-  :data:`MIN_FATAL_ROWS` were sampled); and it lowers the other sampled moves (non-ice rows, ``safe``) by less
-  than :data:`NON_ICE_MIN` on average;
+  with the mean two standard errors above 0 over at least :data:`MIN_FORK_ROWS` rows; at forks it lowers the
+  sampled moves onto ``~`` (``fork_fatal``, upper two-standard-error bound below 0) and raises the sampled safe
+  ones (``safe_at_fork``, lower bound above 0), each read where at least :data:`MIN_SAMPLED_ROWS` were sampled;
+  and it lowers the other sampled moves (non-ice rows, ``safe``) by less than :data:`NON_ICE_MIN` on average;
 * **during training** (``scripts/lab/seed_mechanism.py``, the SEED arm's ``metrics.jsonl``: each run's mean over
   its steps, then the mean over runs): ``seed/delta_fork_safe`` > 0, ``seed/delta_fork_fatal`` < 0 and
   ``seed/delta_safe`` >= :data:`NON_ICE_MIN`.
@@ -44,7 +44,7 @@ from tether.lab.stats import mde
 FORK_SAFE_MOVE_MIN = 1.0  # nats: the skill at least e-folds the safe move's probability at a fork
 NON_ICE_MIN = -0.10  # nats: on moves not onto ~ the teacher may be at most ~10% less sure than the student
 MIN_FORK_ROWS = 20  # fork rows the warm-start reading needs (32 selection maps x 4 episodes give ~60)
-MIN_FATAL_ROWS = 5  # sampled moves onto ~ at forks below which their sign is not read
+MIN_SAMPLED_ROWS = 5  # sampled moves at forks (onto ~, or safe) below which their sign is not read
 
 PILOT_SEEDS = (100, 101, 102)  # none of them a calibration (200-202) or comparison (0-13) seed
 HORIZONS = (64, 96)  # the pilot's length, and its one extension when GRPO has not flattened by the first
@@ -59,21 +59,26 @@ def _check(value: float, passed: bool, threshold: str, rows: int | None = None) 
     return out if rows is None else {**out, "rows": rows}
 
 
+def _sampled_sign(kind: dict[str, float], sign: int) -> dict[str, Any]:
+    """Sampled rows at forks: the mean two standard errors on the side ``sign`` says, where enough were sampled
+    (a policy that rarely makes that move at a fork gives the teacher nothing to move there, and nothing to read)."""
+    n, mean, se = int(kind["rows"]), kind["delta_mean"], kind["delta_se"]
+    if n < MIN_SAMPLED_ROWS:
+        return _check(mean, True, f"not read below {MIN_SAMPLED_ROWS} rows", n)
+    return _check(mean, sign * mean - 2 * se > 0, "mean - 2 se > 0" if sign > 0 else "mean + 2 se < 0", n)
+
+
 def warm_start_gate(control: dict[str, dict[str, float]]) -> dict[str, Any]:
     """The warm-start reading from the precheck's ``positive_control`` (kind -> rows, delta_mean, delta_se)."""
-    safe_move, fatal, non_ice = control["fork_safe_move"], control["fork_fatal"], control["safe"]
+    safe_move, non_ice = control["fork_safe_move"], control["safe"]
     n, mean, se = int(safe_move["rows"]), safe_move["delta_mean"], safe_move["delta_se"]
     checks = {"fork_safe_move": _check(mean, n >= MIN_FORK_ROWS and mean >= FORK_SAFE_MOVE_MIN and mean - 2 * se > 0,
                                        f">= {FORK_SAFE_MOVE_MIN} and mean - 2 se > 0 over >= {MIN_FORK_ROWS} rows",
                                        n),
               "non_ice": _check(non_ice["delta_mean"], non_ice["delta_mean"] >= NON_ICE_MIN, f">= {NON_ICE_MIN}",
-                                int(non_ice["rows"]))}
-    m = int(fatal["rows"])
-    if m >= MIN_FATAL_ROWS:
-        checks["fork_fatal"] = _check(fatal["delta_mean"], fatal["delta_mean"] + 2 * fatal["delta_se"] < 0,
-                                      "mean + 2 se < 0", m)
-    else:  # the policy rarely stepped on ~ at a fork: nothing for the teacher to lower, nothing to read
-        checks["fork_fatal"] = _check(fatal["delta_mean"], True, f"not read below {MIN_FATAL_ROWS} rows", m)
+                                int(non_ice["rows"])),
+              "fork_fatal": _sampled_sign(control["fork_fatal"], -1),
+              "safe_at_fork": _sampled_sign(control["safe_at_fork"], +1)}
     return {"checks": checks, "passed": all(c["passed"] for c in checks.values())}
 
 
