@@ -12,10 +12,12 @@ from tether.lab.seed_third import (
     NON_ICE_MIN,
     PAPER_RELATIVE_GAIN,
     SPREAD,
+    hint_gate,
     pilot_curve,
     pilot_rule,
     seeds_needed,
     stage2_length,
+    third_design_gate,
     training_gate,
     warm_start_gate,
 )
@@ -66,6 +68,15 @@ def test_sampled_moves_at_forks_are_not_read_when_too_few_were_sampled():
 def test_a_control_without_fork_rows_fails():
     empty = kind(0, math.nan, math.nan)
     assert not warm_start_gate(control(fork_safe_move=empty, fork_fatal=empty, safe_at_fork=empty))["passed"]
+
+
+def test_the_design_gate_needs_the_skill_and_the_calibrations_hint_to_pass():
+    hint = {"fork_safe_move": kind(60, 3.0, 0.4), "safe": kind(900, 0.01, 0.01)}
+    assert hint_gate(hint)["passed"] and third_design_gate(control(), hint)["passed"]
+    unread = {**hint, "fork_safe_move": kind(60, 0.2, 0.05)}  # the policy barely reads the hint's block
+    gate = third_design_gate(control(), unread)
+    assert gate["skill"]["passed"] and not gate["opsd_hint"]["passed"] and not gate["passed"]
+    assert not third_design_gate(control(safe=kind(900, -0.5, 0.02)), hint)["passed"]
 
 
 def test_training_gate_reads_the_fork_and_non_ice_deltas():
@@ -177,3 +188,52 @@ def test_the_pilot_script_reads_the_three_pilot_runs_and_prints_what_the_rule_fi
     missing = subprocess.run([sys.executable, "scripts/lab/seed_pilot.py", "--root", str(tmp_path / "none")],
                              cwd=repo, capture_output=True, text=True)
     assert missing.returncode != 0 and "run the pilot first" in missing.stderr
+
+
+# -- the precheck's readings on scripted thin-ice episodes -----------------------------------------------------
+
+
+def test_the_precheck_splits_fork_rows_and_reads_the_hint_on_scripted_walkers(tmp_path, monkeypatch):
+    """Walkers that take the naive or the safe move (alternately by position) on a random char model: every
+    reading the gate uses gets its rows, and the splits count exactly the moves the env reports."""
+    import importlib.util
+    import math
+    from pathlib import Path
+
+    from tests.rollout.helpers import ScriptedEngine
+    from tether.checks import load_checked_config
+    from tether.envs.thin_ice import at_fork, parse_ahead, walker_move
+    from tether.models import load_policy
+    from tether.rollout.multi_turn import AgentCollector
+
+    monkeypatch.setenv("TETHER_CACHE", str(tmp_path / "cache"))
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("seed_precheck", repo / "scripts/lab/seed_precheck.py")
+    precheck = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(precheck)
+
+    class Walkers(ScriptedEngine):
+        def respond(self, prompt: str, j: int) -> str:
+            return f"<action>{walker_move(parse_ahead(prompt), 'O' if j % 2 else 'O~')}</action>"
+
+    cfg = load_checked_config(repo / "configs/lab/seed/third/grpo.yaml",
+                              ["model.name=char-64x1", "env.isolation=thread", f"run_dir={tmp_path / 'run'}"])
+    model, tok = load_policy(cfg.model.name)
+    collector = AgentCollector(cfg, tok)
+    episodes, rows = precheck.play(collector, Walkers(tok), collector.val_seeds[:12], 2, None, seed=1)
+    valid = [(r["episode"], r["turn"]) for r in rows if r["episode"].turns[r["turn"]]["valid"]]
+    fork = [(ep, t) for ep, t in valid if at_fork(ep.infos[t])]
+    onto_ice = [(ep, t) for ep, t in valid if ep.infos[t + 1].get("fell_through_ice")]
+    assert fork and onto_ice and len(valid) == len(rows)
+
+    control = precheck.skill_deltas(model, tok, precheck.oracle_skills(episodes), rows, cfg.env.history,
+                                    collector.action_format)
+    assert control["fork"]["rows"] == control["fork_safe_move"]["rows"] == len(fork)
+    assert control["fork_fatal"]["rows"] == len([x for x in fork if x in onto_ice])
+    assert control["safe_at_fork"]["rows"] == len(fork) - control["fork_fatal"]["rows"]
+    assert control["safe"]["rows"] == len(valid) - len(onto_ice)
+    hint = precheck.hint_deltas(model, tok, rows, cfg.env.history, collector.action_format)
+    assert hint["safe"]["rows"] == len(valid) - len(onto_ice) and hint["fork_safe_move"]["rows"] == len(fork)
+    assert all(math.isfinite(k["delta_mean"]) for k in (*control.values(), *hint.values()) if k["rows"])
+    gate = precheck.third_design_gate(control, hint)
+    assert set(gate) == {"skill", "opsd_hint", "passed"}

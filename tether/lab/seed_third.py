@@ -15,6 +15,9 @@ must not hurt:
   sampled moves onto ``~`` (``fork_fatal``, upper two-standard-error bound below 0) and raises the sampled safe
   ones (``safe_at_fork``, lower bound above 0), each read where at least :data:`MIN_SAMPLED_ROWS` were sampled;
   and it lowers the other sampled moves (non-ice rows, ``safe``) by less than :data:`NON_ICE_MIN` on average;
+* **on the calibration's teacher** (the precheck's ``opsd_hint``): the same two thresholds for the safe move at
+  forks and the non-ice rows with OPSD's privileged hint in place of the skill. A policy that does not read the
+  hint gives the positive control nothing to distil, and a control that cannot work calibrates nothing;
 * **during training** (``scripts/lab/seed_mechanism.py``, the SEED arm's ``metrics.jsonl``: each run's mean over
   its steps, then the mean over runs): ``seed/delta_fork_safe`` > 0, ``seed/delta_fork_fatal`` < 0 and
   ``seed/delta_safe`` >= :data:`NON_ICE_MIN`.
@@ -68,18 +71,33 @@ def _sampled_sign(kind: dict[str, float], sign: int) -> dict[str, Any]:
     return _check(mean, sign * mean - 2 * se > 0, "mean - 2 se > 0" if sign > 0 else "mean + 2 se < 0", n)
 
 
-def warm_start_gate(control: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """The warm-start reading from the precheck's ``positive_control`` (kind -> rows, delta_mean, delta_se)."""
+def _raises_where_it_matters(control: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """The two thresholds a teacher's context must meet: the safe move at forks, the non-ice rows."""
     safe_move, non_ice = control["fork_safe_move"], control["safe"]
     n, mean, se = int(safe_move["rows"]), safe_move["delta_mean"], safe_move["delta_se"]
-    checks = {"fork_safe_move": _check(mean, n >= MIN_FORK_ROWS and mean >= FORK_SAFE_MOVE_MIN and mean - 2 * se > 0,
-                                       f">= {FORK_SAFE_MOVE_MIN} and mean - 2 se > 0 over >= {MIN_FORK_ROWS} rows",
-                                       n),
-              "non_ice": _check(non_ice["delta_mean"], non_ice["delta_mean"] >= NON_ICE_MIN, f">= {NON_ICE_MIN}",
-                                int(non_ice["rows"])),
-              "fork_fatal": _sampled_sign(control["fork_fatal"], -1),
+    return {"fork_safe_move": _check(mean, n >= MIN_FORK_ROWS and mean >= FORK_SAFE_MOVE_MIN and mean - 2 * se > 0,
+                                     f">= {FORK_SAFE_MOVE_MIN} and mean - 2 se > 0 over >= {MIN_FORK_ROWS} rows", n),
+            "non_ice": _check(non_ice["delta_mean"], non_ice["delta_mean"] >= NON_ICE_MIN, f">= {NON_ICE_MIN}",
+                              int(non_ice["rows"]))}
+
+
+def warm_start_gate(control: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The warm-start reading from the precheck's ``positive_control`` (kind -> rows, delta_mean, delta_se)."""
+    checks = {**_raises_where_it_matters(control), "fork_fatal": _sampled_sign(control["fork_fatal"], -1),
               "safe_at_fork": _sampled_sign(control["safe_at_fork"], +1)}
     return {"checks": checks, "passed": all(c["passed"] for c in checks.values())}
+
+
+def hint_gate(hint: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The calibration teacher's reading from the precheck's ``opsd_hint``."""
+    checks = _raises_where_it_matters(hint)
+    return {"checks": checks, "passed": all(c["passed"] for c in checks.values())}
+
+
+def third_design_gate(control: dict[str, dict[str, float]], hint: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Step 1 of the design: the skill's reading and the hint's; both must pass."""
+    skill, privileged = warm_start_gate(control), hint_gate(hint)
+    return {"skill": skill, "opsd_hint": privileged, "passed": skill["passed"] and privileged["passed"]}
 
 
 def training_gate(means: dict[str, float]) -> dict[str, Any]:
