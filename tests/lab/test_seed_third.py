@@ -237,3 +237,35 @@ def test_the_precheck_splits_fork_rows_and_reads_the_hint_on_scripted_walkers(tm
     assert all(math.isfinite(k["delta_mean"]) for k in (*control.values(), *hint.values()) if k["rows"])
     gate = precheck.third_design_gate(control, hint)
     assert set(gate) == {"skill", "opsd_hint", "passed"}
+
+
+def test_the_rule_fixes_every_provisional_line_of_the_registered_files_and_nothing_else(tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    from tether.lab.protocol import load_protocol
+    from tether.lab.seed_third import PROVISIONAL_FILES, apply_rule
+
+    repo = Path(__file__).resolve().parents[2]
+    rule = {"train_steps": 40, "grpo_value": 0.512, "delta": round(PAPER_RELATIVE_GAIN * 0.512, 2), "seeds": 14}
+    texts = {name: (repo / name).read_text() for name in PROVISIONAL_FILES}
+    fixed = {name: apply_rule(text, rule, "rule.json") for name, text in texts.items()}
+    for name, text in fixed.items():
+        assert "# PROVISIONAL" not in text and "fixed by the pilot's rule (rule.json)" in text
+        changed = [(a, b) for a, b in zip(texts[name].splitlines(), text.splitlines(), strict=True) if a != b]
+        assert changed and all("# PROVISIONAL" in a for a, _ in changed)  # only the marked lines
+    assert yaml.safe_load(fixed[PROVISIONAL_FILES[0]])["train"]["steps"] == 40
+    for name in PROVISIONAL_FILES[1:]:
+        path = tmp_path / "p.yaml"
+        path.write_text(fixed[name])
+        protocol = load_protocol(path)  # the schema's own check: delta = gain x baseline
+        assert protocol.test_size.delta == protocol.calibration.min_movement == 0.15
+        assert protocol.test_size.setting_baseline == 0.512
+    assert load_protocol(tmp_path / "p.yaml").seeds == [200, 201, 202]  # the calibration keeps its own
+    comparison = tmp_path / "c.yaml"
+    comparison.write_text(apply_rule(texts[PROVISIONAL_FILES[1]], {**rule, "delta": 0.05, "grpo_value": 0.17,
+                                                                    "seeds": 19}, "rule.json"))
+    assert load_protocol(comparison).seeds == list(range(19))
+    with pytest.raises(ValueError, match="'lr'"):
+        apply_rule("  lr: 0.1   # PROVISIONAL: who knows\n", rule, "rule.json")

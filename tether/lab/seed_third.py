@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,10 @@ FLAT_EPS = 0.03  # success: half the design's MDE (0.06); a difference of two W'
 PAPER_RELATIVE_GAIN = 0.294  # Table 1, Qwen3-1.7B (the smallest model), WebShop score, GRPO 67.3 -> SEED 87.1
 SPREAD = 0.0736  # s_d of the second design's paired differences at lambda 1 (8 seeds, 95% CI +-0.0615)
 MIN_SEEDS = 14  # MDE 0.060 at SPREAD: the issue's "about 14 at the observed variance"
+# the design's files whose lines marked PROVISIONAL the pilot's rule fixes (apply_rule)
+PROVISIONAL_FILES = ("configs/lab/seed/third/grpo.yaml", "configs/lab/seed/third/protocol.yaml",
+                     "configs/lab/seed/third/calibration/protocol.yaml")
+PROVISIONAL_LINE = re.compile(r"^(?P<indent> *)(?P<key>\w+): (?P<value>\S.*?)\s+# PROVISIONAL.*$", re.M)
 
 
 def _check(value: float, passed: bool, threshold: str, rows: int | None = None) -> dict[str, Any]:
@@ -163,3 +168,28 @@ def pilot_rule(curve: dict[int, float], horizon: int) -> dict[str, Any]:
     delta = round(PAPER_RELATIVE_GAIN * round(value, 3), 2)
     return {**out, "train_steps": length, "grpo_value": round(value, 3), "delta": delta,
             "seeds": seeds_needed(delta), "mde": mde(SPREAD, seeds_needed(delta)), "testable": delta <= 1 - value}
+
+
+def apply_rule(text: str, rule: dict[str, Any], source: str) -> str:
+    """``text`` (one of :data:`PROVISIONAL_FILES`) with each line marked PROVISIONAL set from the pilot's ``rule``
+    and marked as fixed by ``source``: ``steps`` (the stage-2 length), ``delta`` and ``min_movement`` (the test
+    size), ``setting_baseline`` (G), and the top-level ``seeds`` (0 .. n-1 when the rule needs more than
+    :data:`MIN_SEEDS`, else as they are).
+
+    Raises:
+        ValueError: a PROVISIONAL line with a key the rule does not fix.
+    """
+    values = {"steps": rule["train_steps"], "delta": rule["delta"], "min_movement": rule["delta"],
+              "setting_baseline": rule["grpo_value"]}
+
+    def fixed(m: re.Match[str]) -> str:
+        key, value = m["key"], m["value"]
+        if key == "seeds" and not m["indent"]:
+            value = f"[{', '.join(map(str, range(rule['seeds'])))}]" if rule["seeds"] > MIN_SEEDS else value
+        elif key in values:
+            value = str(values[key])
+        else:
+            raise ValueError(f"a PROVISIONAL line sets {key!r}, which the pilot's rule does not fix")
+        return f"{m['indent']}{key}: {value}   # fixed by the pilot's rule ({source})"
+
+    return PROVISIONAL_LINE.sub(fixed, text)
