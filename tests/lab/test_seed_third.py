@@ -165,6 +165,9 @@ def test_seeds_reach_an_mde_at_or_below_delta_and_never_fall_below_fourteen():
     assert seeds_needed(0.06) == 14 and seeds_needed(0.30) == 14
     n = seeds_needed(0.05)
     assert mde(SPREAD, n) <= 0.05 < mde(SPREAD, n - 1) and n > 14
+    with pytest.raises(ValueError, match="cannot be reached"):
+        seeds_needed(0.0)
+    assert not pilot_rule(curve_of(lambda s: 0.01), 64)["testable"]  # GRPO at ~0: delta rounds to 0
 
 
 def test_the_pilot_script_reads_the_three_pilot_runs_and_prints_what_the_rule_fixes(tmp_path):

@@ -148,7 +148,13 @@ def stage2_length(curve: dict[int, float], horizon: int) -> int | None:
 
 
 def seeds_needed(delta: float, spread: float = SPREAD) -> int:
-    """The fewest seeds whose paired-t MDE at ``spread`` is at most ``delta``, never fewer than MIN_SEEDS."""
+    """The fewest seeds whose paired-t MDE at ``spread`` is at most ``delta``, never fewer than MIN_SEEDS.
+
+    Raises:
+        ValueError: ``delta`` is not positive (no number of seeds reaches it).
+    """
+    if delta <= 0:
+        raise ValueError(f"a test size of {delta} cannot be reached by any number of seeds")
     n = 2
     while mde(spread, n) > delta:
         n += 1
@@ -164,10 +170,13 @@ def pilot_rule(curve: dict[int, float], horizon: int) -> dict[str, Any]:
     if length is None and horizon < HORIZONS[-1]:
         return out  # extend the pilot
     length = length or horizon  # not flattened by the last horizon: stage 2 runs all of it (a declared deviation)
-    value = window(curve, length)
-    delta = round(PAPER_RELATIVE_GAIN * round(value, 3), 2)
-    return {**out, "train_steps": length, "grpo_value": round(value, 3), "delta": delta,
-            "seeds": seeds_needed(delta), "mde": mde(SPREAD, seeds_needed(delta)), "testable": delta <= 1 - value}
+    value = round(window(curve, length), 3)
+    delta = round(PAPER_RELATIVE_GAIN * value, 2)
+    if delta <= 0:  # GRPO at about 0: a relative gain of it is no test size
+        return {**out, "train_steps": length, "grpo_value": value, "delta": delta, "testable": False}
+    n = seeds_needed(delta)
+    return {**out, "train_steps": length, "grpo_value": value, "delta": delta, "seeds": n, "mde": mde(SPREAD, n),
+            "testable": delta <= 1 - value}
 
 
 def apply_rule(text: str, rule: dict[str, Any], source: str) -> str:
