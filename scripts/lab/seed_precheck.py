@@ -10,12 +10,19 @@
    comparison is not run. Beside it, *deadly* rows (onto ``~`` or into a visible hole: any move that kills) and
    *alive* rows, since the oracle rule forbids both hazards (docs/methods/seed.md says when this was added), and
    a counterfactual diagnostic, *fork_safe_move*: at every row at a fork (the naive move steps on ``~``), the
-   skill's shift of the safe move's log-probability, sampled or not.
+   skill's shift of the safe move's log-probability, sampled or not; *fork* and *fork_fatal*: the sampled rows at
+   forks, all and those onto ``~``.
 3. **Self-analysis**: greedy analyses by the policy of some of those trajectories: parse rate and how many state
    the hidden lesson (:func:`tether.envs.thin_ice.states_lesson`).
 4. With ``--own-skills`` (the self-analysis arm, after stage 1): check 2 again with the policy's own greedy
    analysis of every trajectory as the skill, as ``methods.seed.analyzer=policy`` does; trajectories whose
    analysis fails give no rows (their rows get no distillation in training either).
+5. **The privileged hint** (``opsd_hint``): check 2's shifts with the hint ``methods.opsd`` gives its teacher (the
+   safe walker's plan from the row's state) in place of the skill, on non-ice rows and for the safe move at forks:
+   whether the policy reads the calibration's privileged teacher at all.
+
+``gate_third_design`` reads the third design's registered gate from checks 2 and 5
+(:func:`tether.lab.seed_third.third_design_gate`).
 
 Usage: python scripts/lab/seed_precheck.py CONFIG [--maps 32] [--copies 4] [--analyses 16] [--own-skills]
        [--out FILE.json]
@@ -34,11 +41,13 @@ import torch
 from tether.config import load_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
-from tether.envs.thin_ice import states_lesson
+from tether.envs.thin_ice import at_fork, states_lesson
+from tether.lab.seed_third import third_design_gate
 from tether.lab.skill_data import response_text
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
-from tether.methods.seed.prompting import augment_with_skill
-from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, rule_analysis
+from tether.methods.seed.opsd import HINT_INSTRUCTION, HINT_TITLE
+from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, skill_section
+from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, rule_analysis, solve_from_observation
 from tether.models import encode_chat, load_policy
 from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt
 
@@ -79,13 +88,6 @@ def safe_kind(before: dict[str, Any], after: dict[str, Any], action: str) -> str
     return "safe_on_plan" if before["safe_move"] == action else "safe_other"
 
 
-def at_fork(before: dict[str, Any]) -> bool:
-    """Whether the naive solver's next move from this state steps on ``~`` (the env's info of the state): the
-    states where a skill that says "never step on ~" should change the action (the rows whose safe moves the
-    teacher should raise most)."""
-    return before["outcomes"].get(before["naive_move"]) == "thin_ice"
-
-
 def oracle_skills(episodes: list[Episode]) -> dict[int, str]:
     """The oracle rule analyzer's skill per episode (by ``id``), as ``methods.seed.analyzer=rule`` writes it."""
     return {id(ep): parse_analysis(rule_analysis(Trajectory.from_episode(ep), "thin_ice",
@@ -115,6 +117,9 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
     # overlapping those, the safe rows at a fork (the naive move would step on ~)
     detail: dict[str, list[float]] = {"safe_into_hole": [], "safe_on_plan": [], "safe_other": [],
                                       "safe_at_fork": []}
+    # every sampled row at a fork, and those onto ~ there (the third design's gate, read where the signal acts;
+    # added 2026-12-06 before that design's warm start existed)
+    fork_rows: dict[str, list[float]] = {"fork": [], "fork_fatal": []}
     # counterfactual, at every fork row whatever was sampled: the shift of the safe move's response. A policy that
     # always steps on ~ without a skill has almost no sampled safe rows at forks, and its sampled safe rows elsewhere
     # sit near log-prob 0, where no skill can raise them; this reads "raises the safe move" where the skill matters
@@ -142,19 +147,54 @@ def skill_deltas(model: Any, tok: Any, skills: dict[int, str], rows: list[dict[s
                                                     - response_log_prob(model, plain_prompt, alt))
         fatal = after.get("outcome") == "thin_ice"
         split["fatal" if fatal else "safe"].append(teacher - student)
+        if fork:
+            fork_rows["fork"].append(teacher - student)
+            if fatal:
+                fork_rows["fork_fatal"].append(teacher - student)
         kind = None if fatal else safe_kind(before, after, t["action"])
         deadly["deadly" if fatal or kind == "safe_into_hole" else "alive"].append(teacher - student)
         if kind is not None:
             detail[kind].append(teacher - student)
             if fork:
                 detail["safe_at_fork"].append(teacher - student)
+    return summarise({**split, **deadly, **detail, **fork_rows, **counterfactual})
+
+
+def summarise(kinds: dict[str, list[float]]) -> dict[str, Any]:
+    """Per kind of row: how many, the mean delta, its standard error and the share above 0."""
     out: dict[str, Any] = {}
-    for kind, values in {**split, **deadly, **detail, **counterfactual}.items():
+    for kind, values in kinds.items():
         x = torch.tensor(values or [float("nan")])
         out[kind] = {"rows": len(values), "delta_mean": float(x.mean()),
                      "delta_se": float(x.std() / len(values) ** 0.5) if len(values) > 1 else float("nan"),
                      "frac_positive": float((x > 0).float().mean())}
     return out
+
+
+def hint_deltas(model: Any, tok: Any, rows: list[dict[str, Any]], history: int, action_format: str) -> dict[str, Any]:
+    """The calibration's privileged teacher, read like the skill (check 5): per valid row, the shift that OPSD's
+    hint (the safe walker's plan from the row's state, inserted as ``methods.opsd`` inserts it) gives the sampled
+    move (``safe``: rows not onto ``~``) and, at fork rows, the safe move whether sampled or not
+    (``fork_safe_move``). A policy that never learnt to read the hint's block gives the control nothing to distil."""
+    kinds: dict[str, list[float]] = {"safe": [], "fork_safe_move": []}
+    for r in rows:
+        ep, turn = r["episode"], r["turn"]
+        t = ep.turns[turn]
+        plan = solve_from_observation("thin_ice", t["observation"], ep.task)
+        if not t["valid"] or not plan:
+            continue
+        view = Episode(env=None, task=ep.task, group_id=0, episode_id=0, seed=ep.seed, observation=t["observation"],
+                       admissible=ep.admissible, turns=ep.turns[:turn])
+        hinted = encode_chat(tok, insert_after_task_line(build_prompt(view, history, action_format),
+                                                         skill_section(HINT_TITLE, HINT_INSTRUCTION, ", ".join(plan))))
+        plain, before = list(r["prompt_ids"]), ep.infos[turn]
+        if ep.infos[turn + 1].get("outcome") != "thin_ice":
+            response = r["response_ids"].tolist()
+            kinds["safe"].append(response_log_prob(model, hinted, response) - response_log_prob(model, plain, response))
+        if at_fork(before) and (move := before["safe_move"]):
+            alt = tok.encode(response_text(move), add_special_tokens=False)
+            kinds["fork_safe_move"].append(response_log_prob(model, hinted, alt) - response_log_prob(model, plain, alt))
+    return summarise(kinds)
 
 
 def self_analysis(engine: HFEngine, tok: Any, episodes: list[Episode], n: int, max_new_tokens: int) -> dict:
@@ -195,6 +235,8 @@ def main() -> None:
     pc = result["positive_control"]
     result["control_passed"] = pc["fatal"]["delta_mean"] < 0 < pc["safe"]["delta_mean"]  # pre-registered
     result["control_passed_deadly"] = pc["deadly"]["delta_mean"] < 0 < pc["alive"]["delta_mean"]
+    result["opsd_hint"] = hint_deltas(model, tok, rows, *where)
+    result["gate_third_design"] = third_design_gate(pc, result["opsd_hint"])  # configs/lab/seed/third/protocol.yaml
     if args.own_skills:
         own = {id(ep): a.skill if a.ok else "" for ep, a in
                zip(plain, own_analyses(engine, tok, plain, args.analysis_tokens), strict=True)}

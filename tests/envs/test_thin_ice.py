@@ -11,6 +11,7 @@ from tether.envs.thin_ice import (
     THIN,
     ThinIceEnv,
     ahead_view,
+    at_fork,
     crosses_thin_ice,
     generate_map,
     generate_monotone_map,
@@ -190,6 +191,53 @@ def test_fatal_and_safe_deltas_split_rows_by_a_step_onto_thin_ice():
     # deltas per row: (-1) + 0 = -1, 0.5, -0.5 + -0.5 = -1; the hole is safe (not ~) but deadly
     assert out == {"seed/delta_fatal": -1.0, "seed/delta_safe": -0.25, "seed/fatal_rows": 1.0,
                    "seed/delta_deadly": -1.0, "seed/delta_alive": 0.5}
+
+
+def test_fork_rows_split_the_deltas_by_the_state_each_row_acts_in():
+    from types import SimpleNamespace
+
+    import torch
+
+    from tether.methods.seed.plugin import fatal_safe_deltas
+
+    fork = {"outcomes": {"down": "thin_ice", "right": "ice"}, "naive_move": "down", "safe_move": "right"}
+    plain = {"outcomes": {"down": "ice", "right": "ice"}, "naive_move": "down", "safe_move": "down"}
+    # rows 0-3 act in: a fork (moves onto ~), a fork (turns aside), a plain state, a fork without a teacher
+    before = [fork, fork, plain, fork]
+    moved = [{"outcome": "thin_ice", "fell_through_ice": True}, {"outcome": "ice", "fell_through_ice": False},
+             {"outcome": "ice", "fell_through_ice": False}, {"outcome": "ice", "fell_through_ice": False}]
+    episodes = [SimpleNamespace(turns=[{"valid": True}], infos=[b, m]) for b, m in zip(before, moved, strict=True)]
+    batch = SimpleNamespace(info={"episode": episodes, "turn": [0, 0, 0, 0]})
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    teacher = torch.tensor([[-4.0, -2.0], [0.0, 1.0], [-1.0, -1.5], [9.0, 9.0]])
+    out = fatal_safe_deltas(batch, teacher, torch.full((4, 2), -1.0), mask, "fell_through_ice", at_fork)
+    # row deltas: -3 - 1 = -4, 1 + 2 = 3, 0 - 0.5 = -0.5; the fourth row has no teacher and counts nowhere
+    assert out["seed/delta_fork"] == pytest.approx(-0.5) and out["seed/fork_rows"] == 2.0
+    assert out["seed/delta_fork_safe"] == 3.0 and out["seed/delta_fork_fatal"] == -4.0
+    assert out["seed/delta_safe"] == pytest.approx(1.25) and out["seed/delta_fatal"] == -4.0
+    without = fatal_safe_deltas(batch, teacher, torch.full((4, 2), -1.0), mask, "fell_through_ice")
+    assert not any("fork" in key for key in without)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"routes": "monotone", "view": "ahead"}])
+def test_the_naive_walker_falls_through_ice_exactly_at_the_first_fork_it_reaches(kwargs):
+    assert ThinIceEnv.at_fork is at_fork
+    env, falls = ThinIceEnv(**kwargs), 0
+    for seed in SEEDS[:40]:
+        info = env.reset(seed).info
+        for _ in range(env.max_turns):
+            if info["naive_move"] is None:
+                break
+            fork = at_fork(info)
+            assert not fork or info["safe_move"] != info["naive_move"]
+            step = env.step(info["naive_move"])
+            assert step.info["fell_through_ice"] == fork  # the naive move at a fork, and only there, breaks ~
+            falls += fork
+            info = step.info
+            if step.done:
+                break
+        assert not at_fork(info)  # a finished episode's state is no fork
+    assert falls > 0
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"routes": "monotone", "local_view": True}, {"routes": "monotone",

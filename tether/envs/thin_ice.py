@@ -157,6 +157,14 @@ def states_lesson(skill: str) -> bool:
     return "~" in text and any(w in text for w in ("never step on ~", "avoid", "never", "do not", "don't"))
 
 
+def at_fork(info: dict) -> bool:
+    """Whether the state an env info describes is a *fork*: the naive solver's next move lands on thin ice, so a
+    skill that says "never step on ~" should change the move there (the states where SEED's teacher can raise the
+    safe move most). ``info`` is a reset's or step's info (:meth:`ThinIceEnv._facts`); a finished episode's state
+    is no fork."""
+    return info.get("outcomes", {}).get(info.get("naive_move")) == "thin_ice"
+
+
 def fall_message(row: int, col: int) -> str:
     """The line the final observation starts with after stepping on thin ice: the hindsight that ``~`` breaks."""
     return (f"The snowy ice ~ at row {row + 1}, column {col + 1} was thin ice: it broke and you fell into the "
@@ -192,9 +200,11 @@ class ThinIceEnv:
     name = "thin_ice"
     max_turns = 20
     # What SEED's diagnostics read (docs/methods/seed.md): the step-info flag of the hazard only hindsight reveals
-    # (seed/delta_fatal), and whether a skill states the lesson (seed/skill_correct_rate).
+    # (seed/delta_fatal), whether a skill states the lesson (seed/skill_correct_rate), and which states are forks
+    # (seed/delta_fork*: where the lesson changes the move).
     hidden_hazard = "fell_through_ice"
     states_lesson = staticmethod(states_lesson)
+    at_fork = staticmethod(at_fork)
     action_format = ("Reply with exactly one action inside <action> </action> tags: left, down, right or "
                      "up, e.g. <action>down</action>.")
 

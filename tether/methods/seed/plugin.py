@@ -126,32 +126,43 @@ def teacher_scores(ctx: StepContext, batch: RolloutBatch, contexts: list[str | N
 
 def env_provides(ctx: StepContext, name: str) -> Any:
     """An optional attribute of the run's env class, None where it has none: what an env declares for SEED's
-    diagnostics (thin ice: ``hidden_hazard``, ``states_lesson``; docs/methods/seed.md)."""
+    diagnostics (thin ice: ``hidden_hazard``, ``states_lesson``, ``at_fork``; docs/methods/seed.md)."""
     return getattr(env_class(ctx.cfg.env.name), name, None)
 
 
 def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mask: Tensor,
-                      hidden_hazard: str) -> dict[str, float]:
+                      hidden_hazard: str, at_fork: Callable[[dict], bool] | None = None) -> dict[str, float]:
     """The skill's pre-update shift of each row's whole response, log pi_T(a|h~) - log pi(a|h) (the sum of the
     token deltas), averaged separately over rows whose move the env reports fell into its hidden hazard (the
     step-info flag ``hidden_hazard``; thin ice: onto ``~``), *fatal*, and over the other valid rows, *safe*. The
     mechanism needs the first negative and the second positive. Beside them, *deadly* rows (any ``fell_*`` flag:
     onto ``~`` or into a visible hole, both of which the oracle rule forbids) and *alive* rows, the split the
-    SEED study's control was read with (docs/methods/seed.md).
+    SEED study's control was read with (docs/methods/seed.md). With ``at_fork`` (an env's predicate on the info
+    of the state a row acts in; thin ice: the naive move lands on ``~``), the same shift at *fork* rows, where the
+    lesson should change the move: all of them (``fork``), those whose move avoided the hazard (``fork_safe``: the
+    teacher should raise them) and those onto it (``fork_fatal``), with ``seed/fork_rows`` counting them (the third
+    SEED design's gate, read where the signal acts).
 
     ``student`` is pi_old's log-probs (the engine's sampled ones when the trainer skipped that pass: same weights,
     temperature 1). Rows without a teacher (``mask`` 0) are left out; a split with no row reports nothing.
     """
     delta = ((teacher - student) * mask).sum(1)
-    kinds: dict[str, list[float]] = {"fatal": [], "safe": [], "deadly": [], "alive": []}
+    kinds: dict[str, list[float]] = {"fatal": [], "safe": [], "deadly": [], "alive": [], "fork": [],
+                                     "fork_safe": [], "fork_fatal": []}
     for i, (ep, turn) in enumerate(zip(batch.info["episode"], batch.info["turn"], strict=True)):
         moved = ep.infos[turn + 1]  # the env's info after this row's move
         if mask[i].sum() > 0 and ep.turns[turn]["valid"]:
-            kinds["fatal" if moved.get(hidden_hazard) else "safe"].append(float(delta[i]))
+            fatal = bool(moved.get(hidden_hazard))
+            kinds["fatal" if fatal else "safe"].append(float(delta[i]))
             deadly = any(v for k, v in moved.items() if k.startswith("fell_"))
             kinds["deadly" if deadly else "alive"].append(float(delta[i]))
+            if at_fork is not None and at_fork(ep.infos[turn]):  # the info of the state this row acts in
+                kinds["fork"].append(float(delta[i]))
+                kinds["fork_fatal" if fatal else "fork_safe"].append(float(delta[i]))
     out = {f"seed/delta_{k}": sum(v) / len(v) for k, v in kinds.items() if v}
     out["seed/fatal_rows"] = float(len(kinds["fatal"]))
+    if at_fork is not None:
+        out["seed/fork_rows"] = float(len(kinds["fork"]))
     return out
 
 
@@ -308,7 +319,8 @@ class Seed(Method):
                 metrics[f"seed/row_reward_{label}"] = batch.rewards[rows].mean().item()
         if (hidden_hazard := env_provides(ctx, "hidden_hazard")) is not None:
             student = batch.token.get("old_log_probs", batch.sample_log_probs)
-            metrics.update(fatal_safe_deltas(batch, teacher, student, mask, hidden_hazard))
+            metrics.update(fatal_safe_deltas(batch, teacher, student, mask, hidden_hazard,
+                                             env_provides(ctx, "at_fork")))
         metrics.update({"seed/opd_enabled": float(active), "seed/teacher_rows_frac": row_mask.mean().item(),
                         "seed/prompt_recovery_failures": float(lost),
                         "seed/teacher_s": time.perf_counter() - start})
