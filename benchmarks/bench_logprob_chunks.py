@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tether.engine.hf import cpu_flags
+from tether.engine.hf import speed_flags
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -86,10 +86,6 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
             * vocab * 4 / 2**20}
 
 
-def bench_cpu_flags() -> list[str]:
-    """The flags that decide these timings (tether.engine.hf.cpu_flags), for the results file."""
-    return sorted((cpu_flags() or set()) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
-
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
@@ -112,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     out_path.write_text(json.dumps({"rows": args.rows, "prompt_tokens": args.prompt_tokens,
                                     "new_tokens": args.new_tokens, "threads": args.threads,
                                     "checkpoint_layers": args.checkpoint_layers,
-                                    "cpu_flags": bench_cpu_flags(), "cells": rows}, indent=2))
+                                    "cpu_flags": speed_flags(), "cells": rows}, indent=2))
     print(f"wrote {out_path}")
 
 

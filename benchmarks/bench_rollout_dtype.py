@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tether.engine.hf import cpu_flags
+from tether.engine.hf import speed_flags
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -40,10 +40,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<date>-rollout-dtype.json")
     return p.parse_args(argv)
 
-
-def bench_cpu_flags() -> list[str]:
-    """The flags that decide these timings (tether.engine.hf.cpu_flags), for the results file."""
-    return sorted((cpu_flags() or set()) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 
 
 def build(name: str, run_dir: str, steps: int, threads: int) -> Any:
@@ -106,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     print("float32 / bfloat16: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     out = args.out or RESULTS / f"{dt.date.today()}-rollout-dtype.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpu_flags": bench_cpu_flags(), "threads": args.threads, "warmup": args.warmup,
+    out.write_text(json.dumps({"cpu_flags": speed_flags(), "threads": args.threads, "warmup": args.warmup,
                                "medians": medians, "float32_over_bfloat16": ratios, "steps": records}, indent=2))
     print(f"wrote {out}")
 

@@ -368,10 +368,9 @@ def environment() -> dict[str, Any]:
                           if line.startswith("model name"))
     except (OSError, StopIteration):
         env["cpu"] = platform.processor()
-    from tether.engine.hf import cpu_flags
+    from tether.engine.hf import speed_flags
 
-    # the flags that decide bfloat16 rollouts' speed (native dot products: avx512_bf16, amx_bf16)
-    env["cpu_flags"] = sorted((cpu_flags() or set()) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    env["cpu_flags"] = speed_flags()  # whether bfloat16 rollouts can be fast here (avx512_bf16, amx_bf16)
     return env
 
 

@@ -56,36 +56,26 @@ skip() {  # NAME REASON: record NAME as skipped, one line
 }
 
 run_config() {  # CONFIG [WHY]: run what CONFIG needs, then CONFIG; its state says how it went
-    local config=$1 why=${2:-selected} command writer needed reason
+    local config=$1 why=${2:-selected} command writer needed key what reason
     [[ -n "${state[$config]:-}" ]] && return 0
     state[$config]=started
     while read -r writer; do
         [[ -z "$writer" ]] && continue
-        if [[ "$writer" == python\ scripts/* && -f "$REPO/$(echo "$writer" | awk '{print $2}')" ]]; then
-            run_command "cmd:$writer" "$writer" "needed by $config"  # a data script of this checkout
-            if [[ "${state[cmd:$writer]}" != ok ]]; then
-                skip "$config" "it needs \`$writer\`, which $(outcome "${state[cmd:$writer]}")"
-                return 0
-            fi
-            continue
-        fi
-        if [[ "$writer" != tether\ * ]]; then
+        needed=$(echo "$writer" | awk '{print $3}')
+        if [[ "$writer" == tether\ * && -f "$needed" && "$writer" == "$(first_command "$needed")" ]]; then
+            run_config "$needed" "needed by $config"
+            key=$needed what=$needed
+        elif [[ "$writer" == tether\ * || ( "$writer" == python\ scripts/* && -f "$REPO/$(echo "$writer" | awk '{print $2}')" ) ]]; then
+            # a config's command with other settings (e.g. an SFT warm start), or a data script of this checkout
+            run_command "cmd:$writer" "$writer" "needed by $config"
+            key="cmd:$writer" what="\`$writer\`"
+        else
             skip "$config" "its inputs are written by: $writer"
             return 0
         fi
-        needed=$(echo "$writer" | awk '{print $3}')
-        if [[ -f "$needed" && "$writer" == "$(first_command "$needed")" ]]; then
-            run_config "$needed" "needed by $config"
-            if [[ "${state[$needed]}" != ok ]]; then
-                skip "$config" "it needs $needed, which $(outcome "${state[$needed]}")"
-                return 0
-            fi
-        else  # a config's command with other settings, e.g. an SFT warm start
-            run_command "cmd:$writer" "$writer" "needed by $config"
-            if [[ "${state[cmd:$writer]}" != ok ]]; then
-                skip "$config" "it needs \`$writer\`, which $(outcome "${state[cmd:$writer]}")"
-                return 0
-            fi
+        if [[ "${state[$key]}" != ok ]]; then
+            skip "$config" "it needs $what, which $(outcome "${state[$key]}")"
+            return 0
         fi
     done < <(writers "$config")
     command=$(first_command "$config")

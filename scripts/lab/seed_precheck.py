@@ -45,8 +45,8 @@ from tether.envs.thin_ice import at_fork, states_lesson
 from tether.lab.seed_third import third_design_gate
 from tether.lab.skill_data import response_text
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
-from tether.methods.seed.opsd import HINT_INSTRUCTION, HINT_TITLE
-from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, skill_section
+from tether.methods.seed.opsd import hint_section
+from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line
 from tether.methods.seed.rule_analyzers import THIN_ICE_RULE, Trajectory, rule_analysis, solve_from_observation
 from tether.models import encode_chat, load_policy
 from tether.rollout.multi_turn import AgentCollector, Episode, build_prompt
@@ -185,8 +185,8 @@ def hint_deltas(model: Any, tok: Any, rows: list[dict[str, Any]], history: int, 
             continue
         view = Episode(env=None, task=ep.task, group_id=0, episode_id=0, seed=ep.seed, observation=t["observation"],
                        admissible=ep.admissible, turns=ep.turns[:turn])
-        hinted = encode_chat(tok, insert_after_task_line(build_prompt(view, history, action_format),
-                                                         skill_section(HINT_TITLE, HINT_INSTRUCTION, ", ".join(plan))))
+        prompt = build_prompt(view, history, action_format)
+        hinted = encode_chat(tok, insert_after_task_line(prompt, hint_section(plan)))
         plain, before = list(r["prompt_ids"]), ep.infos[turn]
         if ep.infos[turn + 1].get("outcome") != "thin_ice":
             response = r["response_ids"].tolist()

@@ -87,3 +87,5 @@ def test_the_cpu_flags_are_read(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
     assert hf.native_bfloat16_cpu(str(info)) is True
     assert hf.native_bfloat16_cpu(str(tmp_path / "missing")) is None
+    assert hf.speed_flags(str(info)) == ["avx2", "avx512_bf16", "avx512f"]  # fpu is not recorded
+    assert hf.speed_flags(str(tmp_path / "missing")) == []

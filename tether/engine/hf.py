@@ -390,6 +390,12 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
         return None
 
 
+def speed_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """The flags of this CPU that decide how fast float32 and bfloat16 run on it, sorted (empty when its flags
+    cannot be read): what a benchmark records beside its timings."""
+    return sorted((cpu_flags(cpuinfo) or set()) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+
+
 def native_bfloat16_cpu(cpuinfo: str = "/proc/cpuinfo") -> bool | None:
     """Whether this CPU computes bfloat16 natively (the ``avx512_bf16`` or ``amx_bf16`` flag); None when its flags
     cannot be read (not Linux)."""

@@ -72,7 +72,7 @@ class Opsd(Method):
         hints: list[str | None] = []
         for ep, turn in zip(batch.info["episode"], batch.info["turn"], strict=True):
             plan = solve_from_observation(self.env_name, ep.turns[turn]["observation"], ep.task)
-            hints.append(skill_section(HINT_TITLE, HINT_INSTRUCTION, ", ".join(plan)) if plan else None)
+            hints.append(hint_section(plan) if plan else None)
         if not self.hinted and hints and not any(hints):  # this env's observations hold no state we can solve
             raise RuntimeError(f"methods.opsd: no row of step {ctx.step} got a hint (env {self.env_name}: "
                                "solve_from_observation read no state from its observations), so the distillation "
@@ -102,6 +102,12 @@ class Opsd(Method):
     def after_update(self, ctx: StepContext) -> dict[str, Any]:
         return self.accounting.flush({"loss": ("loss", "active"), "delta_mean": ("delta", "active"),
                                       "active_token_frac": ("active", "tokens")})
+
+
+def hint_section(plan: list[str]) -> str:
+    """The privileged teacher's context: the prompt block that states ``plan``, the solver's actions from the row's
+    state (inserted after the task line, as a SEED skill is)."""
+    return skill_section(HINT_TITLE, HINT_INSTRUCTION, ", ".join(plan))
 
 
 def _refuse_images(method: str, tokenizer: Any) -> None:
