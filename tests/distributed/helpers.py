@@ -30,7 +30,7 @@ def fixed_batch() -> RolloutBatch:
     lengths = torch.tensor([6, 3, 5, 1, 6, 4, 2, 6, 5, 3])
     mask = (torch.arange(6)[None] < lengths[:, None]).float()
     return RolloutBatch(
-        # rows 2k and 2k+1 repeat one prompt, so micro-batches also take the shared-prompt forward pass
+        # rows 2k and 2k+1 repeat one prompt, so micro-batches also run packed rows
         prompt_ids=[[1 + i // 2, 20 + i // 2, 300 + i // 2][: 1 + (i // 2) % 3] for i in range(ROWS)],
         response_ids=torch.randint(0, 2000, (ROWS, 6), generator=g) * mask.long(),
         response_mask=mask, sample_log_probs=torch.zeros(ROWS, 6),

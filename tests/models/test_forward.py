@@ -94,9 +94,38 @@ def test_distinct_prompts_order_and_inverse():
     assert inverse == [0, 1, 0, 2, 1, 0]
 
 
-def test_shared_prompts_match_naive_float64_values_and_gradients(tiny_policy, temperature=0.7):
-    """Each distinct prompt runs once and its cache is indexed out: same values and gradients."""
+def test_pack_rows_layout():
+    """Each distinct prompt once, then each of its responses but the last token, at the positions it has alone."""
+    prompts = [[1, 2, 3], [4, 5], [1, 2, 3]]
+    ids = torch.tensor([[10, 11, 12], [20, 0, 0], [30, 31, 0]])
+    mask = torch.tensor([[1.0, 1, 1], [1, 0, 0], [1, 1, 0]])
+    packed = forward.pack_rows(prompts, ids, mask)
+    assert packed.input_ids.tolist() == [[1, 2, 3, 10, 11, 30], [4, 5, 0, 0, 0, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 0, 0, 0, 0]]
+    assert packed.row.tolist() == [[0, 0, 0], [1, 1, 1], [0, 0, 0]]
+    assert packed.col[:, 0].tolist() == [2, 1, 2]  # y_0 is predicted by the prompt's last token
+    assert packed.col[0, 1:].tolist() == [3, 4] and packed.col[2, 1].item() == 5
+    allowed = packed.allowed[0].int().tolist()
+    assert allowed[3] == [1, 1, 1, 1, 0, 0]  # 10: the prompt and itself
+    assert allowed[4] == [1, 1, 1, 1, 1, 0]  # 11: the prompt, 10 and itself
+    assert allowed[5] == [1, 1, 1, 0, 0, 1]  # 30: the prompt and itself, not the other response
+    assert packed.allowed[1, 1].int().tolist() == [1, 1, 0, 0, 0, 0]  # no real token sees padding
+
+
+def test_pack_rows_repeat_a_prompt_past_the_capacity():
+    prompts = [[1, 2]] * 3
+    ids, mask = _responses([4, 4, 4], width=4)
+    packed = forward.pack_rows(prompts, ids, mask, capacity=8)  # 2 + 3 + 3 fits, the third row does not
+    assert packed.row[:, 0].tolist() == [0, 0, 1]
+    assert packed.input_ids[1, :5].tolist() == [1, 2, *ids[2, :3].tolist()]
+    assert forward.pack_rows([[1, 2, 3, 4, 5, 6, 7, 8, 9]], ids[:1], mask[:1], capacity=4).input_ids.shape == (1, 12)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_rows_match_naive_float64_values_and_gradients(tiny_policy, monkeypatch, attention, temperature=0.7):
+    """One pass over the packed rows against one unpadded row at a time: same values and gradients."""
     model64 = copy.deepcopy(tiny_policy[0]).double()
+    monkeypatch.setattr(model64.config, "_attn_implementation", attention)
     ids, mask = _responses([6, 3, 1, 5, 0, 6])
     ref_lp, ref_ent = _naive(model64, GROUPED, ids, mask, temperature)
     ref_lp.mul(mask).sum().backward()
@@ -107,46 +136,43 @@ def test_shared_prompts_match_naive_float64_values_and_gradients(tiny_policy, te
     model64.model.register_forward_pre_hook(lambda _m, _a, kw: calls.append(kw["input_ids"].shape),
                                             with_kwargs=True)
     lp, ent = response_log_probs(model64, GROUPED, ids, mask, temperature=temperature, with_entropy=True)
-    assert calls == [(3, 5), (6, 5)]  # 3 distinct prompts, then 6 responses minus their last token
+    assert calls == [(3, 15)]  # one pass, a row per distinct prompt: 5 + 5 + 0 + 5, 2 + 2 + 0, 3 + 4
     torch.testing.assert_close(lp, ref_lp * mask, rtol=0, atol=1e-10)
     torch.testing.assert_close(ent, ref_ent * mask, rtol=0, atol=1e-10)
     lp.sum().backward()
-    # HF's RMSNorm runs in float32 even in a float64 model, so gradients summed over a shared prompt's
-    # rows in a different order agree to float32 precision (1e-6 here); a cache cut from the graph
-    # is off by ~9.
+    # HF's RMSNorm runs in float32 even in a float64 model, so gradients summed over a prompt's rows in a
+    # different order agree to float32 precision (1e-6 here); a wrong mask or position is off by far more.
     for p, g in zip(model64.parameters(), ref_grads, strict=True):
         torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-5)
 
 
-def test_shared_prompts_agree_with_unshared_float32(tiny_policy):
+def test_packed_rows_agree_with_padded_rows_float32(tiny_policy):
     model = tiny_policy[0]
     ids, mask = _responses([1, 4, 6, 2, 3, 6])
     with torch.no_grad():
-        shared = response_log_probs(model, GROUPED, ids, mask, with_entropy=True)
-        unshared = response_log_probs(model, GROUPED, ids, mask, with_entropy=True, share_prompts=False)
-    torch.testing.assert_close(shared[0], unshared[0], rtol=0, atol=1e-5)
-    torch.testing.assert_close(shared[1], unshared[1], rtol=0, atol=1e-5)
+        packed = response_log_probs(model, GROUPED, ids, mask, with_entropy=True)
+        padded = response_log_probs(model, GROUPED, ids, mask, with_entropy=True, pack=False)
+    torch.testing.assert_close(packed[0], padded[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(packed[1], padded[1], rtol=0, atol=1e-5)
 
 
-def test_prompt_sharing_off_for_flash_attention_and_checkpointing(tiny_policy, monkeypatch):
-    model = tiny_policy[0]
-    assert forward._can_share_prompts(model, model.model)
-    monkeypatch.setattr(model.model, "gradient_checkpointing", True, raising=False)
-    model.model.train()
-    try:
-        assert not forward._can_share_prompts(model, model.model)
-    finally:
-        model.model.eval()
-    monkeypatch.setattr(model.model, "gradient_checkpointing", False, raising=False)
-    switch = checkpoint_layers(model, on=False)
-    assert forward._can_share_prompts(model, model.model)
-    switch.on = True
-    assert not forward._can_share_prompts(model, model.model)
-    with torch.no_grad():  # scoring: the wrapped layers run plainly, so the prompt's KV cache is written once
-        assert forward._can_share_prompts(model, model.model)
+def test_packing_needs_a_4d_mask_kernel_and_runs_under_layer_checkpointing(tiny_policy, monkeypatch):
+    model64 = copy.deepcopy(tiny_policy[0]).double()
+    ids, mask = _responses([6, 3, 1, 5, 0, 6])
+
+    def grads():
+        model64.zero_grad()
+        response_log_probs(model64, GROUPED, ids, mask)[0].sum().backward()
+        return [p.grad.clone() for p in model64.parameters()]
+
+    plain = grads()
+    switch = checkpoint_layers(model64, on=True)  # recomputed layers see the same mask and positions
+    assert forward._can_pack(model64)
+    for got, want in zip(grads(), plain, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     switch.on = False
-    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
-    assert not forward._can_share_prompts(model, model.model)
+    monkeypatch.setattr(model64.config, "_attn_implementation", "flash_attention_2")
+    assert not forward._can_pack(model64)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 4096])
@@ -161,7 +187,7 @@ def test_token_chunks_equal_the_full_logits_path_values_and_gradients(tiny_polic
         # prompts not shared: the full-logits path packs every row, and HF's float32 RMSNorm would round a shared
         # prompt's gradient sums differently (see the test above)
         lp, ent = response_log_probs(model64, GROUPED, ids, mask, temperature=0.7, with_entropy=True,
-                                     share_prompts=False, **kwargs)
+                                     pack=False, **kwargs)
         (lp.sum() + 0.3 * ent.sum()).backward()
         return lp.detach(), ent.detach(), [p.grad.clone() for p in model64.parameters()]
 
@@ -188,3 +214,36 @@ def test_a_pass_without_response_tokens_still_has_a_graph(tiny_policy):
     assert torch.equal(lp, torch.zeros_like(lp)) and lp.requires_grad
     (lp.sum() * 0.0).backward()
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def _tiny_config(model_type: str):
+    import transformers
+
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+             "vocab_size": 500}
+    return {"gpt2": lambda: transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=500, n_positions=64),
+            "gpt_neox": lambda: transformers.GPTNeoXConfig(**small),
+            "qwen2": lambda: transformers.Qwen2Config(**small, num_key_value_heads=1),
+            "qwen3": lambda: transformers.Qwen3Config(**small, num_key_value_heads=1, head_dim=16),
+            "mistral": lambda: transformers.MistralConfig(**small, num_key_value_heads=1),
+            "phi3": lambda: transformers.Phi3Config(**small, num_key_value_heads=1, pad_token_id=0),
+            "olmo2": lambda: transformers.Olmo2Config(**small)}[model_type]()
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "gpt_neox", "qwen2", "qwen3", "mistral", "phi3", "olmo2"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_rows_match_naive_float64_on_other_plain_head_architectures(model_type, attention):
+    """Each architecture takes the packed rows' 4D mask and positions as given (learned or rotary positions)."""
+    from transformers import AutoModelForCausalLM
+
+    assert model_type in forward.PLAIN_HEAD_MODEL_TYPES
+    config = _tiny_config(model_type)
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).double().eval()
+    ids, mask = _responses([6, 3, 1, 5, 0, 6], pad=2)
+    ids = ids % 500
+    with torch.no_grad():
+        lp, _ = response_log_probs(model, GROUPED, ids, mask)
+        ref, _ = _naive(model, GROUPED, ids, mask)
+    torch.testing.assert_close(lp, ref * mask, rtol=0, atol=1e-10)

@@ -31,7 +31,7 @@ def checkpointed_update(policy, path, monkeypatch, *overrides: str):
 
 
 def test_auto_checkpoints_the_micro_batches_above_the_budget(tiny_policy, tmp_path, monkeypatch):
-    monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)
+    monkeypatch.setattr(forward, "_can_pack", lambda model: False)
     want, _, _, none = checkpointed_update(tiny_policy, tmp_path / "off", monkeypatch,
                                            "train.gradient_checkpointing=false")
     assert none == 0

@@ -92,7 +92,7 @@ def nccl_rank() -> Any:
 
 
 def test_fsdp2_on_a_cuda_mesh_equals_the_unsharded_gpu_update(nccl_rank, tmp_path, monkeypatch):
-    monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)  # as sharded models run
+    monkeypatch.setattr(forward, "_can_pack", lambda model: False)  # as sharded models run
     single = update(make_trainer(tiny_config(tmp_path, *UPDATE, "train.device=cuda"), dtype=torch.float64))
     assert rel_err(nccl_rank["update"]["grads"], single["grads"]) < 1e-7
     assert rel_err(nccl_rank["update"]["params"], single["params"]) < 1e-7

@@ -47,7 +47,7 @@ def update(trainer: Trainer) -> tuple[torch.Tensor, dict[str, float], list[tuple
 
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_token_budget_gives_the_fixed_size_gradient(tiny_policy, tmp_path, monkeypatch, mode):
-    monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)
+    monkeypatch.setattr(forward, "_can_pack", lambda model: False)
     agg = f"algorithm.loss_agg={mode}"
     want, want_metrics, fixed_shapes = update(float64_trainer(tiny_policy, tmp_path / "fixed", agg))
     got, got_metrics, shapes = update(float64_trainer(tiny_policy, tmp_path / "budget", agg,
@@ -63,7 +63,7 @@ def test_token_budget_gives_the_fixed_size_gradient(tiny_policy, tmp_path, monke
 
 
 def test_a_row_longer_than_the_budget_runs_alone(tiny_policy, tmp_path, monkeypatch):
-    monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)
+    monkeypatch.setattr(forward, "_can_pack", lambda model: False)
     want, _, _ = update(float64_trainer(tiny_policy, tmp_path / "fixed"))
     got, _, shapes = update(float64_trainer(tiny_policy, tmp_path / "budget", "optim.max_tokens_per_micro_batch=1"))
     assert [n for n, _ in shapes] == [1] * 10
@@ -72,7 +72,7 @@ def test_a_row_longer_than_the_budget_runs_alone(tiny_policy, tmp_path, monkeypa
 
 def test_length_grouped_scoring_equals_the_padded_forward(tiny_policy, tmp_path, monkeypatch):
     """Old and reference log-probs in budget groups, each cut to its longest response, against one padded pass."""
-    monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)
+    monkeypatch.setattr(forward, "_can_pack", lambda model: False)
     batch = fixed_batch()
     padded = float64_trainer(tiny_policy, tmp_path / "fixed")
     grouped = float64_trainer(tiny_policy, tmp_path / "budget", f"optim.max_tokens_per_micro_batch={BUDGET}")
@@ -99,7 +99,7 @@ def test_token_budget_with_shared_prompts_keeps_the_gradient_in_float32(tiny_pol
 def test_fixed_size_micro_batches_take_rows_of_similar_length(tiny_policy, tmp_path, monkeypatch):
     """Several ``micro_batch_size`` micro-batches are filled longest rows first, each cut to its own longest row:
     the same gradient, less padding than chunks of the shuffled rows."""
-    monkeypatch.setattr(forward, "_can_share_prompts", lambda model, base: False)
+    monkeypatch.setattr(forward, "_can_pack", lambda model: False)
     want, _, _ = update(float64_trainer(tiny_policy, tmp_path / "one"))
     got, _, shapes = update(float64_trainer(tiny_policy, tmp_path / "four", "optim.micro_batch_size=3"))
     assert [n for n, _ in shapes] == [3, 3, 3, 1]

@@ -1,16 +1,17 @@
 """Log-probabilities of response tokens: the one forward pass behind scoring, old log-probs and the loss.
 
-Layout: each row is ``[prompt | response]``, right-padded to the longest row, with position ids
-counted from the attention mask. Only the hidden states that predict real response tokens (padding
-left out) go through the LM head, in chunks of ``chunk_size`` tokens across rows
+Layout where rows are not packed (below): each row is ``[prompt | response]``, right-padded to the longest
+row, with position ids counted from the attention mask. Only the hidden states that predict real response
+tokens (padding left out) go through the LM head, in chunks of ``chunk_size`` tokens across rows
 (``train.logprob_chunk_tokens``); with autograd on, each chunk is checkpointed, so at most one chunk's
 ``[chunk, V]`` logits exist at a time, forward or backward, whatever the rows and the response length
 (196 KB per token at a 49k vocabulary: 1,024 tokens are 201 MB, a 16 x 256 micro-batch's full logits 805 MB).
 
-Rows that share a prompt (a GRPO group: n samples of one prompt) share its forward pass: each distinct
-prompt runs once, its KV cache is indexed out to the rows, and the responses run on top of it. The
-result is the same function of the weights (gradients flow into the prompt's keys and values through
-the index), at a fraction of the cost when prompts are long next to responses.
+Rows that share a prompt (a GRPO group: n samples of one prompt) run packed: the prompt once, then each
+response's tokens, in one sequence whose 4D mask lets each response see the prompt and its own earlier
+tokens at the positions it would have alone (:func:`pack_rows`). The result is the same function of the
+weights as one unpadded row at a time, with no padding between responses and no prompt recomputed: about
+30% less decoder work than right-padded rows at the quickstart's lengths (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,8 +36,6 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"
                                     "gpt2", "gpt_neox"})
 # Attribute under which a sharded model carries its own (hooked) copy of plain_head_pass.
 SHARDED_PASS = "tether_plain_head_pass"
-# The switch (tether.models.layers.LayerCheckpointing) of a model whose decoder layers checkpoint_layers wrapped.
-CHECKPOINTED_LAYERS = "tether_checkpointed_layers"
 
 
 def pack_prompt_response(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
@@ -100,49 +100,91 @@ def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int
     return unique, inverse
 
 
-def _can_share_prompts(model: Any, base: Any) -> bool:
-    # A shared prompt leaves padding holes between prompt and response columns: fine for the eager and
-    # SDPA kernels' dense masks, not for varlen flash-attention. Under activation checkpointing (HF's in
-    # training, or tether's checkpoint_layers with autograd on) a recomputed layer would append to the KV cache
-    # again; without autograd (scoring) tether's wrapped layers run plainly.
-    attn = getattr(model.config, "_attn_implementation", None) or "eager"
-    switch = getattr(model, CHECKPOINTED_LAYERS, None)
-    checkpointing = (getattr(base, "gradient_checkpointing", False) and base.training) or \
-        (switch is not None and switch.on and torch.is_grad_enabled())
-    return attn in ("eager", "sdpa") and not checkpointing
+# Longest packed row (tokens) that rows sharing a prompt fill before the next row repeats the prompt: a packed row
+# attends densely over its width, so wider rows trade padding saved for attention spent on masked pairs.
+PACK_TOKENS = 512
 
 
-def _shared_prompt_hidden(base: Any, unique: list[list[int]], inverse_list: list[int], response_ids: Tensor,
-                          response_mask: Tensor) -> Tensor:
-    """Hidden states ``[N, T, H]`` that predict each response token, each distinct prompt run once.
+def _can_pack(model: Any) -> bool:
+    # A packed row needs a 4D mask: the eager and SDPA kernels take one, varlen flash-attention does not.
+    return (getattr(model.config, "_attn_implementation", None) or "eager") in ("eager", "sdpa")
 
-    Prompts are right-padded (so every query row sees at least one key), their cache is indexed out to
-    the N rows, and the responses but their last token run on top of it at positions
-    ``len(prompt) + t``.
+
+@dataclass
+class PackedRows:
+    """Rows that share a prompt, packed into one sequence each: ``[prompt | y_a[:-1] | y_b[:-1] | ...]``.
+
+    Each response sees the prompt and its own earlier tokens (``allowed``) at the positions it would have alone
+    (``len(prompt) + t``), so its hidden states are those of the unpacked row, with no padding between responses
+    and the prompt run once per packed row.
     """
+
+    input_ids: Tensor  # [R, W]
+    position_ids: Tensor  # [R, W]
+    allowed: Tensor  # [R, W, W] bool: query column i may attend key column j
+    row: Tensor  # [N, T] the packed row whose hidden state predicts response token t of row n
+    col: Tensor  # [N, T] and its column (the prompt's last token for t = 0); 0 on padding
+
+
+def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
+              capacity: int = PACK_TOKENS) -> PackedRows:
+    """Rows grouped by distinct prompt (:func:`distinct_prompts`), each group packed into rows of at most
+    ``capacity`` tokens (a longer single row stands alone); each response feeds all but its last real token."""
+    unique, inverse = distinct_prompts(prompt_ids)
+    lengths = (response_mask > 0).sum(1).tolist()
+    packed: list[tuple[int, list[int]]] = []  # (distinct prompt, its rows in this packed row)
+    open_row: dict[int, int] = {}  # distinct prompt -> its packed row being filled
+    size: list[int] = []
+    for n, u in enumerate(inverse):
+        need = max(lengths[n] - 1, 0)
+        r = open_row.get(u)
+        if r is None or size[r] + need > capacity:
+            r = open_row[u] = len(packed)
+            packed.append((u, []))
+            size.append(len(unique[u]))
+        packed[r][1].append(n)
+        size[r] += need
+    n_rows, t = response_ids.shape
     device = response_ids.device
-    inverse = torch.tensor(inverse_list, device=device)
-    lengths = torch.tensor([len(p) for p in unique], device=device)
-    width = int(lengths.max())
-    prompt_mask = (torch.arange(width, device=device)[None] < lengths[:, None]).long()
-    prompt_tokens = torch.zeros(len(unique), width, dtype=torch.long, device=device)
-    prompt_tokens[prompt_mask.bool()] = torch.tensor([t for p in unique for t in p], device=device)
-    cache = new_kv_cache(base.config)
-    cache_kw = model_cache_kwarg(base)
-    out = base(input_ids=prompt_tokens, attention_mask=prompt_mask,
-               position_ids=torch.arange(width, device=device)[None].expand(len(unique), -1),
-               use_cache=True, **{cache_kw: cache})
-    last = out.last_hidden_state[torch.arange(len(unique), device=device), lengths - 1]  # predicts y_0
-    first = last[inverse][:, None]
-    t = response_ids.shape[1]
-    if t == 1:
-        return first
-    cache.batch_select_indices(inverse)
-    attention = torch.cat([prompt_mask[inverse], (response_mask[:, :-1] > 0).long()], dim=1)
-    positions = lengths[inverse][:, None] + torch.arange(t - 1, device=device)[None]
-    rest = base(input_ids=response_ids[:, :-1].long(), attention_mask=attention, position_ids=positions,
-                use_cache=True, **{cache_kw: cache}).last_hidden_state
-    return torch.cat([first, rest], dim=1)
+    width = max(size)
+    input_ids = torch.zeros(len(packed), width, dtype=torch.long, device=device)
+    position_ids = torch.zeros(len(packed), width, dtype=torch.long, device=device)
+    owner = torch.full((len(packed), width), -2, dtype=torch.long, device=device)  # -1 prompt, -2 padding
+    row = torch.zeros(n_rows, t, dtype=torch.long, device=device)
+    col = torch.zeros(n_rows, t, dtype=torch.long, device=device)
+    for r, (u, members) in enumerate(packed):
+        p = len(unique[u])
+        input_ids[r, :p] = torch.tensor(unique[u], device=device)
+        position_ids[r, :p] = torch.arange(p, device=device)
+        owner[r, :p] = -1
+        start = p
+        for n in members:
+            fed = max(lengths[n] - 1, 0)
+            input_ids[r, start:start + fed] = response_ids[n, :fed]
+            position_ids[r, start:start + fed] = torch.arange(p, p + fed, device=device)
+            owner[r, start:start + fed] = n
+            row[n] = r
+            col[n, 0] = p - 1
+            col[n, 1:fed + 1] = torch.arange(start, start + fed, device=device)
+            start += fed
+    # a query sees the prompt and its own response's earlier tokens (padding, owned by no row, sees padding: no
+    # query is left without a key, and no real one sees it)
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    allowed = causal & ((owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None]))  # [R, query, key]
+    return PackedRows(input_ids, position_ids, allowed, row, col)
+
+
+def _packed_hidden(base: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
+                   response_mask: Tensor) -> Tensor:
+    """Hidden states ``[N, T, H]`` that predict each response token, from one pass over :func:`pack_rows`."""
+    packed = pack_rows(prompt_ids, response_ids, response_mask)
+    mask = packed.allowed[:, None]
+    if (getattr(base.config, "_attn_implementation", None) or "eager") == "eager":  # eager adds its mask
+        dtype = next(base.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    hidden = base(input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids,
+                  use_cache=False).last_hidden_state
+    return hidden[packed.row, packed.col]
 
 
 def _head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
@@ -190,18 +232,17 @@ def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, respo
 
 def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
                     temperature: float, with_entropy: bool, chunk_size: int,
-                    share_prompts: bool) -> tuple[Tensor, Tensor | None]:
-    """The decoder (each distinct prompt once, or over the packed rows), then the LM head on the real response
-    tokens only, ``chunk_size`` tokens at a time (:func:`head_log_probs`).
+                    pack: bool) -> tuple[Tensor, Tensor | None]:
+    """The decoder over the rows packed by prompt (:func:`pack_rows`), or over the right-padded rows, then the LM
+    head on the real response tokens only, ``chunk_size`` tokens at a time (:func:`head_log_probs`).
 
     Returns:
         (log_probs ``[N, T]``, entropy ``[N, T]`` or None), 0 off the response.
     """
     base = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
-    unique, inverse = distinct_prompts(prompt_ids) if share_prompts and _can_share_prompts(model, base) else ([], [])
-    if 0 < len(unique) < len(prompt_ids):
-        hidden = _shared_prompt_hidden(base, unique, inverse, response_ids, response_mask)
+    if pack and _can_pack(model):
+        hidden = _packed_hidden(base, prompt_ids, response_ids, response_mask)
     else:
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids, response_mask)
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -213,7 +254,7 @@ def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_id
 
 def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
                        response_mask: Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                       chunk_size: int = 1024, share_prompts: bool = True) -> tuple[Tensor, Tensor | None]:
+                       chunk_size: int = 1024, pack: bool = True) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | x, y_<t) / temperature-softmax for each response token, with autograd if it is on.
 
     Args:
@@ -227,9 +268,9 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         with_entropy: also return the entropy of each position's distribution.
         chunk_size: response tokens (across rows) per LM-head call, the largest logits tensor of the pass
             (``train.logprob_chunk_tokens``); positions per chunk on the full-logits path below.
-        share_prompts: run each distinct prompt once for the rows that repeat it (plain-head
-            architectures with eager/SDPA attention, no activation checkpointing, not sharded;
-            otherwise ignored).
+        pack: run the rows that share a prompt as one packed sequence each, without padding
+            (:func:`pack_rows`; plain-head architectures with eager or SDPA attention, otherwise ignored);
+            False: right-padded rows (:func:`pack_prompt_response`).
 
     Returns:
         (log_probs ``[N, T]``, entropy ``[N, T]`` or None), float32 (float64 for a float64 model),
@@ -238,7 +279,7 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
     if isinstance(model, BaseModelView):  # a LoRA policy's reference: the pass below reaches past model(...)
         with model.active():
             return response_log_probs(model.policy, prompt_ids, response_ids, response_mask, temperature=temperature,
-                                      with_entropy=with_entropy, chunk_size=chunk_size, share_prompts=share_prompts)
+                                      with_entropy=with_entropy, chunk_size=chunk_size, pack=pack)
     device = next(model.parameters()).device
     response_ids, response_mask = response_ids.to(device), response_mask.to(device)
     if response_ids.shape[1] == 0:
@@ -257,10 +298,8 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         # tether.distributed.fsdp): the root's gather and gradient-reduce hooks must wrap it as they wrap model(...).
         sharded = getattr(model, SHARDED_PASS, None)
         run = sharded or functools.partial(plain_head_pass, model)
-        # Sharded ranks must call every layer equally often, and the shared pass calls each one twice but
-        # only where a rank's rows repeat a prompt: off under sharding.
         log_probs, entropy = run(prompt_ids, response_ids, response_mask, temperature, with_entropy, chunk_size,
-                                 share_prompts and sharded is None)
+                                 pack)
     else:  # unknown architecture, or images: full logits, whatever the model does after its head
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
                                                                               response_mask)

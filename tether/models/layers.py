@@ -9,8 +9,6 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tether.models.forward import CHECKPOINTED_LAYERS
-
 # Activation memory of the training forward, in hidden-size vectors that autograd keeps per token and decoder
 # layer (norm inputs and outputs, queries, keys, values, attention output, the MLP's gate, up and product at
 # 2.7x hidden, residuals). Measured on SmolLM2-135M-Instruct in float32 (30 layers, hidden 576, intermediate
@@ -64,7 +62,6 @@ def checkpoint_layers(model: nn.Module, on: bool = True) -> LayerCheckpointing:
     switch = LayerCheckpointing(on)
     for layer in decoder_layers(model):
         layer.forward = functools.partial(_checkpointed, switch, layer.forward)
-    setattr(model, CHECKPOINTED_LAYERS, switch)  # the shared-prompt pass writes a KV cache: off while it is on
     return switch
 
 

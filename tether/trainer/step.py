@@ -183,8 +183,8 @@ class StepPhases:
         """The micro-batch's estimated activation memory in GiB (:func:`~tether.models.layers.activation_bytes` of
         its padded tokens) and whether its decoder layers recompute in backward. Under
         ``train.gradient_checkpointing: auto`` they do when the estimate exceeds
-        ``train.activation_memory_budget_gb``: small micro-batches keep the faster forward (and the shared-prompt
-        pass), large ones fit the budget."""
+        ``train.activation_memory_budget_gb``: small micro-batches keep the faster forward, large ones fit the
+        budget."""
         tokens = len(rows) * (max(lengths[r][0] for r in rows) + max(lengths[r][1] for r in rows))
         gb = activation_bytes(self.policy.config, tokens, next(self.policy.parameters()).element_size()) / 2**30
         if self.checkpointing is None:
