@@ -49,7 +49,7 @@ def micro_batch_bytes(model: Any, rows: int, prompt_len: int, response_len: int)
     mask = torch.ones(rows, response_len)
 
     def run() -> torch.Tensor:
-        return response_log_probs(model, prompts, response, mask, share_prompts=False)[0].sum()
+        return response_log_probs(model, prompts, response, mask, pack=False)[0].sum()
 
     return saved_activation_bytes(run, model.parameters())
 

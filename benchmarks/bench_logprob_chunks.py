@@ -77,7 +77,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     base = peak_rss_mb()
     start = time.perf_counter()
     lp, ent = response_log_probs(model, prompts, ids, mask, with_entropy=True, chunk_size=chunk_size,
-                                 share_prompts=False)
+                                 pack=False)
     (lp.sum() + 0.01 * ent.sum()).backward()
     seconds = time.perf_counter() - start
     return {"chunk": chunk, "pass_peak_mb": peak_rss_mb() - base, "process_peak_mb": peak_rss_mb(),
