@@ -252,10 +252,11 @@ class SFTTrainConfig(DeviceConfig):
     ``run_dir/sft_state``: docs/reliability.md)."""
 
     resume: Literal["auto", "never", "must"] = Field(
-        "auto", description="auto: continue from run_dir/sft_state when there is one, say a finished run (checkpoint "
-        "and sft_summary.json) is finished and exit 0, else start at step 0 (an earlier run with nothing to resume "
-        "is refused); never: start at step 0 (an earlier run is refused unless train.overwrite); must: continue, "
-        "or stop when there is no sft_state")
+        "auto", description="auto: continue from run_dir/sft_state when there is one; leave a finished run "
+        "(checkpoint and sft_summary.json) as it is and exit 0 (train.overwrite: train it again); else start at "
+        "step 0 (an earlier run with nothing to resume is refused); never: start at step 0 (an earlier run is "
+        "refused unless train.overwrite); must: continue, or leave a finished run as it is, or stop. A state or "
+        "finished run with other settings is refused (docs/reliability.md)")
     overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir "
                             "(a finished one included), delete its checkpoint, sft_state, data and metric rows "
                             "instead of refusing to start")
@@ -351,7 +352,8 @@ class SFTSettings(Section):
     val_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of the examples (token-mean NLL)")
     data_seed: int = Field(2026, description="seed of the train/val split and the batch order")
     save_every: int = Field(50, ge=0, description="write the resumable run_dir/sft_state every N optimiser steps "
-                            "(0: only when SIGTERM or SIGINT stops the run); the one setting a resume may change")
+                            "(0: only when SIGTERM or SIGINT stops the run); unlike the other sft settings, a "
+                            "resume may change it")
 
 
 class SFTConfig(SFTSettings):
