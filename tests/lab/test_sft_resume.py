@@ -95,8 +95,9 @@ def no_model_loads(monkeypatch) -> None:
     monkeypatch.setattr("tether.models.load_policy", refuse)
 
 
-# step 1: inside epoch 0; 3: the last batch of epoch 0 (the stop waits for the held-out loss); 5: inside epoch 1
-@pytest.mark.parametrize("step", [1, 3, 5])
+# step 1: inside epoch 0; 3: the last batch of epoch 0 (the stop waits for the held-out loss); 5: inside epoch 1;
+# 6: the last step (the resume trains nothing and writes the checkpoint)
+@pytest.mark.parametrize("step", [1, 3, 5, 6])
 def test_a_run_stopped_by_a_signal_resumes_to_the_uninterrupted_run_bit_for_bit(tmp_path, monkeypatch, reference,
                                                                                step):
     run_dir = tmp_path / "run"
@@ -105,10 +106,10 @@ def test_a_run_stopped_by_a_signal_resumes_to_the_uninterrupted_run_bit_for_bit(
     assert str(stop) == (f"sft stopped by SIGINT after step {step} of {STEPS}; its state is in {run_dir / 'sft_state'}"
                          ": run the same command again to resume")
     saved = json.loads((run_dir / "sft_state" / "sft_state.json").read_text())["progress"]
-    next_batch = {1: (0, 16), 3: (1, 0), 5: (1, 32)}[step]  # (epoch, first example of the next batch in its order)
+    next_batch = {1: (0, 16), 3: (1, 0), 5: (1, 32), 6: (2, 0)}[step]  # (epoch, the next batch's first example)
     assert saved["step"] == step and (saved["epoch"], saved["next"]) == next_batch
     assert not (run_dir / "checkpoint").exists() and not (run_dir / "sft_summary.json").exists()
-    assert [r["step"] for r in rows(run_dir)] == [r["step"] for r in rows(reference)][:step + (step >= 3)]
+    assert rows(run_dir) == [row for row in rows(reference) if row["step"] <= step]  # the held-out loss of step 3
     run_sft(sft_config(run_dir))
     assert_same_run(run_dir, reference)
 
@@ -207,6 +208,10 @@ def test_a_finished_run_is_left_as_it_is_unless_overwrite(tmp_path, monkeypatch,
             run_sft(sft_config(reference, "train.resume=never"))
     again = tmp_path / "again"
     shutil.copytree(reference, again)
+    (again / "sft_state").mkdir()  # left by a kill between sft_summary.json and the state's removal
+    with monkeypatch.context() as patch:
+        no_model_loads(patch)
+        assert run_sft(sft_config(again)) == summary and not (again / "sft_state").exists()
     run_sft(sft_config(again, "train.overwrite=true"))  # trained again from step 0, its rows replacing the old
     assert_same_run(again, reference)
     assert checkpoint.stat().st_mtime_ns == before[0]

@@ -79,11 +79,12 @@ def sft_steps(n_train: int, s: SFTSettings) -> int:
     return min(per_epoch * s.epochs, s.max_steps or per_epoch * s.epochs)
 
 
-def progress_log(log: Any, total: int) -> Any:
-    """``log`` that also prints one line per optimiser step (loss, s/step, ETA) and each held-out loss."""
+def progress_log(log: Any, total: int, start: int = 0) -> Any:
+    """``log`` that also prints one line per optimiser step (loss, s/step, ETA) and each held-out loss; ``start``:
+    the step a resumed run continues from (the rate counts this session's steps)."""
     from tether.track.progress import StepLines, status
 
-    lines = StepLines(total, label="sft step")
+    lines = StepLines(total, start=start, label="sft step")
 
     def logged(metrics: dict[str, float], step: int) -> None:
         log(metrics, step)
@@ -250,7 +251,8 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     with run_tracker(cfg.logging, run_dir) as tracker:
         tracker.log_config(cfg.model_dump(mode="json"))
         status(f"training on {len(train)} examples ({len(val)} held out) for {s.epochs} epoch(s)")
-        log = progress_log(tracker.log, sft_steps(len(train), s)) if cfg.logging.progress else tracker.log
+        resumed = begin.saved["progress"]["step"] if begin.saved else 0
+        log = progress_log(tracker.log, sft_steps(len(train), s), resumed) if cfg.logging.progress else tracker.log
         result = train_sft(policy, tokenizer, train, val, s, log=log, bf16_autocast=cfg.model.bf16_autocast,
                            state=state)
         checkpoint = run_dir / "checkpoint"
