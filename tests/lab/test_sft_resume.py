@@ -13,11 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from tether.config import load_command_config
+from tether.cli import app
+from tether.config import dump_config, load_command_config
 from tether.errors import TrainingStopped
 from tether.models import load_policy
 from tether.recipes.sft import run_sft
+from tether.recipes.sft_state import check_sft_run_dir
 from tether.start import RunDirError
 
 STEPS = 6  # 48 training examples in batches of 16, 2 epochs; steps 3 and 6 end an epoch (then the held-out loss)
@@ -159,6 +162,29 @@ def test_a_changed_setting_or_example_file_is_refused_before_any_model_loads(tmp
     assert not (run_dir / "checkpoint").exists()
 
 
+def test_validate_says_what_an_sft_start_would_do_without_touching_anything(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "sft.yaml"
+
+    def validate(*overrides: str):
+        config.write_text(dump_config(sft_config(run_dir, *overrides)))
+        return CliRunner().invoke(app, ["validate", str(config)])
+
+    result = validate()
+    assert result.exit_code == 0 and result.output.strip().endswith(f"; would start {run_dir}"), result.output
+    assert not run_dir.exists()
+    stopped_run(monkeypatch, run_dir, 2)
+    listing = sorted(p.name for p in run_dir.rglob("*"))
+    assert validate().output.strip().endswith(f"; would resume {run_dir} at step 2")
+    result = validate("sft.lr=0.002")
+    assert result.exit_code == 2 and result.output.startswith("sft.lr: 0.002 differs from 0.003"), result.output
+    assert validate("train.resume=never", "train.overwrite=true").output.strip().endswith(
+        f"; would start {run_dir} (deleting the earlier run in it: train.overwrite)")
+    assert sorted(p.name for p in run_dir.rglob("*")) == listing
+    run_sft(sft_config(run_dir))
+    assert validate().output.strip().endswith(f"; {run_dir} is finished: nothing to do")
+
+
 def test_a_crash_while_saving_leaves_the_previous_state_which_resumes(tmp_path, monkeypatch, reference):
     run_dir = tmp_path / "run"
     stopped_run(monkeypatch, run_dir, 2)
@@ -167,6 +193,8 @@ def test_a_crash_while_saving_leaves_the_previous_state_which_resumes(tmp_path, 
     os.replace(state, run_dir / "sft_state.old")
     (run_dir / "sft_state.tmp").mkdir()
     (run_dir / "sft_state.tmp" / "model.pt").write_bytes(b"torn")
+    assert check_sft_run_dir(sft_config(run_dir)) == f"would resume {run_dir} at step 2"  # validate, read-only
+    assert (run_dir / "sft_state.old").is_dir()
     run_sft(sft_config(run_dir))
     assert_same_run(run_dir, reference)
     assert not (run_dir / "sft_state.old").exists() and not (run_dir / "sft_state.tmp").exists()

@@ -49,7 +49,15 @@ from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.models import load_policy
 from tether.models.vision import encode_message, has_images, observation_images
 from tether.recipes.sft import train_sft, written_examples
-from tether.recipes.sft_state import STATE, SFTState, data_files, fingerprint, open_sft_run, write_summary
+from tether.recipes.sft_state import (
+    STATE,
+    SFTState,
+    data_files,
+    fingerprint,
+    open_sft_run,
+    state_files,
+    write_summary,
+)
 from tether.rollout.multi_turn import AgentCollector
 from tether.seeding import step_seed
 from tether.sft_data import Example, encode_examples, row_example, write_examples
@@ -211,8 +219,7 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     s = cfg.sft
     device = start_run(cfg, policy=policy is None)  # a missing GPU, then a bad config: before any model loads
     replay = load_replay(s)  # so does a bad replay file
-    replay_file = {"sft.replay_data": Path(s.replay_data)} if s.replay_data else {}
-    run_dir, begin = open_sft_run(cfg, replay_file)  # locked; resumes, refuses or says a finished run is finished
+    run_dir, begin = open_sft_run(cfg)  # locked; resumes, refuses or says a finished run is finished
     if begin.action == "finished":
         return begin.summary
     (run_dir / "data").mkdir(exist_ok=True)
@@ -232,7 +239,7 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     probe = [{"prompt": e.prompt, "images": e.images} for e in (val_ex or train_ex)[:s.eval_examples]]
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
                        include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
-    state = SFTState(run_dir / STATE, fingerprint(cfg, {**data_files(run_dir), **replay_file}))
+    state = SFTState(run_dir / STATE, fingerprint(cfg, {**data_files(run_dir), **state_files(cfg)}))
     if begin.action == "fresh":  # measured once, on the base policy; a resume keeps the numbers
         before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
         state.extra = {"parse_rate_before": before, "rollout_s": t_rollout}

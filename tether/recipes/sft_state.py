@@ -175,6 +175,19 @@ class SFTStart:
     summary: dict[str, Any] | None = None
 
 
+def state_files(cfg: SFTRunConfig | SeedSFTRunConfig) -> dict[str, Path]:
+    """The files besides ``run_dir/data`` a run's examples are read from: SEED's ``sft.replay_data``."""
+    replay = getattr(cfg.sft, "replay_data", None)
+    return {"sft.replay_data": Path(replay)} if replay else {}
+
+
+def state_dir(run_dir: Path) -> Path:
+    """``run_dir/sft_state``, or the previous state a kill inside the swap left aside (``sft_state.old``), which
+    :func:`open_sft_run` puts back: what a start would resume."""
+    state, old = run_dir / STATE, run_dir / f"{STATE}.old"
+    return old if not state.exists() and old.is_dir() else state
+
+
 def finished(run_dir: Path) -> bool:
     """``run_dir`` holds a finished SFT run: its checkpoint and summary (written in that order)."""
     return (run_dir / "checkpoint").is_dir() and (run_dir / SUMMARY).is_file()
@@ -184,7 +197,7 @@ def earlier_run(run_dir: Path) -> str | None:
     """What in ``run_dir`` shows an earlier SFT run that cannot be resumed, or None."""
     if finished(run_dir):
         return f"a finished run (checkpoint, {SUMMARY})"
-    state = run_dir / STATE
+    state = state_dir(run_dir)
     if state.exists():
         problem = checkpoint_problem(state)
         return f"a damaged {STATE} ({problem})" if problem else f"a resumable {STATE}"
@@ -213,8 +226,7 @@ def check_finished_settings(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path)
         raise RunDirError(change)
 
 
-def plan_sft_start(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path,
-                   files: dict[str, Path] | None = None) -> SFTStart:
+def plan_sft_start(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path) -> SFTStart:
     """Where the run in ``run_dir`` starts under ``train.resume`` and ``train.overwrite``, deciding only.
 
     ``auto`` resumes a valid ``sft_state``, calls a finished run finished when its ``config.yaml`` has the same
@@ -223,19 +235,16 @@ def plan_sft_start(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path,
     resumes, or calls a finished run finished, or stops. A start at step 0 over anything of an earlier run needs
     ``train.overwrite``.
 
-    Args:
-        files: files besides ``run_dir/data`` the examples are read from (SEED's ``sft.replay_data``).
-
     Raises:
         RunDirError: the state, or a finished run, belongs to other settings (the first changed setting or file,
             its values and the ways out); ``must`` and nothing to resume; a start at step 0 over an earlier run without
             ``train.overwrite``.
     """
     policy, overwrite = cfg.train.resume, cfg.train.overwrite
-    state = run_dir / STATE
+    state = state_dir(run_dir)
     if policy != "never" and not finished(run_dir) and state.is_dir() and checkpoint_problem(state) is None:
         saved = json.loads((state / STATE_FILE).read_text())
-        current = fingerprint(cfg, {**data_files(run_dir), **(files or {})})
+        current = fingerprint(cfg, {**data_files(run_dir), **state_files(cfg)})
         if (change := fingerprint_change(saved["fingerprint"], current, state)) is not None:
             raise RunDirError(change)
         return SFTStart("resume", saved=saved)
@@ -262,7 +271,28 @@ def delete_earlier_run(run_dir: Path) -> None:
     truncate_metrics(run_dir / "metrics.jsonl", -1)
 
 
-def open_sft_run(cfg: SFTRunConfig | SeedSFTRunConfig, files: dict[str, Path] | None = None) -> tuple[Path, SFTStart]:
+def check_sft_run_dir(cfg: SFTRunConfig | SeedSFTRunConfig) -> str:
+    """:func:`plan_sft_start` for ``tether validate``: the same checks, nothing touched.
+
+    Returns:
+        What a start would do: "would resume runs/x at step 50", "would start runs/x", "runs/x is finished".
+
+    Raises:
+        RunDirError: what would stop the start.
+    """
+    run_dir = Path(cfg.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run_dir {run_dir} is a file, not a directory; set another run_dir")
+    start = plan_sft_start(cfg, run_dir) if run_dir.is_dir() else SFTStart("fresh")
+    if start.action == "resume":
+        return f"would resume {run_dir} at step {start.saved['progress']['step']}"
+    if start.action == "finished":
+        return f"{run_dir} is finished: nothing to do"
+    return f"would start {run_dir}" + (" (deleting the earlier run in it: train.overwrite)" if start.overwrites
+                                       else "")
+
+
+def open_sft_run(cfg: SFTRunConfig | SeedSFTRunConfig) -> tuple[Path, SFTStart]:
     """Claim ``cfg.run_dir`` (:func:`~tether.start.claim_run_dir`), undo what a crash mid-save left, choose where the
     run starts (:func:`plan_sft_start`), tidy for it and say it. Before any model loads.
 
@@ -274,7 +304,7 @@ def open_sft_run(cfg: SFTRunConfig | SeedSFTRunConfig, files: dict[str, Path] | 
     run_dir = claim_run_dir(cfg.run_dir)
     _settle_old(run_dir / STATE, run_dir / f"{STATE}.old")  # a crash between the swap's two renames
     shutil.rmtree(run_dir / f"{STATE}.tmp", ignore_errors=True)  # a crash while writing: the old state stands
-    start = plan_sft_start(cfg, run_dir, files)
+    start = plan_sft_start(cfg, run_dir)
     if start.action == "resume":
         step = start.saved["progress"]["step"]
         truncate_metrics(run_dir / "metrics.jsonl", step)
