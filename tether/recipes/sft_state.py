@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -133,9 +133,7 @@ class SFTState:
             torch.save(model.state_dict(), tmp / "model.pt")
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save({"schedule": schedule.state_dict(), "rng": rng_state()}, tmp / "trainer_state.pt")
-            progress = {"step": at.step, "epoch": at.epoch, "next": at.next, "train_loss": at.train_loss,
-                        "val_loss": at.val_loss}
-            state = {"progress": progress, "extra": self.extra, "fingerprint": self.fingerprint}
+            state = {"progress": asdict(at), "extra": self.extra, "fingerprint": self.fingerprint}
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
 
         publish_dir(self.path, write, DataParallel())
