@@ -13,7 +13,7 @@ import torch
 from tests.rollout.helpers import seed_sft_config
 from tests.trainer.helpers import lock_held_elsewhere
 from tether.config import ConfigError, load_command_config
-from tether.start import RunDirError, restart_run_dir, run_tracker, start_run
+from tether.start import RunDirError, claim_run_dir, run_tracker, start_run
 
 
 def sft_config(tmp_path: Path, *overrides: str):
@@ -75,16 +75,17 @@ def test_a_missing_gpu_is_reported_before_a_bad_config(tmp_path):
         start_run(cfg)
 
 
-def test_restart_drops_the_metric_rows_and_keeps_the_rest(tmp_path):
+def test_claim_creates_and_locks_the_run_directory_and_deletes_nothing(tmp_path):
     run_dir = tmp_path / "a" / "run"
-    assert restart_run_dir(run_dir) == run_dir and (run_dir / ".lock").is_file()
+    assert claim_run_dir(run_dir) == run_dir and (run_dir / ".lock").is_file()
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
     (run_dir / "data.jsonl").write_text("{}\n")
-    restart_run_dir(run_dir)  # the same process again: its own lock
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "data.jsonl"]
+    claim_run_dir(run_dir)  # the same process again: its own lock
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "data.jsonl", "metrics.jsonl"]
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1}\n'  # an earlier run is the command's to settle
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunDirError, match="is a file, not a directory"):
-        restart_run_dir(tmp_path / "file")
+        claim_run_dir(tmp_path / "file")
 
 
 def test_sft_refuses_a_run_directory_another_process_writes(tmp_path):
@@ -92,8 +93,8 @@ def test_sft_refuses_a_run_directory_another_process_writes(tmp_path):
     run_dir.mkdir()
     with lock_held_elsewhere(run_dir) as pid, \
             pytest.raises(RunDirError, match=rf"is in use by process {pid} on .*; wait for it"):
-        restart_run_dir(run_dir)
-    restart_run_dir(run_dir)  # the kernel released the dead holder's lock
+        claim_run_dir(run_dir)
+    claim_run_dir(run_dir)  # the kernel released the dead holder's lock
 
 
 @pytest.mark.parametrize("command", ["sft", "seed-sft"])

@@ -266,7 +266,9 @@ def validate(config: Path, overrides: Overrides = None) -> None:
     run_checks(cfg)
     workload = "task " + cfg.task.name if cfg.task else "env " + cfg.env.name
     if command != "train":
-        typer.echo(f"ok: {config} (tether {command}, {workload})")
+        from tether.recipes.sft_state import check_sft_run_dir
+
+        typer.echo(f"ok: {config} (tether {command}, {workload}); {check_sft_run_dir(cfg)}")
         return
     start = check_run_dir(cfg)  # the run directory as `tether train` would find it: layout, resume, settings
     typer.echo(f"ok: {config} ({workload}); {start}")

@@ -14,7 +14,7 @@ exit code   meaning
 4           the run stopped early and can be resumed: non-finite updates, a DAPO refill shortfall
 5           an environment fault: no episode could start (its constructor or reset kept failing)
 128 + N     stopped by signal N (130: Ctrl-C, 143: SIGTERM): train after saving a checkpoint, sft and
-            seed-sft with nothing saved (they start over)
+            seed-sft after saving run_dir/sft_state (the same command resumes either)
 ==========  =====================================================================================================
 """
 
@@ -47,9 +47,9 @@ class RefillShortfall(TetherError, RuntimeError):
 
 
 class TrainingStopped(TetherError, RuntimeError):
-    """The run ended before its last step: a signal (exit code 128 + N; ``tether train`` saved a checkpoint first and
-    resumes from it, ``tether sft`` and ``tether seed-sft`` saved nothing and start over), or updates that stayed
-    non-finite or a DAPO refill shortfall (exit code 4, resumable)."""
+    """The run ended before its last step: a signal (exit code 128 + N; ``tether train`` saved a checkpoint first,
+    ``tether sft`` and ``tether seed-sft`` their ``run_dir/sft_state``, and each resumes from it), or updates that
+    stayed non-finite or a DAPO refill shortfall (exit code 4, resumable)."""
 
     def __init__(self, message: str, exit_code: int = EXIT_STOPPED) -> None:
         super().__init__(message)

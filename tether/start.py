@@ -9,12 +9,12 @@ seed). Sampling seeds are not global: :mod:`tether.seeding`.
 
 One process writes a run directory at a time (:func:`lock_run_dir`): ``tether train`` takes the lock when it settles
 what the directory holds (:mod:`tether.trainer.rundir`: resume, an earlier run in the way); ``tether sft`` and
-``tether seed-sft``, short runs that start over rather than resume, take it in :func:`restart_run_dir`.
+``tether seed-sft`` take it in :func:`claim_run_dir`, then settle theirs (:mod:`tether.recipes.sft_state`).
 
 While a command's steps run, SIGTERM and SIGINT are remembered (:class:`StopSignals`) and the loop stops after the
-step under way: ``tether train`` saves a checkpoint first, ``tether sft`` and ``tether seed-sft`` save nothing (a
-partial warm start would pass for a finished one); each ends with :class:`~tether.errors.TrainingStopped`, exit code
-128 + the signal's number.
+step under way: ``tether train`` saves a checkpoint first, ``tether sft`` and ``tether seed-sft`` their resumable
+``run_dir/sft_state`` (never ``run_dir/checkpoint``: a partial warm start would pass for a finished one); each ends
+with :class:`~tether.errors.TrainingStopped`, exit code 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def lock_run_dir(run_dir: Path) -> None:
     _HELD[path] = fd
 
 
-def restart_run_dir(run_dir: str | Path) -> Path:
-    """The run directory of a command that starts over rather than resumes (``tether sft``, ``tether seed-sft``):
-    created, locked (:func:`lock_run_dir`), and the metric rows of an earlier run in it dropped.
+def claim_run_dir(run_dir: str | Path) -> Path:
+    """The run directory of ``tether sft`` or ``tether seed-sft``, created and locked (:func:`lock_run_dir`);
+    nothing in it is touched (what an earlier run left is the caller's to settle).
 
     Raises:
         RunDirError: ``run_dir`` is a file, or another process writes it.
@@ -97,7 +97,6 @@ def restart_run_dir(run_dir: str | Path) -> Path:
         raise RunDirError(f"run_dir {run_dir} is a file, not a directory; set another run_dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_run_dir(run_dir)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     return run_dir
 
 

@@ -1,5 +1,6 @@
-"""``tether sft`` stopped by a signal: the step under way finishes and is logged, nothing is saved (an SFT run starts
-over), the run directory's lock goes with the process, and the command ends with 128 + N and one line.
+"""``tether sft`` stopped by a signal: the step under way finishes and is logged, the resumable ``run_dir/sft_state``
+is saved (never ``run_dir/checkpoint``), the run directory's lock goes with the process, the command ends with
+128 + N and one line, and the same command resumes (tests/lab/test_sft_resume.py: bit for bit).
 
 ``tether seed-sft`` trains through the same loop (``tether.recipes.sft.train_sft``), so it stops the same way."""
 
@@ -17,7 +18,7 @@ import pytest
 from tether.config import dump_config, load_command_config
 from tether.errors import TrainingStopped
 from tether.recipes.sft import run_sft
-from tether.start import restart_run_dir
+from tether.start import claim_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 5  # sft.max_steps: fewer than the 2 epochs of 3 batches
@@ -60,7 +61,7 @@ def metric_steps(run_dir: Path) -> list[int]:
     return [row["step"] for row in rows if "sft/loss" in row]
 
 
-def test_sigterm_stops_tether_sft_after_the_step_with_nothing_saved(tmp_path):
+def test_sigterm_stops_tether_sft_after_the_step_with_its_state_saved(tmp_path):
     cfg = sft_config(tmp_path)
     config = tmp_path / "sft.yaml"
     config.write_text(dump_config(cfg))
@@ -69,14 +70,17 @@ def test_sigterm_stops_tether_sft_after_the_step_with_nothing_saved(tmp_path):
     done = subprocess.run([sys.executable, "-c", SIGNALLED_SFT, str(config)], env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, timeout=300)
     assert done.returncode == 128 + signal.SIGTERM == 143, done.stderr
-    line = (f"sft stopped by SIGTERM after step 1 of {STEPS}; nothing saved (an SFT run starts over): run the command "
-            "again")
+    run_dir = Path(cfg.run_dir)
+    line = (f"sft stopped by SIGTERM after step 1 of {STEPS}; its state is in {run_dir / 'sft_state'}: run the same "
+            "command again to resume")
     assert done.stderr.strip().splitlines()[-1] == line
     assert "Traceback" not in done.stderr
-    run_dir = Path(cfg.run_dir)
     assert metric_steps(run_dir) == [1]  # the step under way was finished and logged, no other began
+    assert json.loads((run_dir / "sft_state" / "sft_state.json").read_text())["progress"]["step"] == 1
     assert not (run_dir / "checkpoint").exists() and not (run_dir / "sft_summary.json").exists()
-    restart_run_dir(run_dir)  # the lock went with the process
+    claim_run_dir(run_dir)  # the lock went with the process
+    assert run_sft(load_command_config("sft", config))["steps"] == STEPS  # the same command resumes
+    assert metric_steps(run_dir) == list(range(1, STEPS + 1)) and not (run_dir / "sft_state").exists()
 
 
 def test_sigint_in_process_raises_the_stop_and_restores_the_handler(tmp_path, monkeypatch):
@@ -94,8 +98,8 @@ def test_sigint_in_process_raises_the_stop_and_restores_the_handler(tmp_path, mo
     monkeypatch.setattr(Tracker, "log", log_then_interrupt)
     before = signal.getsignal(signal.SIGINT)
     cfg = sft_config(tmp_path)
-    with pytest.raises(TrainingStopped, match=rf"^sft stopped by SIGINT after step 2 of {STEPS}; nothing saved") \
-            as stop:
+    with pytest.raises(TrainingStopped, match=rf"^sft stopped by SIGINT after step 2 of {STEPS}; its state is in "
+                                              ".*sft_state: run the same command again to resume$") as stop:
         run_sft(cfg)
     assert stop.value.exit_code == 130
     assert signal.getsignal(signal.SIGINT) is before

@@ -318,8 +318,8 @@ def test_stage_one_mixes_in_replay_pairs(tiny_policy, tmp_path):
                               for i in range(5)))
     model, tok = tiny_policy
 
-    def stage_one(**sft):
-        cfg = seed_sft_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft'}",
+    def stage_one(**sft):  # each in a run directory of its own: a finished run with other settings is refused
+        cfg = seed_sft_config(tmp_path, "env.max_turns=1", f"run_dir={tmp_path / 'sft' / str(len(sft))}",
                               sft={"tasks": 2, "rollouts_per_task": 1, "epochs": 1, "batch_size": 8,
                                    "eval_examples": 0, "val_fraction": 0.0, **sft})
         return run_skill_sft(cfg, policy=model, tokenizer=tok, engine=ScriptedEngine(tok))

@@ -11,7 +11,6 @@ from tether.config.base import Section
 from tether.config.health import HealthConfig
 from tether.config.sections import (
     AlgorithmConfig,
-    DeviceConfig,
     DistributedConfig,
     EnvConfig,
     LoggingConfig,
@@ -20,6 +19,7 @@ from tether.config.sections import (
     RolloutConfig,
     SamplingConfig,
     SFTConfig,
+    SFTTrainConfig,
     TaskConfig,
     TrainConfig,
     ValConfig,
@@ -75,7 +75,8 @@ class SupervisedRunConfig(RunConfig):
 
     rollout: SamplingConfig = Field(default_factory=SamplingConfig, description="how the policy samples, where the "
                                     "command samples")
-    train: DeviceConfig = Field(default_factory=DeviceConfig, description="where the command runs")
+    train: SFTTrainConfig = Field(default_factory=SFTTrainConfig, description="where the command runs; resuming "
+                                  "an earlier run in run_dir")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
 
     def rl_config(self) -> Config:

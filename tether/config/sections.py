@@ -231,8 +231,7 @@ DEVICE_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")  # train.device; tether.distri
 
 
 class DeviceConfig(Section):
-    """Where a command runs: the ``train`` section of ``tether sft`` and ``tether seed-sft``, and part of
-    ``tether train``'s."""
+    """Where a command runs: part of the ``train`` section of every command."""
 
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     device: str = Field("auto", description="where the policy, the reference, method models and the batch live: "
@@ -245,6 +244,22 @@ class DeviceConfig(Section):
         if not DEVICE_SPEC.fullmatch(value):
             raise ValueError("must be auto, cpu, cuda or cuda:N (e.g. cuda:1)")
         return value
+
+
+class SFTTrainConfig(DeviceConfig):
+    """``train`` of ``tether sft`` and ``tether seed-sft``: where the command runs, and what it does with an earlier
+    run in run_dir (``train.resume`` and ``train.overwrite`` of ``tether train``, for an SFT run's
+    ``run_dir/sft_state``: docs/reliability.md)."""
+
+    resume: Literal["auto", "never", "must"] = Field(
+        "auto", description="auto: continue from run_dir/sft_state when there is one; leave a finished run "
+        "(checkpoint and sft_summary.json) as it is and exit 0 (train.overwrite: train it again); else start at "
+        "step 0 (an earlier run with nothing to resume is refused); never: start at step 0 (an earlier run is "
+        "refused unless train.overwrite); must: continue, or leave a finished run as it is, or stop. A state or "
+        "finished run with other settings is refused (docs/reliability.md)")
+    overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir "
+                            "(a finished one included), delete its checkpoint, sft_state, data and metric rows "
+                            "instead of refusing to start")
 
 
 class TrainConfig(DeviceConfig):
@@ -336,6 +351,9 @@ class SFTSettings(Section):
     max_length: int = Field(1024, ge=16, description="prompt + response tokens; longer examples are dropped")
     val_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of the examples (token-mean NLL)")
     data_seed: int = Field(2026, description="seed of the train/val split and the batch order")
+    save_every: int = Field(50, ge=0, description="write the resumable run_dir/sft_state every N optimiser steps "
+                            "(0: only when SIGTERM or SIGINT stops the run); unlike the other sft settings, a "
+                            "resume may change it")
 
 
 class SFTConfig(SFTSettings):

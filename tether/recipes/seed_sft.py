@@ -14,7 +14,8 @@
    ``<image>`` slot, filled with the episode's frames, one per step; the record carries the frames, and the SFT
    encodes each prompt with them through the policy's processor (:mod:`tether.recipes.sft`).
 4. Save ``run_dir/checkpoint`` (``save_pretrained`` + tokenizer; :func:`tether.models.load_policy` loads it): the
-   stage-2 actor, analyzer and KL reference.
+   stage-2 actor, analyzer and KL reference. A stopped SFT resumes from ``run_dir/sft_state`` without rolling out
+   again (:func:`run_skill_sft`).
 
 Run it with ``tether seed-sft CONFIG [key=value ...]``; the config's schema is
 :class:`~tether.config.SeedSFTRunConfig`: settings are the top-level ``sft`` of the config
@@ -24,7 +25,6 @@ Stage 2 is the ``seed`` method in ``tether train``.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -48,12 +48,21 @@ from tether.methods.seed.analyzer import Analysis, analysis_target, episode_anal
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.models import load_policy
 from tether.models.vision import encode_message, has_images, observation_images
-from tether.recipes.sft import train_sft
+from tether.recipes.sft import train_sft, written_examples
+from tether.recipes.sft_state import (
+    STATE,
+    SFTState,
+    data_files,
+    fingerprint,
+    open_sft_run,
+    state_files,
+    write_summary,
+)
 from tether.rollout.multi_turn import AgentCollector
 from tether.seeding import step_seed
 from tether.sft_data import Example, encode_examples, row_example, write_examples
 from tether.splits import split_train_val
-from tether.start import restart_run_dir, run_tracker, start_run
+from tether.start import run_tracker, start_run
 
 # -- 1. rollouts -----------------------------------------------------------------------------------
 
@@ -160,9 +169,33 @@ def parse_rate(model: Any, tokenizer: Any, records: list[dict], *, max_new_token
 # -- 4. the pipeline -------------------------------------------------------------------------------
 
 
+def rollout_and_label(cfg: SeedSFTRunConfig, run_dir: Path, policy: Any, tokenizer: Any, *, analyzer: Any = None,
+                      engine: Any = None) -> None:
+    """Steps 1-3 of a fresh run: roll out, label, split; the records and the train and val pairs go to
+    ``run_dir/data``, which the SFT reads (fresh or resumed)."""
+    seed, s = method_config("seed", cfg.methods.get("seed", {})), cfg.sft
+    episodes = rollout_episodes(cfg.rl_config(), policy, tokenizer, s, engine)
+    records = label_episodes(episodes, cfg.env.name, s, threshold=seed.success_threshold,
+                             include_summary=seed.include_summary, analyzer=analyzer)
+    # the frames are saved once, with the train and val pairs below; a record counts them
+    write_jsonl(run_dir / "data" / "records.jsonl", [{**r, "images": len(r["images"])} for r in records])
+    # int(n x val_fraction) records held out, as SEED's code cuts them (tether sft rounds to the nearest)
+    kept = [r for r in records if r["ok"]]
+    train_records, val_records = split_train_val(kept, s.val_fraction, s.data_seed, rounding="floor")
+    for name, part in (("train", train_records), ("val", val_records)):
+        write_examples(run_dir / "data" / f"{name}.jsonl", to_examples(part))
+    if not train_records:
+        raise RuntimeError(f"no parseable analyzer record among {len(records)} trajectories; see "
+                           f"{run_dir / 'data' / 'records.jsonl'}")
+
+
 def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | None = None, *, policy: Any = None,
                   tokenizer: Any = None, analyzer: Any = None, engine: Any = None) -> dict[str, Any]:
     """Stage 1 end to end: rollouts, labels, split, SFT, ``run_dir/checkpoint``.
+
+    A stopped run resumes as ``tether sft`` does (:mod:`tether.recipes.sft_state`, ``train.resume``): from
+    ``run_dir/sft_state``, on the records and pairs the run wrote (no rollout again), with the parse rate before SFT
+    and the rollout time it measured; a finished run is left as it is.
 
     Args:
         config: a config path (with ``overrides``) or a loaded :class:`~tether.config.SeedSFTRunConfig`; its
@@ -179,57 +212,53 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
 
     Files in ``run_dir``: ``config.yaml``, ``data/records.jsonl`` (every labelled trajectory; ``images`` counts its
     frames), ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response, and on a visual env ``images``: the frames
-    under ``data/frames/``), ``metrics.jsonl`` (``sft/*``), ``checkpoint/``.
+    under ``data/frames/``), ``metrics.jsonl`` (``sft/*``), ``sft_state/`` while the SFT runs, ``checkpoint/``.
     """
     cfg = config if not isinstance(config, (str, Path)) else load_command_config("seed-sft", config, overrides or [])
     seed = method_config("seed", cfg.methods.get("seed", {}))
     s = cfg.sft
     device = start_run(cfg, policy=policy is None)  # a missing GPU, then a bad config: before any model loads
     replay = load_replay(s)  # so does a bad replay file
-    run_dir = restart_run_dir(cfg.run_dir)  # locked; stage 1 restarts rather than resumes
+    run_dir, begin = open_sft_run(cfg)  # locked; resumes, refuses or says a finished run is finished
+    if begin.action == "finished":
+        return begin.summary
     (run_dir / "data").mkdir(exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     if policy is None:
         policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
     start = time.perf_counter()
-    episodes = rollout_episodes(cfg.rl_config(), policy, tokenizer, s, engine)
+    if begin.action == "fresh":
+        rollout_and_label(cfg, run_dir, policy, tokenizer, analyzer=analyzer, engine=engine)
     t_rollout = time.perf_counter() - start
-    records = label_episodes(episodes, cfg.env.name, s, threshold=seed.success_threshold,
-                             include_summary=seed.include_summary, analyzer=analyzer)
-    # the frames are saved once, with the train and val pairs below; a record counts them
-    write_jsonl(run_dir / "data" / "records.jsonl", [{**r, "images": len(r["images"])} for r in records])
-    # int(n x val_fraction) records held out, as SEED's code cuts them (tether sft rounds to the nearest)
-    kept = [r for r in records if r["ok"]]
-    train_records, val_records = split_train_val(kept, s.val_fraction, s.data_seed, rounding="floor")
-    for name, part in (("train", train_records), ("val", val_records)):
-        write_examples(run_dir / "data" / f"{name}.jsonl", to_examples(part))
-    if not train_records:
-        raise RuntimeError(f"no parseable analyzer record among {len(records)} trajectories; see "
-                           f"{run_dir / 'data' / 'records.jsonl'}")
+    train_ex, val_ex = written_examples(run_dir)
     # the analyzer prompts stage 2 gives the policy: left-truncated to analysis_context_length (replay is shorter)
     cut = seed.analysis_context_length
-    train, dropped_train = encode_examples(to_examples(train_records) + replay, tokenizer, s.max_length, cut)
-    val, dropped_val = encode_examples(to_examples(val_records), tokenizer, s.max_length, cut)
-    probe = val_records[:s.eval_examples] if val_records else train_records[:s.eval_examples]
+    train, dropped_train = encode_examples(train_ex + replay, tokenizer, s.max_length, cut)
+    val, dropped_val = encode_examples(val_ex, tokenizer, s.max_length, cut)
+    probe = [{"prompt": e.prompt, "images": e.images} for e in (val_ex or train_ex)[:s.eval_examples]]
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
                        include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
-    before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
+    state = SFTState(run_dir / STATE, fingerprint(cfg, {**data_files(run_dir), **state_files(cfg)}))
+    if begin.action == "fresh":  # measured once, on the base policy; a resume keeps the numbers
+        before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
+        state.extra = {"parse_rate_before": before, "rollout_s": t_rollout}
     with run_tracker(cfg.logging, run_dir) as tracker:
-        losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast)
+        losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast,
+                           state=state)  # a resume restores state.extra
     after, answers = parse_rate(policy, tokenizer, probe, **rate_kwargs) if s.eval_examples else (math.nan, [])
     checkpoint = run_dir / "checkpoint"
     policy.save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
+    records = read_jsonl(run_dir / "data" / "records.jsonl", "data/records.jsonl")
     summary = {
         "checkpoint": str(checkpoint), "trajectories": len(records),
         "successes": sum(r["outcome"] == "success" for r in records), "kept": sum(r["ok"] for r in records),
         "train_examples": len(train), "replay_examples": len(replay), "val_examples": len(val),
         "dropped_too_long": dropped_train + dropped_val,
-        "parse_rate_before": before, "parse_rate_after": after, "probe_examples": len(probe), **losses,
-        "rollout_s": t_rollout, "total_s": time.perf_counter() - start,
-        "example_answers_after": [a.raw for a in answers[:3]],
+        "parse_rate_before": state.extra["parse_rate_before"], "parse_rate_after": after,
+        "probe_examples": len(probe), **losses, "rollout_s": state.extra["rollout_s"],
+        "total_s": time.perf_counter() - start, "example_answers_after": [a.raw for a in answers[:3]],
     }
-    (run_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(run_dir, summary, state)
     return summary
-

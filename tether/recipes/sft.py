@@ -6,16 +6,19 @@ model's correct samples, chosen by ``sft.data`` (:mod:`tether.sft_data`, which a
 The loss is the response-only NLL, token-mean over each optimiser batch, on the trainer's device and precision
 (``train.device``, ``model.bf16_autocast``), logged through the trainer's tracker (metrics.jsonl, TensorBoard,
 W&B/MLflow) under ``sft/``. The pairs used are written to ``run_dir/data/{train,val}.jsonl`` (SEED's
-``replay_data`` reads them). The result, ``run_dir/checkpoint``, is a plain Hugging Face directory:
-``tether train CONFIG model.name=RUN_DIR/checkpoint`` continues from it with RL. SIGTERM or SIGINT stops the loop
-after the optimiser step under way, with its metrics logged and nothing saved (an SFT run starts over), exit code
-128 + the signal's number.
+``replay_data`` reads them) and the loop trains on what those files hold. The result, ``run_dir/checkpoint``, is a
+plain Hugging Face directory: ``tether train CONFIG model.name=RUN_DIR/checkpoint`` continues from it with RL.
+
+A run resumes (:mod:`tether.recipes.sft_state`): every ``sft.save_every`` optimiser steps, and when SIGTERM or SIGINT
+stops the loop after the optimiser step under way (exit code 128 + the signal's number), ``run_dir/sft_state`` is
+written; the same command then continues from it, on the examples the run wrote, to the weights and metric rows of
+a run that never stopped. ``train.resume`` and ``train.overwrite`` say what a start does with an earlier run, as for
+``tether train``; a finished run is left as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import time
@@ -24,10 +27,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tether.errors import TrainingStopped
-from tether.sft_data import encode_examples, sft_examples, write_examples
+from tether.recipes.sft_state import STATE, Progress, SFTState, data_files, fingerprint, open_sft_run, write_summary
+from tether.sft_data import Example, encode_examples, row_example, sft_examples, write_examples
 from tether.start import StopSignals
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tether.config import SFTRunConfig, SFTSettings
 
 
@@ -73,11 +79,12 @@ def sft_steps(n_train: int, s: SFTSettings) -> int:
     return min(per_epoch * s.epochs, s.max_steps or per_epoch * s.epochs)
 
 
-def progress_log(log: Any, total: int) -> Any:
-    """``log`` that also prints one line per optimiser step (loss, s/step, ETA) and each held-out loss."""
+def progress_log(log: Any, total: int, start: int = 0) -> Any:
+    """``log`` that also prints one line per optimiser step (loss, s/step, ETA) and each held-out loss; ``start``:
+    the step a resumed run continues from (the rate counts this session's steps)."""
     from tether.track.progress import StepLines, status
 
-    lines = StepLines(total, label="sft step")
+    lines = StepLines(total, start=start, label="sft step")
 
     def logged(metrics: dict[str, float], step: int) -> None:
         log(metrics, step)
@@ -107,20 +114,24 @@ def sft_step(model: Any, batch: list, pad_id: int, optimizer: torch.optim.Optimi
     return loss_value, float(grad_norm), tokens
 
 
-def stop_if_signalled(signals: StopSignals, step: int, total: int) -> None:
-    """Raise :class:`~tether.errors.TrainingStopped` (exit code 128 + N) once SIGTERM or SIGINT has arrived.
-
-    Nothing is saved: an SFT run starts over rather than resumes, and a checkpoint of part of it in
-    ``run_dir/checkpoint`` would pass for a finished warm start.
-    """
+def stop_if_signalled(signals: StopSignals, step: int, total: int, state: SFTState | None) -> None:
+    """Raise :class:`~tether.errors.TrainingStopped` (exit code 128 + N) once SIGTERM or SIGINT has arrived; the
+    caller has saved ``state`` (None: nothing saved)."""
     if signals.signal is not None:
         name = signal.Signals(signals.signal).name
-        raise TrainingStopped(f"sft stopped by {name} after step {step} of {total}; nothing saved (an SFT run "
-                              "starts over): run the command again", 128 + signals.signal)
+        kept = ("nothing saved" if state is None
+                else f"its state is in {state.path}: run the same command again to resume")
+        raise TrainingStopped(f"sft stopped by {name} after step {step} of {total}; {kept}", 128 + signals.signal)
+
+
+def batch_order(n_train: int, s: SFTSettings, epoch: int) -> list[int]:
+    """The order of the training examples in ``epoch``: a function of ``sft.data_seed`` and the epoch alone, so a
+    resumed run draws the batches an uninterrupted one would."""
+    return torch.randperm(n_train, generator=torch.Generator().manual_seed(s.data_seed + epoch)).tolist()
 
 
 def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings, *,
-              log: Any = None, bf16_autocast: bool = False) -> dict[str, float]:
+              log: Any = None, bf16_autocast: bool = False, state: SFTState | None = None) -> dict[str, float]:
     """Response-only SFT: AdamW, warm-up then cosine, grad clip; token-mean NLL per optimiser batch.
 
     Args:
@@ -130,13 +141,19 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
         s: hyperparameters (``sft`` of a ``tether sft`` or a ``tether seed-sft`` config).
         log: ``log(metrics, step)``, e.g. a :class:`~tether.track.Tracker`'s ``log``; None for none.
         bf16_autocast: forward passes under bfloat16 autocast.
+        state: where the run's resumable state lives: restored when it exists, saved every ``s.save_every``
+            steps and on a stop; None: nothing saved or restored.
+
+    A state is saved only where every metric row of its step is logged (after the held-out loss when a step ends
+    an epoch), so a resumed run logs each row once.
 
     Returns:
         ``steps``, ``train_loss`` (last step), ``val_loss`` (after the last epoch; NaN without val data).
 
     Raises:
         TrainingStopped: SIGTERM or SIGINT arrived; the loop stopped after the optimiser step (or the held-out
-            loss) under way, with its metrics logged, and nothing is saved (:func:`stop_if_signalled`).
+            loss) under way, with its metrics logged and ``state`` saved (:func:`stop_if_signalled`).
+        RunDirError: ``state`` is damaged or belongs to another run.
     """
     from transformers import get_cosine_schedule_with_warmup
 
@@ -148,50 +165,80 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
     schedule = get_cosine_schedule_with_warmup(optimizer, int(s.warmup_ratio * total), total)
     model.eval()
-    step, last = 0, {"train_loss": math.nan, "val_loss": math.nan}
+    at = state.restore(model, optimizer, schedule) if state is not None and state.exists() else Progress()
+
+    def boundary(signals: StopSignals) -> None:
+        """Every metric row of step ``at.step`` is logged: save when due or stopped, then stop if signalled."""
+        due = s.save_every and at.step % s.save_every == 0
+        if state is not None and (due or signals.signal is not None):
+            state.save(model, optimizer, schedule, at)
+        stop_if_signalled(signals, at.step, total, state)
+
     with StopSignals() as signals:
-        for epoch in range(s.epochs):
-            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(s.data_seed + epoch)).tolist()
-            for b in range(0, len(order), s.batch_size):
-                if step == total:
-                    break
+        for epoch in range(at.epoch, s.epochs):
+            if at.step == total:
+                break
+            order = batch_order(len(train), s, epoch)
+            for b in range(at.next, len(order), s.batch_size):  # at.next is 0 but in a resumed epoch
                 batch = [train[i] for i in order[b:b + s.batch_size]]
                 loss, grad_norm, tokens = sft_step(model, batch, pad, optimizer, s, bf16_autocast)
                 schedule.step()
-                step += 1
-                last["train_loss"] = loss
+                at.step, at.train_loss = at.step + 1, loss
                 if log is not None:
                     log({"sft/loss": loss, "sft/grad_norm": grad_norm, "sft/lr": schedule.get_last_lr()[0],
-                         "sft/tokens": tokens, "sft/epoch": epoch}, step)
-                stop_if_signalled(signals, step, total)
+                         "sft/tokens": tokens, "sft/epoch": epoch}, at.step)
+                ends_epoch = b + s.batch_size >= len(order) or at.step == total
+                at.epoch, at.next = (epoch + 1, 0) if ends_epoch else (epoch, b + s.batch_size)
+                if not (ends_epoch and val):  # else the epoch's held-out loss belongs to this step
+                    boundary(signals)
+                if at.step == total:
+                    break
             if val:
-                last["val_loss"] = evaluate_nll(model, val, pad, s.micro_batch_size, bf16_autocast)
+                at.val_loss = evaluate_nll(model, val, pad, s.micro_batch_size, bf16_autocast)
                 if log is not None:
-                    log({"sft/val_loss": last["val_loss"]}, step)
-                stop_if_signalled(signals, step, total)
-    return {"steps": float(step), **last}
+                    log({"sft/val_loss": at.val_loss}, at.step)
+                boundary(signals)
+    return {"steps": float(at.step), "train_loss": at.train_loss, "val_loss": at.val_loss}
+
+
+def written_examples(run_dir: Path) -> tuple[list[Example], list[Example]]:
+    """The train and val examples a run wrote to ``run_dir/data``: what it trains on, fresh or resumed."""
+    from tether.files import read_jsonl
+
+    def read(name: str) -> list[Example]:
+        path = run_dir / "data" / f"{name}.jsonl"
+        if not path.read_text(encoding="utf-8").strip():
+            return []
+        return [row_example(row, path.parent) for row in read_jsonl(path, f"data/{name}.jsonl")]
+
+    return read("train"), read("val")
 
 
 def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> dict[str, Any]:
-    """``tether sft``: examples, split, SFT, ``run_dir/checkpoint``; the data are read before any model loads.
+    """``tether sft``: examples, split, SFT, ``run_dir/checkpoint``; the data are read, and where the run starts is
+    settled (:func:`~tether.recipes.sft_state.open_sft_run`), before any model loads.
 
     Returns:
-        The summary also written to ``run_dir/sft_summary.json``.
+        The summary also written to ``run_dir/sft_summary.json`` (a finished run's, when there was nothing to do).
     """
     from tether.config import ConfigError
     from tether.models import load_policy
     from tether.splits import split_train_val
-    from tether.start import restart_run_dir, run_tracker, start_run
+    from tether.start import run_tracker, start_run
     from tether.track.progress import status
 
     s = cfg.sft
     device = start_run(cfg, policy=policy is None)  # a missing GPU, then a bad config: before any model loads
-    status(f"building the sft examples (sft.data={s.data})")
-    examples = sft_examples(cfg, device)
-    train_ex, val_ex = split_train_val(examples, s.val_fraction, s.data_seed)
-    run_dir = restart_run_dir(cfg.run_dir)  # locked; an SFT run is short: it restarts rather than resumes
-    for name, part in (("train", train_ex), ("val", val_ex)):  # the exact pairs, e.g. to replay them later
-        write_examples(run_dir / "data" / f"{name}.jsonl", part)
+    run_dir, begin = open_sft_run(cfg)  # locked; resumes, refuses or says a finished run is finished
+    if begin.action == "finished":
+        return begin.summary
+    if begin.action == "fresh":
+        status(f"building the sft examples (sft.data={s.data})")
+        train_ex, val_ex = split_train_val(sft_examples(cfg, device), s.val_fraction, s.data_seed)
+        for name, part in (("train", train_ex), ("val", val_ex)):  # the exact pairs, e.g. to replay them later
+            write_examples(run_dir / "data" / f"{name}.jsonl", part)
+    train_ex, val_ex = written_examples(run_dir)
+    state = SFTState(run_dir / STATE, fingerprint(cfg, data_files(run_dir)))
     start = time.perf_counter()
     if policy is None:
         status(f"loading the policy {cfg.model.name}")
@@ -204,15 +251,17 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     with run_tracker(cfg.logging, run_dir) as tracker:
         tracker.log_config(cfg.model_dump(mode="json"))
         status(f"training on {len(train)} examples ({len(val)} held out) for {s.epochs} epoch(s)")
-        log = progress_log(tracker.log, sft_steps(len(train), s)) if cfg.logging.progress else tracker.log
-        result = train_sft(policy, tokenizer, train, val, s, log=log, bf16_autocast=cfg.model.bf16_autocast)
+        resumed = begin.saved["progress"]["step"] if begin.saved else 0
+        log = progress_log(tracker.log, sft_steps(len(train), s), resumed) if cfg.logging.progress else tracker.log
+        result = train_sft(policy, tokenizer, train, val, s, log=log, bf16_autocast=cfg.model.bf16_autocast,
+                           state=state)
         checkpoint = run_dir / "checkpoint"
         policy.save_pretrained(checkpoint)
         tokenizer.save_pretrained(checkpoint)
         summary = {"checkpoint": str(checkpoint), "data": s.data, "train_examples": len(train),
                    "val_examples": len(val), "dropped_too_long": dropped_train + dropped_val,
-                   "example": {"prompt": examples[0].prompt, "response": examples[0].response}, **result,
+                   "example": {"prompt": train_ex[0].prompt, "response": train_ex[0].response}, **result,
                    "wall_s": round(time.perf_counter() - start, 1)}
         tracker.write_summary(summary)
-    (run_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(run_dir, summary, state)
     return summary
