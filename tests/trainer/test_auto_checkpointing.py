@@ -1,6 +1,6 @@
 """``train.gradient_checkpointing: auto``: each micro-batch whose estimated activations exceed
 ``train.activation_memory_budget_gb`` recomputes its decoder layers in backward, the others do not, and the gradient
-is the same either way (float64, the shared-prompt pass off as in tests/trainer/test_token_budget.py)."""
+is the same either way (float64, right-padded rows as in tests/trainer/test_token_budget.py)."""
 
 from __future__ import annotations
 

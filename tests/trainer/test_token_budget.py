@@ -1,8 +1,8 @@
 """Micro-batches formed by a token budget (``optim.max_tokens_per_micro_batch``): the same gradient and the same
 log-probs as the fixed-size plan, every micro-batch under the budget.
 
-Both sides run in float64 on one fixed batch, with the shared-prompt pass off: HF's RMSNorm computes in float32
-even in a float64 model, so sharing a prompt among other rows would differ at 1e-8 (tests/models/test_forward.py).
+Both sides run in float64 on one fixed batch, with right-padded rows (packing off): HF's RMSNorm computes in float32
+even in a float64 model, so rows packed differently would differ at 1e-8 (tests/models/test_forward.py).
 """
 
 from __future__ import annotations
