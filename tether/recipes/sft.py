@@ -221,7 +221,8 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     Returns:
         The summary also written to ``run_dir/sft_summary.json`` (a finished run's, when there was nothing to do).
     """
-    from tether.config import ConfigError
+    from tether.config import ConfigError, dump_config
+    from tether.files import write_text_atomic
     from tether.models import load_policy
     from tether.splits import split_train_val
     from tether.start import run_tracker, start_run
@@ -232,6 +233,7 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     run_dir, begin = open_sft_run(cfg)  # locked; resumes, refuses or says a finished run is finished
     if begin.action == "finished":
         return begin.summary
+    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     if begin.action == "fresh":
         status(f"building the sft examples (sft.data={s.data})")
         train_ex, val_ex = split_train_val(sft_examples(cfg, device), s.val_fraction, s.data_seed)

@@ -17,7 +17,6 @@ from tether.track.tracker import (
     to_floats,
     write_json_atomic,
     write_text_atomic,
-    write_yaml_atomic,
 )
 
 __all__ = [
@@ -41,5 +40,4 @@ __all__ = [
     "to_floats",
     "write_json_atomic",
     "write_text_atomic",
-    "write_yaml_atomic",
 ]

@@ -17,7 +17,6 @@ from tether.track.sinks import (
     _require,
     check_mlflow_settings,
     to_plain,
-    to_yaml,
 )
 
 
@@ -55,11 +54,6 @@ def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
         stacked = torch.stack([metrics[n].detach().reshape(()).to(dtype) for n in names])
         out.update(zip(names, stacked.tolist(), strict=True))  # the one host sync for this device
     return out  # type: ignore[return-value]
-
-
-def write_yaml_atomic(path: str | Path, data: Mapping[str, Any]) -> Path:
-    """``data`` as YAML (key order kept), written atomically."""
-    return write_text_atomic(path, to_yaml(data))
 
 
 def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> Path:
@@ -102,13 +96,15 @@ class Tracker:
                 sink.log(floats, step)
         return floats
 
-    def log_config(self, config: Mapping[str, Any]) -> Path:
-        """Write ``run_dir/config.yaml`` and hand the config to sinks that record one."""
-        path = write_yaml_atomic(self.run_dir / "config.yaml", config)
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """Hand the config (JSON-mode values) to the sinks that record one (W&B, MLflow, TensorBoard's text).
+
+        ``run_dir/config.yaml`` is not written here: the command writes it once, with
+        :func:`~tether.config.dump_config`, which keeps the config's own mapping keys (a JSON-mode dump would turn
+        ``{0: 0.5}`` into ``{'0': 0.5}``, which ``tether eval --config`` then refuses)."""
         for sink in self.sinks:
             if hasattr(sink, "log_config"):
                 sink.log_config(config)
-        return path
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
         """Write ``run_dir/summary.json`` (final metrics, wall time...), replacing any earlier one."""
