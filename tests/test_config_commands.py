@@ -21,8 +21,8 @@ from tether.config import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TASK = {"task": {"name": "parity"}, "model": {"name": "char-16x1"}}
-ENV = {"env": {"name": "frozenlake", "kwargs": {"size": 4}}, "model": {"name": "char-16x1"}}
+TASK = {"task": {"name": "parity"}, "model": {"name": "char-64x1"}}
+ENV = {"env": {"name": "frozenlake", "kwargs": {"size": 4}}, "model": {"name": "char-64x1"}}
 
 
 def error_of(command: str, data: dict, overrides: list[str] | None = None) -> str:
@@ -107,7 +107,7 @@ def test_each_command_gets_its_schema_and_the_sft_commands_an_rl_view_of_their_s
                               overrides=["rollout.temperature=0.5", "train.threads=2"])
     assert isinstance(sft, SFTRunConfig) and sft.sft.epochs == 3
     rl = sft.rl_config()
-    assert isinstance(rl, Config) and (rl.seed, rl.task.name, rl.model.name) == (7, "parity", "char-16x1")
+    assert isinstance(rl, Config) and (rl.seed, rl.task.name, rl.model.name) == (7, "parity", "char-64x1")
     assert (rl.rollout.temperature, rl.train.threads) == (0.5, 2)
     assert rl.rollout == type(rl.rollout)(temperature=0.5) and rl.algorithm == type(rl.algorithm)()  # RL defaults
     seed = load_command_config("seed-sft", data={**ENV, "sft": {"tasks": 2},
@@ -142,7 +142,7 @@ def test_every_shipped_config_with_an_sft_section_names_its_command_first():
 def test_validate_uses_the_schema_the_first_line_names(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(f"# tether sft c.yaml\nrun_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\n"
-                      "model: {name: char-16x1}\nlogging: {tensorboard: false}\nsft: {data: task}\n")
+                      "model: {name: char-64x1}\nlogging: {tensorboard: false}\nsft: {data: task}\n")
     result = CliRunner().invoke(app, ["validate", str(config)])
     assert result.exit_code == 0 and f"ok: {config} (tether sft, task parity)" in result.output, result.output
     result = CliRunner().invoke(app, ["validate", str(config), "optim.lr=1e-3"])

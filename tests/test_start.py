@@ -17,7 +17,7 @@ from tether.start import RunDirError, claim_run_dir, run_tracker, start_run
 
 
 def sft_config(tmp_path: Path, *overrides: str):
-    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "parity"}, "model": {"name": "char-16x1"},
+    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "parity"}, "model": {"name": "char-64x1"},
             "logging": {"tensorboard": False}, "sft": {"data": "task"}}
     return load_command_config("sft", data=data, overrides=list(overrides))
 
@@ -34,7 +34,7 @@ def test_start_sets_threads_and_the_seed_after_the_checks(tmp_path, monkeypatch)
 
 def eval_config(tmp_path: Path, *overrides: str):
     """``tether eval`` reads a training config."""
-    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "parity"}, "model": {"name": "char-16x1"},
+    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "parity"}, "model": {"name": "char-64x1"},
             "logging": {"tensorboard": False}}
     return load_command_config("train", data=data, overrides=list(overrides))
 
@@ -117,7 +117,7 @@ def test_both_sft_commands_lock_their_run_directory_before_any_model_loads(tmp_p
         with pytest.raises(RunDirError, match="is in use"):
             run_sft(cfg)
     else:
-        cfg = seed_sft_config(tmp_path, "model.name=char-16x1", methods={"seed": {}})
+        cfg = seed_sft_config(tmp_path, "model.name=char-64x1", methods={"seed": {}})
         with pytest.raises(RunDirError, match="is in use"):
             run_skill_sft(cfg)
     assert not (Path(cfg.run_dir) / "metrics.jsonl").exists()

@@ -69,6 +69,19 @@ def test_a_model_that_is_not_here_is_one_line(tmp_path, monkeypatch, name, messa
         check_config(tiny_config(tmp_path, f"model.name={alias}"))
 
 
+@pytest.mark.parametrize("alias, message", [
+    ("char-16x1", r"^model\.name: char-16x1: hidden must be a positive multiple of 64 and layers >= 1$"),
+    ("char-64x0", r"^model\.name: char-64x0: hidden must be a positive multiple of 64"),
+    ("tiny-100x2", r"^model\.name: tiny-100x2: hidden must split into max\(1, hidden // 32\) heads"),
+])
+def test_an_alias_of_a_size_that_cannot_be_built_is_one_line_before_any_model_loads(tmp_path, alias, message):
+    """The alias's shape was only found wrong when the model was built, after validate had said ok."""
+    with pytest.raises(ConfigError, match=message):
+        check_config(tiny_config(tmp_path, f"model.name={alias}"))
+    for fine in ("char-128x1", "tiny-96x1", "tiny-48x3"):
+        check_config(tiny_config(tmp_path, f"model.name={fine}"))
+
+
 def test_a_reference_that_is_not_here_is_one_line_even_when_the_policy_is_given(tmp_path):
     with pytest.raises(ConfigError, match=r"^model\.ref_name: 'a/b/c' is not a directory here"):
         check_config(tiny_config(tmp_path, "model.ref_name=a/b/c"), policy=False)
@@ -201,20 +214,20 @@ def test_validate_prints_each_error_and_each_warning_on_one_line(tmp_path):
     result = CliRunner().invoke(app, ["validate", str(config)])
     assert result.exit_code == 2
     assert [line.split(":")[0] for line in result.output.splitlines()] == ["algorithm.loss_kwargs", "task.kwargs"]
-    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: char-16x1, "
-                      "ref_name: char-16x1}\nlogging: {tensorboard: false}\n")
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: char-64x1, "
+                      "ref_name: char-64x1}\nlogging: {tensorboard: false}\n")
     result = CliRunner().invoke(app, ["validate", str(config)])
     assert result.exit_code == 0, result.output
     assert sorted(result.output.splitlines()) == [
         f"ok: {config} (task parity); would start {tmp_path / 'run'}",
-        "warning: model.ref_name='char-16x1' is never loaded: nothing uses a reference (algorithm.kl.coef is 0, "
+        "warning: model.ref_name='char-64x1' is never loaded: nothing uses a reference (algorithm.kl.coef is 0, "
         "algorithm.use_ref is false, and no method needs one)"]
     assert not (tmp_path / "run").exists()
 
 
 def test_sft_data_is_checked_by_validate_and_sft_and_train_refuses_the_section(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: char-16x1}}\n"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: char-64x1}}\n"
                       f"logging: {{tensorboard: false}}\nsft: {{data: jsonl, path: {tmp_path / 'pairs.jsonl'}}}\n")
     for command in ("validate", "sft"):
         result = CliRunner().invoke(app, [command, str(config)])

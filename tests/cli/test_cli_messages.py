@@ -108,7 +108,7 @@ def test_sft_warns_that_it_ignores_lora(monkeypatch, tmp_path):
 
     monkeypatch.setattr(tether.recipes.sft, "run_sft", lambda cfg: {"checkpoint": "x"})
     config = tmp_path / "sft.yaml"
-    config.write_text("task: {name: parity}\nmodel: {name: char-16x1}\nsft: {data: task}\n")
+    config.write_text("task: {name: parity}\nmodel: {name: char-64x1}\nsft: {data: task}\n")
     out = run("sft", str(config), "model.lora={rank: 4}", f"run_dir={tmp_path / 'run'}")
     assert out.exit_code == 0, out.output
     assert "warning: tether sft fine-tunes every weight; model.lora applies to tether train only" in out.output

@@ -152,8 +152,8 @@ def test_a_changed_setting_or_example_file_is_refused_before_any_model_loads(tmp
                                           r"\); set it back, or set another run_dir \(or start afresh over this one: "
                                           r"train\.resume=never train\.overwrite=true deletes it\)$"):
         run_sft(sft_config(run_dir, "sft.lr=0.002"))
-    with pytest.raises(RunDirError, match=r"^model\.name: 'char-32x1' differs from 'char-64x1'"):
-        run_sft(sft_config(run_dir, "model.name=char-32x1"))
+    with pytest.raises(RunDirError, match=r"^model\.name: 'char-128x1' differs from 'char-64x1'"):
+        run_sft(sft_config(run_dir, "model.name=char-128x1"))
     train = run_dir / "data" / "train.jsonl"
     train.write_text(train.read_text().replace("#", "# ", 1))
     with pytest.raises(RunDirError, match=r"^data/train\.jsonl changed since .*sft_state was saved: a resume trains "

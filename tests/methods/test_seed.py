@@ -28,7 +28,7 @@ from tether.methods.seed.openai_analyzer import OpenAIAnalyzer, repair_prompt
 from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, user_message
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis, solve_from_observation
 
-SEED_SFT = {"env": {"name": "frozenlake"}, "model": {"name": "char-16x1"}}
+SEED_SFT = {"env": {"name": "frozenlake"}, "model": {"name": "char-64x1"}}
 STEPS = [Step("You see a door.", "<think>open it</think><action>open door</action>", True),
          Step("The door is open.", "<action>fly</action>", False)]
 

@@ -24,13 +24,15 @@ HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or r
 def check_model(key: str, name: str) -> None:
     """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
     offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download)."""
-    from tether.models.char import parse_char_alias
-    from tether.models.loading import SMOLLM2, TINY_ALIAS
+    from tether.models.char import char_size_problem, parse_char_alias
+    from tether.models.loading import SMOLLM2, TINY_ALIAS, tiny_size_problem
     from tether.models.policy import TINY_VLMS
 
-    is_alias = (name == SMOLLM2 or name in TINY_VLMS or parse_char_alias(name) is not None
-                or TINY_ALIAS.fullmatch(name) is not None)
-    if is_alias or Path(name).expanduser().is_dir():
+    char, tiny = parse_char_alias(name), TINY_ALIAS.fullmatch(name)
+    sized = char_size_problem(*char) if char else tiny_size_problem(*map(int, tiny.groups())) if tiny else None
+    if sized is not None:
+        raise ConfigError(f"{key}: {sized}")
+    if name == SMOLLM2 or name in TINY_VLMS or char or tiny or Path(name).expanduser().is_dir():
         return
     parts = name.split("/")
     # "org/name", or a one-word id of the Hub's oldest models (gpt2, bert-base-uncased)

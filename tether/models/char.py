@@ -66,6 +66,13 @@ def parse_char_alias(name: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+def char_size_problem(hidden: int, layers: int) -> str | None:
+    """Why ``char-<hidden>x<layers>`` cannot be built (its heads are 64-dimensional), or None."""
+    if hidden < 64 or hidden % 64 or layers < 1:
+        return f"char-{hidden}x{layers}: hidden must be a positive multiple of 64 and layers >= 1"
+    return None
+
+
 def char_model_config(hidden: int, layers: int, tokenizer: Any) -> Any:
     """Llama settings of ``char-<hidden>x<layers>``: 64-dim heads, 2 KV groups, SwiGLU of 8/3 x hidden.
 
@@ -74,8 +81,8 @@ def char_model_config(hidden: int, layers: int, tokenizer: Any) -> Any:
     """
     from transformers import LlamaConfig
 
-    if hidden < 64 or hidden % 64 or layers < 1:
-        raise ValueError(f"char-{hidden}x{layers}: hidden must be a positive multiple of 64 and layers >= 1")
+    if (problem := char_size_problem(hidden, layers)) is not None:
+        raise ValueError(problem)
     heads = hidden // 64
     return LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=64 * round(8 * hidden / 3 / 64),

@@ -48,6 +48,16 @@ TINY_ALIAS = re.compile(r"tiny-(\d+)x(\d+)")
 TINY_CONTEXT = 1024  # max_position_embeddings of tiny_model and so of every tiny-<hidden>x<layers>
 
 
+def tiny_size_problem(hidden: int, layers: int) -> str | None:
+    """Why ``tiny-<hidden>x<layers>`` cannot be built (hidden // 32 heads must split it, over hidden // 64 KV
+    heads), or None."""
+    heads, kv_heads = max(1, hidden // 32), max(1, hidden // 64)
+    if hidden < 1 or layers < 1 or hidden % heads or heads % kv_heads:
+        return (f"tiny-{hidden}x{layers}: hidden must split into max(1, hidden // 32) heads over max(1, hidden // 64) "
+                "KV heads (e.g. a multiple of 64) and layers >= 1")
+    return None
+
+
 def tiny_model_dir(name: str) -> Path:
     """``tiny-<hidden>x<layers>``: a random Llama (seed 0) with the SmolLM2 tokenizer, cached like SmolLM2.
 
@@ -55,6 +65,8 @@ def tiny_model_dir(name: str) -> Path:
     runs (docs/methods/armor.md, docs/agents.md), most of whose parameters are the 49k-token embedding.
     """
     hidden, layers = (int(x) for x in TINY_ALIAS.fullmatch(name).groups())
+    if (problem := tiny_size_problem(hidden, layers)) is not None:
+        raise ValueError(problem)
 
     def build(tmp: Path) -> None:
         model, tokenizer = tiny_model(0, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
