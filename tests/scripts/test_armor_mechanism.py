@@ -4,24 +4,18 @@ which answers count as the anchors' mode."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.scripts import load_script
 from tether.models import encode_chat
 from tether.tasks import make_task
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "lab" / "armor_mechanism.py"
 
 
 @pytest.fixture(scope="module")
 def mechanism():
-    spec = importlib.util.spec_from_file_location("armor_mechanism", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("lab/armor_mechanism.py")
 
 
 def direct_sequence_log_probs(model, prompts: list[list[int]], gen) -> torch.Tensor:

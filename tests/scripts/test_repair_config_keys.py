@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import yaml
 
+from tests.scripts import load_script
 from tests.trainer.helpers import tiny_config
 from tether.checks import load_checked_config
 from tether.config import ConfigError
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "lab" / "repair_config_keys.py"
-
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("repair_config_keys", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("lab/repair_config_keys.py")
 
 
 def test_digit_string_keys_under_kwargs_become_ints_and_nothing_else_changes(tmp_path, script):
