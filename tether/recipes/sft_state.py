@@ -31,7 +31,7 @@ import yaml
 from tether.distributed import DataParallel
 from tether.files import write_text_atomic
 from tether.start import RunDirError, claim_run_dir
-from tether.trainer.checkpoint import _settle_old, checkpoint_problem, publish_dir, rng_state, set_rng_state
+from tether.trainer.checkpoint import checkpoint_problem, publish_dir, rng_state, set_rng_state, settle_old
 from tether.trainer.rundir import flat, truncate_metrics
 
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def open_sft_run(cfg: SFTRunConfig | SeedSFTRunConfig) -> tuple[Path, SFTStart]:
     from tether.track.progress import status
 
     run_dir = claim_run_dir(cfg.run_dir)
-    _settle_old(run_dir / STATE, run_dir / f"{STATE}.old")  # a crash between the swap's two renames
+    settle_old(run_dir / STATE, run_dir / f"{STATE}.old")  # a crash between the swap's two renames
     shutil.rmtree(run_dir / f"{STATE}.tmp", ignore_errors=True)  # a crash while writing: the old state stands
     start = plan_sft_start(cfg, run_dir)
     if start.action == "resume":

@@ -132,7 +132,7 @@ def _fresh_dir(tmp: Path) -> None:
 def _swap_in(tmp: Path, target: Path) -> None:
     write_manifest(tmp)
     old = target.with_name(target.name + ".old")
-    _settle_old(target, old)  # a crash inside an earlier swap must not block this one
+    settle_old(target, old)  # a crash inside an earlier swap must not block this one
     if target.exists():
         os.replace(target, old)
     os.replace(tmp, target)
@@ -192,7 +192,7 @@ def write_error(target: Path, err: OSError | RuntimeError) -> CheckpointWriteErr
                                 "intact (free space or fix permissions, then run again to resume)")
 
 
-def _settle_old(target: Path, old: Path) -> None:
+def settle_old(target: Path, old: Path) -> None:
     """After a crash between ``target -> old`` and the removal of ``old``: keep ``target`` if the new one made
     it into place, else put the old one back."""
     if not old.exists():
@@ -253,7 +253,7 @@ class CheckpointManager:
         if not self.root.is_dir():
             return
         for old in self.root.glob("*.old"):
-            _settle_old(old.with_name(old.name[: -len(".old")]), old)
+            settle_old(old.with_name(old.name[: -len(".old")]), old)
         for tmp in self.root.glob("*.tmp"):
             shutil.rmtree(tmp, ignore_errors=True)
         for tmp in self.root.glob(".*.tmp.*"):  # write_text_atomic's, left by a kill between write and rename
