@@ -105,9 +105,14 @@ def distinct_prompts(prompt_ids: Sequence[Sequence[int]]) -> tuple[list[list[int
 PACK_TOKENS = 512
 
 
+def _attention(model: Any) -> str:
+    """The attention kernel a Hugging Face model runs (``config._attn_implementation``; eager when unset)."""
+    return getattr(model.config, "_attn_implementation", None) or "eager"
+
+
 def _can_pack(model: Any) -> bool:
     # A packed row needs a 4D mask: the eager and SDPA kernels take one, varlen flash-attention does not.
-    return (getattr(model.config, "_attn_implementation", None) or "eager") in ("eager", "sdpa")
+    return _attention(model) in ("eager", "sdpa")
 
 
 @dataclass
@@ -179,7 +184,7 @@ def _packed_hidden(base: Any, prompt_ids: Sequence[Sequence[int]], response_ids:
     """Hidden states ``[N, T, H]`` that predict each response token, from one pass over :func:`pack_rows`."""
     packed = pack_rows(prompt_ids, response_ids, response_mask)
     mask = packed.allowed[:, None]
-    if (getattr(base.config, "_attn_implementation", None) or "eager") == "eager":  # eager adds its mask
+    if _attention(base) == "eager":  # eager adds its mask
         dtype = next(base.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
     hidden = base(input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids,
