@@ -68,7 +68,8 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     steps = cell["warmup"] + cell["steps"]
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [f"run_dir={run_dir}", f"train.threads={cell['threads']}", f"train.steps={steps}",
-                     "train.resume=false", "val.every=0", "logging.tensorboard=false", "logging.progress=false",
+                     "train.resume=never", "train.overwrite=true",
+                     "val.every=0", "logging.tensorboard=false", "logging.progress=false",
                      f"rollout.max_new_tokens={cell['max_new_tokens']}", *cell["overrides"]]
         cfg = load_config(cell["config"], overrides)
         policy, tokenizer = load_policy(str(smollm2_dir()), dtype=torch.float32)

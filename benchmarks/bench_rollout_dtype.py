@@ -50,7 +50,8 @@ def build(name: str, run_dir: str, steps: int, threads: int) -> Any:
     from tether.trainer import Trainer
 
     cfg = load_config(QUICKSTART, [f"run_dir={run_dir}/{name}", f"train.threads={threads}", f"train.steps={steps}",
-                                   "train.resume=false", "val.every=0", "logging.tensorboard=false",
+                                   "train.resume=never", "train.overwrite=true",
+                                   "val.every=0", "logging.tensorboard=false",
                                    "logging.progress=false", "health.parity.patience=0", *ARMS[name]])
     policy, tokenizer = load_policy(str(smollm2_dir()), dtype=torch.float32)
     return Trainer(cfg, policy=policy, tokenizer=tokenizer)

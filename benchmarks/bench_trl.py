@@ -84,7 +84,8 @@ def tether_config(args: argparse.Namespace, run_dir: str) -> Any:
     from tether.config import load_config
 
     overrides = [f"run_dir={run_dir}", f"train.threads={args.threads}", f"train.steps={args.warmup + args.steps}",
-                 "train.resume=false", "val.every=0", "logging.tensorboard=false", "logging.progress=false"]
+                 "train.resume=never", "train.overwrite=true",
+                 "val.every=0", "logging.tensorboard=false", "logging.progress=false"]
     for flag, key in (("prompts_per_step", "rollout.prompts_per_step"), ("group_size", "rollout.group_size"),
                       ("max_new_tokens", "rollout.max_new_tokens")):
         if getattr(args, flag) is not None:
