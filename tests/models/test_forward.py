@@ -156,6 +156,19 @@ def test_packed_rows_agree_with_padded_rows_float32(tiny_policy):
     torch.testing.assert_close(packed[1], padded[1], rtol=0, atol=1e-5)
 
 
+def test_a_mask_with_a_hole_runs_padded_rows(tiny_policy):
+    # pack_rows reads a row's tokens from its mask's sum: a dropped token mid-response must not shift them
+    model = tiny_policy[0]
+    ids, mask = _responses([1, 4, 6, 2, 3, 6])
+    mask[2, 1] = 0.0
+    assert forward._prefix_masks(mask[:2]) and not forward._prefix_masks(mask)
+    with torch.no_grad():
+        packed = response_log_probs(model, GROUPED, ids, mask, with_entropy=True)
+        padded = response_log_probs(model, GROUPED, ids, mask, with_entropy=True, pack=False)
+    assert torch.equal(packed[0], padded[0]) and torch.equal(packed[1], padded[1])
+    assert packed[0][2, 2] != 0 and packed[0][2, 1] == 0
+
+
 def test_packing_needs_a_4d_mask_kernel_and_runs_under_layer_checkpointing(tiny_policy, monkeypatch):
     model64 = copy.deepcopy(tiny_policy[0]).double()
     ids, mask = _responses([6, 3, 1, 5, 0, 6])

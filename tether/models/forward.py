@@ -115,6 +115,14 @@ def _can_pack(model: Any) -> bool:
     return _attention(model) in ("eager", "sdpa")
 
 
+def _prefix_masks(response_mask: Tensor) -> bool:
+    """Whether each row's response tokens are a prefix of it (ones, then zeros): :func:`pack_rows` reads a row's
+    tokens from its mask's sum. A mask with a hole (a token dropped mid-response) runs right-padded instead, where
+    the attention mask leaves the hole out."""
+    real = response_mask > 0
+    return not bool((real[:, 1:] & ~real[:, :-1]).any())
+
+
 @dataclass
 class PackedRows:
     """Rows that share a prompt, packed into one sequence each: ``[prompt | y_a[:-1] | y_b[:-1] | ...]``.
@@ -134,7 +142,8 @@ class PackedRows:
 def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
               capacity: int = PACK_TOKENS) -> PackedRows:
     """Rows grouped by distinct prompt (:func:`distinct_prompts`), each group packed into rows of at most
-    ``capacity`` tokens (a longer single row stands alone); each response feeds all but its last real token."""
+    ``capacity`` tokens (a longer single row stands alone); each response feeds all but its last real token.
+    Each row's mask must be a prefix (:func:`_prefix_masks`)."""
     unique, inverse = distinct_prompts(prompt_ids)
     lengths = (response_mask > 0).sum(1).tolist()
     packed: list[tuple[int, list[int]]] = []  # (distinct prompt, its rows in this packed row)
@@ -246,7 +255,7 @@ def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_id
     """
     base = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
-    if pack and _can_pack(model):
+    if pack and _can_pack(model) and _prefix_masks(response_mask):
         hidden = _packed_hidden(base, prompt_ids, response_ids, response_mask)
     else:
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids, response_mask)
@@ -274,7 +283,8 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         chunk_size: response tokens (across rows) per LM-head call, the largest logits tensor of the pass
             (``train.logprob_chunk_tokens``); positions per chunk on the full-logits path below.
         pack: run the rows that share a prompt as one packed sequence each, without padding
-            (:func:`pack_rows`; plain-head architectures with eager or SDPA attention, otherwise ignored);
+            (:func:`pack_rows`; plain-head architectures with eager or SDPA attention and prefix masks,
+            otherwise ignored);
             False: right-padded rows (:func:`pack_prompt_response`).
 
     Returns:
