@@ -99,6 +99,17 @@ def overlapping_task():
     ({"test_size": {"delta": 0.1}}, "test_size.derivation: Field required"),
     ({"endpoint": {"split": "report", "at": "final"}},
      "calibrated at its last step, which val.every=3 does not validate"),
+    ({"arms": {"low": {"config": "ARM", "seeds": [0]}, "high": {"config": "ARM"}}},
+     r"arms.low.seeds: the baseline 'low' runs every seed \(its comparisons are paired\)"),
+    ({"arms": {"low": {"config": "ARM"}, "high": {"config": "ARM", "seeds": [1]}}},
+     "arms.high.seeds: the compared arm 'high' runs every seed"),
+    ({"comparisons": ["high"], "arms": {"low": {"config": "ARM"}, "high": {"config": "ARM"},
+                                        "extra": {"config": "ARM", "seeds": [1, 5]}}},
+     r"arms.extra.seeds: \[1, 5\] must be distinct seeds of the protocol's \[0, 1\]"),
+    ({"comparisons": ["high"], "arms": {"low": {"config": "ARM"}, "high": {"config": "ARM"},
+                                        "extra": {"config": "ARM", "seeds": [1]}},
+      "calibration": {"kind": "positive_control", "arm": "extra", "min_movement": 0.1, "why": "w"}},
+     r"arms.extra.seeds leave out calibration seed\(s\) \[0\]"),
 ])
 def test_bad_protocols_stop_before_any_run(tmp_path, change, match):
     config = write_config(tmp_path)
@@ -180,6 +191,24 @@ def test_runs_arms_by_seeds_resumes_and_reports(tmp_path, monkeypatch):
     assert {p: p.stat().st_mtime_ns for p in root.glob("*/seed*/endpoint.json")} == stamps
     assert again["registration"]["protocol_changed"] and not again["registration"]["arms_changed"]
     assert "protocol changed: **True**" in (root / "report.md").read_text()
+
+
+def test_an_arm_with_its_own_seeds_runs_only_those(tmp_path):
+    # a positive control needed on the calibration's seeds only: the comparison's other seeds skip it
+    config = write_config(tmp_path)
+    path = write_protocol(tmp_path, config, comparisons=["high"],
+                          arms={"low": {"config": str(config)}, "high": {"config": str(config)},
+                                "control": {"config": str(config), "seeds": [1]}},
+                          calibration={"kind": "positive_control", "arm": "control", "min_movement": 0.1,
+                                       "seeds": [1], "why": "w"})
+    protocol = load_protocol(path)
+    check_protocol(protocol)
+    # (the protocol file's arms are in key order: control, high, low)
+    assert experiment.comparison_jobs(protocol) == [("high", 0), ("low", 0), ("control", 1), ("high", 1),
+                                                    ("low", 1)]
+    assert protocol.arm_seeds("control") == [1] and protocol.arm_seeds("low") == [0, 1]
+    with pytest.raises(ConfigError, match=r"arm\(s\) \['control'\] run only some seeds"):
+        experiment.pool_protocols([protocol, protocol.model_copy(update={"seeds": [2, 3]})])
 
 
 def test_cli_reports_a_bad_protocol_in_one_line(tmp_path):

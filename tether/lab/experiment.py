@@ -185,7 +185,7 @@ def finished_records(protocol: Protocol) -> list[dict[str, Any]]:
     """Each run's ``endpoint.json`` with the code records of its processes."""
     records = []
     for arm in protocol.arms:
-        for seed in protocol.seeds:
+        for seed in protocol.arm_seeds(arm):
             directory = run_dir(protocol, arm, seed)
             if (directory / "endpoint.json").is_file():
                 records.append({**json.loads((directory / "endpoint.json").read_text()),
@@ -277,9 +277,14 @@ def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: 
         failures = run_all(protocol, train_one, calibration_jobs)
     calibration = measure(protocol, locate)
     if not report_only and not failures and calibration["status"] == PASSED:
-        jobs = [(arm, seed) for seed in protocol.seeds for arm in protocol.arms]  # seed-major: early seeds finish
-        failures = run_all(protocol, run_one, jobs)
+        failures = run_all(protocol, run_one, comparison_jobs(protocol))
     return write_report(protocol, finished_records(protocol), reg, failures, calibration, [reg["lock_path"]])
+
+
+def comparison_jobs(protocol: Protocol) -> list[tuple[str, int]]:
+    """Every (arm, seed) run of the study, seed-major so that early seeds finish first; an arm with its own
+    ``seeds`` runs those only."""
+    return [(arm, seed) for seed in protocol.seeds for arm in protocol.arms if seed in protocol.arm_seeds(arm)]
 
 
 # -- pooling a replication ------------------------------------------------------------------------
@@ -295,6 +300,10 @@ def pool_protocols(protocols: list[Protocol]) -> Protocol:
         ConfigError: a field differs (which one, between which protocols), or a seed appears in two of them.
     """
     first = protocols[0]
+    limited = [arm for p in protocols for arm, a in p.arms.items() if a.seeds is not None]
+    if limited:
+        raise ConfigError(f"cannot pool: arm(s) {sorted(set(limited))} run only some seeds (arms.NAME.seeds), "
+                          "which a pooled protocol over other seeds cannot keep")
     for other in protocols[1:]:
         for field in POOLED_FIELDS:
             if getattr(other, field) != getattr(first, field):

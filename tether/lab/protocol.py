@@ -26,6 +26,10 @@ class _Strict(BaseModel):
 class Arm(_Strict):
     config: str = Field(description="a tether train config (path relative to the working directory)")
     overrides: list[str] = Field(default_factory=list, description="dotted overrides, as on the command line")
+    seeds: list[int] | None = Field(None, min_length=1, description="the seeds this arm runs, default the "
+                                    "protocol's; only for an arm that is neither the baseline nor compared (a "
+                                    "comparison is paired over every seed), e.g. a positive control run on the "
+                                    "calibration's seeds")
 
 
 class Endpoint(_Strict):
@@ -119,8 +123,21 @@ class Protocol(_Strict):
         unknown = [a for a in self.comparisons or () if a not in self.arms]
         if unknown:
             raise ValueError(f"comparisons name unknown arm(s) {unknown}; arms: {', '.join(self.arms)}")
+        self._check_arm_seeds()
         self._check_calibration()
         return self
+
+    def _check_arm_seeds(self) -> None:
+        for name, arm in self.arms.items():
+            if arm.seeds is None:
+                continue
+            if name == self.baseline or name in self.compared():
+                raise ValueError(f"arms.{name}.seeds: the {'baseline' if name == self.baseline else 'compared arm'}"
+                                 f" {name!r} runs every seed (its comparisons are paired); remove the field")
+            outside = [s for s in arm.seeds if s not in self.seeds]
+            if outside or len(set(arm.seeds)) != len(arm.seeds):
+                raise ValueError(f"arms.{name}.seeds: {arm.seeds} must be distinct seeds of the protocol's "
+                                 f"{self.seeds}")
 
     def _check_calibration(self) -> None:
         c = self.calibration
@@ -136,9 +153,18 @@ class Protocol(_Strict):
             raise ValueError(f"calibration.min_movement={c.min_movement} is below {rule} ({least:g})")
         if c.seeds is not None and len(set(c.seeds)) != len(c.seeds):
             raise ValueError("calibration.seeds repeat a seed")
+        for arm in self.calibration_arms():
+            short = [s for s in self.calibration_seeds() if s not in self.arm_seeds(arm)]
+            if short:
+                raise ValueError(f"arms.{arm}.seeds leave out calibration seed(s) {short}, which the calibration "
+                                 "trains it on")
 
     def compared(self) -> list[str]:
         return self.comparisons or [a for a in self.arms if a != self.baseline]
+
+    def arm_seeds(self, arm: str) -> list[int]:
+        """The seeds ``arm`` runs: its own ``seeds``, else the protocol's."""
+        return self.arms[arm].seeds or self.seeds
 
     def calibration_seeds(self) -> list[int]:
         return self.calibration.seeds or self.seeds

@@ -257,7 +257,7 @@ def training_curves(protocol: Protocol, metric: str) -> dict[str, dict[int, list
     """arm -> step -> the metric's values over seeds, on the selection split during training (metrics.jsonl)."""
     curves: dict[str, dict[int, list[float]]] = {}
     for arm in protocol.arms:
-        for seed in protocol.seeds:
+        for seed in protocol.arm_seeds(arm):
             for step, value in selection_values(run_dir(protocol, arm, seed), metric).items():
                 curves.setdefault(arm, {}).setdefault(step, []).append(value)
     return curves
@@ -318,7 +318,8 @@ def publish_report(data: dict[str, Any], dest: str | Path) -> Path:
     protocol = Protocol.model_validate(data["protocol"])
     status = data["calibration"]["status"]
     done = {(r["arm"], r["seed"]) for r in data["runs"]}
-    missing = [f"{arm}/seed{seed}" for arm in protocol.arms for seed in protocol.seeds if (arm, seed) not in done]
+    missing = [f"{arm}/seed{seed}" for arm in protocol.arms for seed in protocol.arm_seeds(arm)
+               if (arm, seed) not in done]
     if data["failures"] or status == INCOMPLETE or (status == PASSED and missing):
         problems = data["failures"] or data["calibration"]["missing"] or missing
         raise ConfigError(f"not publishing {protocol.name!r}: the study has not finished ({'; '.join(problems[:5])})")
