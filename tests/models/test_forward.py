@@ -169,6 +169,19 @@ def test_a_mask_with_a_hole_runs_padded_rows(tiny_policy):
     assert packed[0][2, 2] != 0 and packed[0][2, 1] == 0
 
 
+def test_decoder_tokens_count_the_layout_the_forward_runs(tiny_policy, monkeypatch):
+    model = tiny_policy[0]
+    ids, mask = _responses([1, 4, 6, 2, 3, 6])
+    packed = forward.pack_rows(GROUPED, ids, mask).input_ids.numel()
+    padded = len(GROUPED) * (max(len(p) for p in GROUPED) + ids.shape[1])
+    assert forward.decoder_tokens(model, GROUPED, mask) == packed < padded
+    holed = mask.clone()
+    holed[2, 1] = 0.0
+    assert forward.decoder_tokens(model, GROUPED, holed) == padded  # such a mask runs right-padded
+    monkeypatch.setattr(forward, "_can_pack", lambda model: False)
+    assert forward.decoder_tokens(model, GROUPED, mask) == padded
+
+
 def test_packing_needs_a_4d_mask_kernel_and_runs_under_layer_checkpointing(tiny_policy, monkeypatch):
     model64 = copy.deepcopy(tiny_policy[0]).double()
     ids, mask = _responses([6, 3, 1, 5, 0, 6])

@@ -288,8 +288,8 @@ class TrainConfig(DeviceConfig):
         "exceed train.activation_memory_budget_gb (docs/design.md)")
     activation_memory_budget_gb: float = Field(
         4.0, gt=0, description="gradient_checkpointing=auto: checkpoint a micro-batch whose estimated activations, "
-        "padded tokens x hidden size x decoder layers x 19.5 x bytes per parameter (measured on SmolLM2), exceed "
-        "this many GiB")
+        "the tokens its forward runs (packed rows, padding included) x hidden size x decoder layers x 19.5 x bytes "
+        "per parameter (measured on SmolLM2), exceed this many GiB")
     logprob_chunk_tokens: int = Field(1024, ge=1, description="response tokens (across the rows of a micro-batch) "
                                       "per LM-head call in every trainer forward: the float32 logits of one call, "
                                       "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (201 MB at "

@@ -139,14 +139,12 @@ class PackedRows:
     col: Tensor  # [N, T] and its column (the prompt's last token for t = 0); 0 on padding
 
 
-def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
-              capacity: int = PACK_TOKENS) -> PackedRows:
-    """Rows grouped by distinct prompt (:func:`distinct_prompts`), each group packed into rows of at most
-    ``capacity`` tokens (a longer single row stands alone); each response feeds all but its last real token.
-    Each row's mask must be a prefix (:func:`_prefix_masks`)."""
+def _pack_plan(prompt_ids: Sequence[Sequence[int]], lengths: Sequence[int],
+               capacity: int) -> tuple[list[list[int]], list[tuple[int, list[int]]], list[int]]:
+    """(the distinct prompts, each packed row's distinct prompt and member rows, each packed row's tokens) for rows
+    of ``lengths`` response tokens: a prompt's rows fill a packed row up to ``capacity``, then open another."""
     unique, inverse = distinct_prompts(prompt_ids)
-    lengths = (response_mask > 0).sum(1).tolist()
-    packed: list[tuple[int, list[int]]] = []  # (distinct prompt, its rows in this packed row)
+    packed: list[tuple[int, list[int]]] = []
     open_row: dict[int, int] = {}  # distinct prompt -> its packed row being filled
     size: list[int] = []
     for n, u in enumerate(inverse):
@@ -158,6 +156,16 @@ def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, respons
             size.append(len(unique[u]))
         packed[r][1].append(n)
         size[r] += need
+    return unique, packed, size
+
+
+def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
+              capacity: int = PACK_TOKENS) -> PackedRows:
+    """Rows grouped by distinct prompt (:func:`distinct_prompts`), each group packed into rows of at most
+    ``capacity`` tokens (a longer single row stands alone); each response feeds all but its last real token.
+    Each row's mask must be a prefix (:func:`_prefix_masks`)."""
+    lengths = (response_mask > 0).sum(1).tolist()
+    unique, packed, size = _pack_plan(prompt_ids, lengths, capacity)
     n_rows, t = response_ids.shape
     device = response_ids.device
     width = max(size)
@@ -186,6 +194,22 @@ def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, respons
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     allowed = causal & ((owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None]))  # [R, query, key]
     return PackedRows(input_ids, position_ids, allowed, row, col)
+
+
+def _packs(model: Any, prompt_ids: Sequence[Sequence[int]], response_mask: Tensor) -> bool:
+    """Whether :func:`response_log_probs` runs these rows packed (with ``pack=True``)."""
+    plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES and not has_images(prompt_ids)
+    return plain and _can_pack(model) and _prefix_masks(response_mask)
+
+
+def decoder_tokens(model: Any, prompt_ids: Sequence[Sequence[int]], response_mask: Tensor) -> int:
+    """Tokens, padding included, that the decoder runs in a trainer forward over these rows: the packed rows'
+    (:func:`pack_rows`) where they pack, else ``rows x (longest prompt + response columns)``. Activation memory
+    grows with it (``train.gradient_checkpointing: auto`` estimates from it)."""
+    if _packs(model, prompt_ids, response_mask):
+        _, packed, size = _pack_plan(prompt_ids, (response_mask > 0).sum(1).tolist(), PACK_TOKENS)
+        return len(packed) * max(size)
+    return len(prompt_ids) * (max(len(p) for p in prompt_ids) + response_mask.shape[1])
 
 
 def _packed_hidden(base: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,

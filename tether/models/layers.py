@@ -66,7 +66,8 @@ def checkpoint_layers(model: nn.Module, on: bool = True) -> LayerCheckpointing:
 
 
 def activation_bytes(config: Any, tokens: int, element_size: int) -> float:
-    """Estimated bytes autograd keeps for backward in a training forward over ``tokens`` padded tokens.
+    """Estimated bytes autograd keeps for backward in a training forward over ``tokens`` tokens, padding included
+    (:func:`tether.models.forward.decoder_tokens`).
 
     ``tokens x hidden x layers x`` :data:`ACTIVATION_FACTOR` ``x element_size``: linear in each, as the
     activations of a decoder are. The LM head is left out (tether checkpoints it in chunks), and so are the

@@ -27,7 +27,7 @@ from tether.distributed.strategy import own_micro_batches
 from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
-from tether.models.forward import response_log_probs
+from tether.models.forward import decoder_tokens, response_log_probs
 from tether.models.layers import activation_bytes
 from tether.rollout.batch import RolloutBatch
 
@@ -155,7 +155,7 @@ class StepPhases:
         activations = []  # (estimated GiB, checkpointed) of each micro-batch
         for mb in self.strategy.micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
             micro = narrowed(mini.batch, mb.rows, lengths)
-            activations.append(self._choose_checkpointing(mb.rows, lengths))
+            activations.append(self._choose_checkpointing(micro))
             if mb.padding:
                 self._lock_step_pass(micro)
                 continue
@@ -179,13 +179,13 @@ class StepPhases:
         metrics["perf/checkpointed_micro_batches"] = sum(on for _, on in activations) / max(1, len(activations))
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
 
-    def _choose_checkpointing(self, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> tuple[float, bool]:
+    def _choose_checkpointing(self, micro: RolloutBatch) -> tuple[float, bool]:
         """The micro-batch's estimated activation memory in GiB (:func:`~tether.models.layers.activation_bytes` of
-        its padded tokens) and whether its decoder layers recompute in backward. Under
-        ``train.gradient_checkpointing: auto`` they do when the estimate exceeds
+        the tokens its forward runs, :func:`~tether.models.forward.decoder_tokens`) and whether its decoder layers
+        recompute in backward. Under ``train.gradient_checkpointing: auto`` they do when the estimate exceeds
         ``train.activation_memory_budget_gb``: small micro-batches keep the faster forward, large ones fit the
         budget."""
-        tokens = len(rows) * (max(lengths[r][0] for r in rows) + max(lengths[r][1] for r in rows))
+        tokens = decoder_tokens(self.policy, micro.prompt_ids, micro.response_mask)
         gb = activation_bytes(self.policy.config, tokens, next(self.policy.parameters()).element_size()) / 2**30
         if self.checkpointing is None:
             return gb, False
