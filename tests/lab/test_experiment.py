@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tether.config import ConfigError
-from tether.lab import experiment
+from tether.lab import experiment, report
 from tether.lab.calibration import measure
 from tether.lab.experiment import check_protocol, load_protocol, pool_experiments, run_experiment
 from tether.lab.protocol import run_dir
@@ -207,6 +207,8 @@ def test_an_arm_with_its_own_seeds_runs_only_those(tmp_path):
     assert experiment.comparison_jobs(protocol) == [("high", 0), ("low", 0), ("control", 1), ("high", 1),
                                                     ("low", 1)]
     assert protocol.arm_seeds("control") == [1] and protocol.arm_seeds("low") == [0, 1]
+    assert report._limited_arms(protocol) == " (`control` on seeds [1] only)" and not report._limited_arms(
+        load_protocol(write_protocol(tmp_path / "plain", config)))
     with pytest.raises(ConfigError, match=r"arm\(s\) \['control'\] run only some seeds"):
         experiment.pool_protocols([protocol, protocol.model_copy(update={"seeds": [2, 3]})])
 

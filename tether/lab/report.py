@@ -127,6 +127,12 @@ def _p(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.4f}"
 
 
+def _limited_arms(protocol: Protocol) -> str:
+    """`` (arm `x` on seeds [...] only)`` for the arms that run some seeds (``arms.NAME.seeds``), else nothing."""
+    limited = [f"`{name}` on seeds {arm.seeds} only" for name, arm in protocol.arms.items() if arm.seeds is not None]
+    return f" ({'; '.join(limited)})" if limited else ""
+
+
 def _seeds(unpaired: dict[str, list[int]], baseline: str) -> str:
     parts = []
     if unpaired["arm_only"]:
@@ -199,7 +205,7 @@ def markdown(protocol: Protocol, data: dict[str, Any]) -> str:
              f"{' (chosen on the selection split' if e.at == 'best' else ''}"
              f"{'; step 0 allowed)' if e.at == 'best' and e.start_selectable else ''}"
              f"{'; step 0 excluded)' if e.at == 'best' and not e.start_selectable else ''}; {answers or '?'} answers "
-             f"per run. Seeds: {protocol.seeds}. Baseline: `{protocol.baseline}`.", "",
+             f"per run. Seeds: {protocol.seeds}{_limited_arms(protocol)}. Baseline: `{protocol.baseline}`.", "",
              *test_size_lines(protocol), *lock_lines(reg), *calibration_lines(data["calibration"])]
     for metric, part in summary.items():
         primary = metric == e.metric
