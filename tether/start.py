@@ -100,11 +100,13 @@ def claim_run_dir(run_dir: str | Path) -> Path:
     return run_dir
 
 
-def run_tracker(logging: LoggingConfig, run_dir: Path) -> Tracker:
-    """The metric sinks ``logging`` names, writing into ``run_dir`` (:func:`tether.track.build_tracker`)."""
+def run_tracker(logging: LoggingConfig, run_dir: Path, resumed_at: int = 0) -> Tracker:
+    """The metric sinks ``logging`` names, writing into ``run_dir``, for a run that continues from step
+    ``resumed_at`` (0: a fresh one; :func:`tether.track.build_tracker`)."""
     from tether.track import build_tracker
 
-    return build_tracker(run_dir, tensorboard=logging.tensorboard, wandb=logging.wandb, mlflow=logging.mlflow)
+    return build_tracker(run_dir, tensorboard=logging.tensorboard, wandb=logging.wandb, mlflow=logging.mlflow,
+                         resumed_at=resumed_at)
 
 
 class StopSignals:

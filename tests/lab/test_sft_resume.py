@@ -144,6 +144,18 @@ def test_a_crash_after_a_periodic_save_resumes_from_it_and_logs_each_row_once(tm
     assert_same_run(run_dir, reference)
 
 
+def test_a_resume_tells_the_metric_sinks_the_step_it_continues_from(tmp_path, monkeypatch):
+    import tether.track
+
+    run_dir = tmp_path / "run"
+    stopped_run(monkeypatch, run_dir, 2)
+    seen = []
+    build = tether.track.build_tracker
+    monkeypatch.setattr(tether.track, "build_tracker", lambda *a, **k: seen.append(k["resumed_at"]) or build(*a, **k))
+    run_sft(sft_config(run_dir))
+    assert seen == [2]
+
+
 def test_a_changed_setting_or_example_file_is_refused_before_any_model_loads(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     stopped_run(monkeypatch, run_dir, 2)

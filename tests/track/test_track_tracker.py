@@ -87,6 +87,22 @@ def test_build_tracker_writes_jsonl_and_tensorboard(tmp_path):
     assert len(events) == 1 and events[0].stat().st_size > 0
 
 
+def test_a_resumed_run_hides_the_steps_an_earlier_process_logged_past_its_checkpoint(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    with build_tracker(run) as first:  # killed after step 5; its last checkpoint was step 3
+        for step in range(1, 6):
+            first.log({"train/loss": float(step)}, step=step)
+    with build_tracker(run, resumed_at=3) as resumed:  # steps 4 and 5 again, with other values
+        for step in (4, 5):
+            resumed.log({"train/loss": 10.0 * step}, step=step)
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0),
+                                                                        (5, 50.0)]
+
+
 @pytest.mark.parametrize("name", ["wandb", "mlflow"])
 def test_configured_but_missing_tracker_is_explained(tmp_path, monkeypatch, name):
     monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError

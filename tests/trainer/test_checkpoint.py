@@ -76,6 +76,20 @@ def test_resume_refuses_a_checkpoint_written_by_another_strategy(tmp_path):
         Trainer(tiny_config(tmp_path), policy=model, tokenizer=tok)
 
 
+def test_a_resumed_trainer_tells_its_metric_sinks_the_step_it_continues_from(tmp_path, monkeypatch):
+    import tether.track
+
+    model, tok = tiny_model(seed=0)
+    trainer = Trainer(tiny_config(tmp_path, "train.steps=0"), policy=model, tokenizer=tok)
+    trainer.step = 2
+    trainer.save()
+    seen = []
+    build = tether.track.build_tracker
+    monkeypatch.setattr(tether.track, "build_tracker", lambda *a, **k: seen.append(k["resumed_at"]) or build(*a, **k))
+    Trainer(tiny_config(tmp_path), policy=tiny_model(seed=0)[0], tokenizer=tok)
+    assert seen == [2]  # TensorBoard hides what a killed process logged after step 2
+
+
 def test_the_cuda_rng_is_saved_and_restored_where_there_is_one(monkeypatch):
     """On CPU the CUDA calls are stood in for: the state must travel, and a CPU-only resume must skip it."""
     from tether.trainer import checkpoint

@@ -243,7 +243,7 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     if begin.action == "fresh":  # measured once, on the base policy; a resume keeps the numbers
         before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
         state.extra = {"parse_rate_before": before, "rollout_s": t_rollout}
-    with run_tracker(cfg.logging, run_dir) as tracker:
+    with run_tracker(cfg.logging, run_dir, begin.step) as tracker:
         losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast,
                            state=state)  # a resume restores state.extra
     after, answers = parse_rate(policy, tokenizer, probe, **rate_kwargs) if s.eval_examples else (math.nan, [])

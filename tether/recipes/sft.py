@@ -250,11 +250,11 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     val, dropped_val = encode_examples(val_ex, tokenizer, s.max_length)
     if not train:
         raise ConfigError(f"sft: no training example fits sft.max_length={s.max_length}")
-    with run_tracker(cfg.logging, run_dir) as tracker:
+    with run_tracker(cfg.logging, run_dir, begin.step) as tracker:
         tracker.log_config(cfg.model_dump(mode="json"))
         status(f"training on {len(train)} examples ({len(val)} held out) for {s.epochs} epoch(s)")
-        resumed = begin.saved["progress"]["step"] if begin.saved else 0
-        log = progress_log(tracker.log, sft_steps(len(train), s), resumed) if cfg.logging.progress else tracker.log
+        log = progress_log(tracker.log, sft_steps(len(train), s), begin.step) if cfg.logging.progress \
+            else tracker.log
         result = train_sft(policy, tokenizer, train, val, s, log=log, bf16_autocast=cfg.model.bf16_autocast,
                            state=state)
         checkpoint = run_dir / "checkpoint"

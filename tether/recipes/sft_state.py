@@ -172,6 +172,11 @@ class SFTStart:
     saved: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
 
+    @property
+    def step(self) -> int:
+        """The step a resume continues from; 0 for a fresh start."""
+        return self.saved["progress"]["step"] if self.saved else 0
+
 
 def state_files(cfg: SFTRunConfig | SeedSFTRunConfig) -> dict[str, Path]:
     """The files besides ``run_dir/data`` a run's examples are read from: SEED's ``sft.replay_data``."""
@@ -304,9 +309,8 @@ def open_sft_run(cfg: SFTRunConfig | SeedSFTRunConfig) -> tuple[Path, SFTStart]:
     shutil.rmtree(run_dir / f"{STATE}.tmp", ignore_errors=True)  # a crash while writing: the old state stands
     start = plan_sft_start(cfg, run_dir)
     if start.action == "resume":
-        step = start.saved["progress"]["step"]
-        truncate_metrics(run_dir / "metrics.jsonl", step)
-        status(f"resuming {run_dir} at step {step}")
+        truncate_metrics(run_dir / "metrics.jsonl", start.step)
+        status(f"resuming {run_dir} at step {start.step}")
     elif start.action == "finished":
         shutil.rmtree(run_dir / STATE, ignore_errors=True)
         status(f"{run_dir} holds a finished sft run (checkpoint, {SUMMARY}): nothing to do (train.resume=never "

@@ -50,12 +50,15 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    """Scalars to a TensorBoard event file under ``log_dir`` (``torch.utils.tensorboard``)."""
+    """Scalars to a TensorBoard event file under ``log_dir`` (``torch.utils.tensorboard``). ``resumed_at``: the
+    step a resumed run continues from; events an earlier process logged after it are purged from view, since the
+    resumed run logs those steps again (as ``metrics.jsonl`` is cut back to it)."""
 
-    def __init__(self, log_dir: str | Path) -> None:
+    def __init__(self, log_dir: str | Path, resumed_at: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(log_dir), flush_secs=30)
+        self._writer = SummaryWriter(log_dir=str(log_dir), flush_secs=30,
+                                     purge_step=resumed_at + 1 if resumed_at else None)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for name, value in metrics.items():

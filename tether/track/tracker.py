@@ -130,7 +130,7 @@ class Tracker:
 
 
 def build_tracker(run_dir: str | Path, *, tensorboard: bool = True, wandb: Mapping[str, Any] | None = None,
-                  mlflow: Mapping[str, Any] | None = None) -> Tracker:
+                  mlflow: Mapping[str, Any] | None = None, resumed_at: int = 0) -> Tracker:
     """The tracker for a run: ``metrics.jsonl`` always, plus the sinks that are configured.
 
     Args:
@@ -138,6 +138,8 @@ def build_tracker(run_dir: str | Path, *, tensorboard: bool = True, wandb: Mappi
         tensorboard: also write TensorBoard events to ``run_dir/tensorboard``.
         wandb: ``wandb.init`` settings (``{}`` for the defaults), or ``None`` for no W&B.
         mlflow: MLflow settings (``tracking_uri``, ``experiment``, ``run_name``, ``tags``), or ``None``.
+        resumed_at: the step a resumed run continues from (0: a fresh run); TensorBoard hides the later steps an
+            earlier process logged. W&B and MLflow start a run of their own for each process.
 
     Returns:
         A :class:`Tracker`; use it as a context manager or call ``close()``.
@@ -157,7 +159,7 @@ def build_tracker(run_dir: str | Path, *, tensorboard: bool = True, wandb: Mappi
     tracker = Tracker(run_dir, [JsonlSink(run_dir / "metrics.jsonl")])
     try:
         if tensorboard:
-            tracker.sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+            tracker.sinks.append(TensorBoardSink(run_dir / "tensorboard", resumed_at))
         if wandb is not None:
             tracker.sinks.append(WandbSink(run_dir, wandb))
         if mlflow is not None:

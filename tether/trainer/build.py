@@ -37,7 +37,7 @@ from tether.seeding import StepSeeds
 from tether.start import run_tracker, start_run
 from tether.track import Tracker
 from tether.track.progress import status
-from tether.trainer.checkpoint import CheckpointManager
+from tether.trainer.checkpoint import CheckpointManager, dir_step
 from tether.trainer.rundir import prepare_run_dir
 from tether.trainer.step import autocast, score_log_probs
 
@@ -110,7 +110,8 @@ class TrainerBuild:
         self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
-        self.tracker = run_tracker(cfg.logging, self.run_dir) if self.dp.is_main else Tracker(self.run_dir, [])
+        self.tracker = run_tracker(cfg.logging, self.run_dir, dir_step(resume_from) if resume_from else 0) \
+            if self.dp.is_main else Tracker(self.run_dir, [])
         if self.dp.is_main:  # W&B and MLflow record the run's settings (TensorBoard as text); config.yaml again
             self.tracker.log_config(cfg.model_dump(mode="json"))
         self.methods.setup(self.hook_context())

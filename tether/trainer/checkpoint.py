@@ -48,6 +48,11 @@ class CheckpointWriteError(ConfigError):
     """A checkpoint could not be written (a full disk, no permission): one line naming the path and the cause."""
 
 
+def dir_step(directory: Path) -> int:
+    """The step of a ``step_<step>`` directory."""
+    return int(STEP_DIR.fullmatch(directory.name).group(1))
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -234,7 +239,7 @@ class CheckpointManager:
     def step_dirs(self) -> list[Path]:
         """Complete-by-name step directories, newest first (``latest`` may lag behind a crash after a rename)."""
         found = [p for p in self.root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name)]
-        return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+        return sorted(found, key=dir_step, reverse=True)
 
     def resumable(self, warn: bool = True) -> Path | None:
         """The newest step directory whose files match their manifest; each damaged newer one is named in a

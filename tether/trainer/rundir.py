@@ -27,7 +27,7 @@ from tether.distributed import DataParallel
 from tether.start import RunDirError, lock_run_dir
 from tether.track import write_text_atomic
 from tether.track.progress import status
-from tether.trainer.checkpoint import STEP_DIR, CheckpointManager, checkpoint_problem
+from tether.trainer.checkpoint import STEP_DIR, CheckpointManager, checkpoint_problem, dir_step
 
 # Settings whose change would make a resumed run a different experiment than the one its checkpoint belongs to
 # (the optimiser's restored state would also silently keep the old learning rate). A key covers its sub-keys.
@@ -173,7 +173,7 @@ def start_line(run_dir: Path, start: Path | None, overwrites: bool, *, would: bo
     """What the start says: "resuming runs/x at step 50", "starting runs/x" (``would``: "would resume ...")."""
     resume, begin = ("would resume", "would start") if would else ("resuming", "starting")
     if start is not None:
-        return f"{resume} {run_dir} at step {int(start.name[5:])}"
+        return f"{resume} {run_dir} at step {dir_step(start)}"
     return f"{begin} {run_dir}" + (" (the earlier run in it is deleted: train.overwrite)" if overwrites else "")
 
 
@@ -224,7 +224,7 @@ def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParalle
     if dp.is_main:
         overwrites = start is None and _earlier_run(run_dir, checkpoints) is not None
         if start is not None:
-            truncate_metrics(run_dir / "metrics.jsonl", int(start.name[5:]))
+            truncate_metrics(run_dir / "metrics.jsonl", dir_step(start))
         elif overwrites:
             _start_afresh(run_dir, checkpoints)
         status(start_line(run_dir, start, overwrites))
