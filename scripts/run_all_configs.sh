@@ -6,6 +6,7 @@
 #   scripts/run_all_configs.sh                     # all of them
 #   scripts/run_all_configs.sh --only armor        # the configs whose path contains "armor" (and what they need)
 #   scripts/run_all_configs.sh --dry-run [...]     # list what would run and why, and what would be skipped; run nothing
+#   scripts/run_all_configs.sh --report [...]      # which configs have run to their end, when and at which commit
 #
 # (ONLY=PATTERN and DRY=1 in the environment do the same.) Everything runs inside WORK (default runs/all_configs),
 # which links configs/ and scripts/ of this checkout: every relative runs/... path of a config (its run_dir, the
@@ -15,18 +16,22 @@
 # one-line reason, when: its inputs come from anything else (a script that is not here, an old commit, a manual
 # step), a command it needs failed or was skipped, or `tether validate` refuses it once its inputs exist (a package,
 # a data set or a GPU it needs is missing here; validate's first line is the reason).
-# WORK/summary.tsv has one line per config or command; the exit code is the number that failed.
+# WORK/summary.tsv has one line per config or command of this invocation; the exit code is the number that failed.
+# WORK/finished.tsv keeps, across invocations, a line for each command that ran to its end (time, commit, command,
+# seconds): runs resume, so a config can finish over several invocations, and --report reads this ledger.
 set -u
-usage() { sed -n '2,18s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,21s/^# \{0,1\}//p' "$0"; }
 ONLY=${ONLY:-}
 DRY=${DRY:-}
+REPORT=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --only) [[ $# -ge 2 ]] || { echo "--only needs a PATTERN" >&2; exit 2; }; ONLY=$2; shift 2 ;;
         --only=*) ONLY=${1#--only=}; shift ;;
         --dry-run|-n) DRY=1; shift ;;
+        --report) REPORT=1; shift ;;
         -h|--help) usage; exit 0 ;;
-        *) echo "unknown argument: $1 (allowed: --only PATTERN, --dry-run, -h)" >&2; exit 2 ;;
+        *) echo "unknown argument: $1 (allowed: --only PATTERN, --dry-run, --report, -h)" >&2; exit 2 ;;
     esac
 done
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,6 +42,22 @@ mkdir -p "$WORK"
 ln -sfn "$REPO/configs" "$WORK/configs"
 ln -sfn "$REPO/scripts" "$WORK/scripts"
 cd "$WORK" || exit 1
+ledger=finished.tsv
+shipped() { (cd "$REPO" && find configs -name '*.yaml' -not -path 'configs/gpu/*' -not -path '*/gpu/*' \
+                 -not -name 'protocol*.yaml' | sort); }
+if [[ -n "$REPORT" ]]; then  # one line per selected config: its last finish, or that it never finished
+    finished=0 total=0
+    while read -r config; do
+        [[ -n "$ONLY" && "$config" != *"$ONLY"* ]] && continue
+        total=$((total + 1))
+        last=$(awk -F'\t' -v c="$config" '$3 == c {line = $1 " at " $2 " (" $4 ")"} END {print line}' "$ledger" \
+               2>/dev/null)
+        if [[ -n "$last" ]]; then finished=$((finished + 1)); echo "finished  $config  $last"; else echo "never     $config"; fi
+    done < <(shipped)
+    echo "$finished of $total configs have run to their end ($WORK/$ledger)"
+    exit 0
+fi
+commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 summary=summary.tsv
 : > "$summary"
 failed=0
@@ -110,6 +131,8 @@ run_command() {  # KEY COMMAND WHY: run COMMAND once, log it, and record how it 
     rc=$?
     printf '%s\texit %s\t%ss\t%s\n' "${key#cmd:}" "$rc" "$(( $(date +%s) - start ))" "$WORK/$log" >> "$summary"
     if [[ $rc -eq 0 ]]; then
+        printf '%s\t%s\t%s\t%ss\n' "$(date -u +%FT%TZ)" "$commit" "${key#cmd:}" "$(( $(date +%s) - start ))" \
+            >> "$ledger"
         state[$key]=ok
     else
         state[$key]=failed
@@ -120,8 +143,7 @@ run_command() {  # KEY COMMAND WHY: run COMMAND once, log it, and record how it 
 while read -r config; do
     [[ -n "$ONLY" && "$config" != *"$ONLY"* ]] && continue
     run_config "$config"
-done < <(cd "$REPO" && find configs -name '*.yaml' -not -path 'configs/gpu/*' -not -path '*/gpu/*' \
-             -not -name 'protocol*.yaml' | sort)
+done < <(shipped)
 
 if [[ -n "$DRY" ]]; then
     echo "(a real run also checks each config with tether validate once its inputs exist, and skips it if refused)"

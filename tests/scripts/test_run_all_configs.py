@@ -112,3 +112,20 @@ def test_a_run_skips_with_one_line_reason_and_counts_failures(checkout):
     assert calls.count("train configs/base.yaml") == 1  # needed twice, run once
     data = calls.index("python scripts/write_data.py out.jsonl --seed 3")
     assert data < calls.index("validate configs/with_data.yaml") < calls.index("sft configs/with_data.yaml")
+
+
+def test_a_ledger_keeps_what_ran_to_its_end_across_invocations_and_report_reads_it(checkout):
+    run(checkout, "--only", "base")
+    run(checkout, "--only", "with_data")
+    ledger = [line.split("\t") for line in (checkout / "work" / "finished.tsv").read_text().splitlines()]
+    assert [row[2] for row in ledger] == ["configs/base.yaml", "configs/after_base.yaml", "configs/base.yaml",
+                                          "python scripts/write_data.py out.jsonl --seed 3", "configs/with_data.yaml"]
+    assert all(row[1] == "unknown" and row[3].endswith("s") for row in ledger)  # the made-up checkout is no repo
+    assert (checkout / "work" / "summary.tsv").read_text().count("\n") == 3  # this invocation's lines only
+    out = run(checkout, "--report")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    assert lines[-1].startswith("3 of 8 configs have run to their end")  # not the GPU preset
+    assert [line.split()[1] for line in lines[:-1] if line.startswith("finished")] == [
+        "configs/after_base.yaml", "configs/base.yaml", "configs/with_data.yaml"]
+    assert "never     configs/broken.yaml" in lines and not any("gpu/preset" in line for line in lines)
