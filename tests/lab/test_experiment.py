@@ -314,3 +314,42 @@ def test_a_replication_on_other_seeds_pools_into_one_report(tmp_path):
     with pytest.raises(ConfigError, match="has not run"):
         pool_experiments([first, not_run], tmp_path / "never")
     assert not (tmp_path / "never").exists()
+
+
+def test_a_protocol_that_requires_another_runs_only_after_that_result(tmp_path):
+    # a design's comparison after its calibration: the other protocol finished, calibrated, and its arm moved enough
+    config = write_config(tmp_path)
+    first = load_protocol(write_protocol(tmp_path / "first", config))
+    requirement = {"protocol": str(tmp_path / "first" / "protocol.yaml"), "arm": "high", "min_difference": 0.1,
+                   "why": "a control that cannot move the endpoint calibrates nothing"}
+    path = write_protocol(tmp_path / "second", config, requires=[requirement])
+    protocol = load_protocol(path)
+    check_protocol(protocol)
+    with pytest.raises(ConfigError, match=r"requires .*first/protocol.yaml, which has not reported yet"):
+        run_experiment(path)
+    assert not (tmp_path / "second" / "study").exists()  # refused before any run or lock
+
+    def report(mean, status="passed", runs=4):
+        data = {"protocol": first.model_dump(), "calibration": {"status": status, "missing": []}, "failures": [],
+                "runs": [{"arm": a, "seed": s} for a in ("low", "high") for s in (0, 1)][:runs],
+                "summary": {"val/avg@k": {"versus_baseline": {"high": {"mean": mean, "ci_low": mean - 0.1,
+                                                                       "ci_high": mean + 0.1}}}}}
+        root = Path(first.run_root)
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "report.json").write_text(json.dumps(data))
+
+    report(0.15, runs=3)
+    with pytest.raises(ConfigError, match=r"which has not finished \(high/seed1\)"):
+        experiment.check_requirements(protocol)
+    report(0.15, status="failed")
+    with pytest.raises(ConfigError, match="whose calibration failed: nothing of 'smoke' runs"):
+        experiment.check_requirements(protocol)
+    report(0.05)
+    with pytest.raises(ConfigError, match=r"high - low, val/avg@k on split report, \+0.050 \[-0.050, \+0.150\], "
+                                          r"below 0.1: nothing of 'smoke' runs \(a control that cannot"):
+        experiment.check_requirements(protocol)
+    report(0.15)
+    assert experiment.check_requirements(protocol)[0].endswith("+0.150 [+0.050, +0.250] >= 0.1: met")
+    requirement["arm"] = "low"
+    with pytest.raises(ConfigError, match="'low' is not an arm it compares with its baseline"):
+        check_protocol(load_protocol(write_protocol(tmp_path / "third", config, requires=[requirement])))

@@ -266,6 +266,8 @@ def test_the_rule_fixes_every_provisional_line_of_the_registered_files_and_nothi
         assert protocol.test_size.delta == protocol.calibration.min_movement == 0.15
         assert protocol.test_size.setting_baseline == 0.512
     assert load_protocol(tmp_path / "p.yaml").seeds == [200, 201, 202]  # the calibration keeps its own
+    path.write_text(fixed[PROVISIONAL_FILES[1]])
+    assert load_protocol(path).requires[0].min_difference == 0.15  # the calibration's report must reach delta
     comparison = tmp_path / "c.yaml"
     comparison.write_text(apply_rule(texts[PROVISIONAL_FILES[1]], {**rule, "delta": 0.05, "grpo_value": 0.17,
                                                                     "seeds": 19}, "rule.json"))

@@ -41,10 +41,10 @@ from typing import Any
 import tether
 from tether.config import ConfigError
 from tether.files import append_jsonl
-from tether.lab.calibration import PASSED, endpoint_step, measure, trained
+from tether.lab.calibration import FAILED, PASSED, endpoint_step, measure, trained
 from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
 from tether.lab.protocol_checks import check_protocol, endpoint_split_overrides
-from tether.lab.report import write_report
+from tether.lab.report import unfinished, write_report
 from tether.track.progress import StepLines, status
 
 # -- the code a run imports ------------------------------------------------------------------------
@@ -253,6 +253,38 @@ def registration(protocol: Protocol, path: Path, code: dict[str, Any], allow_dir
 # -- the whole protocol ------------------------------------------------------------------------------
 
 
+def check_requirements(protocol: Protocol) -> list[str]:
+    """Each of ``protocol.requires`` met: the other protocol has finished, its calibration passed, and its arm's mean
+    paired difference from its baseline on its primary endpoint reaches ``min_difference``. Returns one line per
+    requirement, what was read.
+
+    Raises:
+        ConfigError: the first requirement not met (which protocol, what it showed, the requirement's why).
+    """
+    lines = []
+    for r in protocol.requires:
+        other = load_protocol(r.protocol)
+        path = Path(other.run_root) / "report.json"
+        if not path.is_file():
+            raise ConfigError(f"requires {r.protocol}, which has not reported yet (no {path}): run it first")
+        data = json.loads(path.read_text())
+        problems = unfinished(data)
+        if problems:
+            raise ConfigError(f"requires {r.protocol}, which has not finished ({'; '.join(problems[:3])})")
+        if data["calibration"]["status"] == FAILED:
+            raise ConfigError(f"requires {r.protocol}, whose calibration failed: nothing of {protocol.name!r} runs "
+                              f"({r.why})")
+        metric = other.endpoint.metric
+        c = data["summary"][metric]["versus_baseline"][r.arm]
+        read = (f"{r.protocol}: {r.arm} - {other.baseline}, {metric} on split {other.endpoint.split}, "
+                f"{c['mean']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
+        if not c["mean"] >= r.min_difference:  # NaN (no paired seed) fails too
+            raise ConfigError(f"requires {read}, below {r.min_difference}: nothing of {protocol.name!r} runs "
+                              f"({r.why})")
+        lines.append(f"{read} >= {r.min_difference}: met")
+    return lines
+
+
 def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: bool = False) -> dict[str, Any]:
     """Check; run the calibration; run the comparison only if it passed; report. Returns the report's data (also
     written as ``report.json``).
@@ -269,6 +301,9 @@ def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: 
                           "to report; the lock is written by the first run")
     if not report_only and not allow_dirty:
         refuse_dirty(code)
+    if not report_only:
+        for line in check_requirements(protocol):
+            status(f"requirement {line}")
     reg = registration(protocol, path, code, allow_dirty)
     failures: list[str] = []
     locate = partial(run_dir, protocol)

@@ -93,6 +93,17 @@ class Calibration(_Strict):
         return self.arm or baseline
 
 
+class Requirement(_Strict):
+    """A protocol that must have finished, with a result, before any run of this one: a design's comparison after
+    its calibration, say."""
+
+    protocol: str = Field(description="the other protocol's file (relative to the working directory)")
+    arm: str = Field(description="an arm that protocol compares with its baseline")
+    min_difference: float = Field(description="the mean paired difference arm - baseline of its primary endpoint, "
+                                  "on its endpoint split, must reach this")
+    why: str = Field(min_length=1, description="what a shortfall means for this protocol")
+
+
 class Protocol(_Strict):
     name: str
     question: str = Field("", description="what the experiment asks, in one sentence")
@@ -107,6 +118,8 @@ class Protocol(_Strict):
     calibration: Calibration
     run_root: str
     parallel: int = Field(2, ge=1, description="runs at once, one thread each")
+    requires: list[Requirement] = Field(default_factory=list, description="finished protocols whose results this "
+                                        "one needs before any run (tether.lab.experiment.check_requirements)")
 
     @field_validator("seeds")
     @classmethod

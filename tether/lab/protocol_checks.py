@@ -8,7 +8,7 @@ import inspect
 import re
 
 from tether.config import Config, ConfigError
-from tether.lab.protocol import Protocol, arm_config
+from tether.lab.protocol import Protocol, arm_config, load_protocol
 
 SINGLE_TURN_VAL_METRICS = ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length")
 AGENT_VAL_METRICS = ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode_return", "val/turns",
@@ -23,6 +23,11 @@ def check_protocol(protocol: Protocol) -> None:
     if protocol.endpoint.at == "best" and protocol.endpoint.split == "val":
         raise ConfigError("endpoint.split=val with at=best would report on the split that chose the checkpoint; "
                           "use a separate split (e.g. report)")
+    for r in protocol.requires:
+        other = load_protocol(r.protocol)
+        if r.arm not in other.compared():
+            raise ConfigError(f"requires {r.protocol}: {r.arm!r} is not an arm it compares with its baseline "
+                              f"(it compares {', '.join(other.compared())})")
     for arm in protocol.arms:
         cfg = arm_config(protocol, arm, protocol.seeds[0])
         known = val_metric_names(cfg)

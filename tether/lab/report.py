@@ -313,6 +313,19 @@ def write_report(protocol: Protocol, records: list[dict[str, Any]], reg: dict[st
     return data
 
 
+def unfinished(data: dict[str, Any]) -> list[str]:
+    """What keeps a reported study from being finished (failed runs, the calibration's missing runs, or runs of
+    the comparison without an endpoint); empty when finished. A failed calibration finishes a study."""
+    protocol = Protocol.model_validate(data["protocol"])
+    status = data["calibration"]["status"]
+    done = {(r["arm"], r["seed"]) for r in data["runs"]}
+    missing = [f"{arm}/seed{seed}" for arm in protocol.arms for seed in protocol.arm_seeds(arm)
+               if (arm, seed) not in done]
+    if data["failures"] or status == INCOMPLETE or (status == PASSED and missing):
+        return list(data["failures"] or data["calibration"]["missing"] or missing)
+    return []
+
+
 def publish_report(data: dict[str, Any], dest: str | Path) -> Path:
     """Copy a finished study's report, per-seed table and lock(s) into ``dest`` (``docs/results/<study>``), to be
     committed. A study is finished when no run failed or is missing and either the calibration failed (nothing
@@ -322,12 +335,8 @@ def publish_report(data: dict[str, Any], dest: str | Path) -> Path:
         ConfigError: the study is not finished (what is missing).
     """
     protocol = Protocol.model_validate(data["protocol"])
-    status = data["calibration"]["status"]
-    done = {(r["arm"], r["seed"]) for r in data["runs"]}
-    missing = [f"{arm}/seed{seed}" for arm in protocol.arms for seed in protocol.arm_seeds(arm)
-               if (arm, seed) not in done]
-    if data["failures"] or status == INCOMPLETE or (status == PASSED and missing):
-        problems = data["failures"] or data["calibration"]["missing"] or missing
+    problems = unfinished(data)
+    if problems:
         raise ConfigError(f"not publishing {protocol.name!r}: the study has not finished ({'; '.join(problems[:5])})")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

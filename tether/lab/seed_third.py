@@ -181,15 +181,15 @@ def pilot_rule(curve: dict[int, float], horizon: int) -> dict[str, Any]:
 
 def apply_rule(text: str, rule: dict[str, Any], source: str) -> str:
     """``text`` (one of :data:`PROVISIONAL_FILES`) with each line marked PROVISIONAL set from the pilot's ``rule``
-    and marked as fixed by ``source``: ``steps`` (the stage-2 length), ``delta`` and ``min_movement`` (the test
-    size), ``setting_baseline`` (G), and the top-level ``seeds`` (0 .. n-1 when the rule needs more than
-    :data:`MIN_SEEDS`, else as they are).
+    and marked as fixed by ``source``: ``steps`` (the stage-2 length), ``delta``, ``min_movement`` and
+    ``min_difference`` (the test size), ``setting_baseline`` (G), and the top-level ``seeds`` (0 .. n-1 when the
+    rule needs more than :data:`MIN_SEEDS`, else as they are).
 
     Raises:
         ValueError: a PROVISIONAL line with a key the rule does not fix.
     """
     values = {"steps": rule["train_steps"], "delta": rule["delta"], "min_movement": rule["delta"],
-              "setting_baseline": rule["grpo_value"]}
+              "min_difference": rule["delta"], "setting_baseline": rule["grpo_value"]}
 
     def fixed(m: re.Match[str]) -> str:
         key, value = m["key"], m["value"]
