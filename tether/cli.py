@@ -7,6 +7,7 @@ with its message and its exit code (docs/reliability.md); ``tether --debug COMMA
 from __future__ import annotations
 
 import json
+import signal
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -21,7 +22,8 @@ from tether.errors import TetherError
 
 class _TetherGroup(TyperGroup):
     """Catches tether's errors once, for every command and subcommand: one red message and the error's exit
-    code; the traceback only under ``--debug``."""
+    code; the traceback only under ``--debug``. Ctrl-C in a command that does not stop at a step boundary itself
+    (``eval``, ``validate``, ``experiment``...) is one line and exit code 130, as for a training run."""
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
@@ -31,6 +33,11 @@ class _TetherGroup(TyperGroup):
                 raise
             typer.secho(str(err), fg=typer.colors.RED, err=True)
             raise typer.Exit(err.exit_code) from None
+        except KeyboardInterrupt:
+            if ctx.params.get("debug"):
+                raise
+            typer.secho(f"tether {ctx.invoked_subcommand} stopped by Ctrl-C (SIGINT)", fg=typer.colors.RED, err=True)
+            raise typer.Exit(128 + signal.SIGINT) from None
 
 
 app = typer.Typer(cls=_TetherGroup, add_completion=False, no_args_is_help=True,

@@ -114,6 +114,15 @@ def test_sft_warns_that_it_ignores_lora(monkeypatch, tmp_path):
     assert "warning: tether sft fine-tunes every weight; model.lora applies to tether train only" in out.output
 
 
+def test_ctrl_c_in_a_command_without_its_own_stop_is_one_line_and_exit_130(tmp_path, monkeypatch):
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("tether.trainer.evaluate", interrupted)
+    out = run("eval", str(tmp_path / "checkpoint"), "--config", QUICKSTART)
+    assert out.exit_code == 130 and out.output.strip() == "tether eval stopped by Ctrl-C (SIGINT)"
+
+
 def test_eval_of_an_sft_checkpoint_without_a_config_says_to_pass_one(tmp_path):
     """The config found beside an SFT checkpoint is `tether sft`'s (its first line says so): eval asks for the RL
     config of the task to evaluate on instead of reporting sft's keys as unknown to train."""
