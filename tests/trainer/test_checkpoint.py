@@ -63,6 +63,22 @@ def test_a_full_disk_or_a_refused_write_is_one_line_naming_path_and_cause(tmp_pa
     with pytest.raises(RuntimeError, match="unexpected pos"):  # with room on the disk it is a bug: its traceback
         manager.save_best(torch_save_on_a_full_disk)
 
+    # the disk is full while the partial checkpoint exists; removing it frees the space: still a full disk
+    partial = manager.root / "step_000002.tmp"
+
+    def full_while_the_partial_exists(path):
+        return type("U", (), {"free": 2**20 if partial.exists() else 2**30})
+
+    def fill_the_disk(directory):
+        (directory / "model.safetensors").write_bytes(b"x" * 100)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 785968576 vs 785968468")
+
+    monkeypatch.setattr("tether.trainer.checkpoint.shutil.disk_usage", full_while_the_partial_exists)
+    with pytest.raises(CheckpointWriteError, match=r"step_000002: no space left on the device \(1 MiB free\); the "
+                                                   r"checkpoints written before are intact"):
+        manager.save(2, fill_the_disk)
+    assert not partial.exists()
+
 
 def test_resume_refuses_a_checkpoint_written_by_another_strategy(tmp_path):
     model, tok = tiny_model(seed=0)

@@ -164,19 +164,20 @@ def in_step(dp: DataParallel, target: Path, action: Callable[[], None], *, disca
         action()
     except Exception as err:  # any failure must reach the other ranks before anyone raises
         error = err
-    failed = dp.first_failure(None if error is None else _failure_line(target, error))
+    # judged once, before the partial directory goes: removing it frees the space a full disk lacked
+    known = write_error(target, error) if isinstance(error, OSError | RuntimeError) else None
+    failed = dp.first_failure(None if error is None else _failure_line(target, error, known))
     if failed is None:
         return
     if discard is not None and dp.is_main:
         shutil.rmtree(discard, ignore_errors=True)
-    if error is not None and (not isinstance(error, OSError | RuntimeError) or write_error(target, error) is None):
+    if error is not None and known is None:
         raise error
     rank, line = failed
     raise CheckpointWriteError(f"{line} (rank {rank} of {dp.world_size})" if dp.enabled else line) from None
 
 
-def _failure_line(target: Path, err: Exception) -> str:
-    known = write_error(target, err) if isinstance(err, OSError | RuntimeError) else None
+def _failure_line(target: Path, err: Exception, known: CheckpointWriteError | None) -> str:
     if known is not None:
         return str(known)
     first = (str(err).splitlines() or [""])[0]
