@@ -351,5 +351,9 @@ def test_a_protocol_that_requires_another_runs_only_after_that_result(tmp_path):
     report(0.15)
     assert experiment.check_requirements(protocol)[0].endswith("+0.150 [+0.050, +0.250] >= 0.1: met")
     requirement["arm"] = "low"
-    with pytest.raises(ConfigError, match="'low' is not an arm it compares with its baseline"):
+    with pytest.raises(ConfigError, match=r"requires\[0\].arm='low' is not an arm .*first/protocol.yaml compares "
+                                          r"with its baseline; allowed: high"):
         check_protocol(load_protocol(write_protocol(tmp_path / "third", config, requires=[requirement])))
+    requirement.update(protocol=str(tmp_path / "missing.yaml"), arm="high")
+    with pytest.raises(ConfigError, match=r"requires\[0\].protocol='.*missing.yaml': protocol file .* does not exist"):
+        check_protocol(load_protocol(write_protocol(tmp_path / "fourth", config, requires=[requirement])))

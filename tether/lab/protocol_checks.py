@@ -23,11 +23,14 @@ def check_protocol(protocol: Protocol) -> None:
     if protocol.endpoint.at == "best" and protocol.endpoint.split == "val":
         raise ConfigError("endpoint.split=val with at=best would report on the split that chose the checkpoint; "
                           "use a separate split (e.g. report)")
-    for r in protocol.requires:
-        other = load_protocol(r.protocol)
+    for i, r in enumerate(protocol.requires):
+        try:
+            other = load_protocol(r.protocol)
+        except ConfigError as err:
+            raise ConfigError(f"requires[{i}].protocol={r.protocol!r}: {err}") from None
         if r.arm not in other.compared():
-            raise ConfigError(f"requires {r.protocol}: {r.arm!r} is not an arm it compares with its baseline "
-                              f"(it compares {', '.join(other.compared())})")
+            raise ConfigError(f"requires[{i}].arm={r.arm!r} is not an arm {r.protocol} compares with its baseline; "
+                              f"allowed: {', '.join(other.compared())}")
     for arm in protocol.arms:
         cfg = arm_config(protocol, arm, protocol.seeds[0])
         known = val_metric_names(cfg)

@@ -279,7 +279,7 @@ def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_id
     """
     base = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
-    if pack and _can_pack(model) and _prefix_masks(response_mask):
+    if pack and _packs(model, prompt_ids, response_mask):
         hidden = _packed_hidden(base, prompt_ids, response_ids, response_mask)
     else:
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids, response_mask)
