@@ -128,11 +128,12 @@ def test_wandb_and_mlflow_sinks_call_their_apis(tmp_path, monkeypatch):
         def finish(self):
             calls.append(("wandb.finish",))
 
+    Run.id = "w1"
     fake_wandb = SimpleNamespace(init=lambda **kw: calls.append(("wandb.init", kw)) or Run())
     fake_mlflow = SimpleNamespace(
         set_tracking_uri=lambda uri: calls.append(("mlflow.uri", uri)),
         set_experiment=lambda name: calls.append(("mlflow.experiment", name)),
-        start_run=lambda run_name, tags: calls.append(("mlflow.start", run_name)),
+        start_run=lambda run_name, tags: calls.append(("mlflow.start", run_name)) or mlflow_run("m1"),
         log_metrics=lambda metrics, step: calls.append(("mlflow.log", step, metrics)),
         log_params=lambda params: calls.append(("mlflow.params", params)),
         end_run=lambda: calls.append(("mlflow.end",)),
@@ -152,3 +153,76 @@ def test_wandb_and_mlflow_sinks_call_their_apis(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="unknown mlflow settings"):
         build_tracker(tmp_path / "b", tensorboard=False, mlflow={"experimant": "e"})
     assert not (tmp_path / "b").exists()
+
+
+def mlflow_run(run_id: str) -> SimpleNamespace:
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id))
+
+
+class FakeTrackers:
+    """wandb and mlflow as far as the sinks use them; each new run gets the next id, ``start_run(run_id=...)``
+    reopens a known one (an unknown one raises, as MLflow does)."""
+
+    def __init__(self) -> None:
+        self.inits: list[dict] = []
+        self.mlflow_runs: list[str] = []
+        self.reopened: list[str] = []
+        self.wandb = SimpleNamespace(init=self.wandb_init)
+        self.mlflow = SimpleNamespace(set_tracking_uri=lambda uri: None, set_experiment=lambda name: None,
+                                      start_run=self.start_run, log_metrics=lambda metrics, step: None,
+                                      end_run=lambda: None)
+
+    def wandb_init(self, **settings):
+        self.inits.append(settings)
+        run_id = settings.get("id", f"w{len(self.inits)}")
+        return SimpleNamespace(id=run_id, log=lambda metrics, step: None, finish=lambda: None)
+
+    def start_run(self, run_id=None, run_name=None, tags=None):
+        if run_id is not None:
+            if run_id not in self.mlflow_runs:
+                raise RuntimeError(f"Run '{run_id}' not found")
+            self.reopened.append(run_id)
+            return mlflow_run(run_id)
+        self.mlflow_runs.append(f"m{len(self.mlflow_runs) + 1}")
+        return mlflow_run(self.mlflow_runs[-1])
+
+
+@pytest.fixture
+def trackers(monkeypatch) -> FakeTrackers:
+    fake = FakeTrackers()
+    monkeypatch.setitem(sys.modules, "wandb", fake.wandb)
+    monkeypatch.setitem(sys.modules, "mlflow", fake.mlflow)
+    return fake
+
+
+def test_a_resumed_run_continues_its_wandb_and_mlflow_runs(tmp_path, trackers):
+    settings = {"wandb": {"project": "p"}, "mlflow": {"experiment": "e"}}
+    build_tracker(tmp_path, tensorboard=False, **settings).close()  # the first process
+    assert json.loads((tmp_path / "trackers.json").read_text()) == {"wandb": "w1", "mlflow": "m1"}
+    build_tracker(tmp_path, tensorboard=False, resumed_at=3, **settings).close()  # killed, resumed from step 3
+    assert trackers.inits[1] == {"dir": str(tmp_path), "project": "p", "id": "w1", "resume": "allow"}
+    assert trackers.reopened == ["m1"] and trackers.mlflow_runs == ["m1"]  # no second MLflow run
+    build_tracker(tmp_path, tensorboard=False, **settings).close()  # train.overwrite: a run of its own
+    assert "id" not in trackers.inits[2] and trackers.mlflow_runs == ["m1", "m2"]
+    assert json.loads((tmp_path / "trackers.json").read_text()) == {"wandb": "w3", "mlflow": "m2"}
+
+
+def test_a_wandb_id_or_resume_the_user_set_is_kept(tmp_path, trackers):
+    build_tracker(tmp_path, tensorboard=False, wandb={}).close()
+    build_tracker(tmp_path, tensorboard=False, wandb={"id": "mine"}, resumed_at=2).close()
+    build_tracker(tmp_path, tensorboard=False, wandb={"resume": "never"}, resumed_at=2).close()
+    assert trackers.inits[1:] == [{"dir": str(tmp_path), "id": "mine"}, {"dir": str(tmp_path), "resume": "never"}]
+
+
+def test_an_mlflow_run_the_server_no_longer_has_starts_a_new_one_with_a_warning(tmp_path, trackers):
+    (tmp_path / "trackers.json").write_text(json.dumps({"mlflow": "gone"}))
+    with pytest.warns(UserWarning, match=r"MLflow could not continue run gone \(Run 'gone' not found\)"):
+        build_tracker(tmp_path, tensorboard=False, mlflow={}, resumed_at=5).close()
+    assert trackers.mlflow_runs == ["m1"]
+    assert json.loads((tmp_path / "trackers.json").read_text()) == {"mlflow": "m1"}
+
+
+def test_an_unreadable_trackers_file_starts_new_runs(tmp_path, trackers):
+    (tmp_path / "trackers.json").write_text("{torn")
+    build_tracker(tmp_path, tensorboard=False, wandb={}, resumed_at=5).close()
+    assert trackers.inits == [{"dir": str(tmp_path)}]

@@ -6,12 +6,14 @@ Sinks receive plain floats; converting tensors happens once, in :class:`tether.t
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from tether.files import jsonl_line
+from tether.files import jsonl_line, write_text_atomic
 
 
 @runtime_checkable
@@ -81,12 +83,42 @@ def _require(module: str) -> Any:
         raise ImportError(f"{module} is configured but not installed: pip install {module}") from error
 
 
-class WandbSink:
-    """Weights & Biases. ``settings`` go to ``wandb.init`` (project, entity, name, mode, tags...)."""
+# Where a run dir remembers the W&B and MLflow runs it logs to, so that a resumed process continues them.
+TRACKER_RUNS = "trackers.json"
 
-    def __init__(self, run_dir: str | Path, settings: Mapping[str, Any]) -> None:
+
+def tracker_run_ids(run_dir: str | Path) -> dict[str, str]:
+    """The W&B and MLflow run ids ``run_dir`` logged to (``{"wandb": id, "mlflow": id}``; missing ones absent, an
+    unreadable file reads as none: the resumed process then starts runs of its own, as before the file)."""
+    try:
+        ids = json.loads((Path(run_dir) / TRACKER_RUNS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in ids.items() if isinstance(v, str)} if isinstance(ids, dict) else {}
+
+
+def remember_tracker_run(run_dir: str | Path, tracker: str, run_id: str) -> None:
+    """Record ``run_id`` as the ``tracker`` run ``run_dir`` logs to."""
+    ids = tracker_run_ids(run_dir) | {tracker: run_id}
+    write_text_atomic(Path(run_dir) / TRACKER_RUNS, json.dumps(ids, indent=2) + "\n")
+
+
+class WandbSink:
+    """Weights & Biases. ``settings`` go to ``wandb.init`` (project, entity, name, mode, tags...).
+
+    A resumed run (``resumed_at`` > 0) continues the W&B run the run dir logged to (``id`` and ``resume="allow"``)
+    unless ``settings`` name an ``id`` or ``resume`` of their own. W&B keeps a run's steps increasing: the steps an
+    earlier process logged after its last checkpoint are logged again by the resumed one and W&B keeps the first
+    values, which a bit-exact resume makes the same (docs/reliability.md)."""
+
+    def __init__(self, run_dir: str | Path, settings: Mapping[str, Any], resumed_at: int = 0) -> None:
         self._wandb = _require("wandb")
+        settings = dict(settings)
+        earlier = tracker_run_ids(run_dir).get("wandb") if resumed_at else None
+        if earlier and not {"id", "resume"} & set(settings):
+            settings |= {"id": earlier, "resume": "allow"}
         self._run = self._wandb.init(dir=str(run_dir), **settings)
+        remember_tracker_run(run_dir, "wandb", self._run.id)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._run.log(dict(metrics), step=step)
@@ -122,16 +154,35 @@ def check_mlflow_settings(settings: Mapping[str, Any]) -> None:
 
 
 class MlflowSink:
-    """MLflow. ``settings``: optional ``tracking_uri``, ``experiment``, ``run_name``, ``tags``."""
+    """MLflow. ``settings``: optional ``tracking_uri``, ``experiment``, ``run_name``, ``tags``.
 
-    def __init__(self, settings: Mapping[str, Any]) -> None:
+    A resumed run (``resumed_at`` > 0) continues the MLflow run the run dir logged to; if the tracking server no
+    longer has it, a new run starts, with a warning naming the old one. MLflow keeps every value logged at a step:
+    the steps an earlier process logged after its last checkpoint appear twice, with the same values where the
+    resume is bit-exact."""
+
+    def __init__(self, settings: Mapping[str, Any], run_dir: str | Path | None = None, resumed_at: int = 0) -> None:
         check_mlflow_settings(settings)
         self._mlflow = _require("mlflow")
         if settings.get("tracking_uri"):
             self._mlflow.set_tracking_uri(settings["tracking_uri"])
         if settings.get("experiment"):
             self._mlflow.set_experiment(settings["experiment"])
-        self._run = self._mlflow.start_run(run_name=settings.get("run_name"), tags=settings.get("tags"))
+        earlier = tracker_run_ids(run_dir).get("mlflow") if run_dir is not None and resumed_at else None
+        self._run = self._continue(earlier) if earlier else None
+        if self._run is None:
+            self._run = self._mlflow.start_run(run_name=settings.get("run_name"), tags=settings.get("tags"))
+        if run_dir is not None:
+            remember_tracker_run(run_dir, "mlflow", self._run.info.run_id)
+
+    def _continue(self, run_id: str) -> Any:
+        """The earlier MLflow run ``run_id``, reopened, or None when the tracking server cannot reopen it."""
+        try:
+            return self._mlflow.start_run(run_id=run_id)
+        except Exception as error:  # MlflowException, or the server's own; a new run beats a failed resume
+            warnings.warn(f"MLflow could not continue run {run_id} ({error}); this process logs to a new run",
+                          stacklevel=2)
+            return None
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._mlflow.log_metrics({mlflow_key(k): v for k, v in metrics.items()}, step=step)

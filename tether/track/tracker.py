@@ -139,7 +139,7 @@ def build_tracker(run_dir: str | Path, *, tensorboard: bool = True, wandb: Mappi
         wandb: ``wandb.init`` settings (``{}`` for the defaults), or ``None`` for no W&B.
         mlflow: MLflow settings (``tracking_uri``, ``experiment``, ``run_name``, ``tags``), or ``None``.
         resumed_at: the step a resumed run continues from (0: a fresh run); TensorBoard hides the later steps an
-            earlier process logged. W&B and MLflow start a run of their own for each process.
+            earlier process logged; W&B and MLflow continue the runs the run dir logged to (``trackers.json``).
 
     Returns:
         A :class:`Tracker`; use it as a context manager or call ``close()``.
@@ -161,9 +161,9 @@ def build_tracker(run_dir: str | Path, *, tensorboard: bool = True, wandb: Mappi
         if tensorboard:
             tracker.sinks.append(TensorBoardSink(run_dir / "tensorboard", resumed_at))
         if wandb is not None:
-            tracker.sinks.append(WandbSink(run_dir, wandb))
+            tracker.sinks.append(WandbSink(run_dir, wandb, resumed_at))
         if mlflow is not None:
-            tracker.sinks.append(MlflowSink(mlflow))
+            tracker.sinks.append(MlflowSink(mlflow, run_dir, resumed_at))
     except BaseException:
         tracker.close()
         raise
