@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train LoRA adapters in both trainers: the config's model.lora, else tether's defaults; "
                         "without it both fine-tune every weight, whatever the config says")
     p.add_argument("--only", choices=("tether", "trl"), default=None, help="run one trainer only")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every row of both trainers samples --max-new-tokens (tether rollout.ignore_eos; TRL "
+                        "generation_kwargs min_new_tokens): equal work per step whatever each policy answers")
     p.add_argument("--tether-override", action="append", default=[], metavar="KEY=VALUE",
                    help="a tether config override (repeatable) that leaves the step comparable, e.g. "
                         "optim.max_tokens_per_micro_batch=1024 or train.gradient_checkpointing=false")
@@ -85,7 +88,8 @@ def tether_config(args: argparse.Namespace, run_dir: str) -> Any:
 
     overrides = [f"run_dir={run_dir}", f"train.threads={args.threads}", f"train.steps={args.warmup + args.steps}",
                  "train.resume=never", "train.overwrite=true",
-                 "val.every=0", "logging.tensorboard=false", "logging.progress=false"]
+                 "val.every=0", "logging.tensorboard=false", "logging.progress=false",
+                 *(["rollout.ignore_eos=true"] if args.ignore_eos else [])]
     for flag, key in (("prompts_per_step", "rollout.prompts_per_step"), ("group_size", "rollout.group_size"),
                       ("max_new_tokens", "rollout.max_new_tokens")):
         if getattr(args, flag) is not None:
@@ -254,7 +258,10 @@ def build_trl(cfg: Any, path: str, task: Any, order: list[int], out_dir: str, be
         beta=0.0, loss_type="dapo", scale_rewards="group",
         epsilon=a.loss_kwargs.get("clip_low", 0.2), epsilon_high=a.loss_kwargs.get("clip_high", 0.2),
         use_vllm=False, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
-        log_completions=False)
+        log_completions=False,
+        # rollout.ignore_eos: TRL's transformers generation has no ignore_eos; EOS held back to the budget samples
+        # as many tokens (the distribution differs on that one token; the work does not)
+        generation_kwargs={"min_new_tokens": r.max_new_tokens} if r.ignore_eos else None)
 
     class TimedGRPOTrainer(GRPOTrainer):
         bench: dict[str, float]
@@ -466,7 +473,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "micro_batch_size": cfg.optim.micro_batch_size, "threads": args.threads,
                      "lr": cfg.optim.lr, "temperature": r.temperature, "model": path,
                      "config": str(args.config), "interleaved": args.only is None,
-                     "tether_overrides": args.tether_override,
+                     "tether_overrides": args.tether_override, "ignore_eos": r.ignore_eos,
                      "lora": None if cfg.model.lora is None else cfg.model.lora.model_dump()},
         "environment": environment(), "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
         "prompt_tokens_identical": parity, "first_prompt_tokens": prompt_len,

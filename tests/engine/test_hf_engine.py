@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -125,6 +126,19 @@ def test_eos_ends_a_row_and_is_kept_in_the_mask(tiny_policy):
         assert (gen.sample_log_probs[i, n:] == 0).all()
         assert bool(gen.truncated[i]) == (n == 12 and not (free.response_ids[i] == eos).any())
     assert not gen.truncated[0]
+
+
+def test_ignore_eos_samples_every_row_to_the_limit(tiny_policy):
+    """With EOS and a stop string that would end every row at its first token, ``ignore_eos`` samples as an engine
+    with no EOS at all: the same tokens and log-probs, every row to max_new_tokens and truncated."""
+    model, tok = tiny_policy
+    free = HFEngine(model, tok, eos_token_ids=[]).generate(PROMPTS, SAMPLE, seed=3)
+    everything_ends = HFEngine(model, tok, eos_token_ids=free.response_ids.flatten().tolist())
+    assert everything_ends.generate(PROMPTS, SAMPLE, seed=3).response_mask.sum(1).tolist() == [1.0, 1.0, 1.0]
+    text = free.texts[0][:1]
+    gen = everything_ends.generate(PROMPTS, dataclasses.replace(SAMPLE, stop=(text,), ignore_eos=True), seed=3)
+    _assert_same(gen, free)
+    assert gen.response_mask.all() and gen.truncated.all() and gen.response_ids.shape[1] == SAMPLE.max_new_tokens
 
 
 def test_stops_early_when_every_row_is_done(tiny_policy):

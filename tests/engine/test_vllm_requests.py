@@ -127,6 +127,16 @@ def test_generate_sends_unexpanded_ids_and_the_pil_images(fake_vllm, qwen):
     assert torch.equal(gen.sample_log_probs, torch.full((2, 2), -0.25))
 
 
+def test_ignore_eos_and_stop_strings_reach_vllm(fake_vllm, qwen):
+    _, processor = qwen
+    engine = VLLMEngine("path/to/checkpoint", processor, enable_sleep_mode=False)
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, stop=("</a>",)), seed=7)
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, stop=("</a>",), ignore_eos=True), seed=7)
+    (_, (stopping,)), (_, (ignoring,)) = engine.llm.calls
+    assert (stopping.kwargs["stop"], stopping.kwargs["ignore_eos"]) == (["</a>"], False)
+    assert (ignoring.kwargs["stop"], ignoring.kwargs["ignore_eos"]) == (None, True)
+
+
 def test_score_reads_the_response_after_vllms_expanded_prompt(fake_vllm, qwen):
     model, processor = qwen
     visual = encode_vision_chat(processor, "Where is the box? <image>", _frames()[:1])

@@ -119,3 +119,25 @@ def test_a_resume_with_a_batch_in_flight_continues_exactly(tmp_path, tiny_policy
 def test_what_cannot_run_stale_is_refused_before_any_model_loads(tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match):
         tiny_config(tmp_path, *overrides)
+
+
+@pytest.mark.parametrize(("overrides", "data", "match"), [
+    (("rollout.ignore_eos=true", "task=null", "env.name=frozenlake"), {},
+     r"^rollout.ignore_eos=true with env: a turn of an episode ends at EOS or rollout.stop, which ignore_eos "
+     r"switches off; allowed with env: false$"),
+    (("rollout.ignore_eos=true", "methods.armor={}"), {},
+     r"^rollout.ignore_eos=true with methods.armor: a method's own sampling \(anchors, injections, analyses\) would "
+     r"still end at EOS; allowed with methods: false$"),
+])
+def test_ignore_eos_where_something_else_samples_is_refused_before_any_model_loads(tmp_path, overrides, data, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny_config(tmp_path, *overrides, **data)
+
+
+def test_ignore_eos_reaches_the_training_rollouts_only(tmp_path, tiny_policy):
+    model, tok = tiny_policy
+    trainer = Trainer(tiny_config(tmp_path, "rollout.ignore_eos=true", "rollout.max_new_tokens=5"),
+                      policy=copy.deepcopy(model), tokenizer=tok)
+    assert trainer.collector.sampling().ignore_eos
+    batch, _ = trainer.collect()
+    assert batch.response_mask.shape[1] == 5 and batch.response_mask.all()

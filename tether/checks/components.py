@@ -195,6 +195,18 @@ def check_rollout_dtype(cfg: Config, found: Findings) -> None:
                    "slower than in float32 (docs/engine.md); bfloat16 is the CPU's reduced precision")
 
 
+def check_ignore_eos(cfg: Config, found: Findings) -> None:
+    """``rollout.ignore_eos``: single-turn tasks without methods, whose sampling is the rollout's own."""
+    if not cfg.rollout.ignore_eos:
+        return
+    if cfg.env is not None:
+        raise ConfigError("rollout.ignore_eos=true with env: a turn of an episode ends at EOS or rollout.stop, "
+                          "which ignore_eos switches off; allowed with env: false")
+    if cfg.methods:
+        raise ConfigError(f"rollout.ignore_eos=true with methods.{next(iter(cfg.methods))}: a method's own sampling "
+                          "(anchors, injections, analyses) would still end at EOS; allowed with methods: false")
+
+
 def check_rollout_staleness(cfg: Config, found: Findings) -> None:
     """``rollout.max_staleness > 0``: one process, no method, a correction for the stale samples."""
     k = cfg.rollout.max_staleness
@@ -257,4 +269,4 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
 
 
 CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype,
-                 check_rollout_staleness, check_engine, check_methods, check_saving, warn_suspicious)
+                 check_ignore_eos, check_rollout_staleness, check_engine, check_methods, check_saving, warn_suspicious)

@@ -167,6 +167,9 @@ class RolloutConfig(SamplingConfig):
         "samples with the policy itself). bfloat16 is cheaper only on CPUs with native bfloat16 "
         "(avx512_bf16, amx_bf16; docs/benchmarks.md) and slower without; pair it with rollout.correction "
         "(docs/engine.md)")
+    ignore_eos: bool = Field(False, description="every training row samples rollout.max_new_tokens: EOS and "
+                             "rollout.stop end nothing (validation is unchanged). For speed comparisons at equal "
+                             "work (vLLM's and verl's ignore_eos); single-turn tasks without methods only")
     max_staleness: int = Field(0, ge=0, description="asynchronous rollouts: the batch of step s + k is sampled in a "
                                "background thread while step s trains, by the weights of step s (k steps stale; "
                                "needs rollout.correction, no methods; tether.rollout.asynchronous); 0: synchronous")

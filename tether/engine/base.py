@@ -34,6 +34,7 @@ class SamplingParams:
     top_k: int = 0
     greedy: bool = False
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # every row samples max_new_tokens: EOS and ``stop`` end nothing (equal-work benchmarks)
 
 
 @dataclass

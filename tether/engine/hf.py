@@ -302,8 +302,8 @@ class HFEngine:
             if intervention is not None:
                 intervention.advance(token)
             steps = t + 1
-            finished = active & torch.isin(token, eos)
-            if params.stop:
+            finished = active & torch.isin(token, eos) & (not params.ignore_eos)
+            if params.stop and not params.ignore_eos:
                 hit = stop_hits(self.tokenizer, tokens, t, active, params.stop)
                 by_stop |= hit & ~finished
                 finished |= hit

@@ -124,7 +124,8 @@ class VLLMEngine:
     def _params(self, params: SamplingParams, seed: int | None, **extra: Any) -> Any:
         return self._vllm.SamplingParams(
             max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
-            top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1, stop=list(params.stop) or None,
+            top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
+            stop=None if params.ignore_eos else list(params.stop) or None, ignore_eos=params.ignore_eos,
             seed=seed, **extra)
 
     def _prompts(self, prompt_ids: list[list[int]], suffixes: list[list[int]] | None = None) -> list[Any]:

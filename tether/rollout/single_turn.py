@@ -125,7 +125,7 @@ class SingleTurnCollector:
     def sampling(self) -> SamplingParams:
         r = self.cfg.rollout
         return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k, stop=tuple(r.stop))
+                              top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
 
     def generate(self, engine: RolloutEngine, items: list[TaskItem], n: int, params: SamplingParams, seed: int,
                  *, group_ids: list[int] | None = None, source: int = 0,
