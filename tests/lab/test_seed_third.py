@@ -4,6 +4,7 @@ metric never passes; the pilot fixes the stage-2 length, GRPO's value, the test 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -242,6 +243,33 @@ def test_the_precheck_splits_fork_rows_and_reads_the_hint_on_scripted_walkers(tm
     assert set(gate) == {"skill", "opsd_hint", "passed"}
 
 
+FIXED_LINE = re.compile(r"(?m)^(?P<line>\s*\w+: .*?)   # fixed by the pilot's rule \((?P<source>[^)]*)\)$")
+
+
+def as_registered(text: str) -> str:
+    """A registered file as it was before the pilot's rule was applied: each line the rule fixed marked PROVISIONAL
+    again (its value is the rule's; the tests set other values)."""
+    return FIXED_LINE.sub(lambda m: f"{m['line']}   # PROVISIONAL: set by the pilot", text)
+
+
+def test_the_committed_files_hold_exactly_the_committed_pilot_rule():
+    """The rule was applied (2026-12-06) from the committed pilot_rule.json, to every marked line, and nothing
+    else differs from what applying it to the registered files gives."""
+    import json
+    from pathlib import Path
+
+    from tether.lab.seed_third import PROVISIONAL_FILES, apply_rule
+
+    repo = Path(__file__).resolve().parents[2]
+    source = "docs/results/seed_third_gate/pilot_rule.json"
+    rule = json.loads((repo / source).read_text())
+    assert (rule["train_steps"], rule["grpo_value"], rule["delta"], rule["seeds"]) == (16, 0.656, 0.19, 14)
+    for name in PROVISIONAL_FILES:
+        text = (repo / name).read_text()
+        assert "# PROVISIONAL:" not in text and {m["source"] for m in FIXED_LINE.finditer(text)} == {source}
+        assert apply_rule(as_registered(text), rule, source) == text
+
+
 def test_the_rule_fixes_every_provisional_line_of_the_registered_files_and_nothing_else(tmp_path):
     from pathlib import Path
 
@@ -252,7 +280,7 @@ def test_the_rule_fixes_every_provisional_line_of_the_registered_files_and_nothi
 
     repo = Path(__file__).resolve().parents[2]
     rule = {"train_steps": 40, "grpo_value": 0.512, "delta": round(PAPER_RELATIVE_GAIN * 0.512, 2), "seeds": 14}
-    texts = {name: (repo / name).read_text() for name in PROVISIONAL_FILES}
+    texts = {name: as_registered((repo / name).read_text()) for name in PROVISIONAL_FILES}
     fixed = {name: apply_rule(text, rule, "rule.json") for name, text in texts.items()}
     for name, text in fixed.items():
         assert "# PROVISIONAL" not in text and "fixed by the pilot's rule (rule.json)" in text
