@@ -7,6 +7,7 @@
 #   scripts/run_all_configs.sh --only armor        # the configs whose path contains "armor" (and what they need)
 #   scripts/run_all_configs.sh --dry-run [...]     # list what would run and why, and what would be skipped; run nothing
 #   scripts/run_all_configs.sh --report [...]      # which configs have run to their end, when and at which commit
+#   scripts/run_all_configs.sh --report --also DIR # ... counting the ledger of another WORK too (repeatable)
 #
 # (ONLY=PATTERN and DRY=1 in the environment do the same.) Everything runs inside WORK (default runs/all_configs),
 # which links configs/ and scripts/ of this checkout: every relative runs/... path of a config (its run_dir, the
@@ -20,18 +21,20 @@
 # WORK/finished.tsv keeps, across invocations, a line for each command that ran to its end (time, commit, command,
 # seconds): runs resume, so a config can finish over several invocations, and --report reads this ledger.
 set -u
-usage() { sed -n '2,21s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,22s/^# \{0,1\}//p' "$0"; }
 ONLY=${ONLY:-}
 DRY=${DRY:-}
 REPORT=
+ALSO=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --only) [[ $# -ge 2 ]] || { echo "--only needs a PATTERN" >&2; exit 2; }; ONLY=$2; shift 2 ;;
         --only=*) ONLY=${1#--only=}; shift ;;
         --dry-run|-n) DRY=1; shift ;;
         --report) REPORT=1; shift ;;
+        --also) [[ $# -ge 2 ]] || { echo "--also needs a WORK directory" >&2; exit 2; }; ALSO+=("$(realpath -m "$2")"); shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        *) echo "unknown argument: $1 (allowed: --only PATTERN, --dry-run, --report, -h)" >&2; exit 2 ;;
+        *) echo "unknown argument: $1 (allowed: --only PATTERN, --dry-run, --report, --also DIR, -h)" >&2; exit 2 ;;
     esac
 done
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,16 +48,22 @@ cd "$WORK" || exit 1
 ledger=finished.tsv
 shipped() { (cd "$REPO" && find configs -name '*.yaml' -not -path 'configs/gpu/*' -not -path '*/gpu/*' \
                  -not -name 'protocol*.yaml' | sort); }
-if [[ -n "$REPORT" ]]; then  # one line per selected config: its last finish, or that it never finished
+if [[ -n "$REPORT" ]]; then  # one line per selected config: its first finish (a later one may be a resume
+    # that found the run finished), or that it never finished
+    ledgers=("$WORK/$ledger")
+    for dir in "${ALSO[@]}"; do
+        [[ -f "$dir/$ledger" ]] || { echo "--also $dir: no $ledger there" >&2; exit 2; }
+        ledgers+=("$dir/$ledger")
+    done
     finished=0 total=0
     while read -r config; do
         [[ -n "$ONLY" && "$config" != *"$ONLY"* ]] && continue
         total=$((total + 1))
-        last=$(awk -F'\t' -v c="$config" '$3 == c {line = $1 " at " $2 " (" $4 ")"} END {print line}' "$ledger" \
-               2>/dev/null)
+        last=$(awk -F'\t' -v c="$config" '$3 == c && line == "" {line = $1 " at " $2 " (" $4 ")"} END {print line}' \
+               "${ledgers[@]}" 2>/dev/null)
         if [[ -n "$last" ]]; then finished=$((finished + 1)); echo "finished  $config  $last"; else echo "never     $config"; fi
     done < <(shipped)
-    echo "$finished of $total configs have run to their end ($WORK/$ledger)"
+    echo "$finished of $total configs have run to their end (${ledgers[*]})"
     exit 0
 fi
 commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)

@@ -129,3 +129,13 @@ def test_a_ledger_keeps_what_ran_to_its_end_across_invocations_and_report_reads_
     assert [line.split()[1] for line in lines[:-1] if line.startswith("finished")] == [
         "configs/after_base.yaml", "configs/base.yaml", "configs/with_data.yaml"]
     assert "never     configs/broken.yaml" in lines and not any("gpu/preset" in line for line in lines)
+    other = checkout / "other_work"
+    other.mkdir()
+    (other / "finished.tsv").write_text("2026-12-06T10:00:00Z\tabc1234\tconfigs/broken.yaml\t5s\n"
+                                        "2026-12-06T11:00:00Z\tdef5678\tconfigs/broken.yaml\t1s\n")  # a no-op resume
+    lines = run(checkout, "--report", "--also", str(other)).stdout.splitlines()
+    assert lines[-1].startswith("4 of 8 configs have run to their end") and str(other / "finished.tsv") in lines[-1]
+    assert "finished  configs/broken.yaml  2026-12-06T10:00:00Z at abc1234 (5s)" in lines
+    missing = run(checkout, "--report", "--also", str(checkout / "nowhere"))
+    assert missing.returncode == 2
+    assert f"--also {checkout / 'nowhere'}: no finished.tsv there" in missing.stderr
