@@ -38,7 +38,7 @@ test-vllm:
 # their ratio and peak resident memory in one table and benchmarks/results/<date>-lengths.json (docs/benchmarks.md).
 # tether runs with micro-batches of at most 1024 padded tokens, its setting for long responses. On an idle machine
 # only: the 256-token cells take many minutes a step. `make bench-quickstart`: full fine-tuning, then LoRA adapters
-# in both trainers, on the same config.
+# in both trainers, then full fine-tuning at equal work (every row sampled to the token limit), on the same config.
 bench: install
 	bash benchmarks/setup_trl.sh
 	benchmarks/.venv-trl/bin/python benchmarks/bench_lengths.py --steps 3 --warmup 1 \
@@ -49,6 +49,7 @@ bench-quickstart: install
 	bash benchmarks/setup_trl.sh
 	benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2
 	benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2 --lora
+	benchmarks/.venv-trl/bin/python benchmarks/bench_trl.py --steps 10 --warmup 2 --ignore-eos
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
