@@ -268,7 +268,9 @@ class HFEngine:
             generator.seed()
         else:
             generator.manual_seed(seed)
-        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        # ignore_eos: nothing ends a row, decided once here rather than at every decoding step
+        eos = torch.tensor([] if params.ignore_eos else self.eos_token_ids, dtype=torch.long, device=device)
+        stop = () if params.ignore_eos else params.stop
         tokens = torch.full((n, max_new), self.pad_id, dtype=torch.long, device=device)
         log_mu = torch.zeros(n, max_new, device=device)
         mask = torch.zeros(n, max_new, device=device)
@@ -302,9 +304,9 @@ class HFEngine:
             if intervention is not None:
                 intervention.advance(token)
             steps = t + 1
-            finished = active & torch.isin(token, eos) & (not params.ignore_eos)
-            if params.stop and not params.ignore_eos:
-                hit = stop_hits(self.tokenizer, tokens, t, active, params.stop)
+            finished = active & torch.isin(token, eos)
+            if stop:
+                hit = stop_hits(self.tokenizer, tokens, t, active, stop)
                 by_stop |= hit & ~finished
                 finished |= hit
             active &= ~finished
@@ -322,7 +324,7 @@ class HFEngine:
         extra = intervention.finish() if intervention is not None else {}
         return Generation(
             response_ids=tokens, response_mask=mask, sample_log_probs=log_mu,
-            texts=response_texts(self.tokenizer, tokens, mask, by_stop, params.stop), truncated=active.clone(),
+            texts=response_texts(self.tokenizer, tokens, mask, by_stop, stop), truncated=active.clone(),
             token={k: fit_width(v.to(device), steps) for k, v in extra.items()})
 
     def _cache_len(self, needed: int) -> int:

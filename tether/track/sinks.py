@@ -161,19 +161,18 @@ class MlflowSink:
     the steps an earlier process logged after its last checkpoint appear twice, with the same values where the
     resume is bit-exact."""
 
-    def __init__(self, settings: Mapping[str, Any], run_dir: str | Path | None = None, resumed_at: int = 0) -> None:
+    def __init__(self, settings: Mapping[str, Any], run_dir: str | Path, resumed_at: int = 0) -> None:
         check_mlflow_settings(settings)
         self._mlflow = _require("mlflow")
         if settings.get("tracking_uri"):
             self._mlflow.set_tracking_uri(settings["tracking_uri"])
         if settings.get("experiment"):
             self._mlflow.set_experiment(settings["experiment"])
-        earlier = tracker_run_ids(run_dir).get("mlflow") if run_dir is not None and resumed_at else None
+        earlier = tracker_run_ids(run_dir).get("mlflow") if resumed_at else None
         self._run = self._continue(earlier) if earlier else None
         if self._run is None:
             self._run = self._mlflow.start_run(run_name=settings.get("run_name"), tags=settings.get("tags"))
-        if run_dir is not None:
-            remember_tracker_run(run_dir, "mlflow", self._run.info.run_id)
+        remember_tracker_run(run_dir, "mlflow", self._run.info.run_id)
 
     def _continue(self, run_id: str) -> Any:
         """The earlier MLflow run ``run_id``, reopened, or None when the tracking server cannot reopen it."""
