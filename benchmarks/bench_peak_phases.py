@@ -9,12 +9,14 @@ The quickstart's trainer as ``bench_trl.py`` builds it (``--max-new-tokens``, ``
 process's high-water mark is reset (``/proc/self/clear_refs``, Linux) and read after it (``VmHWM``), so each phase
 reports its own peak, not the run's. A peak above the live tensors that stays resident after the phase (``end_rss``
 far above the next phase's needs) is memory the C allocator holds; glibc's variables ``MALLOC_MMAP_THRESHOLD_`` and
-``MALLOC_TRIM_THRESHOLD_`` change that, and the results record them (docs/benchmarks.md). Results go to ``--out``
-as JSON.
+``MALLOC_TRIM_THRESHOLD_`` change that, and the results record them (docs/benchmarks.md). ``--malloc-trim`` calls
+glibc's ``malloc_trim(0)`` before each phase (freed heap pages back to the system; what a trainer could do between
+phases). Results go to ``--out`` as JSON.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime as dt
 import json
 import os
@@ -46,9 +48,12 @@ def reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current resident set
 
 
-def measured(phases: dict[str, list[dict[str, float]]], name: str, inner: Any) -> Any:
-    """``inner``, recording the phase's resident set at start and end, its peak and its seconds into ``phases``."""
+def measured(phases: dict[str, list[dict[str, float]]], name: str, inner: Any, trim: bool = False) -> Any:
+    """``inner``, recording the phase's resident set at start and end, its peak and its seconds into ``phases``;
+    with ``trim``, after glibc's ``malloc_trim(0)``."""
     def phase(*args: Any, **kwargs: Any) -> Any:
+        if trim:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
         reset_peak()
         start_rss, start = status_gb("VmRSS"), time.perf_counter()
         out = inner(*args, **kwargs)
@@ -59,13 +64,15 @@ def measured(phases: dict[str, list[dict[str, float]]], name: str, inner: Any) -
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = bench_trl.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    trim = "--malloc-trim" in argv  # this script's own flag; the rest are bench_trl's
+    args = bench_trl.parse_args([a for a in argv if a != "--malloc-trim"])
     torch.set_num_threads(args.threads)
     cfg = bench_trl.tether_config(args, "/tmp/tether-bench-peak-phases")
     trainer = bench_trl.TetherBench(cfg, bench_trl.model_dir(cfg.model.name)).trainer
     phases: dict[str, list[dict[str, float]]] = {name: [] for name in PHASES}
     for name in PHASES:
-        setattr(trainer, name, measured(phases, name, getattr(trainer, name)))
+        setattr(trainer, name, measured(phases, name, getattr(trainer, name), trim))
     loaded_gb = status_gb("VmRSS")
     steps = []
     for step in range(args.warmup + args.steps):
@@ -79,6 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"date": dt.datetime.now().isoformat(timespec="seconds"), "command": " ".join(["python", *sys.argv]),
               "settings": vars(args) | {"config": str(args.config), "out": str(args.out)},
               "environment_variables": {k: os.environ[k] for k in MALLOC_VARIABLES if k in os.environ},
+              "malloc_trim_before_each_phase": trim,
               "loaded_rss_gb": loaded_gb, "steps": steps}
     out = args.out or bench_trl.RESULTS / f"{dt.date.today()}-peak-phases.json"
     out.write_text(json.dumps(result, indent=1))

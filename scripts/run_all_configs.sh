@@ -50,11 +50,13 @@ shipped() { (cd "$REPO" && find configs -name '*.yaml' -not -path 'configs/gpu/*
                  -not -name 'protocol*.yaml' | sort); }
 if [[ -n "$REPORT" ]]; then  # one line per selected config: its first finish (a later one may be a resume
     # that found the run finished), or that it never finished
-    ledgers=("$WORK/$ledger")
+    ledgers=()
+    [[ -f "$WORK/$ledger" ]] && ledgers+=("$WORK/$ledger")  # awk stops at a missing file: list only those there
     for dir in "${ALSO[@]}"; do
         [[ -f "$dir/$ledger" ]] || { echo "--also $dir: no $ledger there" >&2; exit 2; }
         ledgers+=("$dir/$ledger")
     done
+    [[ ${#ledgers[@]} -gt 0 ]] || ledgers=(/dev/null)  # no ledger yet: awk must not read the config list instead
     finished=0 total=0
     while read -r config; do
         [[ -n "$ONLY" && "$config" != *"$ONLY"* ]] && continue

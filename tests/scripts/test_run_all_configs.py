@@ -139,3 +139,17 @@ def test_a_ledger_keeps_what_ran_to_its_end_across_invocations_and_report_reads_
     missing = run(checkout, "--report", "--also", str(checkout / "nowhere"))
     assert missing.returncode == 2
     assert f"--also {checkout / 'nowhere'}: no finished.tsv there" in missing.stderr
+
+
+def test_report_counts_another_ledger_where_work_has_none_yet(checkout):
+    # a fresh WORK (a new session) with only the committed record: the old report passed awk the missing WORK
+    # ledger, which ended awk at once, and counted nothing
+    other = checkout / "record"
+    other.mkdir()
+    (other / "finished.tsv").write_text("2026-12-06T10:00:00Z\tabc1234\tconfigs/base.yaml\t5s\n")
+    lines = run(checkout, "--report", "--also", str(other)).stdout.splitlines()
+    assert lines[-1].startswith("1 of 8 configs have run to their end")
+    assert "finished  configs/base.yaml  2026-12-06T10:00:00Z at abc1234 (5s)" in lines
+    alone = run(checkout, "--report").stdout.splitlines()  # no ledger at all: every config "never", none skipped
+    assert alone[-1].startswith("0 of 8 configs have run to their end")
+    assert sum(line.startswith("never") for line in alone) == 8
