@@ -254,7 +254,7 @@ def build_trl(cfg: Any, path: str, task: Any, order: list[int], out_dir: str, be
         max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=1.0, top_k=0,
         learning_rate=o.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=o.weight_decay,
         adam_beta1=o.betas[0], adam_beta2=o.betas[1], max_grad_norm=o.grad_clip,
-        optim="adamw_torch",  # plain torch AdamW, as tether; TRL's default here is the fused one
+        optim="adamw_torch_fused",  # TRL's default; tether's AdamW is fused too (tether.optimizer)
         beta=0.0, loss_type="dapo", scale_rewards="group",
         epsilon=a.loss_kwargs.get("clip_low", 0.2), epsilon_high=a.loss_kwargs.get("clip_high", 0.2),
         use_vllm=False, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,

@@ -159,10 +159,11 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
 
     from tether.engine.hf import pad_token_id
     from tether.models.vision import text_tokenizer
+    from tether.optimizer import adamw
 
     pad = pad_token_id(text_tokenizer(tokenizer))
     total = sft_steps(len(train), s)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+    optimizer = adamw(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
     schedule = get_cosine_schedule_with_warmup(optimizer, int(s.warmup_ratio * total), total)
     model.eval()
     at = state.restore(model, optimizer, schedule) if state is not None and state.exists() else Progress()

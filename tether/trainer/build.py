@@ -30,6 +30,7 @@ from tether.models import load_policy
 from tether.models.chat_template import apply_chat_template
 from tether.models.layers import LayerCheckpointing, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
+from tether.optimizer import adamw
 from tether.rollout.asynchronous import asynchronous
 from tether.rollout.base import Collector
 from tether.rollout.collectors import collector_class
@@ -107,7 +108,7 @@ class TrainerBuild:
         # 4. optimiser and warm-up schedule
         o = cfg.optim
         trainable = [p for p in self.policy.parameters() if p.requires_grad]  # all, or the LoRA adapters
-        self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.optimizer = adamw(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
         self.tracker = run_tracker(cfg.logging, self.run_dir, dir_step(resume_from) if resume_from else 0) \
