@@ -152,6 +152,20 @@ def median_summary(records: list[dict[str, float]], warmup: int) -> dict[str, fl
     return out
 
 
+def ratio_interval(trl: list[dict[str, float]], tether: list[dict[str, float]], warmup: int,
+                   draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of median(TRL s/step) / median(tether s/step) over the timed steps,
+    resampled in pairs: step i of each trainer ran back to back, under the same load."""
+    import numpy as np
+
+    a = np.array([r["step_s"] for r in trl[warmup:]])
+    b = np.array([r["step_s"] for r in tether[warmup:]])
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(draws, len(a)))
+    ratios = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def derived(record: dict[str, float]) -> dict[str, float]:
     record["train_s"] = record["step_s"] - record["rollout_s"]
     record["rollout_tok_s"] = record["tokens"] / max(record["rollout_s"], 1e-9)
@@ -480,8 +494,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "setup": setup_facts(tether, trl), "summary": summary,
         "ratio_trl_over_tether_step_s": (summary["trl"]["step_s"] / summary["tether"]["step_s"]
                                          if len(summary) == 2 else None),
+        "ratio_95ci": (ratio_interval(records["trl"], records["tether"], args.warmup) if len(summary) == 2
+                       else None),
         "steps": records,
     }
+    if result["ratio_95ci"]:
+        lo, hi = result["ratio_95ci"]
+        print(f"95% interval of the ratio (steps resampled in pairs): [{lo:.2f}, {hi:.2f}]")
     out = results_path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
