@@ -160,6 +160,19 @@ def test_intervention_hook_runs_unchanged_with_images(vlm):
         torch.testing.assert_close(gen.sample_log_probs[i], ref, atol=2e-5, rtol=1e-4)
 
 
+def test_a_sampled_image_token_in_the_response_is_text_to_the_update_as_to_the_engine(vlm):
+    # A random policy samples its image token (configs/agents/sokoban_visual_grpo.yaml's step 4 did): the engine
+    # decodes it as text, so the update must not count it as one more image placeholder.
+    model, processor = vlm
+    rows = _prompts(processor)[:2]
+    image_id = model.config.image_token_id
+    gen = HFEngine(model, processor, eos_token_ids=[]).generate(rows, SamplingParams(max_new_tokens=4), seed=1,
+                                                                intervention=ForceToken(token=image_id))
+    assert gen.response_ids[0, 1] == image_id
+    lp, _ = response_log_probs(model, rows, gen.response_ids, gen.response_mask)
+    torch.testing.assert_close(lp, gen.sample_log_probs, atol=2e-5, rtol=1e-4)
+
+
 def test_vision_prompt_survives_pickling():
     _, processor = tiny_vlm("idefics3")
     prompt = _prompts(processor)[0]

@@ -21,8 +21,9 @@ use plain positions.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -198,6 +199,37 @@ def prompt_positions(model: Any, prompts: Sequence[Sequence[int]], input_ids: Te
     rope, deltas = owner.get_rope_index(input_ids, image_tokens, image_grid_thw=grids["image_grid_thw"],
                                         attention_mask=attention_mask)
     return torch.cat([position_ids[None], rope.to(position_ids)]), deltas.view(-1).to(position_ids)
+
+
+@contextlib.contextmanager
+def prompt_only_placeholders(model: Any, input_ids: Tensor, prompt_part: Tensor) -> Iterator[Tensor]:
+    """Within the block, the model's input embeddings embed ``input_ids`` as they are; yields the ids to pass
+    it, in which only the prompt's image tokens are image tokens.
+
+    A policy may sample its image token (a random or early policy does): the engine decoded it as text, its
+    own embedding at a text position, since only the prefill takes pixels. The model's forward counts image
+    tokens over the whole row (and the rope index marks them), so a row with one in its response would have
+    more placeholders than image features. Those response tokens become the pad id in the ids the model
+    matches against, while a hook on its input embeddings returns the embeddings of the real ids (the
+    families' forwards take ``input_ids`` or ``inputs_embeds``, not both). Rows without such a token pass
+    through untouched.
+
+    Args:
+        model: the vision-language model.
+        input_ids: ``[N, L]`` prompt and response ids.
+        prompt_part: ``[N, L]`` bool, True on prompt tokens.
+    """
+    in_response = (input_ids == model.config.image_token_id) & ~prompt_part
+    if not bool(in_response.any()):
+        yield input_ids
+        return
+    embedding = model.get_input_embeddings()
+    real = embedding(input_ids)
+    handle = embedding.register_forward_hook(lambda module, args, output: real)
+    try:
+        yield input_ids.masked_fill(in_response, model.config.get_text_config().pad_token_id or 0)
+    finally:
+        handle.remove()
 
 
 def later_positions(position_ids: Tensor, offsets: Tensor) -> Tensor:
