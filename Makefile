@@ -36,13 +36,14 @@ test-vllm:
 # TRL lives only in the benchmark's own environment (benchmarks/.venv-trl), never in tether's.
 # `make bench`: tether and TRL, each alone in its own process, at 24, 96 and 256 new tokens: seconds per RL step,
 # their ratio and peak resident memory in one table and benchmarks/results/<date>-lengths.json (docs/benchmarks.md).
-# tether runs with micro-batches of at most 1024 padded tokens, its setting for long responses. On an idle machine
+# tether runs with micro-batches of at most 1024 padded tokens and layer checkpointing, its settings for long
+# responses (TRL then checkpoints its layers too, its own default; bench_checkpointing.py). On an idle machine
 # only: the 256-token cells take many minutes a step. `make bench-quickstart`: full fine-tuning, then LoRA adapters
 # in both trainers, then full fine-tuning at equal work (every row sampled to the token limit), on the same config.
 bench: install
 	bash benchmarks/setup_trl.sh
 	benchmarks/.venv-trl/bin/python benchmarks/bench_lengths.py --steps 3 --warmup 1 \
-		--tether-override optim.max_tokens_per_micro_batch=1024
+		--tether-override optim.max_tokens_per_micro_batch=1024 --tether-override train.gradient_checkpointing=true
 
 # The quickstart step of both trainers in one process, alternating, 10 timed steps each (docs/benchmarks.md).
 bench-quickstart: install

@@ -2,7 +2,8 @@
 
     bash benchmarks/setup_trl.sh                      # once: benchmarks/.venv-trl with TRL and tether
     benchmarks/.venv-trl/bin/python benchmarks/bench_lengths.py --steps 3 --warmup 1 \\
-        --tether-override optim.max_tokens_per_micro_batch=1024        # `make bench`
+        --tether-override optim.max_tokens_per_micro_batch=1024 \
+        --tether-override train.gradient_checkpointing=true            # `make bench`
 
 For each ``--max-new-tokens`` budget (default 24, 96 and 256) the script runs ``bench_trl.py --only tether`` and
 then ``bench_trl.py --only trl`` (the quickstart's task and sizes, every setting matched as docs/benchmarks.md

@@ -132,6 +132,13 @@ def check_comparable(cfg: Any) -> None:
         raise SystemExit("config not comparable with the TRL setup: " + "; ".join(problems))
 
 
+def trl_gradient_checkpointing(cfg: Any) -> bool:
+    """TRL's layer checkpointing, matched to tether's: on only where tether's is ``true``. TRL's own default is
+    on; tether's ``auto`` checkpoints only micro-batches over its activation budget (each tether step's record
+    says how many did), which at the quickstart's sizes is none."""
+    return cfg.train.gradient_checkpointing is True
+
+
 def model_dir(name: str) -> str:
     """The local directory both trainers load (tether's float32 SmolLM2 conversion for the alias)."""
     from tether.models import SMOLLM2, ModelUnavailableError, smollm2_dir
@@ -258,9 +265,7 @@ def build_trl(cfg: Any, path: str, task: Any, order: list[int], out_dir: str, be
     rows = r.prompts_per_step * r.group_size
     args = GRPOConfig(
         output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, model_init_kwargs={"dtype": "float32"},
-        # TRL's default is True; tether's default (auto) checkpoints only micro-batches over its activation budget,
-        # and each tether step's record says how many did
-        gradient_checkpointing=False,
+        gradient_checkpointing=trl_gradient_checkpointing(cfg),
         seed=cfg.seed, max_steps=cfg.train.steps, shuffle_dataset=False, dataloader_num_workers=0,
         # one generation batch = one optimiser step: rows = per_device_train_batch_size x gradient_accumulation
         num_generations=r.group_size, per_device_train_batch_size=o.micro_batch_size,
