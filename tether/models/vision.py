@@ -210,9 +210,10 @@ def prompt_only_placeholders(model: Any, input_ids: Tensor, prompt_part: Tensor)
     own embedding at a text position, since only the prefill takes pixels. The model's forward counts image
     tokens over the whole row (and the rope index marks them), so a row with one in its response would have
     more placeholders than image features. Those response tokens become the pad id in the ids the model
-    matches against, while a hook on its input embeddings returns the embeddings of the real ids (the
-    families' forwards take ``input_ids`` or ``inputs_embeds``, not both). Rows without such a token pass
-    through untouched.
+    matches against, while a pre-hook on its input embeddings hands them the real ids (the families' forwards
+    take ``input_ids`` or ``inputs_embeds``, not both). The embedding itself still runs inside the model's
+    forward: after a sharded model gathers its weights, under a LoRA view's adapter state. Rows without such a
+    token pass through untouched.
 
     Args:
         model: the vision-language model.
@@ -223,11 +224,17 @@ def prompt_only_placeholders(model: Any, input_ids: Tensor, prompt_part: Tensor)
     if not bool(in_response.any()):
         yield input_ids
         return
-    embedding = model.get_input_embeddings()
-    real = embedding(input_ids)
-    handle = embedding.register_forward_hook(lambda module, args, output: real)
+    masked = input_ids.masked_fill(in_response, model.config.get_text_config().pad_token_id or 0)
+
+    def real_ids(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        ids = args[0] if args else None
+        if isinstance(ids, Tensor) and ids.shape == masked.shape and torch.equal(ids, masked):
+            return (input_ids, *args[1:])
+        return None
+
+    handle = model.get_input_embeddings().register_forward_pre_hook(real_ids)
     try:
-        yield input_ids.masked_fill(in_response, model.config.get_text_config().pad_token_id or 0)
+        yield masked
     finally:
         handle.remove()
 
