@@ -16,7 +16,6 @@ weights as one unpadded row at a time, with no padding between responses and no 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 from collections.abc import Sequence
@@ -29,13 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tether.algos.logprobs import token_log_probs
 from tether.models.lora import BaseModelView
-from tether.models.vision import (
-    check_vision_model,
-    has_images,
-    pixel_inputs,
-    prompt_only_placeholders,
-    prompt_positions,
-)
+from tether.models.vision import check_vision_model, has_images, vision_logits
 
 # Architectures whose logits are exactly ``lm_head(base_model(...).last_hidden_state)`` (no soft-capping,
 # logit scaling or extra head): for these the LM head runs on response positions only.
@@ -349,16 +342,12 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
     else:  # unknown architecture, or images: full logits, whatever the model does after its head
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
                                                                               response_mask)
-        pixels, placeholders = {}, contextlib.nullcontext(input_ids)
-        if images:  # each row's pixels once, as the engine's prefill took them; image tokens from the prompt only
-            pixels = pixel_inputs(prompt_ids, device)
+        if images:
             prompt_part = torch.arange(input_ids.shape[1], device=device)[None] <= index[:, :1]
-            placeholders = prompt_only_placeholders(model, input_ids, prompt_part)
-        with placeholders as input_ids:
-            if images:
-                position_ids, _ = prompt_positions(model, prompt_ids, input_ids, attention_mask, position_ids)
+            logits = vision_logits(model, prompt_ids, input_ids, attention_mask, position_ids, prompt_part)
+        else:
             logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=False, **pixels).logits
+                           use_cache=False).logits
         logits = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
         log_probs, entropy = token_log_probs(logits, response_ids.long(), temperature=temperature,
                                              chunk_size=chunk_size, with_entropy=with_entropy)

@@ -239,6 +239,25 @@ def prompt_only_placeholders(model: Any, input_ids: Tensor, prompt_part: Tensor)
         handle.remove()
 
 
+def vision_logits(model: Any, prompts: Sequence[Sequence[int]], input_ids: Tensor, attention_mask: Tensor,
+                  position_ids: Tensor, prompt_part: Tensor) -> Tensor:
+    """The logits ``[N, L, V]`` of a vision-language model over padded ``[prompt | response]`` rows: each row's
+    pixels once, as the engine's prefill took them, the positions of :func:`prompt_positions`, and image tokens
+    from the prompts only (:func:`prompt_only_placeholders`).
+
+    Args:
+        model: the vision-language model.
+        prompts: the N rows' prompts (:class:`VisionPrompt` rows carry the pixels).
+        input_ids, attention_mask, position_ids: ``[N, L]``, text positions counted from the mask.
+        prompt_part: ``[N, L]`` bool, True on prompt tokens.
+    """
+    pixels = pixel_inputs(prompts, input_ids.device)
+    with prompt_only_placeholders(model, input_ids, prompt_part) as ids:
+        positions, _ = prompt_positions(model, prompts, ids, attention_mask, position_ids)
+        return model(input_ids=ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                     **pixels).logits
+
+
 def later_positions(position_ids: Tensor, offsets: Tensor) -> Tensor:
     """Multimodal-RoPE positions ``[4, N, K]`` of tokens after the prompt, from their text positions ``[N, K]``."""
     rope = (position_ids + offsets[:, None])[None].expand(3, -1, -1)
