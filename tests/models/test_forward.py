@@ -211,7 +211,8 @@ def test_packing_needs_a_4d_mask_kernel_and_runs_under_layer_checkpointing(tiny_
 @pytest.mark.parametrize("chunk", [1, 7, 4096])
 def test_token_chunks_equal_the_full_logits_path_values_and_gradients(tiny_policy, monkeypatch, chunk):
     """Chunks of real response tokens across rows against the full [N, T, V] logits, in float64: one rounding of
-    the same sums (1e-12), for values, entropies and every parameter's gradient."""
+    the same sums (1e-12), for values, entropies and every parameter's gradient, the head's logits recomputed in
+    backward or kept (the same arithmetic: equal)."""
     model64 = copy.deepcopy(tiny_policy[0]).double()
     ids, mask = _responses([6, 3, 0, 5, 6, 1])
 
@@ -225,17 +226,41 @@ def test_token_chunks_equal_the_full_logits_path_values_and_gradients(tiny_polic
         return lp.detach(), ent.detach(), [p.grad.clone() for p in model64.parameters()]
 
     shapes = []
-    hook = model64.lm_head.register_forward_hook(lambda _m, args, _out: shapes.append(args[0].shape))
+    fused = forward.linear_log_probs
+    monkeypatch.setattr(forward, "linear_log_probs", lambda hidden, *a, **k: shapes.append(hidden.shape) or
+                        fused(hidden, *a, **k))
     chunked = run(chunk_size=chunk)
-    hook.remove()
     tokens = int(mask.sum())  # 21 real response tokens: padding never reaches the head
-    assert [s[1] for s in shapes[:len(shapes) // 2]] == [min(chunk, tokens - s) for s in range(0, tokens, chunk)]
-    assert max(s[1] for s in shapes) <= chunk  # one chunk's logits at a time, forward and recomputed backward
+    assert [s[0] for s in shapes] == [min(chunk, tokens - s) for s in range(0, tokens, chunk)]
+    kept = run(chunk_size=chunk, keep_head_logits=True)  # one matmul less, the same numbers
+    for got, want in zip(kept, chunked, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
     monkeypatch.setattr(forward, "PLAIN_HEAD_MODEL_TYPES", frozenset())  # the full-logits path, one chunk
     full = run(chunk_size=ids.shape[1])
     torch.testing.assert_close(chunked[0], full[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(chunked[1], full[1], rtol=0, atol=1e-12)
     for got, want in zip(chunked[2], full[2], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_hooked_head_is_called_and_gives_the_same_numbers(tiny_policy):
+    """A forward hook on the LM head (an interpretability probe, an adapter) must run: such a head is called,
+    through the checkpointed chunk, instead of having its weight read by linear_log_probs."""
+    model = copy.deepcopy(tiny_policy[0]).double()
+    ids, mask = _responses([6, 3, 2])
+
+    def run():
+        model.zero_grad()
+        lp, ent = response_log_probs(model, PROMPTS, ids, mask, temperature=0.7, with_entropy=True, chunk_size=4)
+        (lp.sum() + 0.3 * ent.sum()).backward()
+        return [lp.detach(), ent.detach(), *(p.grad.clone() for p in model.parameters())]
+
+    plain = run()
+    calls = []
+    model.lm_head.register_forward_hook(lambda *_: calls.append(1))
+    hooked = run()
+    assert len(calls) == 2 * 3  # 11 tokens in chunks of 4: each chunk forward, and again in backward
+    for got, want in zip(hooked, plain, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 

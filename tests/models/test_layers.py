@@ -11,7 +11,13 @@ from benchmarks.activation_factor import micro_batch_bytes
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
 from tether.models.forward import response_log_probs
-from tether.models.layers import ACTIVATION_FACTOR, activation_bytes, checkpoint_layers, decoder_layers
+from tether.models.layers import (
+    ACTIVATION_FACTOR,
+    activation_bytes,
+    checkpoint_layers,
+    decoder_layers,
+    head_logit_bytes,
+)
 
 
 def loss_and_saved_tensors(model, prompts, response, mask):
@@ -86,3 +92,12 @@ def test_the_activation_estimate_is_linear_and_fits_the_saved_tensors(tiny_polic
     step = saved[1] - saved[0]
     assert saved[2] - saved[1] == pytest.approx(step, rel=0.02)
     assert 0.8 < step / activation_bytes(c, 2 * 15, 4) < 1.25  # 19.3 vectors per token and layer here
+
+
+def test_the_head_logit_estimate_is_float32_per_token_and_vocabulary_entry(tiny_policy):
+    """The head keeps float32 log-probabilities whatever the parameters' width (bfloat16 ones included), float64
+    for a float64 model."""
+    c = tiny_policy[0].config
+    assert head_logit_bytes(c, 10, 4) == 10 * c.vocab_size * 4
+    assert head_logit_bytes(c, 10, 2) == head_logit_bytes(c, 10, 4)
+    assert head_logit_bytes(c, 10, 8) == 2 * head_logit_bytes(c, 10, 4)

@@ -33,9 +33,9 @@ def update(trainer: Trainer) -> tuple[torch.Tensor, dict[str, float], list[tuple
     shapes = []
     loss = trainer._micro_batch_loss
 
-    def spy(micro, *args):
+    def spy(micro, *args, **kwargs):
         shapes.append((len(micro), micro.width + max(len(p) for p in micro.prompt_ids)))
-        return loss(micro, *args)
+        return loss(micro, *args, **kwargs)
 
     trainer._micro_batch_loss = spy
     batch = fixed_batch()

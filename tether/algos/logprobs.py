@@ -33,12 +33,10 @@ def token_log_probs(logits: Tensor, targets: Tensor, *, temperature: float = 1.0
         block = logits[:, start:start + chunk_size].to(dtype)
         if temperature != 1.0:
             block = block / temperature
-        logz = torch.logsumexp(block, dim=-1)
-        picked = block.gather(-1, targets[:, start:start + chunk_size, None]).squeeze(-1)
-        out_lp.append(picked - logz)
-        if with_entropy:
-            probs = torch.softmax(block, dim=-1)
-            out_ent.append(logz - (probs * block).sum(-1))
+        log_p = block.log_softmax(-1)
+        out_lp.append(log_p.gather(-1, targets[:, start:start + chunk_size, None]).squeeze(-1))
+        if with_entropy:  # -sum p log p, as tether.models.head computes it
+            out_ent.append(-(log_p.exp() * log_p).sum(-1))
     log_probs = torch.cat(out_lp, dim=1)
     entropy = torch.cat(out_ent, dim=1) if with_entropy else None
     return log_probs, entropy

@@ -3,9 +3,11 @@
 Layout where rows are not packed (below): each row is ``[prompt | response]``, right-padded to the longest
 row, with position ids counted from the attention mask. Only the hidden states that predict real response
 tokens (padding left out) go through the LM head, in chunks of ``chunk_size`` tokens across rows
-(``train.logprob_chunk_tokens``); with autograd on, each chunk is checkpointed, so at most one chunk's
-``[chunk, V]`` logits exist at a time, forward or backward, whatever the rows and the response length
-(196 KB per token at a 49k vocabulary: 1,024 tokens are 201 MB, a 16 x 256 micro-batch's full logits 805 MB).
+(``train.logprob_chunk_tokens``), each with a backward written from the softmax (:mod:`tether.models.head`).
+Under autograd a chunk either recomputes its logits in backward, so at most one chunk's ``[chunk, V]`` logits
+exist at a time whatever the rows and the response length (196 KB per token at a 49k vocabulary: 1,024 tokens
+are 201 MB, a 16 x 256 micro-batch's full logits 805 MB), or keeps them, one matmul less (``keep_head_logits``:
+the trainer keeps them when it keeps the decoder layers' activations).
 
 Rows that share a prompt (a GRPO group: n samples of one prompt) run packed: the prompt once, then each
 response's tokens, in one sequence whose 4D mask lets each response see the prompt and its own earlier
@@ -27,6 +29,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from tether.algos.logprobs import token_log_probs
+from tether.models.head import linear_log_probs
 from tether.models.lora import BaseModelView
 from tether.models.vision import check_vision_model, has_images, vision_logits
 
@@ -233,9 +236,22 @@ def _head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temp
     return lp[0], (ent[0] if ent is not None else None)
 
 
+def _plain_linear_head(head: torch.nn.Module) -> bool:
+    """Whether the head is an ``nn.Linear`` that nothing hooks or wraps: :func:`~tether.models.head.linear_log_probs`
+    reads its weight without calling it, so a hook or a replaced ``forward`` would not run (such heads are called,
+    in a checkpointed chunk)."""
+    hooks = (head._forward_hooks, head._forward_pre_hooks, head._backward_hooks, head._backward_pre_hooks,
+             # every module's hooks (torch.nn.modules.module.register_module_forward_hook and the like)
+             *(getattr(torch.nn.modules.module, name, None) for name in (
+                 "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")))
+    return type(head) is torch.nn.Linear and "forward" not in vars(head) and not any(hooks)
+
+
 def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, response_mask: Tensor, *,
-                   temperature: float, with_entropy: bool, chunk_size: int) -> tuple[Tensor, Tensor | None]:
-    """The LM head over the real response tokens only, ``chunk_size`` tokens at a time (checkpointed under autograd).
+                   temperature: float, with_entropy: bool, chunk_size: int,
+                   keep_logits: bool = False) -> tuple[Tensor, Tensor | None]:
+    """The LM head over the real response tokens only, ``chunk_size`` tokens at a time.
 
     Args:
         head: the LM head (``model.get_output_embeddings()``).
@@ -244,6 +260,9 @@ def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, respo
         response_mask: 1 on real response tokens; the others never reach the head and get 0. [N, T]
         temperature, with_entropy: as :func:`~tether.algos.logprobs.token_log_probs`.
         chunk_size: tokens (across rows) per LM-head call.
+        keep_logits: under autograd, keep each chunk's ``[chunk, V]`` log-probabilities for backward instead of
+            recomputing them there (:func:`~tether.models.head.linear_log_probs`); the trainer keeps them when
+            it keeps the decoder layers' activations (``train.gradient_checkpointing``).
 
     Returns:
         (log_probs ``[N, T]``, entropy ``[N, T]`` or None), 0 where ``response_mask`` is 0.
@@ -253,13 +272,18 @@ def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, respo
         keep = torch.zeros_like(keep)
         keep[0, 0] = True
     flat_hidden, flat_targets = hidden[keep], targets[keep]  # [M, H], [M], row-major: masked_scatter's order
+    plain = _plain_linear_head(head)
     lps, ents = [], []
     for s in range(0, flat_hidden.shape[0], chunk_size):
-        args = (head, flat_hidden[s:s + chunk_size], flat_targets[s:s + chunk_size], temperature, with_entropy)
-        if torch.is_grad_enabled() and flat_hidden.requires_grad:
-            lp, ent = checkpoint(_head_log_probs, *args, use_reentrant=False)
+        chunk_hidden, chunk_targets = flat_hidden[s:s + chunk_size], flat_targets[s:s + chunk_size]
+        if plain:
+            lp, ent = linear_log_probs(chunk_hidden, head.weight, head.bias, chunk_targets, temperature=temperature,
+                                       with_entropy=with_entropy, keep_logits=keep_logits)
+        elif torch.is_grad_enabled() and flat_hidden.requires_grad:
+            lp, ent = checkpoint(_head_log_probs, head, chunk_hidden, chunk_targets, temperature, with_entropy,
+                                 use_reentrant=False)
         else:
-            lp, ent = _head_log_probs(*args)
+            lp, ent = _head_log_probs(head, chunk_hidden, chunk_targets, temperature, with_entropy)
         lps.append(lp)
         ents.append(ent)
     flat_lp = torch.cat(lps)
@@ -269,8 +293,8 @@ def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, respo
 
 
 def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,
-                    temperature: float, with_entropy: bool, chunk_size: int,
-                    pack: bool) -> tuple[Tensor, Tensor | None]:
+                    temperature: float, with_entropy: bool, chunk_size: int, pack: bool,
+                    keep_logits: bool) -> tuple[Tensor, Tensor | None]:
     """The decoder over the rows packed by prompt (:func:`pack_rows`), or over the right-padded rows, then the LM
     head on the real response tokens only, ``chunk_size`` tokens at a time (:func:`head_log_probs`).
 
@@ -287,12 +311,13 @@ def plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]], response_id
                       use_cache=False).last_hidden_state
         hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # [N, T, H]
     return head_log_probs(head, hidden, response_ids.long(), response_mask, temperature=temperature,
-                          with_entropy=with_entropy, chunk_size=chunk_size)
+                          with_entropy=with_entropy, chunk_size=chunk_size, keep_logits=keep_logits)
 
 
 def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Tensor,
                        response_mask: Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                       chunk_size: int = 1024, pack: bool = True) -> tuple[Tensor, Tensor | None]:
+                       chunk_size: int = 1024, pack: bool = True,
+                       keep_head_logits: bool = False) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | x, y_<t) / temperature-softmax for each response token, with autograd if it is on.
 
     Args:
@@ -310,6 +335,9 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
             (:func:`pack_rows`; plain-head architectures with eager or SDPA attention and prefix masks,
             otherwise ignored);
             False: right-padded rows (:func:`pack_prompt_response`).
+        keep_head_logits: under autograd, keep the LM head's log-probabilities for backward instead of
+            recomputing them (:func:`head_log_probs`; plain-head architectures): one matmul less, ``tokens x V``
+            floats more.
 
     Returns:
         (log_probs ``[N, T]``, entropy ``[N, T]`` or None), float32 (float64 for a float64 model),
@@ -318,7 +346,8 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
     if isinstance(model, BaseModelView):  # a LoRA policy's reference: the pass below reaches past model(...)
         with model.active():
             return response_log_probs(model.policy, prompt_ids, response_ids, response_mask, temperature=temperature,
-                                      with_entropy=with_entropy, chunk_size=chunk_size, pack=pack)
+                                      with_entropy=with_entropy, chunk_size=chunk_size, pack=pack,
+                                      keep_head_logits=keep_head_logits)
     device = next(model.parameters()).device
     response_ids, response_mask = response_ids.to(device), response_mask.to(device)
     if response_ids.shape[1] == 0:
@@ -338,7 +367,7 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         sharded = getattr(model, SHARDED_PASS, None)
         run = sharded or functools.partial(plain_head_pass, model)
         log_probs, entropy = run(prompt_ids, response_ids, response_mask, temperature, with_entropy, chunk_size,
-                                 pack)
+                                 pack, keep_head_logits)
     else:  # unknown architecture, or images: full logits, whatever the model does after its head
         input_ids, attention_mask, position_ids, index = pack_prompt_response(prompt_ids, response_ids,
                                                                               response_mask)

@@ -70,8 +70,19 @@ def activation_bytes(config: Any, tokens: int, element_size: int) -> float:
     (:func:`tether.models.forward.decoder_tokens`).
 
     ``tokens x hidden x layers x`` :data:`ACTIVATION_FACTOR` ``x element_size``: linear in each, as the
-    activations of a decoder are. The LM head is left out (tether checkpoints it in chunks), and so are the
-    transient buffers of backward. Under bf16 autocast, pass the parameters' element size: an over-estimate.
+    activations of a decoder are. The LM head's are :func:`head_logit_bytes`; the transient buffers of backward
+    are left out. Under bf16 autocast, pass the parameters' element size: an over-estimate.
     """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config  # a VLM's decoder
+    text = _text_config(config)
     return float(tokens) * text.hidden_size * text.num_hidden_layers * ACTIVATION_FACTOR * element_size
+
+
+def head_logit_bytes(config: Any, response_tokens: int, element_size: int) -> float:
+    """Bytes the LM head keeps for backward when it keeps its logits (``keep_head_logits``,
+    :func:`tether.models.head.linear_log_probs`): one float32 (float64 for a float64 model) log-probability per
+    response token and vocabulary entry, 196 KB per token at SmolLM2's 49,152."""
+    return float(response_tokens) * _text_config(config).vocab_size * max(4, element_size)
+
+
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config  # a VLM's decoder

@@ -28,7 +28,7 @@ from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
 from tether.models.forward import decoder_tokens, response_log_probs
-from tether.models.layers import activation_bytes
+from tether.models.layers import activation_bytes, head_logit_bytes
 from tether.rollout.batch import RolloutBatch
 
 if TYPE_CHECKING:
@@ -152,14 +152,14 @@ class StepPhases:
         metrics: dict[str, torch.Tensor] = {}
         self.optimizer.zero_grad(set_to_none=True)
         # this rank's share of the rows, by count or by token budget; normalisers stay the mini-batch's
-        activations = []  # (estimated GiB, checkpointed) of each micro-batch
+        activations = []  # (estimated GiB, layers recomputed, head logits kept) of each micro-batch
         for mb in self.strategy.micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
             micro = narrowed(mini.batch, mb.rows, lengths)
             activations.append(self._choose_checkpointing(micro))
             if mb.padding:
                 self._lock_step_pass(micro)
                 continue
-            loss, micro_metrics = self._micro_batch_loss(micro, mini)
+            loss, micro_metrics = self._micro_batch_loss(micro, mini, keep_head_logits=activations[-1][2])
             loss.backward()
             share = len(micro) / mini.num_seqs
             for k, v in micro_metrics.items():
@@ -175,23 +175,36 @@ class StepPhases:
             self._skip_update()
         metrics["actor/grad_norm"] = grad_norm
         # this rank's (a rank of a replicated run may have no rows of a small mini-batch)
-        metrics["perf/activation_gb"] = max((gb for gb, _ in activations), default=0.0)
-        metrics["perf/checkpointed_micro_batches"] = sum(on for _, on in activations) / max(1, len(activations))
+        metrics["perf/activation_gb"] = max((gb for gb, _, _ in activations), default=0.0)
+        metrics["perf/checkpointed_micro_batches"] = sum(on for _, on, _ in activations) / max(1, len(activations))
+        metrics["perf/head_logits_kept"] = sum(kept for _, _, kept in activations) / max(1, len(activations))
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
 
-    def _choose_checkpointing(self, micro: RolloutBatch) -> tuple[float, bool]:
-        """The micro-batch's estimated activation memory in GiB (:func:`~tether.models.layers.activation_bytes` of
-        the tokens its forward runs, :func:`~tether.models.forward.decoder_tokens`) and whether its decoder layers
-        recompute in backward. Under ``train.gradient_checkpointing: auto`` they do when the estimate exceeds
-        ``train.activation_memory_budget_gb``: small micro-batches keep the faster forward, large ones fit the
-        budget."""
+    def _choose_checkpointing(self, micro: RolloutBatch) -> tuple[float, bool, bool]:
+        """The micro-batch's estimated decoder activations in GiB (:func:`~tether.models.layers.activation_bytes` of
+        the tokens its forward runs, :func:`~tether.models.forward.decoder_tokens`), whether its decoder layers
+        recompute in backward, and whether its LM head keeps its logits for backward
+        (:func:`~tether.models.layers.head_logit_bytes` more) rather than recomputing them.
+
+        ``train.gradient_checkpointing``: true recomputes both, false keeps both; auto recomputes the layers when
+        their estimate exceeds ``train.activation_memory_budget_gb`` (small micro-batches keep the faster forward,
+        large ones fit the budget), and keeps the head's logits when the layers' and the head's estimates together
+        fit it: a micro-batch that the head alone takes over the budget recomputes one matmul, not every layer.
+        """
         tokens = decoder_tokens(self.policy, micro.prompt_ids, micro.response_mask)
-        gb = activation_bytes(self.policy.config, tokens, next(self.policy.parameters()).element_size()) / 2**30
-        if self.checkpointing is None:
-            return gb, False
-        if self.cfg.train.gradient_checkpointing == "auto":
-            self.checkpointing.on = gb > self.cfg.train.activation_memory_budget_gb
-        return gb, self.checkpointing.on
+        element_size = next(self.policy.parameters()).element_size()
+        config, budget = self.policy.config, self.cfg.train.activation_memory_budget_gb
+        decoder_gb = activation_bytes(config, tokens, element_size) / 2**30
+        if self.cfg.train.gradient_checkpointing != "auto":  # true: the switch is on (a benchmark may flip it)
+            layers = self.checkpointing is not None and self.checkpointing.on
+            return decoder_gb, layers, not layers
+        head_gb = head_logit_bytes(config, int((micro.response_mask > 0).sum()), element_size) / 2**30
+        layers = decoder_gb > budget
+        if self.checkpointing is not None:
+            self.checkpointing.on = layers
+        else:  # decoder layers that cannot be found never recompute
+            layers = False
+        return decoder_gb, layers, decoder_gb + head_gb <= budget
 
     def _skip_update(self) -> None:
         """A non-finite loss or gradient: no optimiser step (weights and optimiser state stay finite); a run where
@@ -213,14 +226,17 @@ class StepPhases:
                                               chunk_size=self.cfg.train.logprob_chunk_tokens)
         (log_probs.sum() * 0.0).backward()
 
-    def _micro_batch_loss(self, micro: RolloutBatch, mini: MiniBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of one micro-batch, normalised by its whole mini-batch ``mini``, with every method's term."""
+    def _micro_batch_loss(self, micro: RolloutBatch, mini: MiniBatch,
+                          keep_head_logits: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of one micro-batch, normalised by its whole mini-batch ``mini``, with every method's term;
+        ``keep_head_logits``: as :meth:`_choose_checkpointing` chose for it."""
         a = self.cfg.algorithm
         num_tokens, num_seqs = mini.num_tokens, mini.num_seqs
         with self.autocast():
-            log_probs, entropy = response_log_probs(self.policy, micro.prompt_ids, micro.response_ids,
-                                                    micro.response_mask, temperature=self.cfg.rollout.temperature,
-                                                    with_entropy=True, chunk_size=self.cfg.train.logprob_chunk_tokens)
+            log_probs, entropy = response_log_probs(
+                self.policy, micro.prompt_ids, micro.response_ids, micro.response_mask,
+                temperature=self.cfg.rollout.temperature, with_entropy=True,
+                chunk_size=self.cfg.train.logprob_chunk_tokens, keep_head_logits=keep_head_logits)
         old = micro.token.get("old_log_probs", log_probs.detach())
         c = self.cfg.rollout.correction  # the engine's mu against pi_old, on the tokens parity compares
         corr = None if c.mode == "none" else algos.rollout_correction(
