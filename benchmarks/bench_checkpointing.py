@@ -61,16 +61,22 @@ def timed_update(trainer: Any, batch: Any, recompute: bool) -> dict[str, float]:
             "checkpointed": metrics["perf/checkpointed_micro_batches"], "activation_gb": metrics["perf/activation_gb"]}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parsed(argv: list[str] | None, reps: int) -> tuple[Any, int]:
+    """bench_trl.py's flags and this script's ``--reps`` (default ``reps``); the thread count set, and
+    ``train.gradient_checkpointing: true`` added so that the layers' switch exists."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    reps = 5
-    if "--reps" in argv:  # this script's own flag; the rest are bench_trl's
+    if "--reps" in argv:
         i = argv.index("--reps")
         reps = int(argv[i + 1])
         del argv[i:i + 2]
     args = bench_trl.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.tether_override = [*args.tether_override, "train.gradient_checkpointing=true"]
+    return args, reps
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args, reps = parsed(argv, reps=5)
     cfg = bench_trl.tether_config(args, "/tmp/tether-bench-checkpointing")
     trainer = bench_trl.TetherBench(cfg, bench_trl.model_dir(cfg.model.name)).trainer
     batch = prepared_batch(trainer)

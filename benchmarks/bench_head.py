@@ -93,15 +93,7 @@ def described(name: str, mode: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    reps = 6
-    if "--reps" in argv:  # this script's own flag; the rest are bench_trl's
-        i = argv.index("--reps")
-        reps = int(argv[i + 1])
-        del argv[i:i + 2]
-    args = bench_trl.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    args.tether_override = [*args.tether_override, "train.gradient_checkpointing=true"]  # the switch exists
+    args, reps = bench_checkpointing.parsed(argv, reps=6)
     cfg = bench_trl.tether_config(args, "/tmp/tether-bench-head")
     trainer = bench_trl.TetherBench(cfg, bench_trl.model_dir(cfg.model.name)).trainer
     batch = bench_checkpointing.prepared_batch(trainer)
