@@ -5,7 +5,9 @@ decoder layers' activations kept and recomputed in turn.
         [--tether-override optim.max_tokens_per_micro_batch=1024]
 
 The quickstart's trainer as ``bench_trl.py`` builds it (its flags), with ``train.gradient_checkpointing: true`` so
-the switch exists. It samples one batch, scores it, makes its advantages and runs one warm-up update (AdamW's
+the switch exists. Since 2026-12-07 the LM head follows the switch (its logits kept where the layers are and the
+budget fits them), so "kept" keeps both and "recomputed" recomputes both; the 2026-12-06 results recomputed the
+head in both modes. It samples one batch, scores it, makes its advantages and runs one warm-up update (AdamW's
 state exists from then on, as in every later step of a run). Then, ``--reps`` times and in alternating order,
 each mode restores the weights and optimiser state of that moment and updates a copy of the same batch, timed,
 with the process's peak resident set reset before (``/proc/self/clear_refs``) and read after (``VmHWM``).

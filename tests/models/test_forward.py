@@ -225,14 +225,22 @@ def test_token_chunks_equal_the_full_logits_path_values_and_gradients(tiny_polic
         (lp.sum() + 0.3 * ent.sum()).backward()
         return lp.detach(), ent.detach(), [p.grad.clone() for p in model64.parameters()]
 
-    shapes = []
+    shapes, keeps = [], []
     fused = forward.linear_log_probs
-    monkeypatch.setattr(forward, "linear_log_probs", lambda hidden, *a, **k: shapes.append(hidden.shape) or
-                        fused(hidden, *a, **k))
+
+    def recording(hidden, *a, keep_logits, **k):
+        shapes.append(hidden.shape)
+        keeps.append(keep_logits)
+        return fused(hidden, *a, keep_logits=keep_logits, **k)
+
+    monkeypatch.setattr(forward, "linear_log_probs", recording)
     chunked = run(chunk_size=chunk)
     tokens = int(mask.sum())  # 21 real response tokens: padding never reaches the head
     assert [s[0] for s in shapes] == [min(chunk, tokens - s) for s in range(0, tokens, chunk)]
+    assert not any(keeps)
+    keeps.clear()
     kept = run(chunk_size=chunk, keep_head_logits=True)  # one matmul less, the same numbers
+    assert keeps and all(keeps)  # the flag reached every chunk
     for got, want in zip(kept, chunked, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     monkeypatch.setattr(forward, "PLAIN_HEAD_MODEL_TYPES", frozenset())  # the full-logits path, one chunk

@@ -40,7 +40,8 @@ def checkpointed_update(policy, path, monkeypatch, *overrides: str, setup=None):
     choose = trainer._choose_checkpointing
     trainer._choose_checkpointing = lambda *a: choices.append(choose(*a)) or choices[-1]
     grad, metrics, _ = update(trainer)
-    assert kept == [keep for _, _, keep in choices]  # the loss pass's head did as chosen
+    # the loss pass's head did as chosen (a head that never runs linear_log_probs is never counted as keeping)
+    assert kept == [keep for _, _, keep in choices] if kept else not any(keep for _, _, keep in choices)
     assert not any(on and keep for _, on, keep in choices)  # recomputed layers: the head recomputes too
     return grad, metrics, choices, len(calls)
 
@@ -72,11 +73,25 @@ def test_auto_checkpoints_the_micro_batches_above_the_budget(tiny_policy, tmp_pa
 
 
 def test_true_and_false_keep_their_meaning(tiny_policy, tmp_path, monkeypatch):
-    for setting, checkpointed in (("true", 1), ("false", 0)):
-        _, metrics, _, _ = checkpointed_update(tiny_policy, tmp_path / setting, monkeypatch,
+    """true recomputes the layers and the head, false never the layers; under false the head keeps its logits
+    where the budget fits them (a tiny one here) and recomputes them where it does not (1e-9 GiB)."""
+    for setting, budget, checkpointed, kept in (("true", 4, 1, 0), ("false", 4, 0, 1), ("false", 1e-9, 0, 0)):
+        _, metrics, _, _ = checkpointed_update(tiny_policy, tmp_path / f"{setting}{budget}", monkeypatch,
                                                f"train.gradient_checkpointing={setting}",
-                                               "train.activation_memory_budget_gb=1e-9")
+                                               f"train.activation_memory_budget_gb={budget}")
         assert metrics["perf/checkpointed_micro_batches"] == checkpointed
+        assert metrics["perf/head_logits_kept"] == kept
+
+
+def test_a_head_called_as_a_module_is_not_counted_as_keeping(tiny_policy, tmp_path, monkeypatch):
+    """A hooked head ignores keep_head_logits (it is called, checkpointed): the metric says so."""
+    def hooked(trainer):
+        trainer.policy.get_output_embeddings().register_forward_hook(lambda *_: None)
+
+    _, metrics, choices, _ = checkpointed_update(tiny_policy, tmp_path, monkeypatch,
+                                                 "train.gradient_checkpointing=false", setup=hooked)
+    assert choices and not any(keep for _, _, keep in choices)
+    assert metrics["perf/head_logits_kept"] == 0
 
 
 def test_the_estimates_of_the_decoder_and_the_head_and_what_auto_does_between_them(tiny_policy, tmp_path,
@@ -91,11 +106,12 @@ def test_the_estimates_of_the_decoder_and_the_head_and_what_auto_does_between_th
     def written_out(trainer):
         choose = trainer._choose_checkpointing
 
-        def spy(micro):
+        def spy(micro, response_tokens):
+            assert response_tokens == int(micro.response_mask.sum())  # prefix masks here: exact
             tokens = len(micro) * (micro.width + max(len(p) for p in micro.prompt_ids))  # right-padded rows
             sizes.append((tokens * c.hidden_size * c.num_hidden_layers * layers.ACTIVATION_FACTOR * 8 / 2**30,
-                          int(micro.response_mask.sum()) * c.vocab_size * 8 / 2**30))
-            return choose(micro)
+                          response_tokens * c.vocab_size * 8 / 2**30))
+            return choose(micro, response_tokens)
         trainer._choose_checkpointing = spy
 
     want, _, choices, _ = checkpointed_update(tiny_policy, tmp_path / "all", monkeypatch, setup=written_out)

@@ -286,14 +286,15 @@ class TrainConfig(DeviceConfig):
     overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir, "
                             "delete that run's checkpoints, best/ and metric rows instead of refusing to start")
     gradient_checkpointing: bool | Literal["auto"] = Field(
-        "auto", description="recompute each decoder layer, and the LM head's logits, in backward instead of keeping "
-        "their activations (less memory, about one more forward): true, false, or auto: for each micro-batch whose "
-        "estimated activations exceed train.activation_memory_budget_gb (docs/design.md)")
+        "auto", description="recompute each decoder layer in backward instead of keeping its activations (less "
+        "memory, about one more forward): true, false, or auto: for each micro-batch whose estimated activations "
+        "exceed train.activation_memory_budget_gb; recomputed layers come with a recomputed LM head (docs/design.md)")
     activation_memory_budget_gb: float = Field(
         4.0, gt=0, description="gradient_checkpointing=auto: checkpoint a micro-batch whose estimated activations, "
         "the tokens its forward runs (packed rows, padding included) x hidden size x decoder layers x 19.5 x bytes "
-        "per parameter (measured on SmolLM2), exceed this many GiB; the LM head keeps its logits (response "
-        "tokens x vocabulary x 4 bytes, 8 for float64) where both estimates together fit it")
+        "per parameter (measured on SmolLM2), exceed this many GiB; where the layers are kept, the LM head keeps its "
+        "logits for backward (response tokens x vocabulary x 4 bytes, 8 for float64) when both estimates together "
+        "fit it")
     logprob_chunk_tokens: int = Field(1024, ge=1, description="response tokens (across the rows of a micro-batch) "
                                       "per LM-head call in every trainer forward: the float32 logits of one call, "
                                       "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (201 MB at "

@@ -7,7 +7,7 @@ tokens (padding left out) go through the LM head, in chunks of ``chunk_size`` to
 Under autograd a chunk either recomputes its logits in backward, so at most one chunk's ``[chunk, V]`` logits
 exist at a time whatever the rows and the response length (196 KB per token at a 49k vocabulary: 1,024 tokens
 are 201 MB, a 16 x 256 micro-batch's full logits 805 MB), or keeps them, one matmul less (``keep_head_logits``:
-the trainer keeps them when it keeps the decoder layers' activations).
+the trainer keeps them where memory allows, docs/design.md).
 
 Rows that share a prompt (a GRPO group: n samples of one prompt) run packed: the prompt once, then each
 response's tokens, in one sequence whose 4D mask lets each response see the prompt and its own earlier
@@ -236,16 +236,38 @@ def _head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temp
     return lp[0], (ent[0] if ent is not None else None)
 
 
+_LINEAR_FORWARD = torch.nn.Linear.forward
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
 def _plain_linear_head(head: torch.nn.Module) -> bool:
-    """Whether the head is an ``nn.Linear`` that nothing hooks or wraps: :func:`~tether.models.head.linear_log_probs`
-    reads its weight without calling it, so a hook or a replaced ``forward`` would not run (such heads are called,
-    in a checkpointed chunk)."""
-    hooks = (head._forward_hooks, head._forward_pre_hooks, head._backward_hooks, head._backward_pre_hooks,
-             # every module's hooks (torch.nn.modules.module.register_module_forward_hook and the like)
-             *(getattr(torch.nn.modules.module, name, None) for name in (
-                 "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks")))
-    return type(head) is torch.nn.Linear and "forward" not in vars(head) and not any(hooks)
+    """Whether the head is an ``nn.Linear`` that nothing hooks, wraps or quantises:
+    :func:`~tether.models.head.linear_log_probs` reads its weight without calling it, so a hook or a replaced
+    ``forward`` would not run (such heads are called, in a checkpointed chunk)."""
+    module_hooks = (head._forward_hooks, head._forward_pre_hooks, head._backward_hooks, head._backward_pre_hooks)
+    # every module's hooks (register_module_forward_hook and the like); a torch without these names: not plain
+    global_hooks = (getattr(torch.nn.modules.module, name, True) for name in _GLOBAL_HOOKS)
+    return (type(head) is torch.nn.Linear and torch.nn.Linear.forward is _LINEAR_FORWARD
+            and "forward" not in vars(head) and type(head.weight.data) is torch.Tensor
+            and not any(module_hooks) and not any(global_hooks))
+
+
+def _plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]]) -> bool:
+    """Whether :func:`response_log_probs` runs the decoder and then the head on response tokens only
+    (:func:`plain_head_pass`), rather than the model's own forward over full logits."""
+    plain_type = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    return (plain_type and not has_images(prompt_ids) and base is not None
+            and model.get_output_embeddings() is not None)
+
+
+def head_logits_can_be_kept(model: Any, prompt_ids: Sequence[Sequence[int]]) -> bool:
+    """Whether ``response_log_probs(..., keep_head_logits=True)`` keeps the head's logits for ``model`` and these
+    prompts: the plain-head pass with a plain ``nn.Linear`` head (others ignore the flag)."""
+    if isinstance(model, BaseModelView):
+        model = model.policy
+    return _plain_head_pass(model, prompt_ids) and _plain_linear_head(model.get_output_embeddings())
 
 
 def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, response_mask: Tensor, *,
@@ -261,8 +283,8 @@ def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, respo
         temperature, with_entropy: as :func:`~tether.algos.logprobs.token_log_probs`.
         chunk_size: tokens (across rows) per LM-head call.
         keep_logits: under autograd, keep each chunk's ``[chunk, V]`` log-probabilities for backward instead of
-            recomputing them there (:func:`~tether.models.head.linear_log_probs`); the trainer keeps them when
-            it keeps the decoder layers' activations (``train.gradient_checkpointing``).
+            recomputing them there (:func:`~tether.models.head.linear_log_probs`); the trainer keeps them where
+            memory allows (``train.gradient_checkpointing``, docs/design.md).
 
     Returns:
         (log_probs ``[N, T]``, entropy ``[N, T]`` or None), 0 where ``response_mask`` is 0.
@@ -355,13 +377,10 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
         return empty, (empty.clone() if with_entropy else None)
     if len(prompt_ids) != response_ids.shape[0]:
         raise ValueError(f"{len(prompt_ids)} prompts for {response_ids.shape[0]} responses")
-    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    head = model.get_output_embeddings()
     images = has_images(prompt_ids)
     if images:
         check_vision_model(model)
-    plain = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES and not images
-    if plain and base is not None and head is not None:
+    if _plain_head_pass(model, prompt_ids):
         # A sharded model carries this pass as one of its registered forward methods (see
         # tether.distributed.fsdp): the root's gather and gradient-reduce hooks must wrap it as they wrap model(...).
         sharded = getattr(model, SHARDED_PASS, None)

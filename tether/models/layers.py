@@ -73,16 +73,12 @@ def activation_bytes(config: Any, tokens: int, element_size: int) -> float:
     activations of a decoder are. The LM head's are :func:`head_logit_bytes`; the transient buffers of backward
     are left out. Under bf16 autocast, pass the parameters' element size: an over-estimate.
     """
-    text = _text_config(config)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config  # a VLM's decoder
     return float(tokens) * text.hidden_size * text.num_hidden_layers * ACTIVATION_FACTOR * element_size
 
 
-def head_logit_bytes(config: Any, response_tokens: int, element_size: int) -> float:
+def head_logit_bytes(vocab_size: int, response_tokens: int, element_size: int) -> float:
     """Bytes the LM head keeps for backward when it keeps its logits (``keep_head_logits``,
     :func:`tether.models.head.linear_log_probs`): one float32 (float64 for a float64 model) log-probability per
-    response token and vocabulary entry, 196 KB per token at SmolLM2's 49,152."""
-    return float(response_tokens) * _text_config(config).vocab_size * max(4, element_size)
-
-
-def _text_config(config: Any) -> Any:
-    return config.get_text_config() if hasattr(config, "get_text_config") else config  # a VLM's decoder
+    response token and vocabulary entry (the head's output features), 196 KB per token at SmolLM2's 49,152."""
+    return float(response_tokens) * vocab_size * max(4, element_size)

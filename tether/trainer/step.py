@@ -27,7 +27,7 @@ from tether.distributed.strategy import own_micro_batches
 from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
-from tether.models.forward import decoder_tokens, response_log_probs
+from tether.models.forward import decoder_tokens, head_logits_can_be_kept, response_log_probs
 from tether.models.layers import activation_bytes, head_logit_bytes
 from tether.rollout.batch import RolloutBatch
 
@@ -155,11 +155,14 @@ class StepPhases:
         activations = []  # (estimated GiB, layers recomputed, head logits kept) of each micro-batch
         for mb in self.strategy.micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
             micro = narrowed(mini.batch, mb.rows, lengths)
-            activations.append(self._choose_checkpointing(micro))
+            # response columns: the tokens, or an upper bound where a row's mask has holes
+            gb, layers, keep_head = self._choose_checkpointing(micro, sum(lengths[r][1] for r in mb.rows))
             if mb.padding:
+                activations.append((gb, layers, False))  # the lock-step pass recomputes its head's logits
                 self._lock_step_pass(micro)
                 continue
-            loss, micro_metrics = self._micro_batch_loss(micro, mini, keep_head_logits=activations[-1][2])
+            activations.append((gb, layers, keep_head))
+            loss, micro_metrics = self._micro_batch_loss(micro, mini, keep_head_logits=keep_head)
             loss.backward()
             share = len(micro) / mini.num_seqs
             for k, v in micro_metrics.items():
@@ -180,31 +183,30 @@ class StepPhases:
         metrics["perf/head_logits_kept"] = sum(kept for _, _, kept in activations) / max(1, len(activations))
         return {k: float(v) for k, v in metrics.items()}  # one host sync per mini-batch
 
-    def _choose_checkpointing(self, micro: RolloutBatch) -> tuple[float, bool, bool]:
+    def _choose_checkpointing(self, micro: RolloutBatch, response_tokens: int) -> tuple[float, bool, bool]:
         """The micro-batch's estimated decoder activations in GiB (:func:`~tether.models.layers.activation_bytes` of
         the tokens its forward runs, :func:`~tether.models.forward.decoder_tokens`), whether its decoder layers
-        recompute in backward, and whether its LM head keeps its logits for backward
-        (:func:`~tether.models.layers.head_logit_bytes` more) rather than recomputing them.
+        recompute in backward, and whether its LM head keeps its logits for backward rather than recomputing them.
 
-        ``train.gradient_checkpointing``: true recomputes both, false keeps both; auto recomputes the layers when
-        their estimate exceeds ``train.activation_memory_budget_gb`` (small micro-batches keep the faster forward,
-        large ones fit the budget), and keeps the head's logits when the layers' and the head's estimates together
-        fit it: a micro-batch that the head alone takes over the budget recomputes one matmul, not every layer.
-        """
+        The layers: ``train.gradient_checkpointing`` true recomputes them (a benchmark may flip the switch), false
+        keeps them, auto recomputes them when their estimate exceeds ``train.activation_memory_budget_gb`` (small
+        micro-batches keep the faster forward, large ones fit the budget). The head keeps its logits
+        (:func:`~tether.models.layers.head_logit_bytes` more, one matmul less) where the layers are kept and both
+        estimates together fit the budget: a micro-batch that the head alone takes over it recomputes one matmul,
+        not every layer. Heads that the pass calls as modules recompute
+        (:func:`~tether.models.forward.head_logits_can_be_kept`)."""
         tokens = decoder_tokens(self.policy, micro.prompt_ids, micro.response_mask)
         element_size = next(self.policy.parameters()).element_size()
-        config, budget = self.policy.config, self.cfg.train.activation_memory_budget_gb
-        decoder_gb = activation_bytes(config, tokens, element_size) / 2**30
-        if self.cfg.train.gradient_checkpointing != "auto":  # true: the switch is on (a benchmark may flip it)
-            layers = self.checkpointing is not None and self.checkpointing.on
-            return decoder_gb, layers, not layers
-        head_gb = head_logit_bytes(config, int((micro.response_mask > 0).sum()), element_size) / 2**30
-        layers = decoder_gb > budget
-        if self.checkpointing is not None:
-            self.checkpointing.on = layers
-        else:  # decoder layers that cannot be found never recompute
-            layers = False
-        return decoder_gb, layers, decoder_gb + head_gb <= budget
+        budget = self.cfg.train.activation_memory_budget_gb
+        decoder_gb = activation_bytes(self.policy.config, tokens, element_size) / 2**30
+        if self.cfg.train.gradient_checkpointing == "auto" and self.checkpointing is not None:
+            self.checkpointing.on = decoder_gb > budget
+        layers = self.checkpointing is not None and self.checkpointing.on  # None: false, or no layers found
+        if layers or not head_logits_can_be_kept(self.policy, micro.prompt_ids):
+            return decoder_gb, layers, False
+        vocab = self.policy.get_output_embeddings().weight.shape[0]
+        head_gb = head_logit_bytes(vocab, response_tokens, element_size) / 2**30
+        return decoder_gb, False, decoder_gb + head_gb <= budget
 
     def _skip_update(self) -> None:
         """A non-finite loss or gradient: no optimiser step (weights and optimiser state stay finite); a run where
