@@ -77,3 +77,22 @@ def test_shape_mismatch():
     logits, targets = _data()
     with pytest.raises(ValueError, match="disagree"):
         token_log_probs(logits, targets[:, :-1])
+
+
+def test_masked_logits_give_finite_entropies_and_gradients():
+    """A model that sets some vocabulary entries to -inf: they carry no probability, add nothing to the entropy
+    (0 log 0 = 0) and get no gradient; the rest is the distribution over the others."""
+    logits, targets = _data(torch.float64, shape=(2, 3, 7))
+    masked = logits.clone()
+    masked[..., 5:] = float("-inf")
+    targets = targets % 5
+    leaf = masked.clone().requires_grad_()
+    lp, ent = token_log_probs(leaf, targets, chunk_size=2, with_entropy=True)
+    (lp.sum() + 0.3 * ent.sum()).backward()
+    ref_leaf = logits[..., :5].clone().requires_grad_()
+    ref_lp, ref_ent = _reference(ref_leaf, targets, 1.0)
+    (ref_lp.sum() + 0.3 * ref_ent.sum()).backward()
+    torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-12)
+    assert torch.isfinite(leaf.grad).all() and not leaf.grad[..., 5:].any()
+    torch.testing.assert_close(leaf.grad[..., :5], ref_leaf.grad, rtol=0, atol=1e-12)

@@ -35,8 +35,8 @@ def token_log_probs(logits: Tensor, targets: Tensor, *, temperature: float = 1.0
             block = block / temperature
         log_p = block.log_softmax(-1)
         out_lp.append(log_p.gather(-1, targets[:, start:start + chunk_size, None]).squeeze(-1))
-        if with_entropy:  # -sum p log p, as tether.models.head computes it
-            out_ent.append(-(log_p.exp() * log_p).sum(-1))
+        if with_entropy:  # -sum p log p, as tether.models.head computes it; 0 log 0 = 0 for masked (-inf) logits
+            out_ent.append(-(log_p.exp() * log_p.masked_fill(log_p.isneginf(), 0.0)).sum(-1))
     log_probs = torch.cat(out_lp, dim=1)
     entropy = torch.cat(out_ent, dim=1) if with_entropy else None
     return log_probs, entropy
