@@ -98,6 +98,20 @@ def test_every_shipped_config_validates(path):
     load_checked_config(path, command=config_command(path))
 
 
+def test_no_two_shipped_configs_share_a_run_dir():
+    """Run one after the other as shipped, two configs writing one run_dir would have the second refuse to resume
+    the first's run (different settings): found by scripts/run_all_configs.sh (issue #43)."""
+    import yaml
+
+    owners: dict[str, list[str]] = {}
+    for path in SHIPPED:
+        run_dir = (yaml.safe_load(path.read_text()) or {}).get("run_dir") if path.stem != "protocol" else None
+        if run_dir:
+            owners.setdefault(run_dir, []).append(str(path.relative_to(ROOT)))
+    assert len(owners) > 20
+    assert {d: paths for d, paths in owners.items() if len(paths) > 1} == {}
+
+
 @pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem == "protocol"], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_shipped_protocol_passes_the_checks_made_before_any_run(path, monkeypatch):
     from tether.lab.experiment import check_protocol, load_protocol
