@@ -253,13 +253,13 @@ def _plain_linear_head(head: torch.nn.Module) -> bool:
             and not any(module_hooks) and not any(global_hooks))
 
 
-def _plain_head_pass(model: Any, prompt_ids: Sequence[Sequence[int]]) -> bool:
+def _plain_head_pass(model: Any, images: bool) -> bool:
     """Whether :func:`response_log_probs` runs the decoder and then the head on response tokens only
-    (:func:`plain_head_pass`), rather than the model's own forward over full logits."""
+    (:func:`plain_head_pass`), rather than the model's own forward over full logits; ``images``: whether the
+    prompts carry pixels (:func:`~tether.models.vision.has_images`)."""
     plain_type = getattr(model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    return (plain_type and not has_images(prompt_ids) and base is not None
-            and model.get_output_embeddings() is not None)
+    return plain_type and not images and base is not None and model.get_output_embeddings() is not None
 
 
 def head_logits_can_be_kept(model: Any, prompt_ids: Sequence[Sequence[int]]) -> bool:
@@ -267,7 +267,7 @@ def head_logits_can_be_kept(model: Any, prompt_ids: Sequence[Sequence[int]]) -> 
     prompts: the plain-head pass with a plain ``nn.Linear`` head (others ignore the flag)."""
     if isinstance(model, BaseModelView):
         model = model.policy
-    return _plain_head_pass(model, prompt_ids) and _plain_linear_head(model.get_output_embeddings())
+    return _plain_head_pass(model, has_images(prompt_ids)) and _plain_linear_head(model.get_output_embeddings())
 
 
 def head_log_probs(head: torch.nn.Module, hidden: Tensor, targets: Tensor, response_mask: Tensor, *,
@@ -380,7 +380,7 @@ def response_log_probs(model: Any, prompt_ids: Sequence[Sequence[int]], response
     images = has_images(prompt_ids)
     if images:
         check_vision_model(model)
-    if _plain_head_pass(model, prompt_ids):
+    if _plain_head_pass(model, images):
         # A sharded model carries this pass as one of its registered forward methods (see
         # tether.distributed.fsdp): the root's gather and gradient-reduce hooks must wrap it as they wrap model(...).
         sharded = getattr(model, SHARDED_PASS, None)
