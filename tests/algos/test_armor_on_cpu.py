@@ -68,6 +68,27 @@ def test_mixed_ratio_is_one_at_theta_old(make_inputs):
     torch.testing.assert_close(out.loss, expected)
 
 
+@pytest.mark.parametrize("scope", ["all", "anchors"])
+def test_ratio_and_gradient_weight_metrics_away_from_theta_old(scope, make_inputs):
+    # Perturbed log-probs (drift 0.3), so the ratios spread around 1; computed in probability space, not log.
+    inputs = make_inputs(seed=7)
+    alpha = 0.75
+    out = armor(inputs, alpha=alpha, scope=scope)
+    pi, pi_old, pi_ref = (t.detach().exp() for t in (inputs.log_probs, inputs.old_log_probs, inputs.ref_log_probs))
+    mixed = torch.ones_like(pi, dtype=torch.bool) if scope == "all" else (inputs.source == 1)[:, None].expand_as(pi)
+    ratio = torch.where(mixed, (alpha * pi + (1 - alpha) * pi_ref) / (alpha * pi_old + (1 - alpha) * pi_ref),
+                        pi / pi_old)
+    weight = torch.where(mixed, alpha * pi / (alpha * pi + (1 - alpha) * pi_ref), torch.ones_like(pi))
+    real = inputs.response_mask > 0
+    ratio, weight = ratio[real], weight[real]
+    assert ratio.min() < 0.9 and ratio.max() > 1.1 and weight.min() < 0.9  # the metrics are not pinned at 1
+    expected = {"armor/mix_ratio_mean": ratio.mean(), "armor/mix_ratio_min": ratio.min(),
+                "armor/mix_ratio_max": ratio.max(), "armor/grad_weight_mean": weight.mean(),
+                "armor/grad_weight_min": weight.min()}
+    for key, value in expected.items():
+        assert out.metrics[key].item() == pytest.approx(value.item(), rel=1e-12, abs=0), key
+
+
 @pytest.mark.parametrize("alpha", [0.5, 0.875])
 def test_clip_boundary_of_eq6(alpha):
     # Eq. 6: r_mix = 1 + eps  <=>  pi = (1 + eps) pi_old + eps (1 - a)/a pi_ref (and the mirror for 1 - eps).

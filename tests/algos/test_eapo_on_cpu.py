@@ -89,6 +89,44 @@ def test_hand_computed_weights():
     torch.testing.assert_close(grad, torch.tensor([[f_prime[0], -1.0, f_prime[1]]], dtype=torch.float64))
 
 
+def test_hand_computed_weight_metrics():
+    # The inputs of test_hand_computed_weights (gated rho 1.5 and 1.2, ungated 2 ignored), then two more rows
+    # for seq_gated: W = 0.3/0.25 = 1.2 (above 1, below the cap) and W = 0.2/0.4 = 0.5 (its last token padded).
+    old = torch.log(torch.tensor([[0.6, 0.5, 0.3], [0.3, 0.5, 0.5], [0.2, 0.5, 0.5]], dtype=torch.float64))
+    behaviour = torch.log(torch.tensor([[0.4, 0.25, 0.25], [0.25, 0.1, 0.5], [0.4, 0.5, 0.1]], dtype=torch.float64))
+    gate = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+
+    def inputs(rows):
+        return LossInputs(log_probs=old[rows].clone().requires_grad_(), old_log_probs=old[rows],
+                          advantages=torch.ones_like(old[rows]), response_mask=mask[rows],
+                          behaviour_log_probs=behaviour[rows], tokens={"gate_mask": gate[rows]})
+
+    # token, row 0: weights 1.5, 1, 1.2 (cap 2 never binds). ESS = (sum w)^2 / (n sum w^2).
+    m = eapo(inputs(slice(0, 1)), correction="token").metrics
+    assert m["eapo/is_ess"].item() == pytest.approx(3.7**2 / (3 * (2.25 + 1.0 + 1.44)), rel=1e-12)
+    assert m["eapo/is_weight_mean"].item() == pytest.approx(3.7 / 3, rel=1e-12)
+    assert m["eapo/is_weight_max"].item() == pytest.approx(1.5, rel=1e-12)
+    assert m["eapo/is_trunc_frac"].item() == 0.0
+    # cap 1.3 between the weights: 1.5 is truncated (1 token of 3), the ESS is of the truncated 1.3, 1, 1.2.
+    m = eapo(inputs(slice(0, 1)), correction="token", cap=1.3).metrics
+    assert m["eapo/is_trunc_frac"].item() == pytest.approx(1 / 3, rel=1e-12)
+    assert m["eapo/is_ess"].item() == pytest.approx(3.5**2 / (3 * (1.69 + 1.0 + 1.44)), rel=1e-12)
+    assert m["eapo/is_weight_max"].item() == pytest.approx(1.3, rel=1e-12)
+
+    # seq_gated, one unit per row: raw W = 1.8, 1.2, 0.5; cap 1.6 truncates the first only.
+    m = eapo(inputs(slice(None)), correction="seq_gated", cap=1.6).metrics
+    assert m["eapo/is_trunc_frac"].item() == pytest.approx(1 / 3, rel=1e-12)
+    assert m["eapo/is_weight_mean"].item() == pytest.approx((1.6 + 1.2 + 0.5) / 3, rel=1e-12)
+    assert m["eapo/is_ess"].item() == pytest.approx(3.3**2 / (3 * (2.56 + 1.44 + 0.25)), rel=1e-12)
+    # token over the 8 real tokens: 1.5, 1, 1.2 | 1.2, 1, 1 | 0.5, 1 (row 2's gated padding does not count).
+    w = torch.tensor([1.5, 1.0, 1.2, 1.2, 1.0, 1.0, 0.5, 1.0], dtype=torch.float64)
+    m = eapo(inputs(slice(None)), correction="token", cap=1.3).metrics
+    assert m["eapo/is_trunc_frac"].item() == pytest.approx(1 / 8, rel=1e-12)
+    wt = w.clamp(max=1.3)
+    assert m["eapo/is_ess"].item() == pytest.approx((wt.sum() ** 2 / (8 * (wt**2).sum())).item(), rel=1e-12)
+
+
 def test_missing_fields_and_bad_correction(make_inputs):
     inputs = make_inputs()
     with pytest.raises(ValueError, match="gate_mask"):

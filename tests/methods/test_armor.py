@@ -205,6 +205,21 @@ def test_anchor_advantage_metrics():
     assert m == {"armor/anchor_advantage": 0.0, "armor/anchor_zero_adv_frac": 1.0}
 
 
+def test_anchor_advantage_is_the_mean_over_anchors_of_each_row_token_mean():
+    # Two on-policy rows and two anchors of one group, each with its own advantage; anchor 2 has a padded token
+    # (advantage 0 there, as after masking), so its row mean is over its 2 real tokens: 0.6, not 0.4.
+    batch = RolloutBatch.concat([make_batch({1: [True, False]}), make_batch({1: [True, True]}, source=1)])
+    batch.response_mask[2, 2] = 0.0
+    batch.token["advantages"] = torch.tensor([[1.0] * 3, [-0.2] * 3, [0.6, 0.6, 0.0], [0.0] * 3])
+    method, ctx, _ = stub_method({})
+    m = method.on_advantages(batch, ctx)
+    # the anchors' row token means are 0.6 and 0 (every row together would give (1 - 0.2 + 0.6 + 0) / 4 = 0.35)
+    assert m["armor/anchor_advantage"] == pytest.approx((0.6 + 0.0) / 2, rel=1e-6)
+    assert m["armor/anchor_zero_adv_frac"] == pytest.approx(1 / 2)
+    # and a batch without anchors logs nothing
+    assert method.on_advantages(make_batch({1: [True, False]}), ctx) == {}
+
+
 # -- settings and reference resets ----------------------------------------------------------
 
 

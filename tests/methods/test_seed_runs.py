@@ -252,6 +252,51 @@ def test_opsd_baseline_scores_under_the_solution_hint(tiny_policy, tmp_path):
     assert "seed/opsd_delta_mean" in trainer.methods[0].after_update(trainer.hook_context())
 
 
+@pytest.mark.parametrize("mode", ["reverse_kl", "gated"])
+def test_opsd_adds_coef_times_its_distillation_term_to_the_loss(tiny_policy, tmp_path, mode):
+    cfg = agent_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
+                       "rollout.max_new_tokens=6",
+                       methods={"opsd": {"coef": 0.3, "loss": mode, "gate_beta": 2.0}})
+    model, tok = tiny_policy
+    trainer = Trainer(cfg, policy=model, tokenizer=tok)
+    batch, _ = scored_batch(trainer)
+    batch.token["opsd_mask"][1] = 0.0  # a row without a hint: it must not count anywhere
+    n = len(batch)
+    assert n >= 5 and batch.token["opsd_mask"].sum(1)[2:].gt(0).all()
+    g = torch.Generator().manual_seed(0)  # student log-probs on both sides of the teacher's
+    student = batch.token["teacher_log_probs"] + 0.5 * torch.randn(batch.response_mask.shape, generator=g)
+
+    def reference(rows):
+        """coef x the term on ``rows`` (float64, written out), normalised by the whole batch's hinted tokens."""
+        m, lt = batch.token["opsd_mask"][rows].double(), batch.token["teacher_log_probs"][rows].double()
+        lp, total = student[rows].double(), batch.token["opsd_mask"].double().sum()
+        if mode == "gated":  # sum m sigmoid(beta (l_T - l)) (l_T - l) / N; gradient -m g / N
+            gate = torch.sigmoid(2.0 * (lt - lp))
+            return 0.3 * (m * gate * (lt - lp)).sum() / total, -0.3 * m * gate / total
+        return 0.3 * (m * (lp - lt)).sum() / total, 0.3 * m * (lp - lt) / total  # reverse KL: sum m (l - l_T) / N
+
+    incoming = torch.tensor(0.7, dtype=torch.float64)
+    parts = [list(range(3)), list(range(3, n))]
+    for rows in parts:
+        micro = batch.select(rows)
+        lp = student[rows].clone().requires_grad_()
+        inputs = LossInputs(log_probs=lp, old_log_probs=lp.detach(), advantages=micro.token["advantages"],
+                            response_mask=micro.response_mask, tokens=trainer.methods.loss_token_inputs(micro))
+        loss, _ = trainer.methods.extra_loss(incoming, inputs, micro, trainer.hook_context(whole(batch)))
+        loss.backward()
+        term, grad = reference(rows)
+        assert term.abs() > 1e-3
+        torch.testing.assert_close(loss.double(), incoming + term, rtol=1e-6, atol=0)
+        torch.testing.assert_close(lp.grad.double(), grad, rtol=1e-5, atol=1e-9)
+    # the logged means over the update (both micro-batches): the term itself, l_T - l and the hinted fraction
+    m = batch.token["opsd_mask"].double()
+    gap = (batch.token["teacher_log_probs"].double() - student.double()) * m
+    metrics = trainer.methods[0].after_update(trainer.hook_context())
+    assert metrics["seed/opsd_loss"] == pytest.approx(reference(list(range(n)))[0].item() / 0.3, rel=1e-6)
+    assert metrics["seed/opsd_delta_mean"] == pytest.approx((gap.sum() / m.sum()).item(), rel=1e-6)
+    assert metrics["seed/opsd_active_token_frac"] == pytest.approx((m.sum() / batch.response_mask.sum()).item())
+
+
 def test_opsd_refuses_envs_it_cannot_hint_before_and_during_a_run(tiny_policy, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"methods.opsd with env.name=textworld: no solver reads its observations"):
         agent_config(tmp_path, "env.name=textworld", methods={"opsd": {}})
