@@ -206,7 +206,8 @@ def gigpo(inputs: AdvantageInputs, *, mode: str = "mean_std_norm", eps: float = 
         step_weight: ``w``, the weight of the step term.
 
     Returns:
-        advantages ``[N]``; metrics ``train/step_adv_abs_mean``, ``train/step_group_size`` (mean rows per step
+        advantages ``[N]``; metrics ``train/step_adv_abs_mean`` (of the step term before ``step_weight``),
+        ``train/step_group_size`` (mean rows per step
         group, over rows) and ``train/step_group_singleton_frac`` (rows alone in their step group, advantage 0).
     """
     returns = inputs.require("step_returns", "gigpo")

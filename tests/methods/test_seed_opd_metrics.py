@@ -1,0 +1,96 @@
+"""SEED's OPD accounting metrics (``Seed.extra_loss`` -> ``Seed.after_update``), pinned to a float64 computation.
+
+The update is hand-made: two mini-batches, the first cut into two micro-batches, rows with and without a skill
+(``seed_mask`` 0), padding whose teacher gap would raise the gate if it were read. docs/methods/seed.md defines
+``seed/opd_loss = sum m g (l_T - l) / sum m``, ``seed/opd_gate_mean = sum m g / sum m``, ``seed/opd_raised_frac =
+sum m 1[g > 0.5] / sum m``, sums over every micro-batch forward of the update.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tether.algos import LossInputs
+from tether.methods import METHODS, MiniBatch, method_config
+from tether.rollout.batch import RolloutBatch
+
+BETA = 5.0
+# 4 rows, width 3, lengths 3, 2, 3, 1; r1's analysis produced no skill (seed_mask 0): 7 active of 9 response tokens
+RESPONSE = [[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]]
+SKILL = [1, 0, 1, 1]
+STUDENT = [[-1.0, -0.5, -2.0], [-0.25, -0.75, -5.0], [-1.5, -0.125, -1.0], [-0.5, -5.0, -5.0]]
+# l_T - l on response tokens (exact in float32); the padding's gap is +5 (gate ~1)
+GAP = [[0.25, -0.375, 0.125], [0.5, 0.75, 5.0], [-0.125, -0.5, 0.375], [0.625, 5.0, 5.0]]
+# the update's mini-batches, as row lists, each a list of micro-batches
+MINI_BATCHES = [[[0, 1], [2]], [[3]]]
+
+
+def seed_batch() -> RolloutBatch:
+    n = len(RESPONSE)
+    response = torch.tensor(RESPONSE, dtype=torch.float32)
+    student = torch.tensor(STUDENT)
+    return RolloutBatch(prompt_ids=[[1, 2]] * n, response_ids=torch.zeros(n, 3, dtype=torch.long),
+                        response_mask=response, sample_log_probs=student, group_ids=torch.zeros(n, dtype=torch.long),
+                        rewards=torch.zeros(n), correct=torch.zeros(n, dtype=torch.bool),
+                        source=torch.zeros(n, dtype=torch.long),
+                        token={"teacher_log_probs": student + torch.tensor(GAP),
+                               "seed_mask": torch.tensor(SKILL, dtype=torch.float32)[:, None] * response})
+
+
+def run_update(seed=None, **settings) -> dict[str, float]:
+    """Every micro-batch's extra_loss of one update, then after_update's metrics."""
+    seed = seed or METHODS["seed"](method_config("seed", {"gate_beta": BETA, **settings}))
+    batch = seed_batch()
+    for micros in MINI_BATCHES:
+        rows = [r for micro in micros for r in micro]
+        mini = batch.select(rows)
+        ctx = SimpleNamespace(mini_batch=MiniBatch(rows=torch.tensor(rows), num_tokens=float(mini.response_mask.sum()),
+                                                   num_seqs=len(rows), batch=mini))
+        for micro_rows in micros:
+            micro = batch.select(micro_rows)
+            lp = micro.sample_log_probs.clone().requires_grad_(True)
+            inputs = LossInputs(log_probs=lp, old_log_probs=lp.detach(), advantages=torch.zeros_like(lp),
+                                response_mask=micro.response_mask,
+                                tokens={"teacher_log_probs": micro.token["teacher_log_probs"]})
+            assert seed.extra_loss(inputs, micro, ctx) is not None
+    return seed.after_update(ctx)
+
+
+def expected() -> dict[str, float]:
+    """The definitions, in float64 over the active tokens of every row (one pass, no micro-batches)."""
+    gaps = [GAP[i][t] for i in range(len(RESPONSE)) for t in range(3) if RESPONSE[i][t] and SKILL[i]]
+    gates = [1 / (1 + math.exp(-BETA * d)) for d in gaps]
+    n = len(gaps)
+    assert n == 7 and sum(map(sum, RESPONSE)) == 9
+    return {"seed/opd_loss": sum(g * d for g, d in zip(gates, gaps, strict=True)) / n,
+            "seed/opd_delta_mean": sum(gaps) / n,
+            "seed/opd_gate_mean": sum(gates) / n,
+            "seed/opd_raised_frac": sum(g > 0.5 for g in gates) / n,
+            "seed/opd_active_token_frac": n / 9}
+
+
+@pytest.mark.parametrize("global_token_mean", [True, False])
+def test_opd_metrics_are_exact_token_means_over_the_update(global_token_mean):
+    # Active tokens per micro-batch: 3 (rows 0, 1), 3 (row 2), 1 (row 3). An unweighted mean of the three micro-batch
+    # means, a division by response tokens (9) rather than active ones (7), padding read (gap 5) or the loss sum
+    # rescaled by the micro-batch's active count instead of the mini-batch's each give another number here.
+    metrics = run_update(global_token_mean=global_token_mean)
+    want = expected()
+    assert want["seed/opd_raised_frac"] == pytest.approx(4 / 7)  # gaps > 0: 0.25, 0.125, 0.375, 0.625
+    for key, value in want.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    assert set(metrics) == set(want)
+
+
+def test_opd_metrics_flush_once_per_update():
+    seed = METHODS["seed"](method_config("seed", {"gate_beta": BETA}))
+    assert seed.after_update(SimpleNamespace()) == {}  # nothing accumulated: no metrics rather than zeros
+    first = run_update(seed)
+    assert seed.after_update(SimpleNamespace()) == {}  # the sums start again after each update
+    second = run_update(seed)  # a second identical update: the same means, not the two updates' sums pooled twice
+    assert second == pytest.approx(first, rel=1e-12)
+    assert second["seed/opd_gate_mean"] == pytest.approx(expected()["seed/opd_gate_mean"], rel=1e-6)
