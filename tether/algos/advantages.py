@@ -207,8 +207,8 @@ def gigpo(inputs: AdvantageInputs, *, mode: str = "mean_std_norm", eps: float = 
 
     Returns:
         advantages ``[N]``; metrics ``train/step_adv_abs_mean`` (of the step term before ``step_weight``),
-        ``train/step_group_size`` (mean rows per step
-        group, over rows) and ``train/step_group_singleton_frac`` (rows alone in their step group, advantage 0).
+        ``train/step_group_size`` (mean rows per step group, over rows) and ``train/step_group_singleton_frac``
+        (rows alone in their step group, advantage 0).
     """
     returns = inputs.require("step_returns", "gigpo")
     step, sizes = step_advantages(returns, inputs.group_ids, inputs.require("obs_keys", "gigpo"), mode=mode,
