@@ -125,6 +125,52 @@ def test_group_of_one_gets_zero(name):
     assert adv(fn, torch.tensor([2.5]), torch.tensor([4]))[0] == 0.0
 
 
+@pytest.mark.parametrize("size", [6, 8, 48])
+@pytest.mark.parametrize("value", [1.2, 0.7, 0.2, -0.1])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "qae", "episode", "episode_mean_norm", "gigpo",
+                                  "clean_baseline"])
+def test_equal_rewards_get_exactly_zero(name, value, size):
+    # float32 rewards that binary fractions cannot hold: summed in float32, the mean of eight 1.2s is one ulp off
+    # and the std 1.3e-7, so (R - mean) / (std + 1e-6) gave +0.106 (48 rows of 1.2: -0.32) where it must be 0
+    rewards = torch.full((size,), value)
+    groups = torch.zeros(size, dtype=torch.long)
+    inputs = AdvantageInputs(rewards, groups, injected=torch.arange(size) % 3 == 0,
+                             step_returns=torch.full((size,), value), obs_keys=["same"] * size)
+    if name == "episode_mean_norm":
+        out = episode(inputs, mode="mean_norm").advantages
+    else:
+        out = get_advantage(name)(inputs).advantages
+    assert out.dtype == torch.float32 and (out == 0).all(), out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "qae", "episode", "episode_mean_norm"])
+def test_float32_rewards_match_the_float64_loop(name, seed):
+    # fractional float32 rewards (a format bonus of 0.2, a penalty of 0.1), some groups equal: the estimators
+    # agree with the float64 loop to float32's rounding of the result, with no error scaled up by 1/eps
+    g = torch.Generator().manual_seed(seed)
+    group_ids = torch.arange(16).repeat_interleave(8)
+    rewards = (torch.randint(0, 3, (128,), generator=g) * 0.5 + 0.2).float()
+    rewards[:40] = 1.2  # five groups of equal rewards
+    kwargs = {"mode": "mean_norm"} if name == "episode_mean_norm" else {}
+    fn = episode if name.startswith("episode") else get_advantage(name)
+    out = adv(fn, rewards, group_ids, **kwargs)
+    torch.testing.assert_close(out, _loop_reference(name, rewards.double(), group_ids).float(), rtol=1e-6,
+                               atol=1e-6)
+    assert (out[:40] == 0).all()
+
+
+def test_clean_baseline_with_equal_clean_fractional_rewards():
+    # clean rewards all 1.2 (float32): their std is 0, not a rounding error, so the whole group's std scales
+    rewards = torch.tensor([1.2, 1.2, 1.2, 2.2])
+    injected = torch.tensor([False, False, False, True])
+    out = clean_baseline(AdvantageInputs(rewards, torch.zeros(4, dtype=torch.long), injected=injected)).advantages
+    r = rewards.double()
+    expected = (r - r[:3].mean()) / (r.std() + EPS)  # 0, 0, 0 and 1 / std of the whole group
+    torch.testing.assert_close(out, expected.float())
+    assert (out[:3] == 0).all() and 1.5 < out[3] < 2.5
+
+
 def _loop_reference(name: str, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Straightforward per-group loop, as verl writes it."""
     out = torch.zeros_like(rewards)
