@@ -73,6 +73,48 @@ def test_override_syntax_errors():
             load_checked_config(data=dict(BASE), overrides=[bad])
 
 
+REWARDS = [{"fn": "my.rewards:fmt", "weight": 0.1}, {"fn": "tether.rewards:Judge", "kwargs": {"model": "m"}}]
+
+
+@pytest.mark.parametrize("override, whole", [
+    # the config's own list, with the change made in it: what to paste
+    ("task.rewards[0].weight=0.5", """task.rewards="[{fn: 'my.rewards:fmt', weight: 0.5}, {fn: """
+                                   """'tether.rewards:Judge', kwargs: {model: m}}]\""""),
+    ("task.rewards.1.kwargs.timeout_s=5", """task.rewards="[{fn: 'my.rewards:fmt', weight: 0.1}, {fn: """
+                                          """'tether.rewards:Judge', kwargs: {model: m, timeout_s: 5}}]\""""),
+    # no such item in the config: the form
+    ("task.rewards[2].weight=0.5", "task.rewards='[{weight: 0.5, ...}, ...]'"),
+    ("imports[0]=x.py", "imports='[x.py, ...]'"),
+])
+def test_a_list_item_override_says_to_give_the_whole_list(override, whole):
+    """``task.rewards[0].weight=0.5`` was "unknown key; did you mean rewards?": the dotted syntax has no index."""
+    data = {"task": {**BASE["task"], "rewards": REWARDS}}
+    msg = error_of([override], data=data)
+    assert msg == (f"override {override!r}: {whole.split('=')[0]} is a list, and the command line cannot set one item "
+                   f"of it: give the whole list, e.g. {whole}")
+    assert REWARDS[0]["weight"] == 0.1  # the example is a copy
+
+
+def test_the_whole_list_the_message_gives_loads():
+    from tether.config import load_config
+
+    data = {"task": {**BASE["task"], "rewards": REWARDS[:1]}}
+    whole = error_of(["task.rewards[0].weight=0.5"], data=data).split("e.g. ", 1)[1]
+    key, quoted = whole.split("=", 1)
+    cfg = load_config(data=data, overrides=[f"{key}={quoted[1:-1]}"])  # as the shell passes it, unquoted
+    assert [(r.fn, r.weight) for r in cfg.task.rewards] == [("my.rewards:fmt", 0.5)]
+
+
+@pytest.mark.parametrize("verl, tether", [("low_var_kl", "k3"), ("kl", "k1"), ("mse", "k2")])
+def test_verls_kl_estimator_names_get_tethers(verl, tether):
+    msg = error_of([f"algorithm.kl.estimator={verl}"])
+    assert (f"algorithm.kl.estimator: Input should be 'k1', 'k2' or 'k3' (got '{verl}'); {verl} is verl's name for "
+            f"{tether}: write algorithm.kl.estimator={tether} (verl's kl_loss_type and kl_penalty: kl = k1, mse = k2, "
+            "low_var_kl = k3)") in msg
+    assert "tether does not have" in error_of(["algorithm.kl.estimator=abs"])
+    assert "verl" not in error_of(["algorithm.kl.estimator=k5"])
+
+
 def test_overrides_parse_yaml_values():
     cfg = load_checked_config(data=dict(BASE), overrides=["optim.lr=3e-4", 'rollout.stop=["\\n\\n"]',
                                                   "task.kwargs.dataset=chain_sum"])

@@ -76,6 +76,26 @@ def test_bad_imports_are_one_line_exit_2(tmp_path, imports, message):
     assert out.exit_code == 2 and len(out.output.strip().splitlines()) == 1, out.output
 
 
+def test_a_missing_file_says_which_base_a_relative_path_was_read_from(tmp_path, monkeypatch):
+    """An override ``imports=[x.py]`` is read from the working directory; its error said "relative to the config
+    file". The message now shows the path read and both rules, naming the working directory."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    config = tmp_path / "cfg" / "run.yaml"
+    config.write_text(yaml.safe_dump({"imports": ["missing.py"], "task": {"name": "parity"}}))
+    rule = (r"a relative path is read from the folder of the config file that sets it, or from the working "
+            rf"directory {tmp_path / 'work'} when set on the command line")
+    with pytest.raises(ConfigError, match=rf"^imports\[0\]: '{tmp_path / 'cfg' / 'missing.py'}' is not a file "
+                                          rf"\({rule}\)$"):
+        check_config(load_config(config), machine=False)
+    with pytest.raises(ConfigError, match=rf"^imports\[0\]: '{tmp_path / 'work' / 'x.py'}' is not a file \({rule}\)$"):
+        check_config(load_config(config, ["imports=[x.py]"]), machine=False)
+    with pytest.raises(ConfigError, match=rf"^model\.chat_template: '{tmp_path / 'work' / 't.jinja'}' is not a file "
+                                          rf"\(a Jinja chat template; {rule}\)$"):
+        check_config(load_config(config, ["imports=[]", "model.chat_template=t.jinja"]))
+
+
 def test_an_import_error_names_the_users_file_and_line(tmp_path):
     (tmp_path / "broken_plugin_c.py").write_text("x = 1\nraise RuntimeError('half-written')\n")
     with pytest.raises(ConfigError, match=r"RuntimeError: half-written at .*broken_plugin_c\.py:2\)"):

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from tether.config import Config, ConfigError, RunConfig, config_command, load_command_config
+from tether.config import Config, ConfigError, RunConfig, config_command, first_line_command, load_command_config
 from tether.errors import TetherError
 
 
@@ -264,13 +264,20 @@ def config_docs(check: Annotated[bool, typer.Option(help="only say whether docs/
 def validate(config: Path, overrides: Overrides = None) -> None:
     """Check a config (names, types, ranges, component settings) and that the files, models and packages it names
     are here, without loading any model. The schema is that of the command the file's first line names
-    (``# tether sft ...``), else sft's for a config with an ``sft:`` section, else train's."""
+    (``# tether sft ...``), else sft's for a config with an ``sft:`` section, else train's. An experiment's protocol
+    (``# tether experiment ...``) gets the checks ``tether experiment`` runs before its first run."""
     from tether.checks import run_checks
+    from tether.checks.machine import probe_endpoints
     from tether.trainer.rundir import check_run_dir
 
+    if first_line_command(config) == "experiment":
+        typer.echo(_validate_protocol(config, overrides))
+        return
     command = config_command(config)
     cfg = _load(config, overrides, command=command)
     run_checks(cfg)
+    for line in probe_endpoints(cfg):  # servers the run will call: validate only, a start must not wait on them
+        typer.echo(f"warning: {line}", err=True)
     workload = "task " + cfg.task.name if cfg.task else "env " + cfg.env.name
     if command != "train":
         from tether.recipes.sft_state import check_sft_run_dir
@@ -279,6 +286,22 @@ def validate(config: Path, overrides: Overrides = None) -> None:
         return
     start = check_run_dir(cfg)  # the run directory as `tether train` would find it: layout, resume, settings
     typer.echo(f"ok: {config} ({workload}); {start}")
+
+
+def _validate_protocol(path: Path, overrides: list[str] | None) -> str:
+    """The ok line of an experiment's protocol that passes :func:`tether.lab.protocol_checks.check_protocol`."""
+    from tether.lab.protocol import load_protocol
+    from tether.lab.protocol_checks import check_protocol
+
+    if overrides:
+        raise ConfigError(f"{path} is an experiment's protocol (its first line names `tether experiment`): it takes "
+                          f"no overrides ({overrides[0]}); an arm's go in arms.NAME.overrides")
+    protocol = load_protocol(path)
+    check_protocol(protocol)
+    e = protocol.endpoint
+    return (f"ok: {path} (tether experiment protocol: {len(protocol.arms)} arms x {len(protocol.seeds)} seeds, "
+            f"endpoint {e.metric} at {e.at} on split {e.split}; each arm's config checked as `tether experiment` "
+            "checks it before its first run)")
 
 
 if __name__ == "__main__":

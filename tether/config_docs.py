@@ -31,8 +31,9 @@ HEADER = """# Configuration reference
 Generated from the schema (`tether/config/` and each method's settings class) by `tether config-docs --write`;
 do not edit by hand: `tests/test_config_docs.py` fails when this file differs from what the schema gives. A config
 is YAML whose sections are the headings below; any key can be overridden on the command line as `key.path=value`
-(`tether train configs/quickstart.yaml optim.lr=1e-5`). Unknown keys, wrong types and values outside the allowed
-ones stop the run before any model loads (`tether validate CONFIG` checks only that).
+(`tether train configs/quickstart.yaml optim.lr=1e-5`); a list is given whole, since the syntax has no index
+(`task.rewards='[{fn: my_rewards:fmt, weight: 0.5}]'`, not `task.rewards[0].weight=0.5`). Unknown keys, wrong types
+and values outside the allowed ones stop the run before any model loads (`tether validate CONFIG` checks only that).
 
 `tether train` (and `tether eval`, `tether recipe`) read the sections below; `tether sft` and `tether seed-sft` read
 schemas of their own, which share the top-level keys, `model`, `task` and `env`, `logging`, and take the sections

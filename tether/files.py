@@ -22,6 +22,15 @@ from pathlib import Path
 from typing import Any
 
 
+def relative_to_cwd(path: str | Path) -> str:
+    """What a message about a file that is not there adds after ``path``: `` (relative to the working directory
+    /x/y)`` for a relative path, which is read from there and not from the config file's folder (as ``imports:`` and
+    ``model.chat_template`` are); nothing for an absolute one."""
+    if Path(path).expanduser().is_absolute():
+        return ""
+    return f" (relative to the working directory {Path.cwd()})"
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file and ``os.replace``: readers never see half a file."""
     path = Path(path)

@@ -70,3 +70,22 @@ class ChatClient:
                 if attempt + 1 < self.retries:
                     time.sleep(self.retry_delay)
         raise ChatError(f"chat completion at {self.base_url} failed {max(1, self.retries)} times: {error}")
+
+
+def unreachable(base_url: str, api_key: str = "", timeout: float = 2.0) -> str | None:
+    """Why nothing answers at ``base_url`` (``GET {base_url}/models``, one attempt of ``timeout`` seconds), or None.
+
+    Any HTTP answer, an error status included (401 without a key, 404 from a server without that route), means a
+    server is there: only a refused or timed-out connection, or a name that does not resolve, is a reason.
+    """
+    url = f"{base_url.rstrip('/')}/models"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as err:
+        return f"cannot connect to {url} ({getattr(err.reason, 'strerror', None) or err.reason})"
+    except (TimeoutError, OSError) as err:
+        return f"cannot connect to {url} ({getattr(err, 'strerror', None) or err or type(err).__name__})"

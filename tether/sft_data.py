@@ -71,11 +71,11 @@ def task_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
 def jsonl_examples(s: SFTConfig) -> list[Example]:
     """``{prompt, response[, system, images]}`` lines of ``s.path``; the first bad line is named."""
     from tether.config import ConfigError
-    from tether.files import read_jsonl
+    from tether.files import read_jsonl, relative_to_cwd
 
     path = Path(s.path or "")
     if not path.is_file():
-        raise ConfigError(f"sft.path: no file {str(path)!r}")
+        raise ConfigError(f"sft.path: no file {str(path)!r}{relative_to_cwd(path)}")
     try:
         rows = read_jsonl(path, "sft.path", ("prompt", "response"))
     except ValueError as err:
@@ -128,11 +128,13 @@ def rejection_examples(cfg: SFTRunConfig, s: SFTConfig, device: torch.device) ->
     says); the correct ones."""
     from tether.engine.hf import HFEngine
     from tether.models import load_policy
+    from tether.models.policy import model_load_errors
     from tether.rollout.single_turn import SingleTurnCollector
     from tether.tasks import make_task
 
     task = make_task(cfg.task.name, **cfg.task.kwargs)
-    sampler, tokenizer = load_policy(s.sampler)
+    with model_load_errors("sft.sampler", s.sampler):
+        sampler, tokenizer = load_policy(s.sampler)
     collector = SingleTurnCollector(task, tokenizer, cfg.rl_config())
     engine = HFEngine(sampler.to(device), tokenizer, bf16_autocast=cfg.model.bf16_autocast)
     items = task.train[: s.examples] if s.examples else task.train

@@ -1,8 +1,9 @@
 """User code named by a config: the ``imports:`` list, and ``module:Name`` wherever a registry name is accepted.
 
 A config's ``imports:`` names Python modules (``my_rewards``, ``my_pkg.tasks``) or ``.py`` files (relative to the
-config file); :func:`import_user_modules` imports them before any check, so whatever they register (tasks,
-environments, reward functions, advantage estimators, policy losses, methods) is known to every command.
+config file's folder; set on the command line, to the working directory); :func:`import_user_modules` imports them
+before any check, so whatever they register (tasks, environments, reward functions, advantage estimators, policy
+losses, methods) is known to every command.
 :func:`resolve_target` turns ``"module:Name"`` into the object it names. Each failure is one
 :class:`~tether.config.ConfigError` line naming the key, the value and what was expected; a mistyped name gets a
 did-you-mean from the module's names.
@@ -17,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tether.config import ConfigError
+from tether.config import ConfigError, anchoring_rule
 
 
 def is_target(name: str) -> bool:
@@ -46,7 +47,7 @@ def _import_file(key: str, file: Path) -> None:
     """Import ``file`` as the top-level module named by its stem, its directory put first on ``sys.path`` (so its
     ``module:Name`` references and its imports of sibling files work, here and in the processes a run starts)."""
     if not file.is_file():
-        raise ConfigError(f"{key}: {str(file)!r} is not a file (a .py path is relative to the config file)")
+        raise ConfigError(f"{key}: {str(file)!r} is not a file ({anchoring_rule()})")
     name = file.stem
     loaded = sys.modules.get(name)
     if loaded is not None:

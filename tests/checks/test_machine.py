@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,28 @@ def test_jsonl_data_is_checked_to_the_first_bad_line(tmp_path, lines, message):
         check_config(jsonl_config(tmp_path, lines), policy=False)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["task.kwargs.path=data/x.jsonl"],
+     r"^task\.kwargs: path: data file 'data/x\.jsonl' does not exist \(relative to the working directory {cwd}\)$"),
+    (["task.name=dataset", "task.kwargs={path: data/x.jsonl}"],
+     r"^task\.kwargs: path: 'data/x\.jsonl' does not exist here \(relative to the working directory {cwd}\), and is "
+     r"not a Hub id"),
+    (["task.rewards=[{fn: 'tether.rewards:VerlScore', kwargs: {path: rewards/score.py}}]"],
+     r"^task\.rewards\[0\]\.kwargs: path: 'rewards/score\.py' is not a file \(relative to the working directory "
+     r"{cwd}\): it names the Python file of the function, verl's custom_reward_function\.path$"),
+])
+def test_a_missing_data_or_reward_file_names_the_working_directory(tmp_path, monkeypatch, overrides, message):
+    """Data and reward files are read from the working directory, unlike imports and the chat template (from the
+    config file's folder): the message says so."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.jsonl").write_text(GOOD + "\n" + GOOD + "\n")
+    cfg = load_config(data={"run_dir": str(tmp_path / "run"),
+                            "task": {"name": "jsonl", "kwargs": {"path": str(tmp_path / "data.jsonl"), "val_size": 1}}},
+                      overrides=overrides)
+    with pytest.raises(ConfigError, match=message.format(cwd=re.escape(str(tmp_path)))):
+        check_config(cfg, policy=False)
+
+
 def test_jsonl_fields_can_be_renamed(tmp_path):
     lines = [json.dumps({"q": "1+1?", "a": "2"}), json.dumps({"q": "2+2?", "a": "4"})]
     check_config(jsonl_config(tmp_path, lines, prompt_field="q", answer_field="a"), policy=False)
@@ -67,6 +90,77 @@ def test_a_model_that_is_not_here_is_one_line(tmp_path, monkeypatch, name, messa
     check_config(tiny_config(tmp_path, f"model.name={model_dir(tmp_path / 'local')}"))  # a local directory
     for alias in ("smollm2-135m-instruct", "char-64x2", "tiny-64x2"):  # tether's aliases, never built here
         check_config(tiny_config(tmp_path, f"model.name={alias}"))
+
+
+@pytest.mark.parametrize("offline", ["0", "1"])
+@pytest.mark.parametrize("name, alias", [
+    ("smollm2-135m", "smollm2-135m-instruct"),
+    ("SmolLM2-135M-Instruct", "smollm2-135m-instruct"),
+    ("smollm2-360m-instruct", "smollm2-135m-instruct"),
+    ("tiny-qwen2-vl", "tiny-qwen2.5-vl"),
+    ("tiny_64-2", "tiny-64x2"),
+])
+def test_a_misspelt_alias_gets_the_alias_not_a_hub_download(tmp_path, monkeypatch, offline, name, alias):
+    """A one-word name reads as a Hub id: validate said ok online, and train retried the Hub for 25 s and ended in
+    a traceback; offline, the message said to download it from the Hub."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    with pytest.raises(ConfigError, match=rf"^model\.name: '{name}' is not a tether alias, a directory here or a "
+                                          rf"cached Hub model; did you mean {re.escape(alias)}\?"):
+        check_config(tiny_config(tmp_path, f"model.name={name}"))
+
+
+def test_a_name_close_to_an_alias_is_taken_when_it_is_a_directory_or_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.chdir(tmp_path)
+    model_dir(tmp_path / "smollm2-135m")
+    check_config(tiny_config(tmp_path, "model.name=smollm2-135m"))  # the local directory of that name
+    monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: "/cache/config.json")
+    check_config(tiny_config(tmp_path, "model.name=smollm2-135m-instrct"))  # a Hub model in the cache
+    monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: None)
+    for hub_id in ("gpt2", "distilgpt2", "HuggingFaceTB/SmolLM2-135M"):  # online, left to download
+        check_config(tiny_config(tmp_path, f"model.name={hub_id}"))
+
+
+def test_train_stops_at_a_misspelt_alias_before_the_run_directory(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nmodel: {{name: smollm2-135m}}\ntask: {{name: parity}}\n")
+    result = CliRunner().invoke(app, ["train", str(config)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and "did you mean smollm2-135m-instruct?" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+HUB_OS_ERROR = OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them "
+                       "in the cached files.\nCheck your internet connection or see how to run the library in "
+                       "offline mode at 'https://huggingface.co/docs/transformers/installation#offline-mode'.")
+
+
+def test_a_model_that_fails_to_load_is_one_line_and_exit_code_2(tmp_path, monkeypatch):
+    """What the checks cannot know (a Hub id that does not exist, no network): transformers' OSError was a
+    220-line traceback and exit code 1."""
+    def unreachable(*args, **kwargs):
+        raise HUB_OS_ERROR
+
+    monkeypatch.setattr("tether.trainer.build.load_policy", unreachable)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nmodel: {{name: tiny-64x1}}\ntask: {{name: parity}}\n"
+                      "logging: {tensorboard: false, progress: false}\n")
+    result = CliRunner().invoke(app, ["train", str(config)])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("model.name: 'tiny-64x1' could not be loaded (We couldn't connect to "
+                           "'https://huggingface.co' to load the files, and couldn't find them in the cached files.); "
+                           "give a tether alias (smollm2-135m-instruct"), line
+    assert "Traceback" not in result.output and "offline mode" not in result.output
+
+
+def test_the_load_error_names_the_key_and_a_close_alias():
+    from tether.models.policy import model_load_error
+
+    line = model_load_error("model.ref_name", "smollm2-135m", HUB_OS_ERROR)
+    assert line.startswith("model.ref_name: 'smollm2-135m' could not be loaded (")
+    assert "did you mean smollm2-135m-instruct?" in line and "\n" not in line
+    assert "huggingface-cli download org/x)" in model_load_error("methods.eapo.prior", "org/x", HUB_OS_ERROR)
 
 
 @pytest.mark.parametrize("alias, message", [

@@ -220,6 +220,45 @@ def test_cli_reports_a_bad_protocol_in_one_line(tmp_path):
     assert done.returncode == 2 and "appear more than once" in done.stderr and "Traceback" not in done.stderr
 
 
+def experiment_file(path: Path) -> Path:
+    """``path`` with the first line every shipped protocol has, which names the command that reads it."""
+    path.write_text(f"# tether experiment {path}\n" + path.read_text())
+    return path
+
+
+def test_validate_checks_a_protocol_as_tether_experiment_does(tmp_path):
+    """validate read a protocol as a train config: one "unknown key" line per protocol key, and nothing checked."""
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    config = write_config(tmp_path)
+    good = experiment_file(write_protocol(tmp_path / "good", config))
+    result = CliRunner().invoke(app, ["validate", str(good)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"ok: {good} (tether experiment protocol: 2 arms x 2 seeds, endpoint val/avg@k "
+                                    "at best on split report;")
+    bad = experiment_file(write_protocol(tmp_path / "bad", config, arms={
+        "low": {"config": str(config)}, "high": {"config": str(config), "overrides": ["optim.lrr=1e-2"]}}))
+    result = CliRunner().invoke(app, ["validate", str(bad)])
+    assert result.exit_code == 2, result.output
+    assert f"arm 'high' ({config}): invalid configuration:\n  optim.lrr: unknown key; did you mean lr?" in result.output
+    assert "unknown key; the top level allows" not in result.output  # not read as a train config
+    result = CliRunner().invoke(app, ["validate", str(good), "seed=3"])
+    assert result.exit_code == 2 and "takes no overrides (seed=3); an arm's go in arms.NAME.overrides" in result.output
+
+
+def test_validate_passes_the_shipped_eapo_protocol(monkeypatch):
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # its arms name their configs from the repository root
+    result = CliRunner().invoke(app, ["validate", "configs/lab/eapo/protocol.yaml"])
+    assert result.exit_code == 0 and result.output.startswith("ok: configs/lab/eapo/protocol.yaml (tether "
+                                                              "experiment protocol: 6 arms x 5 seeds"), result.output
+
+
 def write_env_config(tmp_path, env_name, **kwargs):
     cfg = {"model": {"name": "char-64x1"}, "env": {"name": env_name, "kwargs": kwargs, "max_turns": 4},
            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},

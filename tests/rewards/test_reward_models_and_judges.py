@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 import torch
@@ -87,6 +88,56 @@ def test_an_unreachable_judge_faults_every_row_and_the_run_goes_on():
     judge = Judge("stub", base_url="http://127.0.0.1:9", retries=1, timeout_s=2)
     values = judge(["q", "q"], ["a", "b"])
     assert all(math.isnan(v) for v in values) and all("failed 1 times" in e for e in judge.last_errors)
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on: a port the system just gave out, closed again."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def judge_config(tmp_path, base_url: str):
+    config = tmp_path / "judge.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nmodel: {{name: tiny-64x1}}\ntask:\n  name: parity\n  rewards:\n"
+                      f"    - {{fn: tether.rewards:Judge, kwargs: {{model: m, base_url: '{base_url}'}}}}\n")
+    return config
+
+
+def test_validate_warns_when_nothing_answers_at_the_judges_url(tmp_path):
+    """validate said ok with no server running, and training then faulted every row (Connection refused)."""
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    url = closed_port_url()
+    result = CliRunner().invoke(app, ["validate", str(judge_config(tmp_path, url))])
+    assert result.exit_code == 0, result.output
+    assert f"warning: task.rewards[0].kwargs.base_url: cannot connect to {url}/models (Connection refused); every " \
+           "row of this reward would be a fault" in result.output
+    server, served = start_stub_judge()  # a server that answers, even with an error status (501 to GET), is there
+    try:
+        result = CliRunner().invoke(app, ["validate", str(judge_config(tmp_path, served))])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 0 and "warning" not in result.output, result.output
+
+
+def test_the_judges_url_is_probed_by_validate_only(tmp_path, monkeypatch):
+    """A start must not wait on the network: the probe is not one of the checks every command runs."""
+    from tether.checks import check_config
+    from tether.checks.machine import probe_endpoints
+    from tether.config import load_config
+
+    def no_probe(**kwargs):
+        raise AssertionError("probed outside tether validate")
+
+    cfg = load_config(judge_config(tmp_path, closed_port_url()))
+    monkeypatch.setattr(Judge, "probe", staticmethod(no_probe))
+    check_config(cfg)
+    with pytest.raises(AssertionError):
+        probe_endpoints(cfg)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -40,6 +40,24 @@ def test_a_few_steps_change_the_policy_and_write_metrics(tmp_path):
     assert summary["steps"] == 2
 
 
+def strict_json(text: str):
+    """``json.loads`` refusing Python's ``NaN``/``Infinity``, which are not JSON (``jq`` and most parsers refuse
+    them)."""
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_summary_of_a_run_without_validation_is_strict_json(tmp_path):
+    """With val.every=0 no best value is ever reached: summary.json and stdout said "val/avg@k": -Infinity."""
+    trainer = make_trainer(tiny_config(tmp_path, "val.every=0", "train.steps=1"))
+    trainer.fit()
+    summary = strict_json((tmp_path / "run" / "summary.json").read_text())
+    assert summary == {"steps": 1, "best": {"val/avg@k": None}}
+    assert strict_json(json.dumps(trainer.summary())) == summary  # what tether train prints
+
+
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     straight = make_trainer(tiny_config(tmp_path / "a", "train.steps=4"))
     straight_metrics = [straight.train_step() for _ in range(4)]

@@ -8,6 +8,8 @@
   inputs an earlier command writes are named with that command (``# written by:`` lines of the config).
 * What ``tether train`` would otherwise find only after its model loads (:mod:`~tether.checks.startup`): the task
   built from its data, a local model directory's contents, the device, the launch, the batch arithmetic.
+* In ``tether validate`` only (:func:`~tether.checks.machine.probe_endpoints`): whether the servers the rewards call
+  (an LLM judge's) answer, as warning lines; a start never waits on the network.
 
 Each error is one line (key, value, what is allowed); :func:`check_config` runs every check and raises one
 :class:`~tether.config.ConfigError` holding all of them. Legal but suspicious settings are warning lines.

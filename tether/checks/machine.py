@@ -23,10 +23,12 @@ HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or r
 
 def check_model(key: str, name: str) -> None:
     """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
-    offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download)."""
+    offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download). A one-word
+    name close to an alias (``smollm2-135m``) that is neither here nor cached is refused with the alias: it reads as
+    a Hub id, which would cost a run directory, the Hub's retries and a traceback before failing."""
     from tether.models.char import char_size_problem, parse_char_alias
     from tether.models.loading import SMOLLM2, TINY_ALIAS, tiny_size_problem
-    from tether.models.policy import TINY_VLMS
+    from tether.models.policy import ALIAS_FORMS, ALIASES, TINY_VLMS, close_alias
 
     char, tiny = parse_char_alias(name), TINY_ALIAS.fullmatch(name)
     sized = char_size_problem(*char) if char else tiny_size_problem(*map(int, tiny.groups())) if tiny else None
@@ -37,13 +39,18 @@ def check_model(key: str, name: str) -> None:
     parts = name.split("/")
     # "org/name", or a one-word id of the Hub's oldest models (gpt2, bert-base-uncased)
     looks_like_hub_id = len(parts) <= HUB_ID_PARTS and all(HUB_ID_PART.fullmatch(p) for p in parts)
+    alias = close_alias(name)
     if not looks_like_hub_id:
-        raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({SMOLLM2}, "
-                          "char-<hidden>x<layers>, tiny-<hidden>x<layers>, tiny-qwen2.5-vl, tiny-idefics3), "
-                          "nor a Hub id (org/name, or one word like gpt2)")
+        guess = f"; did you mean {alias}?" if alias is not None else ""
+        raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({', '.join(ALIASES)}, "
+                          f"{ALIAS_FORMS}), nor a Hub id (org/name, or one word like gpt2){guess}")
+    cached = hub_file(name, "config.json") is not None
+    if not cached and alias is not None:
+        raise ConfigError(f"{key}: {name!r} is not a tether alias, a directory here or a cached Hub model; did you "
+                          f"mean {alias}? (tether's aliases: {', '.join(ALIASES)}, {ALIAS_FORMS})")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
         os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
-    if offline and hub_file(name, "config.json") is None:
+    if offline and not cached:
         raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
                           f"download it first (huggingface-cli download {name}) or give a local directory")
 
@@ -123,6 +130,18 @@ def check_rewards_here(cfg: Config, found: Findings) -> None:
         from tether.rewards import check_reward_terms
 
         check_reward_terms(cfg.task.rewards)
+
+
+def probe_endpoints(cfg: Config) -> list[str]:
+    """Warning lines for the servers the config's rewards call that do not answer (an LLM judge's), each asked once
+    with a short timeout. Run by ``tether validate`` only: not a check of every start, which must not wait on the
+    network, and a warning, since the server may be started between validate and train."""
+    task = getattr(cfg, "task", None)
+    if task is None or not task.rewards:
+        return []
+    from tether.rewards import probe_reward_terms
+
+    return probe_reward_terms(task.rewards)
 
 
 def check_sft_data(sft: SFTConfig) -> None:

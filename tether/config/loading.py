@@ -45,6 +45,27 @@ SYNTAX_HINTS = {
 }
 
 
+# Values another framework names differently, by key path: (the framework, its settings that take them, {theirs:
+# tether's, or None for a value tether has no counterpart of}). A config ported from verl writes its names; the error
+# says which to write.
+OTHER_NAMES: dict[str, tuple[str, str, dict[str, str | None]]] = {
+    "algorithm.kl.estimator": ("verl", "kl_loss_type and kl_penalty",
+                               {"kl": "k1", "mse": "k2", "low_var_kl": "k3", "abs": None, "full": None}),
+}
+
+
+def _other_name_hint(key: str, value: Any) -> str:
+    """``; low_var_kl is verl's name for k3: write ...`` where ``value`` is another framework's name of a value of
+    ``key`` (:data:`OTHER_NAMES`); else empty."""
+    framework, settings, names = OTHER_NAMES.get(key, ("", "", {}))
+    if not isinstance(value, str) or value not in names:
+        return ""
+    table = f"{framework}'s {settings}: " + ", ".join(f"{theirs} = {ours}" for theirs, ours in names.items() if ours)
+    if names[value] is None:
+        return f"; {value} is {framework}'s name of an estimator tether does not have ({table})"
+    return f"; {value} is {framework}'s name for {names[value]}: write {key}={names[value]} ({table})"
+
+
 def _close_keys(key: str, allowed: list[str]) -> list[str]:
     """Allowed keys ``key`` may have meant: spelled alike, or abbreviated by its words' initials
     (``learning_rate`` -> ``lr``)."""
@@ -71,7 +92,7 @@ def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str =
             lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
             continue
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        hint = f"; write {SYNTAX_HINTS[e['type']]}" if e["type"] in SYNTAX_HINTS else ""
+        hint = f"; write {SYNTAX_HINTS[e['type']]}" if e["type"] in SYNTAX_HINTS else _other_name_hint(key, value)
         lines.append(f"  {key}: {e['msg']}{shown}{hint}")
     return lines
 
@@ -151,6 +172,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for item in overrides:
         path, value = parse_override(item)
+        _refuse_list_item(item, path, value, data)
         node = data
         for part in path[:-1]:
             child = node.get(part)
@@ -161,6 +183,72 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = child
         node[path[-1]] = value
     return data
+
+
+LIST_ITEM = re.compile(r"(.+)\[(-?\d+)\]")  # rewards[0]
+
+
+def _list_item(path: list[str], data: dict) -> tuple[list[str], int, list[str]] | None:
+    """``(the list's key path, the index, the key path inside the item)`` when ``path`` goes into a list item,
+    as ``task.rewards[0].weight`` or ``task.rewards.0.weight`` (where ``task.rewards`` is a list); else None."""
+    node: Any = data
+    for i, part in enumerate(path):
+        indexed = LIST_ITEM.fullmatch(part)
+        if indexed is not None:
+            return [*path[:i], indexed[1]], int(indexed[2]), path[i + 1:]
+        if isinstance(node, list) and re.fullmatch(r"-?\d+", part):
+            return path[:i], int(part), path[i + 1:]
+        node = node.get(part) if isinstance(node, dict) else None
+    return None
+
+
+def _refuse_list_item(item: str, path: list[str], value: Any, data: dict) -> None:
+    """An override cannot set one item of a list (the dotted syntax has no index): say to give the whole list, with
+    the config's own list and the change made in it as the example where there is one.
+
+    Raises:
+        ConfigError: ``path`` goes into a list item.
+    """
+    found = _list_item(path, data)
+    if found is None:
+        return
+    keys, index, inner = found
+    node: Any = data
+    for part in keys:
+        node = node.get(part) if isinstance(node, dict) else None
+    example = _whole_list(node, index, inner, value)
+    quote = "'" if "'" not in example else '"'
+    key = ".".join(keys)
+    raise ConfigError(f"override {item!r}: {key} is a list, and the command line cannot set one item of it: give the "
+                      f"whole list, e.g. {key}={quote}{example}{quote}")
+
+
+def _flow(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip().removesuffix("\n...")
+
+
+def _whole_list(current: Any, index: int, inner: list[str], value: Any) -> str:
+    """The list to give, in YAML flow style: ``current`` (the config's) with item ``index`` changed at ``inner``,
+    or, where the config has no such item, the changed part and ``...`` for the rest."""
+    change: Any = value
+    for part in reversed(inner):
+        change = {part: change}
+    if isinstance(current, list) and -len(current) <= index < len(current):
+        changed = copy.deepcopy(current)
+        changed[index] = _merged(changed[index], change) if inner else value
+        return _flow(changed)
+    flow = _flow(change)
+    return f"[{flow[:-1]}, ...}}, ...]" if isinstance(change, dict) else f"[{flow}, ...]"
+
+
+def _merged(base: Any, change: dict) -> Any:
+    """``base`` (a list item) with the nested ``change`` set in it; a non-mapping item is replaced."""
+    if not isinstance(base, dict):
+        return change
+    out = dict(base)
+    for key, sub in change.items():
+        out[key] = _merged(out.get(key), sub) if isinstance(sub, dict) and isinstance(out.get(key), dict) else sub
+    return out
 
 
 def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
@@ -221,14 +309,29 @@ def _config_text(path: Path) -> str:
 COMMAND_LINE = re.compile(r"^#\s*tether\s+([a-z-]+)\s")
 
 
+def first_line_command(path: str | Path) -> str | None:
+    """The command the file's first line names (``# tether experiment PROTOCOL.yaml`` -> ``experiment``), any
+    command, or None."""
+    named = COMMAND_LINE.match(_config_text(Path(path)).split("\n", 1)[0] + " ")
+    return named[1] if named is not None else None
+
+
 def config_command(path: str | Path) -> str:
     """The command a config file is for: the one its first line names (``# tether sft CONFIG``, the repository's
-    convention), else ``sft`` when it has an ``sft:`` section, else ``train``."""
-    text = _config_text(Path(path))
-    named = COMMAND_LINE.match(text.split("\n", 1)[0] + " ")
-    if named is not None and named[1] in SCHEMAS:
-        return named[1]
-    return "sft" if re.search(r"^sft:", text, re.MULTILINE) else "train"
+    convention) when it has a schema here (:data:`SCHEMAS`; an experiment's protocol has its own,
+    :mod:`tether.lab.protocol`), else ``sft`` when it has an ``sft:`` section, else ``train``."""
+    named = first_line_command(path)
+    if named in SCHEMAS:
+        return named
+    return "sft" if re.search(r"^sft:", _config_text(Path(path)), re.MULTILINE) else "train"
+
+
+def anchoring_rule() -> str:
+    """How a relative ``.py`` entry of ``imports:`` or ``model.chat_template`` was made absolute (by
+    :func:`_anchor_import_files`, which keeps no record of which base it used): for the message about a file that is
+    not there, which shows the absolute path."""
+    return ("a relative path is read from the folder of the config file that sets it, or from the working directory "
+            f"{Path.cwd()} when set on the command line")
 
 
 def _anchor_import_files(data: dict[str, Any], base: Path) -> None:

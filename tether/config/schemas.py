@@ -31,7 +31,8 @@ class RunConfig(Section):
     """What every command's config starts with: the seed, the run directory, the policy, the workload."""
 
     imports: list[str] = Field(default_factory=list, description="Python modules (my_pkg.rewards) or .py files "
-                               "(relative to the config file) imported before any check, so the tasks, "
+                               "(relative to the config file's folder; set on the command line, to the working "
+                               "directory) imported before any check, so the tasks, "
                                "environments, reward functions, estimators, losses and methods they register are "
                                "known (docs/tasks.md)")
     seed: int = Field(0, description="run seed: sampling seeds are functions of (seed, step, purpose)")

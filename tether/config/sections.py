@@ -36,8 +36,9 @@ class ModelConfig(Section):
                                  "(with model.lora: the policy with its adapters switched off, no copy)")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters instead of every weight (needs peft: "
                                       "pip install -e '.[lora]'; docs/lora.md); unset: full fine-tuning")
-    chat_template: str | None = Field(None, description="a Jinja chat template file (relative to the config file) "
-                                      "that replaces the tokenizer's own, for prompts and checkpoints (docs/tasks.md)")
+    chat_template: str | None = Field(None, description="a Jinja chat template file (relative to the config file's "
+                                      "folder; set on the command line, to the working directory) that replaces the "
+                                      "tokenizer's own, for prompts and checkpoints (docs/tasks.md)")
 
 
 class RewardTermConfig(Section):

@@ -264,9 +264,11 @@ class EAPO(Method):
     def setup(self, ctx: StepContext) -> None:
         """Load the prior (frozen, on the policy's device) and check that its vocabulary is the policy's."""
         from tether.models import load_policy
+        from tether.models.policy import model_load_errors
 
         s = self.settings
-        prior, prior_tokenizer = load_policy(s.prior, dtype=next(ctx.policy.parameters()).dtype)
+        with model_load_errors("methods.eapo.prior", s.prior):
+            prior, prior_tokenizer = load_policy(s.prior, dtype=next(ctx.policy.parameters()).dtype)
         check_vocabulary(ctx.policy, ctx.tokenizer, prior, prior_tokenizer, s.prior)
         # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine
         self.prior = prior.to(ctx.device).eval().requires_grad_(False)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tether.config import anchoring_rule
+
 
 def read_chat_template(path: str) -> str:
     """The template in file ``path``, compiled once as transformers compiles it (a sandboxed Jinja environment).
@@ -21,8 +23,7 @@ def read_chat_template(path: str) -> str:
 
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"model.chat_template: {path!r} is not a file (a Jinja chat template, relative to the config "
-                         "file)")
+        raise ValueError(f"model.chat_template: {path!r} is not a file (a Jinja chat template; {anchoring_rule()})")
     text = file.read_text(encoding="utf-8")
     try:
         ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,

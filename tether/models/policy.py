@@ -7,11 +7,16 @@ each kind (:mod:`.loading`, :mod:`.char`, :mod:`.vision`), so none of them impor
 
 from __future__ import annotations
 
+import difflib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tether.config import ConfigError
 from tether.models.char import char_model_dir, parse_char_alias
 from tether.models.loading import SMOLLM2, TINY_ALIAS, prepare_tokenizer, smollm2_dir, tiny_model_dir
 from tether.models.lora import adapter_base_name, is_adapter_dir, merge_adapter_dir
@@ -28,6 +33,50 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 #: Names of tiny random vision-language models (tether.models.vision.tiny_vlm) for CPU smoke runs.
 TINY_VLMS = {"tiny-qwen2.5-vl": "qwen2_5_vl", "tiny-idefics3": "idefics3"}
+#: Every alias of a fixed name, and the forms of the sized ones: what a model error lists.
+ALIASES = (SMOLLM2, *TINY_VLMS)
+ALIAS_FORMS = "char-<hidden>x<layers>, tiny-<hidden>x<layers>"
+ALIAS_CUTOFF = 0.7  # difflib ratio: smollm2-135m and smollm2-360m-instruct suggest smollm2-135m-instruct, gpt2 nothing
+SIZED_TYPO = re.compile(r"(tiny|char)[-_ ]?(\d+)[-_xX*](\d+)", re.IGNORECASE)  # tiny_64-2, Char-64X2
+
+
+def close_alias(name: str) -> str | None:
+    """The tether alias a one-word ``name`` most likely misspells (``smollm2-135m`` -> ``smollm2-135m-instruct``,
+    ``tiny_64-2`` -> ``tiny-64x2``), or None. A name with a ``/`` is a Hub id or a path, never an alias's typo."""
+    if "/" in name:
+        return None
+    sized = SIZED_TYPO.fullmatch(name)
+    if sized is not None:
+        return f"{sized[1].lower()}-{sized[2]}x{sized[3]}"
+    close = difflib.get_close_matches(name.lower(), ALIASES, n=1, cutoff=ALIAS_CUTOFF)
+    return close[0] if close else None
+
+
+@contextmanager
+def model_load_errors(key: str, name: str) -> Iterator[None]:
+    """Around the loading of the model the config key ``key`` names (``with model_load_errors("model.name",
+    name): load_policy(name)``).
+
+    Raises:
+        ConfigError: transformers' ``OSError`` (not on the Hub, no network and not in the cache, a directory
+            without weights): one line naming ``key`` and ``name`` and what to do, not the traceback of Hugging
+            Face's retries.
+    """
+    try:
+        yield
+    except OSError as err:
+        raise ConfigError(model_load_error(key, name, err)) from None
+
+
+def model_load_error(key: str, name: str, err: OSError) -> str:
+    """The line of :func:`model_load_errors`: the first line of transformers' message, then the fix."""
+    why = " ".join(str(err).split("\n", 1)[0].split()) or type(err).__name__
+    close = close_alias(name)
+    guess = f"did you mean {close}? " if close is not None and close != name else ""
+    hub_id = name if name.count("/") == 1 and not Path(name).expanduser().exists() else "ORG/NAME"
+    return (f"{key}: {name!r} could not be loaded ({why}); {guess}give a tether alias ({', '.join(ALIASES)}, "
+            f"{ALIAS_FORMS}), a local model directory, or a Hub id (org/name) that exists, downloaded first where "
+            f"there is no network (huggingface-cli download {hub_id})")
 
 
 def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch.float32) -> tuple[Any, Any]:

@@ -47,6 +47,7 @@ from tether.methods import method_config
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.models import load_policy
+from tether.models.policy import model_load_errors
 from tether.models.vision import encode_message, has_images, observation_images
 from tether.recipes.sft import train_sft, written_examples
 from tether.recipes.sft_state import (
@@ -225,7 +226,8 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     (run_dir / "data").mkdir(exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     if policy is None:
-        policy, tokenizer = load_policy(cfg.model.name)
+        with model_load_errors("model.name", cfg.model.name):
+            policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
     start = time.perf_counter()
     if begin.action == "fresh":

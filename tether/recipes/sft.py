@@ -225,6 +225,7 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     from tether.config import ConfigError, dump_config
     from tether.files import write_text_atomic
     from tether.models import load_policy
+    from tether.models.policy import model_load_errors
     from tether.splits import split_train_val
     from tether.start import run_tracker, start_run
     from tether.track.progress import status
@@ -245,7 +246,8 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     start = time.perf_counter()
     if policy is None:
         status(f"loading the policy {cfg.model.name}")
-        policy, tokenizer = load_policy(cfg.model.name)
+        with model_load_errors("model.name", cfg.model.name):
+            policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device)
     train, dropped_train = encode_examples(train_ex, tokenizer, s.max_length)
     val, dropped_val = encode_examples(val_ex, tokenizer, s.max_length)

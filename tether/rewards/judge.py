@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tether.openai_chat import ChatClient, ChatError
+from tether.openai_chat import ChatClient, ChatError, unreachable
 
 DEFAULT_TEMPLATE = ("Rate how well the response answers the question, from 0 (useless or wrong) to 10 (fully "
                     "correct and clear). Reply with the number only.\n\nQuestion:\n{prompt}\n\nResponse:\n"
                     "{completion}\n\nScore:")
 NUMBER = r"(-?\d+(?:\.\d+)?)"
+PROBE_TIMEOUT_S = 2.0  # tether validate's one look at the endpoint: a local server answers in milliseconds
 
 
 def text_of(value: Any) -> str:
@@ -102,6 +103,19 @@ class Judge:
                 min(cache_size, retry_delay_s) < 0:
             raise ValueError("timeout_s and max_score must be > 0; retries, concurrency and max_tokens >= 1; "
                              "cache_size and retry_delay_s >= 0")
+
+    @staticmethod
+    def probe(base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY", **_: Any) -> str | None:
+        """Whether a server answers at the endpoint, asked once with a short timeout by ``tether validate`` (never
+        in a run): the settings check cannot see a server that is not started, and training would then fault every
+        row. Returns a warning line (``base_url: cannot connect to ...``), or None."""
+        url = base_url or os.environ.get("OPENAI_BASE_URL", "")
+        problem = unreachable(url, os.environ.get(api_key_env, ""), timeout=PROBE_TIMEOUT_S)
+        if problem is None:
+            return None
+        where = "" if base_url else " (from $OPENAI_BASE_URL)"
+        return (f"base_url{where}: {problem}; every row of this reward would be a fault: start the judge's server "
+                "before training, or fix base_url")
 
     def judge_prompt(self, prompt: Any, completion: Any, columns: dict[str, Any]) -> str:
         fields = _Fields({k: "" if v is None else str(v) for k, v in columns.items()})

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tether.files import relative_to_cwd
 from tether.rewards.judge import text_of
 
 
@@ -27,7 +28,8 @@ def load_compute_score(path: str, name: str) -> Callable[..., Any]:
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ValueError(f"path: {path!r} is not a file (verl's custom_reward_function.path)")
+        raise ValueError(f"path: {path!r} is not a file{relative_to_cwd(path)}: it names the Python file of the "
+                         "function, verl's custom_reward_function.path")
     spec = importlib.util.spec_from_file_location(f"tether_verl_reward_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

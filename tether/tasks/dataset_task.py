@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tether.files import relative_to_cwd
 from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
@@ -288,7 +289,8 @@ def _is_local(source: str, key: str) -> bool:
     if Path(source).expanduser().exists():
         return True
     if Path(source).suffix.lower() in _FORMATS or source.startswith((".", "/", "~")) or source.count("/") > 1:
-        raise ValueError(f"{key}: {source!r} does not exist here (and is not a Hub id, org/name)")
+        raise ValueError(f"{key}: {source!r} does not exist here{relative_to_cwd(source)}, and is not a Hub id "
+                         "(org/name)")
     return False
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tether.files import numbered_jsonl
+from tether.files import numbered_jsonl, relative_to_cwd
 from tether.splits import seeded_order, shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, fault_score
 from tether.tasks.extract import (
@@ -32,7 +32,7 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     """Read a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file with ``datasets`` (no network, no cache dir)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"task data file not found: {path}")
+        raise FileNotFoundError(f"task data file not found: {path}{relative_to_cwd(path)}")
     fmt = _FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise ValueError(f"unsupported data file {path.name}; expected one of {', '.join(_FORMATS)}")
@@ -249,7 +249,7 @@ class JsonlTask:
                 continue
             file = Path(file)
             if not file.is_file():
-                raise ValueError(f"{key}: data file {str(file)!r} does not exist")
+                raise ValueError(f"{key}: data file {str(file)!r} does not exist{relative_to_cwd(file)}")
             if file.suffix.lower() == ".jsonl":
                 rows = numbered_jsonl(file, key, (prompt_field, answer_field))
                 warnings += answer_warnings(key, file, rows, answer_field, timeout_s)

@@ -30,6 +30,7 @@ from tether.models import load_policy
 from tether.models.chat_template import apply_chat_template
 from tether.models.layers import LayerCheckpointing, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
+from tether.models.policy import model_load_errors
 from tether.optimizer import adamw
 from tether.rollout.asynchronous import asynchronous
 from tether.rollout.base import Collector
@@ -79,7 +80,8 @@ class TrainerBuild:
         # 2. models
         if policy is None:
             self.status(f"loading the policy {cfg.model.name}")
-            policy, tokenizer = load_policy(cfg.model.name)
+            with model_load_errors("model.name", cfg.model.name):
+                policy, tokenizer = load_policy(cfg.model.name)
         self.tokenizer = tokenizer
         if cfg.model.lora is not None:  # only the adapters train (docs/lora.md)
             policy = add_lora(policy, cfg.model.lora, base_name=cfg.model.name)
@@ -125,7 +127,8 @@ class TrainerBuild:
         its adapters off (no copy; it stays the initial policy since only the adapters train), or with a frozen
         reference adapter of its own when a method resets the reference (docs/lora.md)."""
         if self.cfg.model.ref_name:
-            ref, _ = load_policy(self.cfg.model.ref_name)
+            with model_load_errors("model.ref_name", self.cfg.model.ref_name):
+                ref, _ = load_policy(self.cfg.model.ref_name)
         elif is_lora(policy):
             if self.methods.moves_reference:
                 add_reference_adapter(policy)

@@ -13,6 +13,7 @@ from pathlib import Path
 from tether.config import Config
 from tether.engine.registry import build_engine
 from tether.models import load_policy
+from tether.models.policy import model_load_errors
 from tether.seeding import step_seed
 from tether.start import start_run
 from tether.track.progress import status
@@ -31,7 +32,8 @@ def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
     device = start_run(cfg)  # a missing GPU fails now, then the checks, before any model loads
     status(f"loading {cfg.model.name}")
-    policy, tokenizer = load_policy(cfg.model.name)
+    with model_load_errors("model.name", cfg.model.name):
+        policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
     status(f"evaluating on split {cfg.val.split!r} ({cfg.val.max_prompts or 'all'} prompts x "
            f"{1 if cfg.val.greedy else cfg.val.samples} samples)")

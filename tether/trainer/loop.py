@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -92,12 +93,14 @@ class TrainingLoop:
         return scheduled or votes["late"] > 0 or votes["signalled"] > 0, votes["signalled"] > 0
 
     def summary(self) -> dict[str, Any]:
-        """First and last validation, the best value of ``train.best_metric``, steps done."""
+        """First and last validation, the best value of ``train.best_metric``, steps done. Strict JSON: a value that
+        is not a finite number is None (``best`` before any validation, ``val.every=0``, is -inf here; JSON has no
+        ``-Infinity``, and readers such as ``jq`` refuse Python's)."""
         out: dict[str, Any] = {"steps": self.step, "best": {self.cfg.train.best_metric: self.best_value}}
         if self.val_history:
             out["first_val"] = {"step": self.val_history[0][0], **self.val_history[0][1]}
             out["last_val"] = {"step": self.val_history[-1][0], **self.val_history[-1][1]}
-        return out
+        return finite_or_none(out)
 
     def validate(self) -> dict[str, float]:
         v, start = self.cfg.val, time.monotonic()
@@ -128,6 +131,17 @@ class TrainingLoop:
                 torch.save(state, directory / "trainer_state.pt")
 
         return write
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every float that is not finite (NaN, +-inf) replaced by None, in nested dicts and lists."""
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def refill_stop_message(shortfall: str, latest: Path | None) -> str:
