@@ -1,8 +1,9 @@
 """A conversational dataset saved with ``datasets``' ``save_to_disk``, and the format function that reads it.
 
 Run this file once to write the dataset next to it (``python examples/conversational_dataset/chat_format.py``):
-each row is a short support conversation (a list of ``{role, content}`` messages) ending with a user's question,
-and the number that answers it.
+each row is a short support conversation (a list of ``{role, content}`` messages) ending with a user's question
+(a sum of two digits: SmolLM2-135M-Instruct gets about one in five right at the start, enough for GRPO to learn
+from), and the number that answers it.
 """
 
 import random
@@ -18,18 +19,15 @@ def to_prompt(row):
 
 
 def make_dataset(path, rows=200, seed=0):
-    """Write ``rows`` conversations to ``path`` with ``Dataset.save_to_disk``."""
+    """Write ``rows`` distinct conversations (at most 243) to ``path`` with ``Dataset.save_to_disk``."""
     import datasets
 
-    rng = random.Random(seed)
-    data = []
-    for _ in range(rows):
-        a, b = rng.randint(2, 40), rng.randint(2, 40)
-        data.append({"conversation": [
-            {"role": "user", "content": rng.choice(OPENERS)},
-            {"role": "assistant", "content": "Of course. What is the question?"},
-            {"role": "user", "content": f"What is {a} plus {b}?"},
-        ], "solution": a + b})
+    pairs = [(opener, a, b) for opener in OPENERS for a in range(1, 10) for b in range(1, 10)]
+    data = [{"conversation": [
+        {"role": "user", "content": opener},
+        {"role": "assistant", "content": "Of course. What is the question?"},
+        {"role": "user", "content": f"What is {a} plus {b}?"},
+    ], "solution": a + b} for opener, a, b in random.Random(seed).sample(pairs, rows)]
     datasets.Dataset.from_list(data).save_to_disk(str(path))
 
 

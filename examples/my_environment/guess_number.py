@@ -11,7 +11,7 @@ from tether.envs.base import EnvReset, EnvStep, check_can_step, eval_seeds, pars
 
 
 class GuessNumber:
-    """Guess the secret number in ``guesses`` tries; reward 1.0 for finding it.
+    """Guess the secret number in ``guesses`` tries; reward 1.0 for finding it. Its solver is a binary search.
 
     Args:
         high: the secret is drawn from 1..high, seeded by the episode's seed.
@@ -29,10 +29,12 @@ class GuessNumber:
             raise ValueError(f"high={high} must be at least 2 and guesses={guesses} at least 1")
         self.high, self.guesses = high, guesses
         self._secret, self._left, self._started, self._done = 0, 0, False, False
+        self._low, self._high = 1, high  # the numbers the feedback so far still allows
 
     def reset(self, seed: int) -> EnvReset:
         self._secret = random.Random(seed).randint(1, self.high)
         self._left, self._started, self._done = self.guesses, True, False
+        self._low, self._high = 1, self.high
         return EnvReset(observation=f"I picked a number from 1 to {self.high}. You have {self.guesses} guesses.",
                         task=f"Find my secret number between 1 and {self.high}.")
 
@@ -50,6 +52,10 @@ class GuessNumber:
             feedback = f"Yes! {guess} is my number."
         else:
             feedback = f"{guess} is too {'low' if guess < self._secret else 'high'}. {self._left} guesses left."
+            if guess < self._secret:
+                self._low = max(self._low, guess + 1)
+            else:
+                self._high = min(self._high, guess - 1)
         return EnvStep(feedback, 1.0 if won else 0.0, self._done,
                        {"won": won, "admissible_actions": None, "invalid_action": False})
 
@@ -58,8 +64,18 @@ class GuessNumber:
         return action, valid and action.isdigit()
 
     def solution(self) -> list[str] | None:
-        """The winning action from here (for scripted warm starts); None outside an episode."""
-        return [str(self._secret)] if self._started and not self._done else None
+        """A binary search's guesses from here to the secret, for the SFT warm start (``sft.data: solver``, which
+        takes the first at each state): each is the middle of the numbers the feedback still allows, so the next
+        one reads only what the prompt shows; from 1..20 it wins within 5 guesses. None outside an episode."""
+        if not self._started or self._done:
+            return None
+        low, high, plan = self._low, self._high, []
+        while True:
+            guess = (low + high) // 2
+            plan.append(str(guess))
+            if guess == self._secret:
+                return plan
+            low, high = (guess + 1, high) if guess < self._secret else (low, guess - 1)
 
     def close(self) -> None:
         self._started = False
