@@ -7,7 +7,10 @@ with its message and its exit code (docs/reliability.md); ``tether --debug COMMA
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
+import warnings
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -67,6 +70,20 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="show the traceback
                                                help="print tether's version and exit")] = False) -> None:
     """tether: RL for language models. Exit codes: 0 done, 1 crash, 2 bad input, 3 health stop, 4 stopped early
     (resumable), 5 environment fault, 128+N signal N (docs/reliability.md)."""
+    if not debug:
+        warnings.formatwarning = one_line_warning
+    if not sys.stderr.isatty():
+        # a log file gets tether's step lines, not Hugging Face's carriage-returned progress bars (read when
+        # huggingface_hub and transformers are imported, which is later)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     line: str | None = None) -> str:
+    """A warning as one line, as errors are: ``warning: MESSAGE`` for tether's own (UserWarning), else with the
+    category's name; where it was raised (file, line and source, Python's default) only under ``--debug``."""
+    label = "warning" if category is UserWarning else category.__name__
+    return f"{label}: {message}\n"
 
 
 def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None,

@@ -4,6 +4,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -136,3 +140,26 @@ def test_eval_of_an_sft_checkpoint_without_a_config_says_to_pass_one(tmp_path):
     assert out.exit_code == EXIT_CONFIG
     assert "is a `tether sft` config: it names no held-out evaluation" in out.output
     assert f"tether eval {tmp_path / 'checkpoint'} --config CONFIG.yaml" in out.output
+
+
+def test_warnings_are_one_line_and_progress_bars_stay_out_of_logs(monkeypatch):
+    # the CLI sets both for its process; restored here after the in-process run
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    out = run("validate", QUICKSTART, "run_dir=/nonexistent/x")
+    assert out.exit_code == 0, out.output
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # CliRunner's stderr is not a terminal
+    assert warnings.formatwarning("lr too high", UserWarning, "/x/y.py", 7) == "warning: lr too high\n"
+    assert warnings.formatwarning("old key", FutureWarning, "/x/y.py", 7) == "FutureWarning: old key\n"
+
+
+def test_a_warning_in_a_real_process_is_one_line_and_debug_keeps_where_it_was_raised(monkeypatch):
+    command = [sys.executable, "-m", "tether", "validate", QUICKSTART, "train.resume=false", "run_dir=/nonexistent/x"]
+    plain = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                           check=True)
+    assert plain.stderr.splitlines()[0].startswith("FutureWarning: train.resume=false is now")
+    assert ".py:" not in plain.stderr and len(plain.stderr.splitlines()) == 1
+    python_default = warnings.formatwarning
+    monkeypatch.setattr(warnings, "formatwarning", python_default)
+    assert run("--debug", "validate", QUICKSTART, "run_dir=/nonexistent/x").exit_code == 0
+    assert warnings.formatwarning is python_default  # file, line and source, as Python prints them
