@@ -113,9 +113,14 @@ def train(config: Path, overrides: Overrides = None) -> None:
 
 
 def _train(cfg: Config) -> dict:
-    """One run's summary."""
+    """One run's summary; a finished run's without loading anything."""
+    from tether.track.progress import status
     from tether.trainer import Trainer
+    from tether.trainer.rundir import finished_summary
 
+    if (done := finished_summary(cfg)) is not None:
+        status(f"{cfg.run_dir} is finished (step {done['steps']} of {cfg.train.steps}): nothing to do")
+        return done
     trainer = Trainer(cfg)
     trainer.fit()
     return trainer.summary()

@@ -229,3 +229,51 @@ def test_a_garbage_latest_pointer_is_reported(tmp_path):
     (ckpts.root / "latest").write_text("\x00\x07garbage")
     with pytest.warns(UserWarning, match=r"latest holds .*not a step directory's name; it is ignored"):
         assert prepare_run_dir(cfg, ckpts, DataParallel()) == ckpts.root / "step_000001"
+
+
+def finished_run(tmp_path, steps_done: int = 2, *overrides: str):
+    """A run directory whose run reached ``steps_done`` (marker checkpoints) and wrote its summary there."""
+    cfg = tiny_config(tmp_path, *overrides)
+    Path(cfg.run_dir).mkdir(parents=True)
+    (Path(cfg.run_dir) / "config.yaml").write_text(dump_config(cfg))
+    for step in range(1, steps_done + 1):
+        manager(cfg).save(step, write_marker(str(step)))
+    summary = {"steps": steps_done, "best": {"val/avg@k": 0.5}}
+    (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary))
+    return cfg, summary
+
+
+def test_train_over_a_finished_run_returns_its_summary_without_loading_a_model(tmp_path, monkeypatch, capsys):
+    from tether import cli, trainer
+    from tether.trainer.rundir import check_run_dir, finished_summary
+
+    cfg, summary = finished_run(tmp_path)
+    assert finished_summary(cfg) == summary
+    monkeypatch.setattr(trainer, "Trainer", lambda *a, **k: pytest.fail("a finished run built a trainer"))
+    assert cli._train(cfg) == summary
+    assert "is finished (step 2 of 2): nothing to do" in capsys.readouterr().err
+    assert check_run_dir(cfg).endswith("is finished (step 2 of 2): train would do nothing")
+
+
+@pytest.mark.parametrize("case", ["more_steps", "health_stop", "resume_never", "no_summary", "damaged_summary"])
+def test_a_run_that_is_not_finished_goes_the_way_of_a_start(tmp_path, case):
+    from tether.trainer.rundir import finished_summary
+
+    cfg, _ = finished_run(tmp_path, 1 if case == "health_stop" else 2,
+                          *{"more_steps": ["train.steps=3"], "resume_never": ["train.resume=never"]}.get(case, []))
+    summary = Path(cfg.run_dir) / "summary.json"
+    if case == "no_summary":
+        summary.unlink()
+    if case == "damaged_summary":
+        summary.write_text('{"steps": 2, "be')
+    assert finished_summary(cfg) is None
+
+
+def test_a_finished_run_with_a_changed_setting_is_refused_as_a_resume_is(tmp_path):
+    from tether.trainer.rundir import finished_summary
+
+    cfg, _ = finished_run(tmp_path)
+    changed = tiny_config(tmp_path, "optim.lr=0.5")
+    with pytest.raises(RunDirError, match=r"optim\.lr: 0\.5 differs from 0\.001"):
+        finished_summary(changed)
+    assert finished_summary(cfg) is not None

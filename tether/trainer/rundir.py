@@ -189,8 +189,30 @@ def check_run_dir(cfg: Config) -> str:
     run_dir = Path(cfg.run_dir)
     checkpoints = CheckpointManager(run_dir, cfg.train.keep_last)
     start = plan_start(cfg, checkpoints)
+    if start is not None and finished_summary(cfg) is not None:
+        return f"{run_dir} is finished (step {dir_step(start)} of {cfg.train.steps}): train would do nothing"
     overwrites = start is None and _earlier_run(run_dir, checkpoints) is not None
     return start_line(run_dir, start, overwrites, would=True)
+
+
+def finished_summary(cfg: Config) -> dict[str, Any] | None:
+    """The summary of the run in ``cfg.run_dir`` when it has run to ``train.steps`` with these settings, else None:
+    the same command again has nothing to do, and ``tether train`` says so without loading a model. The checks of
+    a resume run first (:func:`plan_start`: a changed setting is refused), and a run a health check stopped early,
+    whose summary is written too, is not finished.
+    """
+    run_dir = Path(cfg.run_dir)
+    summary_path = run_dir / "summary.json"
+    if cfg.train.resume == "never" or not summary_path.is_file():
+        return None
+    start = plan_start(cfg, CheckpointManager(run_dir, cfg.train.keep_last))
+    if start is None or dir_step(start) < cfg.train.steps:
+        return None
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):  # a damaged summary: the resume path writes it again
+        return None
+    return summary if isinstance(summary, dict) and summary.get("steps") == dir_step(start) else None
 
 
 def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParallel) -> Path | None:
