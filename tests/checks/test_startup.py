@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from tests.trainer.helpers import tiny_config
-from tether.checks import check_config
+from tether.checks import check_config, load_checked_config
 from tether.cli import app
 from tether.config import ConfigError, config_command, load_command_config, load_config
 from tether.trainer import Trainer
@@ -78,6 +78,13 @@ def test_launch_and_batch_arithmetic_are_warnings(tmp_path, monkeypatch):
                                         "optim.mini_batches=2"), policy=False)
     assert any(w.startswith("distributed.strategy=fsdp2 runs only under torchrun") for w in warnings)
     assert "optim.micro_batch_size=16 exceeds the 4 rows of a mini-batch" in " ".join(warnings)
+
+
+def test_the_default_micro_batch_size_is_not_warned_about(tmp_path):
+    cfg = load_checked_config(data={"run_dir": str(tmp_path / "run"), "task": {"name": "parity"},
+                                    "rollout": {"prompts_per_step": 2, "group_size": 2}})
+    assert cfg.optim.micro_batch_size > 4  # the default, above the 4 rows of a step
+    assert not any("micro_batch_size" in w for w in check_config(cfg, policy=False))
 
 
 def test_a_missing_input_names_the_command_that_writes_it(tmp_path):
