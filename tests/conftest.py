@@ -21,6 +21,21 @@ torch.set_num_threads(int(os.environ.get("TETHER_TEST_THREADS", "1")))
 from tether.models.vision import TINY_VLM_FAMILIES, tiny_vlm  # noqa: E402 (after the offline settings above)
 
 
+@pytest.fixture(autouse=True)
+def _cli_process_settings(monkeypatch):
+    """The CLI sets how warnings print and turns off Hugging Face's progress bars for its process; a test that
+    invokes it in this process must not leave either to the tests after it."""
+    import warnings
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    bars = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    yield
+    if bars is None:
+        os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    else:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = bars
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The SmolLM2 tokenizer (49,152 tokens, ChatML template, pad = EOS, left padding). Do not modify it."""

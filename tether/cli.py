@@ -80,10 +80,11 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="show the traceback
 
 def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                      line: str | None = None) -> str:
-    """A warning as one line, as errors are: ``warning: MESSAGE`` for tether's own (UserWarning), else with the
-    category's name; where it was raised (file, line and source, Python's default) only under ``--debug``."""
-    label = "warning" if category is UserWarning else category.__name__
-    return f"{label}: {message}\n"
+    """A warning as one line, as errors are: ``warning: MESSAGE`` for tether's own (a UserWarning raised in its
+    package), else with the category's name (``UserWarning: ...`` from torch or transformers, ``FutureWarning: ...``);
+    where it was raised (file, line and source, Python's default) only under ``--debug``."""
+    ours = category is UserWarning and Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent)
+    return f"{'warning' if ours else category.__name__}: {message}\n"
 
 
 def _load(config: Path | None, overrides: list[str] | None, data: dict | None = None,
@@ -119,7 +120,7 @@ def _train(cfg: Config) -> dict:
     from tether.trainer.rundir import finished_summary
 
     if (done := finished_summary(cfg)) is not None:
-        status(f"{cfg.run_dir} is finished (step {done['steps']} of {cfg.train.steps}): nothing to do")
+        status(f"{cfg.run_dir} is finished at step {done['steps']}: nothing to do")
         return done
     trainer = Trainer(cfg)
     trainer.fit()

@@ -7,6 +7,7 @@ Transport errors, HTTP errors and malformed answers are retried ``retries`` time
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -79,13 +80,19 @@ def unreachable(base_url: str, api_key: str = "", timeout: float = 2.0) -> str |
     server is there: only a refused or timed-out connection, or a name that does not resolve, is a reason.
     """
     url = f"{base_url.rstrip('/')}/models"
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
         with urllib.request.urlopen(request, timeout=timeout):
             return None
     except urllib.error.HTTPError:
         return None
     except urllib.error.URLError as err:
         return f"cannot connect to {url} ({getattr(err.reason, 'strerror', None) or err.reason})"
-    except (TimeoutError, OSError) as err:
-        return f"cannot connect to {url} ({getattr(err, 'strerror', None) or err or type(err).__name__})"
+    except TimeoutError:
+        return f"no answer from {url} within {timeout:g} s"
+    except OSError as err:
+        return f"cannot connect to {url} ({err.strerror or str(err) or type(err).__name__})"
+    except (ValueError, http.client.InvalidURL) as err:  # a port that is not a number, a bad IPv6 address
+        return f"{url} is not a valid URL ({err})"
+    except http.client.HTTPException as err:  # a port that answers, but not in HTTP (an SSH server)
+        return f"{url} answers, but not as an HTTP server ({type(err).__name__})"

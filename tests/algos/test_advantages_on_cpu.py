@@ -217,3 +217,11 @@ def test_integer_rewards_are_refused():
 def test_qae_quantile_range():
     with pytest.raises(ValueError, match="quantile"):
         adv(qae, torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), quantile=1.5)
+
+
+def test_clean_baseline_keeps_a_nan_as_grpo_does():
+    # the equal-rewards shortcut must not turn a group holding a NaN into a silent 0
+    rewards = torch.tensor([float("nan"), 1.0, 1.0])
+    out = clean_baseline(AdvantageInputs(rewards, torch.zeros(3, dtype=torch.long),
+                                         injected=torch.tensor([False, False, True]))).advantages
+    assert out.isnan().all() and adv(grpo, rewards, torch.zeros(3, dtype=torch.long)).isnan().all()

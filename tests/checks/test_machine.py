@@ -154,13 +154,26 @@ def test_a_model_that_fails_to_load_is_one_line_and_exit_code_2(tmp_path, monkey
     assert "Traceback" not in result.output and "offline mode" not in result.output
 
 
+def test_a_file_system_error_while_loading_is_not_reported_as_a_wrong_name():
+    from tether.models.policy import model_load_errors
+
+    for err in (PermissionError(13, "Permission denied", "/home/u/.cache/tether"),
+                OSError(28, "No space left on device")):
+        with pytest.raises(type(err)) as raised, model_load_errors("model.name", "tiny-64x2"):
+            raise err
+        assert raised.value is err  # its own message and traceback, not the alias advice
+    with pytest.raises(ConfigError) as raised, model_load_errors("model.name", "org/x"):
+        raise HUB_OS_ERROR
+    assert raised.value.__cause__ is HUB_OS_ERROR  # --debug shows transformers' traceback
+
+
 def test_the_load_error_names_the_key_and_a_close_alias():
     from tether.models.policy import model_load_error
 
     line = model_load_error("model.ref_name", "smollm2-135m", HUB_OS_ERROR)
     assert line.startswith("model.ref_name: 'smollm2-135m' could not be loaded (")
     assert "did you mean smollm2-135m-instruct?" in line and "\n" not in line
-    assert "huggingface-cli download org/x)" in model_load_error("methods.eapo.prior", "org/x", HUB_OS_ERROR)
+    assert "hf download org/x)" in model_load_error("methods.eapo.prior", "org/x", HUB_OS_ERROR)
 
 
 @pytest.mark.parametrize("alias, message", [

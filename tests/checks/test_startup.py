@@ -74,10 +74,10 @@ def test_a_device_this_machine_lacks_fails_validate():
 def test_launch_and_batch_arithmetic_are_warnings(tmp_path, monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    warnings = check_config(tiny_config(tmp_path, "distributed.strategy=fsdp2", "optim.micro_batch_size=16",
+    warnings = check_config(tiny_config(tmp_path, "distributed.strategy=fsdp2", "optim.micro_batch_size=12",
                                         "optim.mini_batches=2"), policy=False)
     assert any(w.startswith("distributed.strategy=fsdp2 runs only under torchrun") for w in warnings)
-    assert "optim.micro_batch_size=16 exceeds the 4 rows of a mini-batch" in " ".join(warnings)
+    assert "optim.micro_batch_size=12 exceeds the 4 rows of a mini-batch" in " ".join(warnings)
 
 
 def test_the_default_micro_batch_size_is_not_warned_about(tmp_path):

@@ -149,8 +149,9 @@ def test_warnings_are_one_line_and_progress_bars_stay_out_of_logs(monkeypatch):
     out = run("validate", QUICKSTART, "run_dir=/nonexistent/x")
     assert out.exit_code == 0, out.output
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # CliRunner's stderr is not a terminal
-    assert warnings.formatwarning("lr too high", UserWarning, "/x/y.py", 7) == "warning: lr too high\n"
-    assert warnings.formatwarning("old key", FutureWarning, "/x/y.py", 7) == "FutureWarning: old key\n"
+    assert warnings.formatwarning("lr too high", UserWarning, cli.__file__, 7) == "warning: lr too high\n"
+    assert warnings.formatwarning("a library's", UserWarning, "/x/y.py", 7) == "UserWarning: a library's\n"
+    assert warnings.formatwarning("old key", FutureWarning, cli.__file__, 7) == "FutureWarning: old key\n"
 
 
 def test_a_warning_in_a_real_process_is_one_line_and_debug_keeps_where_it_was_raised(monkeypatch):

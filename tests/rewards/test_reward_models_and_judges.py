@@ -124,6 +124,34 @@ def test_validate_warns_when_nothing_answers_at_the_judges_url(tmp_path):
     assert result.exit_code == 0 and "warning" not in result.output, result.output
 
 
+def test_the_probe_names_a_bad_url_and_a_server_that_is_not_http():
+    # the typos the probe exists for raised out of validate (exit 1): a port that is not a number, a bad IPv6
+    # address, a port where something answers in another protocol
+    import socket
+    import threading
+
+    from tether.openai_chat import unreachable
+
+    assert unreachable("http://localhost:80O0/v1").startswith("http://localhost:80O0/v1/models is not a valid URL")
+    assert "is not a valid URL" in unreachable("http://[::1/v1")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def speak_ssh() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(1024)
+                connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+        thread = threading.Thread(target=speak_ssh, daemon=True)
+        thread.start()
+        port = listener.getsockname()[1]
+        line = unreachable(f"http://127.0.0.1:{port}/v1")
+        thread.join(5)
+    assert line == f"http://127.0.0.1:{port}/v1/models answers, but not as an HTTP server (BadStatusLine)", line
+
+
 def test_the_judges_url_is_probed_by_validate_only(tmp_path, monkeypatch):
     """A start must not wait on the network: the probe is not one of the checks every command runs."""
     from tether.checks import check_config
@@ -134,7 +162,7 @@ def test_the_judges_url_is_probed_by_validate_only(tmp_path, monkeypatch):
         raise AssertionError("probed outside tether validate")
 
     cfg = load_config(judge_config(tmp_path, closed_port_url()))
-    monkeypatch.setattr(Judge, "probe", staticmethod(no_probe))
+    monkeypatch.setattr(Judge, "probe_endpoint", staticmethod(no_probe))
     check_config(cfg)
     with pytest.raises(AssertionError):
         probe_endpoints(cfg)

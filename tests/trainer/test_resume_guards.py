@@ -251,14 +251,17 @@ def test_train_over_a_finished_run_returns_its_summary_without_loading_a_model(t
     assert finished_summary(cfg) == summary
     monkeypatch.setattr(trainer, "Trainer", lambda *a, **k: pytest.fail("a finished run built a trainer"))
     assert cli._train(cfg) == summary
-    assert "is finished (step 2 of 2): nothing to do" in capsys.readouterr().err
-    assert check_run_dir(cfg).endswith("is finished (step 2 of 2): train would do nothing")
+    assert "is finished at step 2: nothing to do" in capsys.readouterr().err
+    assert check_run_dir(cfg).endswith("is finished at step 2: train would do nothing")
 
 
-@pytest.mark.parametrize("case", ["more_steps", "health_stop", "resume_never", "no_summary", "damaged_summary"])
-def test_a_run_that_is_not_finished_goes_the_way_of_a_start(tmp_path, case):
+@pytest.mark.parametrize("case", ["more_steps", "health_stop", "resume_never", "no_summary", "damaged_summary",
+                                  "torchrun"])
+def test_a_run_that_is_not_finished_goes_the_way_of_a_start(tmp_path, case, monkeypatch):
     from tether.trainer.rundir import finished_summary
 
+    if case == "torchrun":  # the ranks' collective start decides, rank 0 alone warning and refusing
+        monkeypatch.setenv("WORLD_SIZE", "2")
     cfg, _ = finished_run(tmp_path, 1 if case == "health_stop" else 2,
                           *{"more_steps": ["train.steps=3"], "resume_never": ["train.resume=never"]}.get(case, []))
     summary = Path(cfg.run_dir) / "summary.json"

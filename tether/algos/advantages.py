@@ -266,8 +266,8 @@ def clean_baseline(inputs: AdvantageInputs, *, scale: bool = True, eps: float = 
         if int(rows.sum()) < 2:
             continue  # a group of one has no baseline: advantage 0, as the other estimators
         from_clean[rows] = bool(clean.any())
-        if not _differ(r):
-            continue  # equal rewards carry no signal: 0, not a rounding error over eps
+        if not _differ(r) and not bool(r.isnan().any()):
+            continue  # equal rewards carry no signal: 0, not a rounding error over eps (NaN stays NaN, as in grpo)
         mean = r[clean].mean() if bool(clean.any()) else r.mean()
         std = r[clean].std() if int(clean.sum()) >= 2 and _differ(r[clean]) else r.std()
         adv[rows] = ((r - mean) / (std + eps) if scale else r - mean).to(adv.dtype)

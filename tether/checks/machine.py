@@ -52,7 +52,7 @@ def check_model(key: str, name: str) -> None:
         os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
     if offline and not cached:
         raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-                          f"download it first (huggingface-cli download {name}) or give a local directory")
+                          f"download it first (hf download {name}) or give a local directory")
 
 
 def check_models(cfg: Config, found: Findings, *, policy: bool = True) -> None:

@@ -150,8 +150,9 @@ def warn_batch_arithmetic(cfg: Config, found: Findings) -> None:
     o, r = cfg.optim, cfg.rollout
     if o.max_tokens_per_micro_batch is not None or cfg.env is not None:
         return  # token budgets and agent turns make the row count vary
-    if "micro_batch_size" not in o.model_fields_set:
-        return  # the default (16) is a ceiling for any batch, not a choice that does nothing
+    if o.micro_batch_size == type(o).model_fields["micro_batch_size"].default:
+        return  # the default (16) is a ceiling for any batch, not a choice that does nothing (a run's config.yaml
+        # writes every field, so the value, not whether it was set, tells)
     rows = r.prompts_per_step * r.group_size // max(1, o.mini_batches)
     if o.micro_batch_size > rows:
         found.warn(f"optim.micro_batch_size={o.micro_batch_size} exceeds the {rows} rows of a mini-batch "

@@ -60,12 +60,15 @@ def model_load_errors(key: str, name: str) -> Iterator[None]:
     Raises:
         ConfigError: transformers' ``OSError`` (not on the Hub, no network and not in the cache, a directory
             without weights): one line naming ``key`` and ``name`` and what to do, not the traceback of Hugging
-            Face's retries.
+            Face's retries. An error of the file system (it has an ``errno``: a full disk, no permission to write
+            the model cache) is not a wrong name and keeps its traceback.
     """
     try:
         yield
     except OSError as err:
-        raise ConfigError(model_load_error(key, name, err)) from None
+        if err.errno is not None:
+            raise
+        raise ConfigError(model_load_error(key, name, err)) from err
 
 
 def model_load_error(key: str, name: str, err: OSError) -> str:
@@ -76,7 +79,7 @@ def model_load_error(key: str, name: str, err: OSError) -> str:
     hub_id = name if name.count("/") == 1 and not Path(name).expanduser().exists() else "ORG/NAME"
     return (f"{key}: {name!r} could not be loaded ({why}); {guess}give a tether alias ({', '.join(ALIASES)}, "
             f"{ALIAS_FORMS}), a local model directory, or a Hub id (org/name) that exists, downloaded first where "
-            f"there is no network (huggingface-cli download {hub_id})")
+            f"there is no network (hf download {hub_id})")
 
 
 def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch.float32) -> tuple[Any, Any]:

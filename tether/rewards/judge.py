@@ -105,7 +105,7 @@ class Judge:
                              "cache_size and retry_delay_s >= 0")
 
     @staticmethod
-    def probe(base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY", **_: Any) -> str | None:
+    def probe_endpoint(base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY", **_: Any) -> str | None:
         """Whether a server answers at the endpoint, asked once with a short timeout by ``tether validate`` (never
         in a run): the settings check cannot see a server that is not started, and training would then fault every
         row. Returns a warning line (``base_url: cannot connect to ...``), or None."""

@@ -200,17 +200,17 @@ def check_reward_terms(specs: list[RewardTermConfig], *, settings: bool = True) 
 
 
 def probe_reward_terms(specs: list[RewardTermConfig]) -> list[str]:
-    """Warning lines of the reward classes that can look at what they reach over the network (``cls.probe(**kwargs)``,
-    the judge's server): for ``tether validate`` only, since a probe waits on the network. Entries that do not resolve
-    are left to :func:`check_reward_terms`."""
+    """Warning lines of the reward classes that can look at what they reach over the network
+    (``cls.probe_endpoint(**kwargs)``, the judge's server): for ``tether validate`` only, since a probe waits on the
+    network. Entries that do not resolve are left to :func:`check_reward_terms`."""
     lines = []
     for index, spec in enumerate(specs):
         try:
             target = resolve_target(f"task.rewards[{index}].fn", spec.fn)
         except ConfigError:
             continue
-        probe = getattr(target, "probe", None) if inspect.isclass(target) else None
-        line = probe(**spec.kwargs) if probe is not None else None
+        probe = getattr(target, "probe_endpoint", None) if inspect.isclass(target) else None
+        line = probe(**spec.kwargs) if callable(probe) else None
         if line:
             lines.append(f"task.rewards[{index}].kwargs.{line}")
     return lines

@@ -188,9 +188,9 @@ def check_run_dir(cfg: Config) -> str:
     """
     run_dir = Path(cfg.run_dir)
     checkpoints = CheckpointManager(run_dir, cfg.train.keep_last)
+    if (done := finished_summary(cfg)) is not None:
+        return f"{run_dir} is finished at step {done['steps']}: train would do nothing"
     start = plan_start(cfg, checkpoints)
-    if start is not None and finished_summary(cfg) is not None:
-        return f"{run_dir} is finished (step {dir_step(start)} of {cfg.train.steps}): train would do nothing"
     overwrites = start is None and _earlier_run(run_dir, checkpoints) is not None
     return start_line(run_dir, start, overwrites, would=True)
 
@@ -199,20 +199,24 @@ def finished_summary(cfg: Config) -> dict[str, Any] | None:
     """The summary of the run in ``cfg.run_dir`` when it has run to ``train.steps`` with these settings, else None:
     the same command again has nothing to do, and ``tether train`` says so without loading a model. The checks of
     a resume run first (:func:`plan_start`: a changed setting is refused), and a run a health check stopped early,
-    whose summary is written too, is not finished.
+    whose summary is written too, is not finished. Under ``torchrun`` the ranks' collective start decides instead.
     """
     run_dir = Path(cfg.run_dir)
     summary_path = run_dir / "summary.json"
-    if cfg.train.resume == "never" or not summary_path.is_file():
-        return None
-    start = plan_start(cfg, CheckpointManager(run_dir, cfg.train.keep_last))
-    if start is None or dir_step(start) < cfg.train.steps:
+    if cfg.train.resume == "never" or not summary_path.is_file() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return None
     try:
         summary = json.loads(summary_path.read_text())
     except (OSError, ValueError):  # a damaged summary: the resume path writes it again
         return None
-    return summary if isinstance(summary, dict) and summary.get("steps") == dir_step(start) else None
+    steps = summary.get("steps") if isinstance(summary, dict) else None
+    checkpoints = CheckpointManager(run_dir, cfg.train.keep_last)
+    newest = checkpoints.step_dirs()[:1]
+    # by name first: verifying a checkpoint hashes it, which a run that is not finished leaves to its start
+    if not isinstance(steps, int) or steps < cfg.train.steps or [dir_step(d) for d in newest] != [steps]:
+        return None
+    start = plan_start(cfg, checkpoints)
+    return summary if start is not None and dir_step(start) == steps else None
 
 
 def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParallel) -> Path | None:
