@@ -70,3 +70,15 @@ def test_a_learning_rate_that_collapses_the_policy_warns_during_training(tmp_pat
     assert len([w for w in caught if "looks collapsed" in str(w.message)]) == 1
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["health/degenerate_steps"] for r in rows if "health/degenerate_steps" in r] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_both_entropy_thresholds_are_inclusive():
+    """Uniform: entropy *at least* max_entropy_frac x log(V); deterministic: *at most* min_entropy (the same
+    float expressions as the check's, so each boundary is hit exactly)."""
+    cfg = DegenerateConfig(patience=1, max_entropy_frac=0.99, min_entropy=1e-3)
+    check = DegenerateCheck(cfg, vocab_size=100)
+    assert check.symptom(2.0, 0.5) is None  # below the maximum first: uniform afterwards is a collapse
+    assert "samples uniformly" in check.symptom(0.99 * math.log(100), 0.5)
+    assert check.symptom(math.nextafter(0.99 * math.log(100), 0.0), 0.5) is None
+    assert "always samples the same tokens" in check.symptom(1e-3, 0.5)
+    assert check.symptom(math.nextafter(1e-3, 1.0), 0.5) is None

@@ -116,3 +116,24 @@ def test_patience_zero_only_logs(tmp_path, tiny_policy):
     for _ in range(3):
         metrics = trainer.train_step()
     assert metrics["health/logprob_mismatch_frac"] > 0.05
+
+
+def test_a_good_step_resets_the_bad_count_and_both_thresholds_are_strict():
+    """A token mismatches when its excess is *above* ``tolerance``, a step is bad when its mismatch share is *above*
+    ``max_mismatch_frac``, and ``patience`` counts bad steps *in a row* (gaps exact in binary: the boundaries are
+    hit exactly)."""
+    check = ParityCheck(ParityConfig(tolerance=0.5, max_mismatch_frac=0.25, patience=2), RolloutConfig())
+    dp, trainer_lp = DataParallel(), torch.full((1, 4), -1.0)
+    at_tolerance = rows([[-0.5, -1.0, -1.0, -1.0]])  # gap 0.5 = tolerance: not a mismatch
+    one_in_four = rows([[-0.25, -1.0, -1.0, -1.0]])  # one gap of 0.75: a share of 0.25 = max_mismatch_frac
+    bad = rows([[-0.25, -1.75, -1.0, -1.0]])  # gaps 0.75 and -0.75: a share of 0.5
+    seen = []
+    for step in (at_tolerance, one_in_four, bad, one_in_four, bad):
+        check.observe(step, trainer_lp)
+        metrics = check.finish(dp)
+        seen.append((metrics["health/logprob_mismatch_frac"], check.bad_steps))
+    assert seen == [(0.0, 0), (0.25, 0), (0.5, 1), (0.25, 0), (0.5, 1)] and check.failure is None
+    assert metrics["health/logprob_diff_mean"] == 1.5 / 4 and metrics["health/logprob_diff_max"] == 0.75
+    check.observe(bad, trainer_lp)
+    check.finish(dp)
+    assert check.bad_steps == 2 and "2 steps in a row: 50.0% of the sampled tokens" in check.failure

@@ -8,7 +8,7 @@ import pytest
 
 from tests.lab.test_experiment import CLEAN, fake_run, write_config, write_protocol
 from tether.lab import experiment, stats
-from tether.lab.calibration import measure
+from tether.lab.calibration import endpoint_step, measure, selection_values
 from tether.lab.experiment import load_protocol, run_experiment
 from tether.lab.protocol import run_dir
 
@@ -116,3 +116,44 @@ def test_a_passed_calibration_runs_every_arm_and_labels_them(tmp_path, monkeypat
     json.loads((tmp_path / "study" / "report.json").read_text())  # all of it serialisable
     labels = {arm: c["label"] for arm, c in data["summary"]["val/avg@k"]["versus_baseline"].items()}
     assert labels == {"high": stats.BETTER, "mid": stats.NO_EFFECT}  # +0.2 on both seeds; 0 on both
+
+
+def write_curve(protocol, arm, seed, rows, best_step, latest_step):
+    """A trained run whose selection-split validations are ``rows`` (step, value), in the order logged."""
+    directory = run_dir(protocol, arm, seed)
+    (directory / "checkpoints").mkdir(parents=True, exist_ok=True)
+    metric = protocol.endpoint.metric
+    lines = [json.dumps({"step": step, metric: value}) for step, value in rows]
+    (directory / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 9, "val/av')  # a line cut by a kill
+    (directory / "best.txt").write_text(f"{metric}=0.75 step={best_step}\n")
+    (directory / "checkpoints" / "latest").write_text(f"step_{latest_step:06d}")
+    (directory / "trained.json").write_text("{}")
+
+
+def test_a_movement_equal_to_min_movement_passes(tmp_path):
+    rise = {"kind": "rise", "min_movement": 0.25, "why": "training moves it"}
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path), calibration=rise))
+    for seed in (0, 1):  # 0.5 - 0.25 on both seeds: exactly 0.25 in binary
+        write_curve(protocol, "low", seed, [(0, 0.25), (1, 0.5)], best_step=1, latest_step=1)
+    result = measure(protocol, locate(protocol))
+    assert result["mean"] == 0.25 and result["status"] == "passed"
+    write_curve(protocol, "low", 1, [(0, 0.25), (1, 0.5 - 2**-20)], best_step=1, latest_step=1)
+    assert measure(protocol, locate(protocol))["status"] == "failed"
+
+
+def test_the_endpoint_step_is_the_best_validation_or_the_last_step_as_the_protocol_says(tmp_path):
+    """``at: best`` reads the step best.txt names, ``at: final`` the step checkpoints/latest names; a step logged
+    twice (a resumed run) counts at its later row."""
+    rise = {"kind": "rise", "min_movement": 0.1, "why": "training moves it"}
+    rows = [(0, 0.25), (1, 0.5), (2, 0.375), (1, 0.75), (2, 0.5)]  # resumed after step 2: steps 1 and 2 again
+    results = {}
+    for at in ("best", "final"):
+        protocol = load_protocol(write_protocol(tmp_path / at, write_config(tmp_path), calibration=rise,
+                                                endpoint={"metric": "val/avg@k", "split": "report", "at": at}))
+        for seed in (0, 1):
+            write_curve(protocol, "low", seed, rows, best_step=1, latest_step=2)
+        assert selection_values(run_dir(protocol, "low", 0), "val/avg@k") == {0: 0.25, 1: 0.75, 2: 0.5}
+        assert endpoint_step(run_dir(protocol, "low", 0), at) == {"best": 1, "final": 2}[at]
+        results[at] = measure(protocol, locate(protocol))
+    assert results["best"]["per_seed"] == {0: 0.5, 1: 0.5} and results["best"]["status"] == "passed"
+    assert results["final"]["per_seed"] == {0: 0.25, 1: 0.25}

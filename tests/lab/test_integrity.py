@@ -15,7 +15,7 @@ from scipy import stats as scipy_stats
 from tests.lab.test_calibration import FakeRunner, three_arms
 from tests.lab.test_experiment import CLEAN, fake_run, write_config, write_protocol
 from tether.config import ConfigError
-from tether.lab import experiment, stats
+from tether.lab import experiment, report, stats
 from tether.lab.experiment import code_state, load_protocol, run_experiment
 from tether.lab.protocol import resolved_arm_config, run_overrides
 from tether.lab.report import publish_report
@@ -258,3 +258,54 @@ def test_the_cli_refuses_a_dirty_tree_unless_allowed_and_publishes(tmp_path, mon
     done = CliRunner().invoke(cli.app, ["experiment", str(path), "--allow-dirty", "--publish", str(dest)])
     assert done.exit_code == 0, done.output
     assert "ran with --allow-dirty" in done.output and (dest / "protocol.lock.json").is_file()
+
+
+def test_the_reports_intervals_p_values_and_mde_match_scipy(tmp_path, monkeypatch):
+    """Every number of the primary endpoint's tables against scipy: each arm's 95% t interval over its seeds, and
+    each paired comparison's interval, raw p (the paired t test) and MDE (80% power, df n - 1)."""
+    values = {"low": dict(zip(SEEDS, BASE, strict=True)), "high": shifted(0.03, 0.02), "mid": shifted(0.004, 0.01)}
+    data = report_of(tmp_path, monkeypatch, values, seeds=SEEDS)
+    summary = data["summary"]["val/avg@k"]
+    n = len(SEEDS)
+    t975, t80 = scipy_stats.t.ppf(0.975, n - 1), scipy_stats.t.ppf(0.8, n - 1)
+    for arm, per_seed in values.items():
+        x = [per_seed[s] for s in SEEDS]
+        low, high = scipy_stats.t.interval(0.95, n - 1, loc=sum(x) / n, scale=scipy_stats.sem(x))
+        got = summary["arms"][arm]
+        assert got["n"] == n
+        assert (got["ci_low"], got["ci_high"]) == (pytest.approx(low, rel=1e-9), pytest.approx(high, rel=1e-9))
+    for arm in ("high", "mid"):
+        d = [values[arm][s] - values["low"][s] for s in SEEDS]
+        low, high = scipy_stats.t.interval(0.95, n - 1, loc=sum(d) / n, scale=scipy_stats.sem(d))
+        c = summary["versus_baseline"][arm]
+        assert (c["ci_low"], c["ci_high"]) == (pytest.approx(low, rel=1e-9), pytest.approx(high, rel=1e-9))
+        paired = scipy_stats.ttest_rel([values[arm][s] for s in SEEDS], [values["low"][s] for s in SEEDS])
+        assert c["p"] == pytest.approx(paired.pvalue, rel=1e-6)
+        assert c["mde"] == pytest.approx((t975 + t80) * scipy_stats.sem(d), rel=1e-9)
+    # sd of the differences 0.02 and 0.01: MDE = (2.776 + 0.941) x sd / sqrt(5)
+    assert summary["versus_baseline"]["high"]["mde"] == pytest.approx(3.7174 * 0.02 / math.sqrt(5), rel=1e-4)
+
+
+def test_a_compared_arm_without_data_still_counts_in_holms_family(tmp_path, monkeypatch):
+    """``mid`` has no finished run: its comparison has no p-value, which counts as 1 in the family, so ``high``'s
+    p of 0.03 is doubled by Holm (0.06) and ``high`` is not labelled better."""
+    values = {"low": dict(zip(SEEDS, BASE, strict=True)), "high": with_p(0.03)}
+    data = report_of(tmp_path, monkeypatch, values, seeds=SEEDS)
+    primary = data["summary"]["val/avg@k"]["versus_baseline"]
+    assert primary["mid"]["n"] == 0 and primary["mid"]["p_holm"] == 1.0
+    assert primary["mid"]["label"] == stats.INCONCLUSIVE
+    assert primary["high"]["p"] == pytest.approx(0.03) and primary["high"]["p_holm"] == pytest.approx(0.06)
+    assert primary["high"]["ci_low"] > 0 and primary["high"]["label"] == stats.NO_EFFECT
+
+
+def test_no_comparison_is_labelled_on_its_data_before_the_calibration_passed():
+    """A clear gain (p ~ 1e-4) is labelled better after a passed calibration only: inconclusive while the calibration
+    is incomplete, not testable after it failed."""
+    base = dict(zip(SEEDS, BASE, strict=True))
+    arm = shifted(0.2, 0.02)
+    labels = {}
+    for status in ("passed", "incomplete", "failed"):
+        comparisons = {"high": report.compare(arm, base)}
+        report.label_family(comparisons, 0.1, {"status": status})
+        labels[status] = comparisons["high"]["label"]
+    assert labels == {"passed": stats.BETTER, "incomplete": stats.INCONCLUSIVE, "failed": stats.NOT_TESTABLE}

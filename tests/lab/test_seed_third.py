@@ -302,3 +302,24 @@ def test_the_rule_fixes_every_provisional_line_of_the_registered_files_and_nothi
     assert load_protocol(comparison).seeds == list(range(19))
     with pytest.raises(ValueError, match="'lr'"):
         apply_rule("  lr: 0.1   # PROVISIONAL: who knows\n", rule, "rule.json")
+
+
+def test_two_standard_errors_and_five_sampled_rows_are_the_registered_bounds():
+    # mean -+ 2 se misses 0 by 0.001 here; with 1.96 se the check would pass
+    assert not warm_start_gate(control(fork_fatal=kind(30, -0.1, 0.0505)))["checks"]["fork_fatal"]["passed"]
+    assert not warm_start_gate(control(safe_at_fork=kind(8, 0.1, 0.0505)))["checks"]["safe_at_fork"]["passed"]
+    assert not warm_start_gate(control(fork_safe_move=kind(60, 1.5, 0.7505)))["passed"]
+    assert warm_start_gate(control(fork_fatal=kind(30, -0.1, 0.0495)))["passed"]
+    # five sampled rows are read (and here fail: the skill raised the moves onto ~); four are not
+    five = warm_start_gate(control(fork_fatal=kind(5, 3.0, 1.0)))["checks"]["fork_fatal"]
+    assert five["threshold"] == "mean + 2 se < 0" and not five["passed"]
+
+
+def test_a_rise_of_exactly_flat_eps_is_flat():
+    from tether.lab.seed_third import FLAT_EPS, window
+
+    step_up = {s: (0.22 if s <= 32 else 0.25) for s in range(0, 65, 4)}  # W rises from 0.22 to 0.25 after 32
+    assert window(step_up, 48) - window(step_up, 16) == FLAT_EPS  # exactly, in floating point
+    assert stage2_length(step_up, 64) == 16
+    more = {s: (0.22 if s <= 32 else 0.2501) for s in range(0, 65, 4)}
+    assert stage2_length(more, 64) == 40  # W(40) = (0.22 + 2 x 0.2501) / 3, within FLAT_EPS of W(48) on

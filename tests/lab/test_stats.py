@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from scipy import stats as scipy_stats
 
 from tether.lab import stats
 
@@ -96,3 +97,31 @@ def test_labels(low, high, p_holm, delta, want):
 
 def test_unpaired_seeds_are_named():
     assert stats.unpaired_seeds({0: 1.0, 1: 1.0, 4: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}) == ([4], [2])
+
+
+def test_label_thresholds_are_strict_at_their_boundaries():
+    """``better``/``worse`` need p *below* alpha, and ``no effect`` an interval strictly inside (-delta, delta): a
+    Holm-adjusted p of exactly 0.05, or an interval end exactly at +-delta, decides neither (the values are exact in
+    binary, so the boundary is hit exactly)."""
+    clear = stats.Interval(n=5, mean=0.0625, sd=0.1, low=-0.125, high=0.25)
+    assert stats.label(clear, 0.05, 0.5) == stats.NO_EFFECT  # p at alpha: not detected; inside +-0.5
+    assert stats.label(clear, 0.05 - 1e-12, 0.5) == stats.BETTER
+    assert stats.label(clear, 0.3, 0.25) == stats.INCONCLUSIVE  # high end exactly at delta
+    assert stats.label(clear, 0.3, 0.25 + 2**-20) == stats.NO_EFFECT
+    mirrored = stats.Interval(n=5, mean=-0.0625, sd=0.1, low=-0.25, high=0.125)
+    assert stats.label(mirrored, 0.3, 0.25) == stats.INCONCLUSIVE  # low end exactly at -delta
+    assert stats.label(mirrored, 0.05, 0.5) == stats.NO_EFFECT
+    assert stats.label(mirrored, 0.01, 0.5) == stats.WORSE
+
+
+def test_interval_p_value_and_mde_agree_with_scipy_for_several_seed_counts():
+    values = [0.031, -0.012, 0.054, 0.008, 0.027, 0.019, -0.004, 0.041]
+    for n in (2, 3, 8):
+        x = values[:n]
+        ci = stats.mean_ci(x)
+        sem = scipy_stats.sem(x)  # sd / sqrt(n) with ddof=1
+        low, high = scipy_stats.t.interval(0.95, n - 1, loc=sum(x) / n, scale=sem)
+        assert (ci.low, ci.high) == pytest.approx((low, high), rel=1e-12, abs=1e-15)
+        assert stats.paired_p_value(ci) == pytest.approx(scipy_stats.ttest_1samp(x, 0.0).pvalue, rel=1e-9)
+        quantiles = scipy_stats.t.ppf(0.975, n - 1) + scipy_stats.t.ppf(0.8, n - 1)
+        assert stats.mde(ci.sd, n) == pytest.approx(quantiles * sem, rel=1e-12)

@@ -11,6 +11,8 @@ import torch
 from tether.checks import load_checked_config
 from tether.config import Config, SeedSFTRunConfig
 from tether.engine.base import Generation, SamplingParams
+from tether.envs.base import EnvStep
+from tether.envs.scripted import ScriptedEnv
 
 WORDS = ("apple", "banana", "cherry", "grape", "lemon")  # the scripted env's default words
 INVALID = "zzz"  # not a candidate word: an invalid action (a no-op that uses no guess)
@@ -101,3 +103,17 @@ def seed_sft_config(tmp_path: Any, *overrides: str, **sections: Any) -> SeedSFTR
     for key, value in sections.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
     return load_checked_config(data=base, overrides=list(overrides), command="seed-sft")
+
+
+class PlanEnv(ScriptedEnv):
+    """The scripted env with a reward on every turn: a win 1.0, a wrong guess -0.5, an invalid word -0.25. An
+    invalid word also sets the hazard flag ``fell_in_pit`` on its step (a later step clears it), and so does the
+    wrong guess that loses the episode."""
+
+    def step(self, action: str) -> EnvStep:
+        step = super().step(action)
+        won, invalid = step.info["won"], step.info["invalid_action"]
+        reward = 1.0 if won else -0.25 if invalid else -0.5
+        lost = step.done and not won
+        return EnvStep(observation=step.observation, reward=reward, done=step.done,
+                       info={**step.info, "fell_in_pit": invalid or lost})

@@ -23,8 +23,10 @@ from tether.config import CollapseConfig
 class CollapseGuard:
     """Feed it each step's training reward (:meth:`observe_train`) and each validation (:meth:`observe_val`)."""
 
-    def __init__(self, cfg: CollapseConfig, metric: str, best_dir: Path) -> None:
-        self.cfg, self.metric, self.best_dir = cfg, metric, best_dir
+    def __init__(self, cfg: CollapseConfig, metric: str, best_dir: Path, from_step: int = 0) -> None:
+        # from_step: train.best_from_step; an earlier validation never becomes checkpoints/best, so it is not the
+        # peak the message sends the user (and `tether recipe armor --after-collapse`) back to
+        self.cfg, self.metric, self.best_dir, self.from_step = cfg, metric, best_dir, from_step
         self.peak, self.peak_step = -math.inf, 0
         self.peak_reward: float | None = None  # mean training reward before the peak (or just after it)
         self.below = 0  # validations in a row more than ``drop`` below the peak
@@ -43,6 +45,8 @@ class CollapseGuard:
             return {}
         reward = sum(self.window) / len(self.window) if self.window else None
         self.window = []
+        if step < self.from_step:
+            return {}
         if value > self.peak:
             self.peak, self.peak_step, self.peak_reward, self.below, self.warned = value, step, reward, 0, False
         else:

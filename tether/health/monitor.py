@@ -40,7 +40,7 @@ class HealthMonitor:
         self.dir = Path(run_dir) / "health"
         self.parity = ParityCheck(cfg.health.parity, cfg.rollout) if cfg.health.parity.enabled else None
         self.collapse = CollapseGuard(cfg.health.collapse, cfg.train.best_metric,
-                                      Path(run_dir) / "checkpoints" / "best")
+                                      Path(run_dir) / "checkpoints" / "best", from_step=cfg.train.best_from_step)
         self.degenerate = DegenerateCheck(cfg.health.degenerate, vocab_size)
         self.no_signal = NoSignalCheck(cfg.health.no_signal)
         self.samples: set[Sample] = set()

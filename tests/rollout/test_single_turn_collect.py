@@ -1,0 +1,128 @@
+"""SingleTurnCollector.collect against hand-planned generations: DAPO's overlong shaping on each row's own length,
+the dynamic-sampling refill (which groups survive, which are kept, when it stops) and its metrics.
+
+A :class:`PlanEngine` returns, call by call, rows of planned (response length, reward); the task reads the reward
+back from the text, so every expected value below is written out by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainer.helpers import tiny_config
+from tether.engine.base import Generation
+from tether.errors import RefillShortfall
+from tether.rollout.base import NoHooks
+from tether.rollout.single_turn import SingleTurnCollector
+from tether.seeding import StepSeeds
+from tether.tasks import Score
+from tether.tasks.parity import ParityTask
+
+
+class PlanEngine:
+    """Call ``k`` returns ``plan[k]``: one (length, reward) per row; the text is the reward, the tokens are 7s."""
+
+    def __init__(self, plan: list[list[tuple[int, float]]]) -> None:
+        self.plan, self.calls = plan, 0
+
+    def generate(self, prompt_ids, params, *, seed=None, intervention=None) -> Generation:
+        rows = self.plan[self.calls]
+        self.calls += 1
+        assert len(rows) == len(prompt_ids)
+        width = max(length for length, _ in rows)
+        mask = torch.zeros(len(rows), width)
+        for i, (length, _) in enumerate(rows):
+            mask[i, :length] = 1.0
+        return Generation(response_ids=(7 * mask).long(), response_mask=mask, sample_log_probs=-0.5 * mask,
+                          texts=[repr(float(reward)) for _, reward in rows],
+                          truncated=torch.tensor([length == params.max_new_tokens for length, _ in rows]))
+
+
+class ReadBackTask(ParityTask):
+    """The reward is the number the response says; a reward of 1 is correct."""
+
+    def score(self, item, response_text):
+        reward = float(response_text)
+        return Score(reward=reward, correct=reward == 1.0, extracted=response_text)
+
+
+def collect(tmp_path, tokenizer, plan, *overrides):
+    cfg = tiny_config(tmp_path, "rollout.max_new_tokens=10", *overrides)
+    collector = SingleTurnCollector(ReadBackTask(train_size=12), tokenizer, cfg)
+    engine = PlanEngine(plan)
+    batch, metrics = collector.collect(engine, StepSeeds(0, 0), NoHooks())
+    return batch, metrics, engine.calls
+
+
+def groups_of(rewards_by_group: list[list[float]], length: int = 3) -> list[tuple[int, float]]:
+    return [(length, r) for group in rewards_by_group for r in group]
+
+
+# -- overlong shaping -------------------------------------------------------------------------------------------
+
+LENGTHS = [3, 6, 7, 8, 9, 10, 10, 1]
+TASK_REWARDS = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+# L_max 10, buffer 4, penalty 0.5: 0 up to 6 tokens, then -0.5 * (L - 6) / 4, each row by its own length
+PENALTIES = [0.0, 0.0, -0.125, -0.25, -0.375, -0.5, -0.5, 0.0]
+
+
+def test_overlong_penalty_is_added_to_each_row_by_its_own_response_length(tmp_path, tokenizer):
+    plan = [list(zip(LENGTHS, TASK_REWARDS, strict=True))]
+    batch, _, _ = collect(tmp_path, tokenizer, plan, "rollout.overlong.enabled=true", "rollout.overlong.buffer=4",
+                          "rollout.overlong.penalty=0.5")
+    assert batch.response_mask.sum(1).tolist() == LENGTHS
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.875, -0.25, -0.375, 0.5, 0.5, 0.0]
+    assert [c["task"] for c in batch.info["reward_components"]] == TASK_REWARDS
+    assert [c["overlong"] for c in batch.info["reward_components"]] == PENALTIES
+    assert batch.correct.tolist() == [r == 1.0 for r in TASK_REWARDS]  # shaping never changes correctness
+
+
+def test_without_overlong_shaping_the_reward_is_the_tasks(tmp_path, tokenizer):
+    batch, _, _ = collect(tmp_path, tokenizer, [list(zip(LENGTHS, TASK_REWARDS, strict=True))])
+    assert batch.rewards.tolist() == TASK_REWARDS
+    assert all(set(c) == {"task"} for c in batch.info["reward_components"])
+
+
+# -- dynamic sampling: refill, keep, metrics ------------------------------------------------------------------------
+
+DAPO = ("rollout.dynamic_sampling=true", "rollout.group_size=2", "rollout.prompts_per_step=2")
+
+
+def test_refill_counts_surviving_groups_and_keeps_the_first_prompts_per_step(tmp_path, tokenizer):
+    # three prompts per generation batch: groups 0-2, then 3-5; zero-variance groups (0, 2, 4) are dropped
+    plan = [groups_of([[1, 1], [1, 0], [0, 0]]), groups_of([[0, 1], [1, 1], [1, 0]]),
+            groups_of([[0, 1], [0, 1], [0, 1]])]
+    batch, metrics, calls = collect(tmp_path, tokenizer, plan, *DAPO, "rollout.gen_batch_prompts=3",
+                                    "rollout.max_gen_batches=4")
+    assert calls == 2  # 1 survivor, then 3: enough for 2
+    assert batch.group_ids.tolist() == [1, 1, 3, 3]  # group 5 survived too, beyond prompts_per_step
+    assert batch.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert metrics["rollout/num_gen_batches"] == 2
+    assert metrics["rollout/kept_groups_frac"] == 3 / 6  # survivors over prompts generated, not rows
+    assert metrics["rollout/short_batch"] == 0.0
+    assert metrics["rollout/accuracy_all"] == pytest.approx(7 / 12, abs=1e-6)  # every generated row, before the filter
+
+
+def test_a_batch_filled_exactly_is_not_short(tmp_path, tokenizer):
+    plan = [groups_of([[1, 0], [0, 0]]), groups_of([[1, 1], [0, 1]]), groups_of([[0, 1], [0, 1]])]
+    batch, metrics, calls = collect(tmp_path, tokenizer, plan, *DAPO, "rollout.max_gen_batches=3")
+    assert calls == 2
+    assert batch.group_ids.tolist() == [0, 0, 3, 3]
+    assert metrics["rollout/short_batch"] == 0.0 and metrics["rollout/kept_groups_frac"] == 2 / 4
+
+
+def test_partial_batches_train_on_the_survivors_only(tmp_path, tokenizer):
+    plan = [groups_of([[1, 1], [0, 1]]), groups_of([[0, 0], [1, 1]])]
+    batch, metrics, calls = collect(tmp_path, tokenizer, plan, *DAPO, "rollout.max_gen_batches=2",
+                                    "rollout.partial_batches=true")
+    assert calls == 2
+    assert batch.group_ids.tolist() == [1, 1] and batch.rewards.tolist() == [0.0, 1.0]
+    assert metrics["rollout/short_batch"] == 1.0 and metrics["rollout/num_gen_batches"] == 2
+    assert metrics["rollout/kept_groups_frac"] == 1 / 4
+
+
+def test_a_shortfall_without_partial_batches_names_the_survivors(tmp_path, tokenizer):
+    plan = [groups_of([[1, 1], [0, 1]]), groups_of([[0, 0], [1, 1]])]
+    with pytest.raises(RefillShortfall, match=r"only 1 of rollout\.prompts_per_step=2 groups survived"):
+        collect(tmp_path, tokenizer, plan, *DAPO, "rollout.max_gen_batches=2")
