@@ -28,7 +28,7 @@ def check_model(key: str, name: str) -> None:
     a Hub id, which would cost a run directory, the Hub's retries and a traceback before failing."""
     from tether.models.char import char_size_problem, parse_char_alias
     from tether.models.loading import SMOLLM2, TINY_ALIAS, tiny_size_problem
-    from tether.models.policy import ALIAS_FORMS, ALIASES, TINY_VLMS, close_alias
+    from tether.models.policy import ALIAS_LIST, TINY_VLMS, close_alias
 
     char, tiny = parse_char_alias(name), TINY_ALIAS.fullmatch(name)
     sized = char_size_problem(*char) if char else tiny_size_problem(*map(int, tiny.groups())) if tiny else None
@@ -42,12 +42,12 @@ def check_model(key: str, name: str) -> None:
     alias = close_alias(name)
     if not looks_like_hub_id:
         guess = f"; did you mean {alias}?" if alias is not None else ""
-        raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({', '.join(ALIASES)}, "
-                          f"{ALIAS_FORMS}), nor a Hub id (org/name, or one word like gpt2){guess}")
+        raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({ALIAS_LIST}), "
+                          f"nor a Hub id (org/name, or one word like gpt2){guess}")
     cached = hub_file(name, "config.json") is not None
     if not cached and alias is not None:
         raise ConfigError(f"{key}: {name!r} is not a tether alias, a directory here or a cached Hub model; did you "
-                          f"mean {alias}? (tether's aliases: {', '.join(ALIASES)}, {ALIAS_FORMS})")
+                          f"mean {alias}? (tether's aliases: {ALIAS_LIST})")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or \
         os.environ.get("TRANSFORMERS_OFFLINE", "0") not in ("0", "")
     if offline and not cached:

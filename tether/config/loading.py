@@ -173,15 +173,22 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for item in overrides:
         path, value = parse_override(item)
         _refuse_list_item(item, path, value, data)
-        node = data
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: '{part}' is {child!r}, not a section")
-            node = child
-        node[path[-1]] = value
+        _set_path(data, path, value, item)
+    return data
+
+
+def _set_path(data: dict, path: list[str], value: Any, item: str) -> dict:
+    """``data`` with ``value`` at the key ``path``, sections made where missing (``item``: the override, named in
+    the error where a key on the way is not a section)."""
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: '{part}' is {child!r}, not a section")
+        node = child
+    node[path[-1]] = value
     return data
 
 
@@ -216,7 +223,7 @@ def _refuse_list_item(item: str, path: list[str], value: Any, data: dict) -> Non
     node: Any = data
     for part in keys:
         node = node.get(part) if isinstance(node, dict) else None
-    example = _whole_list(node, index, inner, value)
+    example = _whole_list(node, index, inner, value, item)
     quote = "'" if "'" not in example else '"'
     key = ".".join(keys)
     raise ConfigError(f"override {item!r}: {key} is a list, and the command line cannot set one item of it: give the "
@@ -227,28 +234,20 @@ def _flow(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip().removesuffix("\n...")
 
 
-def _whole_list(current: Any, index: int, inner: list[str], value: Any) -> str:
-    """The list to give, in YAML flow style: ``current`` (the config's) with item ``index`` changed at ``inner``,
-    or, where the config has no such item, the changed part and ``...`` for the rest."""
+def _whole_list(current: Any, index: int, inner: list[str], value: Any, item: str) -> str:
+    """The list to give, in YAML flow style: ``current`` (the config's) with item ``index`` changed at ``inner``
+    (as :func:`apply_overrides` sets a key), or, where the config has no such item, the changed part and ``...`` for
+    the rest."""
+    if isinstance(current, list) and -len(current) <= index < len(current):
+        changed = copy.deepcopy(current)
+        entry = changed[index]
+        changed[index] = _set_path(entry if isinstance(entry, dict) else {}, inner, value, item) if inner else value
+        return _flow(changed)
     change: Any = value
     for part in reversed(inner):
         change = {part: change}
-    if isinstance(current, list) and -len(current) <= index < len(current):
-        changed = copy.deepcopy(current)
-        changed[index] = _merged(changed[index], change) if inner else value
-        return _flow(changed)
     flow = _flow(change)
     return f"[{flow[:-1]}, ...}}, ...]" if isinstance(change, dict) else f"[{flow}, ...]"
-
-
-def _merged(base: Any, change: dict) -> Any:
-    """``base`` (a list item) with the nested ``change`` set in it; a non-mapping item is replaced."""
-    if not isinstance(base, dict):
-        return change
-    out = dict(base)
-    for key, sub in change.items():
-        out[key] = _merged(out.get(key), sub) if isinstance(sub, dict) and isinstance(out.get(key), dict) else sub
-    return out
 
 
 def _yaml_error(path: Path, err: yaml.YAMLError) -> str:

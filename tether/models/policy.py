@@ -36,6 +36,7 @@ TINY_VLMS = {"tiny-qwen2.5-vl": "qwen2_5_vl", "tiny-idefics3": "idefics3"}
 #: Every alias of a fixed name, and the forms of the sized ones: what a model error lists.
 ALIASES = (SMOLLM2, *TINY_VLMS)
 ALIAS_FORMS = "char-<hidden>x<layers>, tiny-<hidden>x<layers>"
+ALIAS_LIST = ", ".join((*ALIASES, ALIAS_FORMS))  # what an error about a model name lists
 ALIAS_CUTOFF = 0.7  # difflib ratio: smollm2-135m and smollm2-360m-instruct suggest smollm2-135m-instruct, gpt2 nothing
 SIZED_TYPO = re.compile(r"(tiny|char)[-_ ]?(\d+)[-_xX*](\d+)", re.IGNORECASE)  # tiny_64-2, Char-64X2
 
@@ -77,9 +78,9 @@ def model_load_error(key: str, name: str, err: OSError) -> str:
     close = close_alias(name)
     guess = f"did you mean {close}? " if close is not None and close != name else ""
     hub_id = name if name.count("/") == 1 and not Path(name).expanduser().exists() else "ORG/NAME"
-    return (f"{key}: {name!r} could not be loaded ({why}); {guess}give a tether alias ({', '.join(ALIASES)}, "
-            f"{ALIAS_FORMS}), a local model directory, or a Hub id (org/name) that exists, downloaded first where "
-            f"there is no network (hf download {hub_id})")
+    return (f"{key}: {name!r} could not be loaded ({why}); {guess}give a tether alias ({ALIAS_LIST}), a local model "
+            f"directory, or a Hub id (org/name) that exists, downloaded first where there is no network "
+            f"(hf download {hub_id})")
 
 
 def load_policy(name_or_path: str = SMOLLM2, *, dtype: torch.dtype | str = torch.float32) -> tuple[Any, Any]:
