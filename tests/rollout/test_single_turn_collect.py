@@ -16,7 +16,7 @@ from tether.errors import RefillShortfall
 from tether.rollout.base import NoHooks
 from tether.rollout.single_turn import SingleTurnCollector
 from tether.seeding import StepSeeds
-from tether.tasks import Score
+from tether.tasks import Score, TaskItem
 from tether.tasks.parity import ParityTask
 
 
@@ -126,3 +126,46 @@ def test_a_shortfall_without_partial_batches_names_the_survivors(tmp_path, token
     plan = [groups_of([[1, 1], [0, 1]]), groups_of([[0, 0], [1, 1]])]
     with pytest.raises(RefillShortfall, match=r"only 1 of rollout\.prompts_per_step=2 groups survived"):
         collect(tmp_path, tokenizer, plan, *DAPO, "rollout.max_gen_batches=2")
+
+
+# -- prompts ------------------------------------------------------------------------------------------------------
+
+
+class NoIdTask:
+    """A user task as docs/tasks.md writes one, but leaving ``TaskItem.id`` at its default: ids are optional."""
+
+    name, system_prompt = "no-ids", "Answer with one word."
+
+    def __init__(self) -> None:
+        self.train = [TaskItem(f"What is the capital of {country}?", None) for country in ("France", "Peru", "Chad")]
+        self.val = [TaskItem("What is the capital of Japan?", None)]
+
+    def score(self, item, response_text):
+        return Score(reward=0.0, correct=False, extracted=None)
+
+
+class EchoEngine:
+    """One token per row; records the prompts it was given."""
+
+    def __init__(self) -> None:
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompt_ids, params, *, seed=None, intervention=None) -> Generation:
+        self.prompts += prompt_ids
+        n = len(prompt_ids)
+        return Generation(response_ids=torch.full((n, 1), 7), response_mask=torch.ones(n, 1),
+                          sample_log_probs=torch.zeros(n, 1), texts=["x"] * n, truncated=torch.zeros(n, dtype=bool))
+
+
+def test_each_item_is_sampled_from_its_own_prompt_whatever_its_id(tmp_path, tokenizer):
+    task = NoIdTask()
+    collector = SingleTurnCollector(task, tokenizer, tiny_config(tmp_path))
+    engine = EchoEngine()
+    items = [*task.train, *task.val]
+    batch = collector.generate(engine, items, 2, collector.sampling(), seed=0)
+    want = [tokenizer.apply_chat_template([{"role": "system", "content": task.system_prompt},
+                                           {"role": "user", "content": item.prompt}],
+                                          add_generation_prompt=True, tokenize=True, return_dict=False)
+            for item in items for _ in range(2)]
+    assert engine.prompts == want
+    assert batch.prompt_ids == want

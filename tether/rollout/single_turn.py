@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import warnings
 from collections.abc import Callable
@@ -118,9 +119,12 @@ class SingleTurnCollector:
     # -- building blocks methods reuse ------------------------------------------------------
 
     def prompt_ids(self, item: TaskItem) -> list[int]:
-        if item.id not in self._prompt_cache:
-            self._prompt_cache[item.id] = encode_chat(self.tokenizer, item.prompt, system=self.task.system_prompt)
-        return self._prompt_cache[item.id]
+        # Cached by the prompt itself, not item.id: an id is optional (TaskItem's default is "") and a user task's
+        # ids need not differ across splits, and keyed by id every such item got the first one's tokens.
+        key = json.dumps(item.prompt, sort_keys=True)
+        if key not in self._prompt_cache:
+            self._prompt_cache[key] = encode_chat(self.tokenizer, item.prompt, system=self.task.system_prompt)
+        return self._prompt_cache[key]
 
     def sampling(self) -> SamplingParams:
         r = self.cfg.rollout
