@@ -188,7 +188,10 @@ class TrainerBuild:
         """Give the engine the policy's current weights: free for the in-process engine, which holds the same
         tensors; one broadcast for engines with their own copy (Ray actors, vLLM), with LoRA adapters merged."""
         if is_lora(self.policy) and engine_entry(self.cfg.rollout.engine).shares_policy:
-            return  # the engine runs the policy module, adapters included
+            # the engine runs the policy module (the same tensors: free) or, sampling ahead (rollout.max_staleness),
+            # a copy of the module with adapters of its own: its keys are the module's, not the merged ones
+            self.engine.load_weights(self.policy.state_dict())
+            return
         self.engine.load_weights(serving_state_dict(self.policy))
 
     def autocast(self) -> contextlib.AbstractContextManager:
