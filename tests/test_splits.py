@@ -52,3 +52,16 @@ def test_a_split_is_a_seeded_permutation_cut_in_two(n, fraction, seed):
     assert len(val) == held_out_count(n, fraction) and (n == 0 or train)
     assert seeded_order(n, seed) == order
     assert split_train_val(rows, fraction, seed + 1) != (train, val) or n < 3
+
+
+@pytest.mark.parametrize("fraction, seed", [(0.05, 0), (0.25, 3), (0.5, 2026)])
+def test_a_keyed_split_keeps_each_key_on_one_side(fraction, seed):
+    rows = [(f"prompt{i}", k) for i in range(40) for k in range(i % 4 + 1)]  # 1 to 4 rows per prompt
+    train, val = split_train_val(rows, fraction, seed, key=lambda row: row[0])
+    assert sorted(train + val) == sorted(rows)
+    assert val and not {p for p, _ in val} & {p for p, _ in train}
+    prompts = list(dict.fromkeys(p for p, _ in rows))  # the reference: the keys split as rows of their own
+    _, val_prompts = split_train_val(prompts, fraction, seed)
+    assert {p for p, _ in val} == set(val_prompts)
+    unique = [f"row{i}" for i in range(40)]
+    assert split_train_val(unique, fraction, seed, key=lambda row: row) == split_train_val(unique, fraction, seed)

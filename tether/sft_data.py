@@ -45,6 +45,12 @@ class Example:
     images: tuple[Any, ...] = ()
 
 
+def prompt_key(example: Example) -> tuple[str | None, str, tuple[bytes, ...]]:
+    """What the model is shown of ``example``: its system message, prompt and images (pixels, as two frames with
+    one text differ)."""
+    return example.system, example.prompt, tuple(image.tobytes() for image in example.images)
+
+
 def task_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
     """Demonstrations of ``cfg.task`` (module docstring), never from its train or val split."""
     from tether.tasks import make_task

@@ -8,6 +8,7 @@ it: the first rows are held out, the rest train. The tasks carve their held-out 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Hashable
 from typing import Any, Literal, TypeVar
 
 Row = TypeVar("Row")
@@ -34,9 +35,20 @@ def held_out_count(n: int, val_fraction: float, rounding: Rounding = "nearest") 
     return min(count, max(n - 1, 0))
 
 
-def split_train_val(rows: list[Row], val_fraction: float, seed: int,
-                    rounding: Rounding = "nearest") -> tuple[list[Row], list[Row]]:
-    """``(train, val)``: a seeded shuffle of ``rows``, the first :func:`held_out_count` of it val, the rest train."""
+def split_train_val(rows: list[Row], val_fraction: float, seed: int, rounding: Rounding = "nearest",
+                    key: Callable[[Row], Hashable] | None = None) -> tuple[list[Row], list[Row]]:
+    """``(train, val)``: a seeded shuffle of ``rows``, the first :func:`held_out_count` of it val, the rest train.
+
+    ``key``: rows of one key (the examples of one prompt) stay on one side, so no val row shares its key with a
+    training row; the shuffle and ``val_fraction`` then count keys, in the order of their first rows. With every
+    key distinct the split is the one without ``key``.
+    """
+    if key is not None:
+        groups: dict[Hashable, list[Row]] = {}
+        for row in rows:
+            groups.setdefault(key(row), []).append(row)
+        train, val = split_train_val(list(groups.values()), val_fraction, seed, rounding)
+        return [row for group in train for row in group], [row for group in val for row in group]
     order = seeded_order(len(rows), seed)
     n_val = held_out_count(len(rows), val_fraction, rounding)
     return [rows[i] for i in order[n_val:]], [rows[i] for i in order[:n_val]]

@@ -90,6 +90,19 @@ def test_jsonl_data_and_its_errors(tmp_path):
         sft_examples(sft_config(tmp_path, {"data": "jsonl", "path": str(tmp_path / "missing.jsonl")}))
 
 
+def test_no_held_out_example_shares_its_prompt_with_a_training_one(tmp_path):
+    """Rejection sampling gives several answers per prompt: split row by row, the held-out loss was mostly on
+    prompts trained on."""
+    path = tmp_path / "pairs.jsonl"
+    pairs = [{"prompt": f"{a}+{a}", "response": f"#{a + a}"} for a in range(10) for _ in range(4)]
+    path.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    run_sft(sft_config(tmp_path, {"data": "jsonl", "path": str(path), "val_fraction": 0.2, "max_steps": 1}))
+    written = {name: [json.loads(line)["prompt"] for line in (tmp_path / "sft" / "data" / f"{name}.jsonl")
+                      .read_text().splitlines()] for name in ("train", "val")}
+    assert len(written["train"]) + len(written["val"]) == 40 and written["val"]
+    assert not set(written["val"]) & set(written["train"])
+
+
 def test_rejection_keeps_only_the_samplers_correct_answers(tmp_path):
     cfg = sft_config(tmp_path, {"data": "rejection", "sampler": "char-64x1", "samples_per_prompt": 4},
                      task={"name": "parity", "kwargs": {"train_size": 6}}, rollout={"max_new_tokens": 5})

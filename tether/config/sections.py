@@ -356,7 +356,8 @@ class SFTSettings(Section):
     warmup_ratio: float = Field(0.05, ge=0, le=1, description="linear warm-up share, then cosine decay to 0")
     grad_clip: float = Field(1.0, gt=0, description="largest gradient norm; larger gradients are scaled down")
     max_length: int = Field(1024, ge=16, description="prompt + response tokens; longer examples are dropped")
-    val_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of the examples (token-mean NLL)")
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="held-out share of the prompts, each with all its "
+                                "examples (token-mean NLL)")
     data_seed: int = Field(2026, description="seed of the train/val split and the batch order")
     save_every: int = Field(50, ge=0, description="write the resumable run_dir/sft_state every N optimiser steps "
                             "(0: only when SIGTERM or SIGINT stops the run); unlike the other sft settings, a "

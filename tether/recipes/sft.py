@@ -28,7 +28,7 @@ import torch
 
 from tether.errors import TrainingStopped
 from tether.recipes.sft_state import STATE, Progress, SFTState, data_files, fingerprint, open_sft_run, write_summary
-from tether.sft_data import Example, encode_examples, row_example, sft_examples, write_examples
+from tether.sft_data import Example, encode_examples, prompt_key, row_example, sft_examples, write_examples
 from tether.start import StopSignals
 
 if TYPE_CHECKING:
@@ -238,7 +238,9 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
     if begin.action == "fresh":
         status(f"building the sft examples (sft.data={s.data})")
-        train_ex, val_ex = split_train_val(sft_examples(cfg, device), s.val_fraction, s.data_seed)
+        # split by prompt: rejection data hold several answers per prompt, and split row by row nearly every
+        # held-out example had its prompt trained on
+        train_ex, val_ex = split_train_val(sft_examples(cfg, device), s.val_fraction, s.data_seed, key=prompt_key)
         for name, part in (("train", train_ex), ("val", val_ex)):  # the exact pairs, e.g. to replay them later
             write_examples(run_dir / "data" / f"{name}.jsonl", part)
     train_ex, val_ex = written_examples(run_dir)
