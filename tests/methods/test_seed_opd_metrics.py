@@ -94,3 +94,32 @@ def test_opd_metrics_flush_once_per_update():
     second = run_update(seed)  # a second identical update: the same means, not the two updates' sums pooled twice
     assert second == pytest.approx(first, rel=1e-12)
     assert second["seed/opd_gate_mean"] == pytest.approx(expected()["seed/opd_gate_mean"], rel=1e-6)
+
+
+def test_per_micro_batch_normalisation_is_divided_by_the_accumulation_count():
+    """``global_token_mean: false`` is the SEED code: each micro-batch's OPD is a mean over its own active tokens, and
+    verl divides every micro-batch's loss by the accumulation count (micro / mini rows). Without that division the
+    OPD gradient grew with the number of micro-batches (twice the code's here). Reference: the gradient of
+    ``(1/K) sum_k sum_{t in k} m g (l_T - l) / n_k`` in float64, the gate a constant."""
+    micros = [[0, 1], [2, 3]]  # one mini-batch of four rows, two micro-batches: K = 2
+    seed = METHODS["seed"](method_config("seed", {"gate_beta": BETA, "opd_coef": 1.0, "global_token_mean": False}))
+    batch = seed_batch()
+    mini = batch.select([0, 1, 2, 3])
+    ctx = SimpleNamespace(mini_batch=MiniBatch(rows=torch.arange(4), num_tokens=float(mini.response_mask.sum()),
+                                               num_seqs=4, batch=mini))
+    got = torch.zeros(4, 3, dtype=torch.float64)
+    for rows in micros:
+        micro = batch.select(rows)
+        lp = micro.sample_log_probs.double().requires_grad_(True)
+        inputs = LossInputs(log_probs=lp, old_log_probs=lp.detach(), advantages=torch.zeros_like(lp),
+                            response_mask=micro.response_mask.double(),
+                            tokens={"teacher_log_probs": micro.token["teacher_log_probs"].double()})
+        seed.extra_loss(inputs, micro, ctx).loss.backward()
+        got[rows] = lp.grad
+    want = torch.zeros(4, 3, dtype=torch.float64)
+    for rows in micros:
+        active = [(i, t) for i in rows for t in range(3) if RESPONSE[i][t] and SKILL[i]]
+        for i, t in active:
+            gate = 1 / (1 + math.exp(-BETA * GAP[i][t]))
+            want[i, t] = -gate / (len(micros) * len(active))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)

@@ -340,7 +340,10 @@ class Seed(Method):
                             delta=m["seed/opd_delta_mean"] * active, gate=m["seed/opd_gate_mean"] * active,
                             raised=m["seed/opd_gate_active_ratio"] * active,
                             loss=out.loss.detach() * (active if total is None else total))
-        return LossOutput(self.settings.opd_coef * out.loss)
+        # per micro-batch counts (the SEED code): verl scales each micro-batch's loss by micro / mini rows (1 over the
+        # accumulation count), which the trainer's global normalisers do not; without it L_opd grew with the count
+        scale = 1.0 if total is not None else len(micro) / ctx.mini_batch.num_seqs
+        return LossOutput(self.settings.opd_coef * scale * out.loss)
 
     def after_update(self, ctx: StepContext) -> dict[str, Any]:
         return self.accounting.flush({"opd_loss": ("loss", "active"), "opd_delta_mean": ("delta", "active"),
