@@ -4,7 +4,7 @@ Warm starts before RL come from four kinds of data, chosen by ``sft.data``:
 
 * ``task``: a task's demonstrations. A task with an ``sft`` split and a ``demonstration(item)`` method (the
   lab's :class:`~tether.tasks.addition.AdditionTask`) gives its own; any other task (reasoning-gym) gives
-  questions outside its train and val splits, answered by ``sft.response`` with ``{answer}`` filled in.
+  questions outside all its splits (report included), answered by ``sft.response`` with ``{answer}`` filled in.
 * ``jsonl``: ``{"prompt", "response"}`` lines of ``sft.path`` (optionally ``"system"``, and ``"images"``: PNG paths
   relative to the file, one per ``<image>`` placeholder of the prompt), e.g. replayed pairs.
 * ``solver``: an agent environment's scripted solver, played on training seeds; every state becomes the
@@ -19,6 +19,7 @@ encoded, and every forward pass takes the same pixels.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,14 +46,19 @@ class Example:
     images: tuple[Any, ...] = ()
 
 
+def prompt_text(prompt: str | list[dict[str, str]]) -> str:
+    """A prompt as one hashable string: a text as it is, a conversation (a dataset task's) as its JSON."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
 def prompt_key(example: Example) -> tuple[str | None, str, tuple[bytes, ...]]:
     """What the model is shown of ``example``: its system message, prompt and images (pixels, as two frames with
     one text differ)."""
-    return example.system, example.prompt, tuple(image.tobytes() for image in example.images)
+    return example.system, prompt_text(example.prompt), tuple(image.tobytes() for image in example.images)
 
 
 def task_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
-    """Demonstrations of ``cfg.task`` (module docstring), never from its train or val split."""
+    """Demonstrations of ``cfg.task`` (module docstring), never from any of its splits (train, val, report)."""
     from tether.tasks import make_task
 
     task = make_task(cfg.task.name, **cfg.task.kwargs)
@@ -61,16 +67,18 @@ def task_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
         items = task.sft_items(s.examples) if hasattr(task, "sft_items") else task.splits["sft"][: s.examples]
         return [Example(item.prompt, task.demonstration(item), system) for item in items]
     want = s.examples or 1000
-    taken = {item.prompt for item in [*task.train, *task.val]}
+    # every split: the report split is the endpoint's, and a demonstration of its question gives its answer away
+    splits = getattr(task, "splits", None) or {"train": task.train, "val": task.val}
+    taken = {prompt_text(item.prompt) for items in splits.values() for item in items}
     seed = cfg.task.kwargs.get("seed", 0) + SFT_SEED_OFFSET
     # Twice the questions asked for, so that dropping the ones the splits hold still leaves enough.
     pool = make_task(cfg.task.name, **{**cfg.task.kwargs, "seed": seed, "train_size": 2 * want}).train
-    items = [item for item in pool if item.prompt not in taken and item.answer is not None][:want]
+    items = [item for item in pool if prompt_text(item.prompt) not in taken and item.answer is not None][:want]
     if len(items) < want:
         from tether.config import ConfigError
 
         raise ConfigError(f"sft.examples={want}: task {cfg.task.name!r} has only {len(items)} questions outside its "
-                          "train and val splits; lower sft.examples")
+                          "splits; lower sft.examples")
     return [Example(item.prompt, s.response.replace("{answer}", item.answer), system) for item in items]
 
 

@@ -10,6 +10,8 @@ import torch
 from tether.config import ConfigError, load_command_config
 from tether.models import load_policy
 from tether.recipes.sft import run_sft, sft_examples
+from tether.sft_data import prompt_key
+from tether.splits import split_train_val
 from tether.tasks import make_task
 
 
@@ -101,6 +103,24 @@ def test_no_held_out_example_shares_its_prompt_with_a_training_one(tmp_path):
                       .read_text().splitlines()] for name in ("train", "val")}
     assert len(written["train"]) + len(written["val"]) == 40 and written["val"]
     assert not set(written["val"]) & set(written["train"])
+
+
+@pytest.mark.parametrize("conversational", [False, True])
+def test_task_examples_never_come_from_any_split_of_the_task(tmp_path, conversational):
+    """The report split (the endpoint's) too: a demonstration of a report question gives its answer away."""
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1"}] if conversational else f"{i}+1", "answer": str(i + 1)}
+            for i in range(400)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    kwargs = {"path": str(path), "val_size": 20, "report_size": 50, "train_size": 50}
+    cfg = sft_config(tmp_path, {"data": "task", "examples": 100, "response": "<answer>{answer}</answer>"},
+                     task={"name": "dataset", "kwargs": kwargs})
+    examples = sft_examples(cfg)
+    task = make_task("dataset", **kwargs)
+    held = [json.dumps(item.prompt) for split in ("train", "val", "report") for item in task.splits[split]]
+    assert len(examples) == 100 and not {json.dumps(e.prompt) for e in examples} & set(held)
+    train, val = split_train_val(examples, 0.1, 0, key=prompt_key)
+    assert len(train) + len(val) == 100
 
 
 def test_rejection_keeps_only_the_samplers_correct_answers(tmp_path):

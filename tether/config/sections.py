@@ -368,8 +368,8 @@ class SFTConfig(SFTSettings):
     """``sft``: the data of ``tether sft CONFIG`` (one entry point for every warm start, docs/lab.md)."""
 
     data: Literal["task", "jsonl", "solver", "rejection"] = Field(
-        "task", description="task: the task's demonstrations (its 'sft' split, or questions outside its train and "
-        "val splits with `response` filled in); jsonl: {prompt, response} lines of `path`; solver: the env's "
+        "task", description="task: the task's demonstrations (its 'sft' split, or questions outside all its splits, "
+        "report included, with `response` filled in); jsonl: {prompt, response} lines of `path`; solver: the env's "
         "scripted solver played on training seeds; rejection: `sampler`'s correct samples on the task's train "
         "split (rejection-sampling fine-tuning)")
     path: str | None = Field(None, description="data=jsonl: the file")
