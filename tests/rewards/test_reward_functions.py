@@ -35,6 +35,13 @@ def test_columns_are_keyword_lists_with_the_gold_answer():
     assert item_columns(ITEMS) == {"topic": ["x", None], "answer": ["a", None]}
 
 
+def test_the_gold_answer_wins_over_a_column_named_answer_and_a_row_without_gold_keeps_it():
+    # GSM8K with answer_field: final: its own "answer" column is the worked solution, not the gold
+    worked = TaskItem("q0", "4", meta={"columns": {"answer": "2 + 2 = 4 #### 4", "final": "4"}}, id="0")
+    no_gold = TaskItem("q1", None, meta={"columns": {"answer": "a reference text"}}, id="1")
+    assert item_columns([worked, no_gold]) == {"answer": ["4", "a reference text"], "final": ["4", None]}
+
+
 def test_terms_are_added_to_the_task_score_with_their_weights_and_components():
     task = RewardedTask(Exact(), [term("length_reward", weight=0.5), term("echo_answer", weight=2.0)])
     first, second = task.score_batch(ITEMS, ["a", "xyz"])

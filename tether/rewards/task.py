@@ -26,10 +26,14 @@ FAULT_LOG = Path("health") / "reward_faults.jsonl"
 
 def item_columns(items: Sequence[TaskItem]) -> dict[str, list]:
     """The dataset columns of a batch as keyword lists (TRL's ``**kwargs``): each item's ``meta["columns"]`` (what a
-    data-backed task keeps of its row), and always ``answer``, the gold answer (``None`` where there is none)."""
+    data-backed task keeps of its row), and always ``answer``: the gold answer where the item has one, else the
+    row's own ``answer`` column, else ``None``."""
     rows = [dict(item.meta.get("columns") or {}) for item in items]
     for row, item in zip(rows, items, strict=True):
-        row.setdefault("answer", item.answer)
+        # the gold wins over a column of that name: with answer_field: final, GSM8K's "answer" column holds the
+        # worked solution, and verl's ground_truth and the docs' `answer` are the gold
+        if item.answer is not None or "answer" not in row:
+            row["answer"] = item.answer
     names = list(dict.fromkeys(name for row in rows for name in row))
     return {name: [row.get(name) for row in rows] for name in names}
 
