@@ -79,6 +79,18 @@ def test_a_saved_dataset_dict_with_a_held_out_split_and_a_format_function(saved)
     assert len(held) == 6 and not held & {json.dumps(i.prompt) for i in task.train}
 
 
+def test_texts_and_conversations_in_one_task_are_refused(tmp_path):
+    # a system prompt would reach the conversations only: the texts' went with the task-level one, then None
+    rows = [{"prompt": f"Say {i}.", "answer": str(i)} for i in range(6)]
+    rows[4]["prompt"] = [{"role": "user", "content": "Say 4."}]
+    file = tmp_path / "mixed.jsonl"
+    file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="mix texts and conversations"):
+        DatasetTask(path=str(file), val_size=2, system_prompt="Be brief.")
+    with pytest.raises(ValueError, match=r"mixes texts \(row 0 of .*\) and conversations \(row 4 of"):
+        DatasetTask.check_inputs(path=str(file))  # before any model loads
+
+
 def test_a_conversational_column_is_used_as_it_is(saved):
     task = DatasetTask(path=str(saved), split="train", prompt_field="messages", answer_field="target", val_size=2)
     assert task.train[0].prompt == [{"role": "user", "content": task.train[0].prompt[0]["content"]}]

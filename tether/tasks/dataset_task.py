@@ -171,8 +171,12 @@ class DatasetTask(JsonlTask):
         self.splits = {name: [self._row_item(row, source, name, i) for i, row in enumerate(parts[name])]
                        for name in sizes}
         self.splits["train"] = [self._row_item(row, source, "train", i) for i, row in enumerate(kept)]
-        conversational = any(isinstance(item.prompt, list) for item in self.splits["train"])
-        self.system_prompt = None if conversational else system_prompt  # a conversation carries its own
+        conversational = {isinstance(item.prompt, list) for items in self.splits.values() for item in items}
+        if len(conversational) > 1:  # the system prompt goes into a conversation, but beside a text prompt
+            raise ValueError(f"{self.name}: the prompts mix texts and conversations (lists of messages); make them "
+                             f"one kind, e.g. with a format_fn that returns {{'prompt': [{{'role': 'user', "
+                             f"'content': ...}}], ...}} for every row")
+        self.system_prompt = None if True in conversational else system_prompt  # a conversation carries its own
 
     longest_prompts = None  # the context check reads jsonl files by column; a dataset's rows are read by the run
 
@@ -220,6 +224,7 @@ class DatasetTask(JsonlTask):
             sources.append((val_path or path, val_split or split))
         fn = load_format_fn(format_fn)
         prompt_key, answer_key = ("prompt", "answer") if fn else (prompt_field, answer_field)
+        kinds: dict[bool, str] = {}  # text prompt or not -> the first row of that kind
         for key, (source, name) in zip(("path", "val_path"), dict.fromkeys(sources), strict=False):
             if not _is_local(source, key):
                 continue
@@ -236,6 +241,10 @@ class DatasetTask(JsonlTask):
                 prompt = formatted[prompt_key]
                 if not isinstance(prompt, str):
                     check_messages(prompt, f"column {prompt_key!r} of row {i} of {source}")
+                kinds.setdefault(isinstance(prompt, str), f"row {i} of {source}")
+        if len(kinds) > 1:
+            raise ValueError(f"column {prompt_key!r} mixes texts ({kinds[True]}) and conversations ({kinds[False]}): "
+                             "make the prompts one kind")
         return []
 
     def _formatted(self, row: dict[str, Any], index: int) -> dict[str, Any]:
