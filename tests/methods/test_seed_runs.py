@@ -339,8 +339,11 @@ def test_both_stages_end_to_end(tiny_policy, tmp_path):
     assert any(not torch.equal(start[k], v) for k, v in trainer.policy.state_dict().items())
 
 
-def test_stage_one_with_an_external_analyzer(tiny_policy, tmp_path):
+def test_stage_one_with_an_external_analyzer(tiny_policy, tmp_path, monkeypatch):
     from tether.methods.seed.analyzer import parse_analysis
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")  # checked before the rollouts; Fake answers
+    monkeypatch.setenv("OPENAI_MODEL", "m")
 
     class Fake:
         def analyze(self, prompt):
@@ -407,6 +410,27 @@ sft: {{tasks: 3, rollouts_per_task: 1, epochs: 2, batch_size: 2, micro_batch_siz
     with pytest.raises(ConfigError, match=r"^invalid configuration:\n  methods\.seed\.sft: moved to the top-level "
                                           r"sft section of the `tether seed-sft` config"):
         run_skill_sft(config, ["methods.seed.sft.tasks=2"], policy=model, tokenizer=tok, engine=object())
+
+
+def test_an_openai_analyzer_without_its_endpoint_stops_before_any_rollout(tiny_policy, tmp_path, monkeypatch):
+    """The analyzer is built after every trajectory is played: its variables are checked first, and validate probes
+    its server."""
+    from tests.rewards.helpers import closed_port_url
+    from tether.checks import check_config
+    from tether.checks.machine import probe_endpoints
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_MODEL", raising=False)
+    model, tok = tiny_policy
+    cfg = seed_sft_config(tmp_path, sft={"analyzer": "openai"})
+    with pytest.raises(ConfigError, match=r"^sft\.analyzer=openai: \$OPENAI_BASE_URL and \$OPENAI_MODEL not set"):
+        run_skill_sft(cfg, policy=model, tokenizer=tok, engine=object())  # a rollout would fail on object()
+    monkeypatch.setenv("OPENAI_BASE_URL", closed_port_url())
+    monkeypatch.setenv("OPENAI_MODEL", "m")
+    check_config(cfg)
+    [line] = probe_endpoints(cfg)
+    assert line.startswith("sft.openai ($OPENAI_BASE_URL): cannot connect to http://127.0.0.1:"), line
+    assert probe_endpoints(seed_sft_config(tmp_path)) == []  # the rule analyzer calls no server
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)

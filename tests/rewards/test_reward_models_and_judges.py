@@ -8,7 +8,7 @@ import socket
 import pytest
 import torch
 
-from tests.rewards.helpers import StubJudge, start_stub_judge, tiny_reward_model
+from tests.rewards.helpers import StubJudge, closed_port_url, start_stub_judge, tiny_reward_model
 from tether.config import ConfigError, RewardTermConfig
 from tether.rewards import Judge, RewardedTask, RewardModel, RewardTerm, check_reward_terms
 from tether.tasks import Score, TaskItem
@@ -90,14 +90,6 @@ def test_an_unreachable_judge_faults_every_row_and_the_run_goes_on():
     assert all(math.isnan(v) for v in values) and all("failed 1 times" in e for e in judge.last_errors)
 
 
-def closed_port_url() -> str:
-    """A loopback URL nothing listens on: a port the system just gave out, closed again."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
-
-
 def judge_config(tmp_path, base_url: str):
     config = tmp_path / "judge.yaml"
     config.write_text(f"run_dir: {tmp_path / 'run'}\nmodel: {{name: tiny-64x1}}\ntask:\n  name: parity\n  rewards:\n"
@@ -127,7 +119,6 @@ def test_validate_warns_when_nothing_answers_at_the_judges_url(tmp_path):
 def test_the_probe_names_a_bad_url_and_a_server_that_is_not_http():
     # the typos the probe exists for raised out of validate (exit 1): a port that is not a number, a bad IPv6
     # address, a port where something answers in another protocol
-    import socket
     import threading
 
     from tether.openai_chat import unreachable

@@ -8,8 +8,8 @@
   inputs an earlier command writes are named with that command (``# written by:`` lines of the config).
 * What ``tether train`` would otherwise find only after its model loads (:mod:`~tether.checks.startup`): the task
   built from its data, a local model directory's contents, the device, the launch, the batch arithmetic.
-* In ``tether validate`` only (:func:`~tether.checks.machine.probe_endpoints`): whether the servers the rewards call
-  (an LLM judge's) answer, as warning lines; a start never waits on the network.
+* In ``tether validate`` only (:func:`~tether.checks.machine.probe_endpoints`): whether the servers the config calls
+  (an LLM judge's, ``tether seed-sft``'s analyzer) answer, as warning lines; a start never waits on the network.
 
 Each error is one line (key, value, what is allowed); :func:`check_config` runs every check and raises one
 :class:`~tether.config.ConfigError` holding all of them. Legal but suspicious settings are warning lines.
@@ -33,6 +33,7 @@ from tether.config import (
     Config,
     ConfigError,
     RunConfig,
+    SeedSFTRunConfig,
     SFTConfig,
     SFTRunConfig,
     SupervisedRunConfig,
@@ -78,6 +79,7 @@ def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True) -
         ConfigError: one line per failed check.
     """
     sft = cfg.sft if isinstance(cfg, SFTRunConfig) else None
+    skills = cfg.sft if isinstance(cfg, SeedSFTRunConfig) else None
     if isinstance(cfg, SupervisedRunConfig):
         cfg = cfg.rl_config()
     import_user_modules(cfg.imports)  # what they register is what the checks below look up
@@ -86,8 +88,8 @@ def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True) -
     errors = _run((*CONFIG_CHECKS, check_workload), cfg, found)
     if machine and not errors:
         # a missing input an earlier command writes is named with that command, instead of what is missing
-        errors = _run((prerequisites(policy, sft),), cfg, found) or _run(machine_checks(policy=policy, sft=sft),
-                                                                           cfg, found)
+        errors = _run((prerequisites(policy, sft),), cfg, found) or \
+            _run(machine_checks(policy=policy, sft=sft, skills=skills), cfg, found)
     if machine and not errors:  # what train would otherwise find after its model loads (tether.checks.startup)
         errors = _run(startup_checks(policy=policy), cfg, found)
     if errors:

@@ -15,7 +15,7 @@ from pathlib import Path
 from tether.checks.context import hub_file, warn_context
 from tether.checks.findings import Findings
 from tether.checks.workload import workload_class
-from tether.config import Config, ConfigError, SFTConfig
+from tether.config import Config, ConfigError, SFTConfig, SkillSFTSettings
 
 HUB_ID_PARTS = 2  # "org/name"
 HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or repository name
@@ -133,15 +133,44 @@ def check_rewards_here(cfg: Config, found: Findings) -> None:
 
 
 def probe_endpoints(cfg: Config) -> list[str]:
-    """Warning lines for the servers the config's rewards call that do not answer (an LLM judge's), each asked once
-    with a short timeout. Run by ``tether validate`` only: not a check of every start, which must not wait on the
-    network, and a warning, since the server may be started between validate and train."""
-    task = getattr(cfg, "task", None)
-    if task is None or not task.rewards:
-        return []
-    from tether.rewards import probe_reward_terms
+    """Warning lines for the servers the config calls that do not answer (an LLM judge's, ``tether seed-sft``'s
+    analyzer), each asked once with a short timeout. Run by ``tether validate`` only: not a check of every start,
+    which must not wait on the network, and a warning, since the server may be started between validate and train."""
+    lines = []
+    skills = getattr(cfg, "sft", None)
+    if isinstance(skills, SkillSFTSettings) and skills.analyzer == "openai":
+        from tether.openai_chat import unreachable
+        from tether.rewards.judge import PROBE_TIMEOUT_S
 
-    return probe_reward_terms(task.rewards)
+        o = skills.openai
+        problem = unreachable(os.environ.get(o.base_url_env, ""), os.environ.get(o.api_key_env, ""),
+                              timeout=PROBE_TIMEOUT_S)
+        if problem is not None:
+            lines.append(f"sft.openai (${o.base_url_env}): {problem}; every analysis would fail after the rollouts: "
+                         "start the analyzer's server before tether seed-sft")
+    task = getattr(cfg, "task", None)
+    if task is not None and task.rewards:
+        from tether.rewards import probe_reward_terms
+
+        lines += probe_reward_terms(task.rewards)
+    return lines
+
+
+def check_analyzer_env(skills: SkillSFTSettings) -> None:
+    """``sft.analyzer: openai`` (``tether seed-sft``): the environment variables naming its endpoint and model are
+    set. The analyzer is built after the model loads and every trajectory is played, so this is checked first.
+
+    Raises:
+        ConfigError: naming the unset variables.
+    """
+    if skills.analyzer != "openai":
+        return
+    o = skills.openai
+    unset = [f"${name}" for name in (o.base_url_env, o.model_env) if not os.environ.get(name)]
+    if unset:
+        raise ConfigError(f"sft.analyzer=openai: {' and '.join(unset)} not set; the analyzer reads its endpoint from "
+                          f"${o.base_url_env} (e.g. http://localhost:8000/v1) and its model from ${o.model_env} "
+                          "(sft.openai names the variables), or use sft.analyzer=rule")
 
 
 def check_sft_data(sft: SFTConfig) -> None:
@@ -196,15 +225,20 @@ def _linear_layer_names(name: str) -> list[str] | None:
     return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
-def machine_checks(*, policy: bool = True, sft: SFTConfig | None = None) -> tuple:
+def machine_checks(*, policy: bool = True, sft: SFTConfig | None = None,
+                   skills: SkillSFTSettings | None = None) -> tuple:
     """The checks of this module; ``policy=False`` when the caller brings the policy itself; ``sft``, the section of
-    a ``tether sft`` config, adds the check of its data."""
+    a ``tether sft`` config, adds the check of its data; ``skills``, a ``tether seed-sft`` config's, its analyzer's."""
     def models(cfg: Config, found: Findings) -> None:
         check_models(cfg, found, policy=policy)
 
     def sft_data(cfg: Config, found: Findings) -> None:
         check_sft_data(sft)
 
-    optional = ((warn_context, check_lora_targets) if policy else ()) + ((sft_data,) if sft is not None else ())
+    def analyzer(cfg: Config, found: Findings) -> None:
+        check_analyzer_env(skills)
+
+    optional = ((warn_context, check_lora_targets) if policy else ()) + ((sft_data,) if sft is not None else ()) + \
+        ((analyzer,) if skills is not None else ())
     return (models, check_packages, check_engine_here, check_chat_template, check_workload_inputs,
             check_rewards_here, *optional)
