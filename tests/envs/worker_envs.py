@@ -29,3 +29,11 @@ class ProcessFaultEnv(ScriptedEnv):
         if self.armed and self.process_fault == "exit":
             os._exit(self.exit_code)
         return super().step(action)
+
+
+class ParseFaultEnv(ScriptedEnv):
+    """The scripted env whose ``parse_action`` raises: the step that follows is a fault that judged no action (as a
+    worker that died does, answering ``("", False)``). Harmless in any process: it raises, nothing more."""
+
+    def parse_action(self, response_text: str) -> tuple[str, bool]:
+        raise RuntimeError("parser crashed")

@@ -80,3 +80,17 @@ def test_an_env_that_ends_its_process_mid_step_faults_its_episodes_and_the_step_
     assert collector.faults == 6
     play(collector, tokenizer)  # fresh processes serve the next episodes (and fault the same way)
     assert collector.faults == 12 and collector.envs.children.started == 12  # the probe's served the first episode
+
+
+def test_a_step_that_faulted_is_not_an_invalid_action(tmp_path, tokenizer, monkeypatch):
+    """The fault judged nothing: no invalid-action penalty on its row, and it does not count in
+    env/invalid_action_frac (a dead env worker answered ("", False) and got both)."""
+    monkeypatch.setitem(ENVS, "parse_fault", "tests.envs.worker_envs:ParseFaultEnv")
+    cfg = agent_config(tmp_path, "env.isolation=thread", "env.name=parse_fault", "env.invalid_action_penalty=0.1")
+    collector = AgentCollector(cfg, tokenizer)
+    rows, episodes = play(collector, tokenizer)
+    assert len(rows) == 6 and all(fault and "parser crashed" in fault for _, _, fault, _ in episodes)
+    batch = collector.to_batch(collector.run_episodes(ScriptedEngine(tokenizer), collector._start(
+        collector.train_seeds[:2], 3), collector.sampling(), seed=0))
+    assert batch.rewards.tolist() == [0.0] * 6  # the faulted episodes' return, 0, and no -0.1
+    assert all(valid for *_, valid in rows)

@@ -233,6 +233,8 @@ class AgentCollector:
         """Apply one env step to its episode; the turn's training row."""
         text = gen.texts[j]
         action, valid, step = outcome
+        # a faulted step judged nothing (a dead worker answers ("", False)): the env's fault is not an invalid action
+        valid = valid or bool(step.info.get("fault"))
         ep.seen.append(ep.observation)
         ep.turns.append({"observation": observation_text(ep.observation), "response": text, "action": action,
                          "valid": valid, "reward": step.reward})
