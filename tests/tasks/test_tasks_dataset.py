@@ -58,13 +58,15 @@ def test_files_map_columns_and_carve_three_splits_that_never_overlap(tmp_path, s
     assert [i.prompt for i in again.val] == [i.prompt for i in task.val]  # seeded
 
 
-def test_duplicate_prompts_of_held_out_rows_leave_train(tmp_path):
-    rows = qa_rows(10) + qa_rows(10)  # every prompt twice
+@pytest.mark.parametrize("task", ["dataset", "jsonl"])
+def test_duplicate_prompts_of_held_out_rows_leave_train(tmp_path, task):
+    # the second copy differs only in spaces around it, which the template strips: one prompt to the model
+    rows = qa_rows(10) + [{**row, "question": f"  {row['question']}\n"} for row in qa_rows(10)]
     file = tmp_path / "dup.jsonl"
     file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    task = DatasetTask(path=str(file), prompt_field="question", answer_field="solution", val_size=3)
+    task = make_task(task, path=str(file), prompt_field="question", answer_field="solution", val_size=3)
     assert not {i.prompt for i in task.train} & {i.prompt for i in task.val}
-    assert task.num_overlap_dropped >= 3
+    assert task.num_overlap_dropped == 3 and len(task.train) == 20 - 3 - 3
 
 
 def test_a_saved_dataset_dict_with_a_held_out_split_and_a_format_function(saved):

@@ -251,9 +251,10 @@ class DatasetTask(JsonlTask):
         return _apply(self._format, None, row, index) if self._format else row
 
     def _key(self, row: dict[str, Any]) -> str:
-        """A prompt as one string, for the overlap check (a conversation as its JSON)."""
+        """A prompt as one string, for the overlap check: a text stripped, as the template gets it, a conversation
+        as its JSON."""
         prompt = self._prompt_value(row)
-        return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+        return prompt.strip() if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
     def _prompt_value(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
         if self.prompt_field not in row:

@@ -200,8 +200,9 @@ class JsonlTask:
         self.timeout_s = timeout_s
         train_rows, val_rows, source = self._load(path, train_path, val_path, val_size, seed)
         self.name = f"jsonl/{source}"
-        held_out = {self._prompt(r) for r in val_rows}
-        kept = [r for r in train_rows if self._prompt(r) not in held_out]
+        # compared as the template gets them (stripped): " 2 + 2?" and "2 + 2?" are one prompt to the model
+        held_out = {self._prompt(r).strip() for r in val_rows}
+        kept = [r for r in train_rows if self._prompt(r).strip() not in held_out]
         self.num_overlap_dropped = len(train_rows) - len(kept)
         if train_size is not None:
             kept = kept[:train_size]
