@@ -203,3 +203,26 @@ def test_a_verl_compute_score_runs_unchanged_and_faults_per_row(tmp_path):
     with pytest.raises(ConfigError, match=r"kwargs: name: .* has no function 'score'"):
         check_reward_terms([RewardTermConfig(fn="tether.rewards:VerlScore",
                                              kwargs={"path": str(file), "name": "score"})])
+
+
+def test_a_reward_model_whose_config_pads_with_another_token_than_its_tokenizer_scores_rows_as_alone(
+        tmp_path, tokenizer):
+    from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+
+    # config pad id 0 (<|endoftext|>), tokenizer pad token <|im_end|> (2): HF's head looks for id 0 to find a row's end
+    assert tokenizer.pad_token_id != 0
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, num_labels=1, pad_token_id=0,
+                         max_position_embeddings=512)
+    LlamaForSequenceClassification(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    rm = RewardModel(str(tmp_path), batch_size=2, device="cpu")
+    prompts, completions = ["What is 2+2?", "x"], ["4", "a much longer reply than the other one"]
+    scores = rm(prompts, completions)
+    reference = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    for prompt, completion, score in zip(prompts, completions, scores, strict=True):
+        ids = rm.tokenizer(rm.render(prompt, completion), return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            expected = reference(**ids).logits[0, 0].item()  # one row: no padding at all
+        assert score == pytest.approx(expected, abs=1e-5)

@@ -57,6 +57,9 @@ class RewardModel:
         self.model = AutoModelForSequenceClassification.from_pretrained(model).to(self.device).eval()
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        # The head reads a row's score at its last token that is not config.pad_token_id: padding with any other id
+        # (a tokenizer whose pad token is not the config's) would score a padded row at a pad position.
+        self.pad_id: int = self.model.config.pad_token_id
         self.batch_size, self.max_length, self.output = batch_size, max_length, output
 
     @staticmethod
@@ -92,6 +95,7 @@ class RewardModel:
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
                                    truncation=True, max_length=self.max_length, add_special_tokens=False)
+            batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, self.pad_id)
             logits = self.model(**batch.to(self.device)).logits
             scores += logits[:, self.output].float().tolist()
         return scores
