@@ -226,3 +226,38 @@ def test_a_reward_model_whose_config_pads_with_another_token_than_its_tokenizer_
         with torch.no_grad():
             expected = reference(**ids).logits[0, 0].item()  # one row: no padding at all
         assert score == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_reward_model_without_a_chat_template_reads_the_special_tokens_its_tokenizer_adds(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForSequenceClassification,
+        PreTrainedTokenizerFast,
+    )
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "what", "is", "two", "plus", "four", "hello", "there", "a", "b", "c"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                           special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                            sep_token="[SEP]").save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
+        num_key_value_heads=1, num_labels=1, pad_token_id=0, max_position_embeddings=64)).save_pretrained(tmp_path)
+    rm = RewardModel(str(tmp_path), batch_size=2, device="cpu")
+    assert not rm.tokenizer.chat_template
+    prompts, completions = ["what is two plus two", "hello"], ["four", "a b c there"]
+    scores = rm(prompts, completions)
+    reference = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    for prompt, completion, score in zip(prompts, completions, scores, strict=True):
+        ids = tok(f"{prompt}\n\n{completion}", return_tensors="pt")  # HF's own call: [CLS] ... [SEP]
+        assert ids.input_ids[0, 0] == 2 and ids.input_ids[0, -1] == 3
+        with torch.no_grad():
+            expected = reference(**ids).logits[0, 0].item()
+        assert score == pytest.approx(expected, abs=1e-5)

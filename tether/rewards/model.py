@@ -1,8 +1,9 @@
 """A sequence-classification reward model as a reward function: ``fn: tether.rewards:RewardModel``.
 
 The model (``AutoModelForSequenceClassification``, one output, as TRL's reward models) reads the prompt and the
-completion together, rendered with its tokenizer's chat template when it has one (else the two texts joined), in
-batches of ``batch_size`` on the run's device, without gradients; the reward of a row is its logit.
+completion together, rendered with its tokenizer's chat template when it has one (else the two texts joined, with
+the special tokens its tokenizer adds, BOS or ``[CLS] ... [SEP]``, as ``tokenizer(text)`` gives them), in batches of
+``batch_size`` on the run's device, without gradients; the reward of a row is its logit.
 """
 
 from __future__ import annotations
@@ -91,10 +92,13 @@ class RewardModel:
     @torch.no_grad()
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
         texts = [self.render(p, c) for p, c in zip(prompts, completions, strict=True)]
+        # a chat template writes the special tokens into the text; joined texts have none, and a model without a
+        # template (a BERT-style one reading its [CLS] token, a base LM its BOS) was trained with them added
+        special = not getattr(self.tokenizer, "chat_template", None)
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
-                                   truncation=True, max_length=self.max_length, add_special_tokens=False)
+                                   truncation=True, max_length=self.max_length, add_special_tokens=special)
             batch["input_ids"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, self.pad_id)
             logits = self.model(**batch.to(self.device)).logits
             scores += logits[:, self.output].float().tolist()
