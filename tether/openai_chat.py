@@ -65,8 +65,10 @@ class ChatClient:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     payload: dict[str, Any] = json.loads(response.read())
                 return str(payload["choices"][0]["message"].get("content") or "")
-            except (urllib.error.URLError, TimeoutError, OSError, KeyError, IndexError, TypeError,
-                    json.JSONDecodeError) as exc:
+            # http.client.HTTPException: a body cut short (IncompleteRead) or a bad status line, neither an OSError;
+            # ValueError: a body that is not JSON or not UTF-8; AttributeError: a "message" that is not an object
+            except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException, KeyError, IndexError,
+                    TypeError, ValueError, AttributeError) as exc:
                 error = exc
                 if attempt + 1 < self.retries:
                     time.sleep(self.retry_delay)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -261,3 +266,40 @@ def test_a_reward_model_without_a_chat_template_reads_the_special_tokens_its_tok
         with torch.no_grad():
             expected = reference(**ids).logits[0, 0].item()
         assert score == pytest.approx(expected, abs=1e-5)
+
+
+class CutOnceJudge(BaseHTTPRequestHandler):
+    """Answers ``Score: <the number of characters of the response>``, except that its first answer to the response
+    "cut" announces more bytes than it sends (a connection lost mid-body)."""
+
+    cut: ClassVar[int] = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        response = re.search(r"Response:\n(.*?)\n\nScore:", body["messages"][-1]["content"], re.DOTALL).group(1)
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": f"Score: {len(response)}"}}]})
+        with self.lock:
+            cut = response == "cut" and type(self).cut == 0
+            type(self).cut += cut
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data) + (100 if cut else 0)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+        self.close_connection = cut
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_judge_answer_cut_short_is_retried_and_costs_no_other_row():
+    CutOnceJudge.cut = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CutOnceJudge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        judge = Judge("stub", base_url=f"http://127.0.0.1:{server.server_port}/v1", retries=2, retry_delay_s=0.0)
+        scores = judge(["q"] * 3, ["ab", "cut", "abcd"])
+    finally:
+        server.shutdown()
+    assert CutOnceJudge.cut == 1  # the first answer to "cut" was cut short; the retry got the whole one
+    assert scores == [0.2, 0.3, 0.4] and judge.last_errors == [None, None, None]
