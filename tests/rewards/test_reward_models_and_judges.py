@@ -303,3 +303,12 @@ def test_a_judge_answer_cut_short_is_retried_and_costs_no_other_row():
         server.shutdown()
     assert CutOnceJudge.cut == 1  # the first answer to "cut" was cut short; the retry got the whole one
     assert scores == [0.2, 0.3, 0.4] and judge.last_errors == [None, None, None]
+
+
+def test_a_judge_template_keeps_json_examples_and_unknown_names_as_written():
+    template = ('Question: {prompt}\nGold: {answer}\nResponse: {completion}\nUnknown: {nothing}\n'
+                'Reply as {"score": 5} or {"score":0}, never {"a":1}.')
+    judge = Judge("stub", base_url="http://127.0.0.1:9/v1", template=template)
+    text = judge.judge_prompt("2+2?", [{"role": "assistant", "content": "4"}], {"answer": "4", "unused": "x"})
+    assert text == ('Question: 2+2?\nGold: 4\nResponse: assistant: 4\nUnknown: {nothing}\n'
+                    'Reply as {"score": 5} or {"score":0}, never {"a":1}.')

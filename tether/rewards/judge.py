@@ -26,6 +26,9 @@ DEFAULT_TEMPLATE = ("Rate how well the response answers the question, from 0 (us
                     "correct and clear). Reply with the number only.\n\nQuestion:\n{prompt}\n\nResponse:\n"
                     "{completion}\n\nScore:")
 NUMBER = r"(-?\d+(?:\.\d+)?)"
+# A placeholder: ``{name}`` alone. Not ``str.format``, which reads any braces as a field: a JSON example in a template,
+# ``{"score": 5}``, would raise ("Space not allowed in string format specifier"), and ``{"a":1}`` become ``{"a"}``.
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
 PROBE_TIMEOUT_S = 2.0  # tether validate's one look at the endpoint: a local server answers in milliseconds
 
 
@@ -34,13 +37,6 @@ def text_of(value: Any) -> str:
     if isinstance(value, str):
         return value
     return "\n".join(f"{m['role']}: {m['content']}" for m in value)
-
-
-class _Fields(dict):
-    """``str.format_map`` values that leave an unknown ``{name}`` as it is (JSON examples in a template stay)."""
-
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
 
 
 class Judge:
@@ -118,9 +114,11 @@ class Judge:
                 "before training, or fix base_url")
 
     def judge_prompt(self, prompt: Any, completion: Any, columns: dict[str, Any]) -> str:
-        fields = _Fields({k: "" if v is None else str(v) for k, v in columns.items()})
+        """``template`` with each ``{name}`` of a field filled in; every other brace, an unknown ``{name}`` included,
+        stays as written."""
+        fields = {k: "" if v is None else str(v) for k, v in columns.items()}
         fields.update(prompt=text_of(prompt), completion=text_of(completion))
-        return self.template.format_map(fields)
+        return PLACEHOLDER.sub(lambda m: fields.get(m.group(1), m.group(0)), self.template)
 
     def parse(self, answer: str) -> float:
         """The score in the judge's answer, divided by ``max_score``.
