@@ -132,10 +132,12 @@ class Judge:
         return float(found.group(1)) / self.max_score
 
     def _ask(self, text: str) -> tuple[float, str | None]:
-        if text in self.cache:
-            return self.cache[text], None
+        with self._lock:  # requests run in threads: another may evict this entry between a look and a read
+            cached = self.cache.get(text)
+            self.requests += cached is None
+        if cached is not None:
+            return cached, None
         try:
-            self.requests += 1
             score = self.parse(self.client.complete(text))
         except (ChatError, ValueError) as err:
             return math.nan, str(err)
