@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether.envs import make_env
+from tether.envs import make_env, observation_key
 from tether.envs.sokoban import render
 
 INVALID = ("jump", "")
@@ -47,3 +47,20 @@ def test_sokoban_invalid_actions_leave_the_level_as_it_was(mode, cost):
                                             f"{render(before)}")
             assert not env.step(action).info["invalid_action"]
         assert env.level.solved
+
+
+@pytest.mark.parametrize("name", ["frozenlake", "sokoban", "thin_ice", "sokoban_visual", "ezpoints"])
+def test_an_invalid_action_anchors_on_the_state_it_left(env_factory, name):
+    """GiGPO groups rows by anchor state: the reset and two invalid actions leave one state, so one key, whatever
+    text the invalid action's note quotes (the notes made three singleton groups, each with step advantage 0)."""
+    from tether.rollout.multi_turn import Episode, state_key
+
+    env = env_factory(name)
+    reset = env.reset(0)
+    ep = Episode(env, "", 0, 0, 0, reset.observation, None, seen=[reset.observation], infos=[reset.info])
+    for bad in ("foo", "bar"):
+        step = env.step(bad)
+        assert step.info["invalid_action"] and observation_key(step.observation) != observation_key(reset.observation)
+        ep.seen.append(step.observation)
+        ep.infos.append(step.info)
+    assert [state_key(ep, turn) for turn in range(3)] == [observation_key(reset.observation)] * 3

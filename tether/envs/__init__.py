@@ -3,6 +3,7 @@
 from tether.envs.base import (
     EVAL_SEED_OFFSET,
     IMAGE_PLACEHOLDER,
+    STATE_KEY,
     EnvReset,
     EnvStep,
     EnvUnavailableError,
@@ -25,6 +26,7 @@ __all__ = [
     "ENVS",
     "EVAL_SEED_OFFSET",
     "IMAGE_PLACEHOLDER",
+    "STATE_KEY",
     "EnvReset",
     "EnvStep",
     "EnvUnavailableError",

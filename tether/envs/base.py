@@ -122,6 +122,12 @@ def require_pillow() -> None:
         raise EnvUnavailableError(NEEDS_PILLOW) from None
 
 
+# info key of a step whose observation carries feedback on top of the env's state (an invalid action's note): the
+# key of the observation the same state gives without it, so GiGPO's anchor states group by state, not by the
+# model's text quoted in the note (verl-agent anchors its grid envs on the state too)
+STATE_KEY = "state_key"
+
+
 def observation_key(observation: str | Observation) -> str:
     """A string equal for two observations iff they are equal (text and pixels)."""
     return observation.key if isinstance(observation, Observation) else observation
@@ -162,7 +168,8 @@ class EnvStep:
         done: True when the episode reached a terminal state (won or lost).
         info: at least ``won`` (bool), ``admissible_actions`` (list[str] | None) and
             ``invalid_action`` (bool); :class:`tether.envs.SafeEnv` adds ``fault`` (str) when the env
-            crashed or hung.
+            crashed or hung. An env whose observation adds a note to its state (an invalid action's) may set
+            :data:`STATE_KEY` to the :func:`observation_key` of the observation without it.
     """
 
     observation: str | Observation

@@ -33,6 +33,7 @@ from typing import Any
 from tether.envs.base import (
     IMAGE_PLACEHOLDER,
     NEEDS_PILLOW,
+    STATE_KEY,
     EnvReset,
     EnvStep,
     Observation,
@@ -40,6 +41,7 @@ from tether.envs.base import (
     escape_placeholders,
     eval_seeds,
     normalize_action,
+    observation_key,
     parse_tagged_action,
     require_pillow,
     train_seeds,
@@ -193,8 +195,9 @@ class EZPointsEnv:
         symbol = normalize_action(action)
         if symbol not in ACTIONS:
             note = f"Invalid action '{escape_placeholders(action)}'; the valid actions are 1-10, +, * and =."
-            obs = self._observe(note)
-            return self._result(obs, 0.0, invalid=True)
+            step = self._result(self._observe(note), 0.0, invalid=True)
+            step.info[STATE_KEY] = observation_key(self._observe())
+            return step
         if len(self.formula) > MAX_FORMULA:
             self._done = True
             return self._result(self._observe("The formula is too long."), -1.0)

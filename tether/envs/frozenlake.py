@@ -17,6 +17,7 @@ import importlib.util
 
 from tether.envs import grid
 from tether.envs.base import (
+    STATE_KEY,
     EnvReset,
     EnvStep,
     EnvUnavailableError,
@@ -128,10 +129,11 @@ class FrozenLakeEnv:
         row, col = self.position
         tile = self.desc[row][col]
         obs = render(self.desc, row, col)
-        if invalid:
-            obs = f"Invalid action '{action}'; the valid actions are left, down, right, up.\n{obs}"
         info = {"won": tile == "G", "admissible_actions": self.admissible, "invalid_action": invalid,
                 "fell_in_hole": tile == "H"}
+        if invalid:
+            info[STATE_KEY] = obs
+            obs = f"Invalid action '{action}'; the valid actions are left, down, right, up.\n{obs}"
         return EnvStep(observation=obs, reward=reward, done=self._done, info=info)
 
     def parse_action(self, response_text: str) -> tuple[str, bool]:

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tether.envs.base import (
+    STATE_KEY,
     EnvReset,
     EnvStep,
     check_can_step,
@@ -364,11 +365,12 @@ class SokobanEnv:
             self.level, pushed = apply_move(before, key)
         self._done = self.level.solved
         obs = render(self.level)
-        if invalid:
-            obs = f"Invalid action '{action}'; the valid actions are up, down, left, right.\n{obs}"
         info = {"won": self._done, "admissible_actions": self.admissible, "invalid_action": invalid,
                 "moved": self.level.player != before.player, "pushed": pushed,
                 "boxes_on_target": len(self.level.boxes & self.level.targets)}
+        if invalid:
+            info[STATE_KEY] = obs
+            obs = f"Invalid action '{action}'; the valid actions are up, down, left, right.\n{obs}"
         return EnvStep(observation=obs, reward=self._reward(before, self.level), done=self._done, info=info)
 
     def _reward(self, before: Level, after: Level) -> float:

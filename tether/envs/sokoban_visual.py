@@ -21,11 +21,13 @@ from typing import Any
 from tether.envs.base import (
     IMAGE_PLACEHOLDER,
     NEEDS_PILLOW,
+    STATE_KEY,
     EnvReset,
     EnvStep,
     Observation,
     escape_placeholders,
     eval_seeds,
+    observation_key,
     require_pillow,
     train_seeds,
 )
@@ -123,12 +125,13 @@ class VisualSokobanEnv:
 
     def step(self, action: str) -> EnvStep:
         step = self.inner.step(action)
-        obs = self._observe()
-        if step.info["invalid_action"]:
+        obs, info = self._observe(), step.info
+        if info["invalid_action"]:
+            info = {**info, STATE_KEY: observation_key(obs)}  # this env's observation, pixels included
             note = f"Invalid action '{escape_placeholders(action)}'; the valid actions are up, down, left, right."
             obs = (Observation(f"{note}\n{obs.text}", obs.images) if isinstance(obs, Observation)
                    else f"{note}\n{obs}")
-        return EnvStep(observation=obs, reward=step.reward, done=step.done, info=step.info)
+        return EnvStep(observation=obs, reward=step.reward, done=step.done, info=info)
 
     def _observe(self) -> str | Observation:
         assert self.inner.level is not None

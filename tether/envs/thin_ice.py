@@ -39,6 +39,7 @@ from typing import Literal
 
 from tether.envs.base import (
     EVAL_SEED_OFFSET,
+    STATE_KEY,
     EnvReset,
     EnvStep,
     check_can_step,
@@ -294,13 +295,14 @@ class ThinIceEnv:
         tile = self.desc[row][col]
         self._done = tile in (GOAL, HOLE, THIN)
         obs = self._observe(row, col)
-        if invalid:
-            obs = f"Invalid action '{action}'; the valid actions are left, down, right, up.\n{obs}"
-        elif tile == THIN:
-            obs = f"{fall_message(row, col)}\n{obs}"
         info = {"won": tile == GOAL, "admissible_actions": self.admissible, "invalid_action": invalid,
                 "fell_in_hole": tile == HOLE, "fell_through_ice": tile == THIN, "outcome": outcome,
                 "cell": (row, col), **self._facts()}
+        if invalid:
+            info[STATE_KEY] = obs
+            obs = f"Invalid action '{action}'; the valid actions are left, down, right, up.\n{obs}"
+        elif tile == THIN:
+            obs = f"{fall_message(row, col)}\n{obs}"
         return EnvStep(observation=obs, reward=1.0 if tile == GOAL else 0.0, done=self._done, info=info)
 
     def _facts(self) -> dict[str, object]:

@@ -35,6 +35,7 @@ import torch
 
 from tether.engine.base import SamplingParams
 from tether.envs import (
+    STATE_KEY,
     Observation,
     escape_placeholders,
     observation_key,
@@ -118,6 +119,13 @@ def build_prompt(ep: Episode, history: int, action_format: str) -> str:
 def prompt_images(ep: Episode, history: int) -> list[Any]:
     """The images of :func:`build_prompt`'s message, in order: the shown history's, then the current one's."""
     return observation_images([*(ep.seen[-history:] if history else []), ep.observation])
+
+
+def state_key(ep: Episode, turn: int) -> str:
+    """GiGPO's anchor state of ``ep``'s row ``turn``: the key of the observation it acted on, or the env's
+    :data:`~tether.envs.STATE_KEY` where that observation added a note to the state (an invalid action's).
+    ``ep.infos[turn]`` came with ``ep.seen[turn]`` (the reset's info, then each step's)."""
+    return ep.infos[turn].get(STATE_KEY) or observation_key(ep.seen[turn])
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -274,7 +282,7 @@ class AgentCollector:
             correct=torch.tensor([e.won for e in eps]), source=torch.zeros(n, dtype=torch.long), token=token,
             info={"episode_id": [e.episode_id for e in eps], "turn": [r["turn"] for r in rows],
                   "valid": [r["valid"] for r in rows], "text": [r["text"] for r in rows], "episode": eps,
-                  "obs_key": [observation_key(e.seen[r["turn"]]) for e, r in zip(eps, rows, strict=True)],
+                  "obs_key": [state_key(e, r["turn"]) for e, r in zip(eps, rows, strict=True)],
                   "step_return": [returns[id(e)][r["turn"]] for e, r in zip(eps, rows, strict=True)]},
         )
 
