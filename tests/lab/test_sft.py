@@ -105,6 +105,28 @@ def test_no_held_out_example_shares_its_prompt_with_a_training_one(tmp_path):
     assert not set(written["val"]) & set(written["train"])
 
 
+def test_model_chat_template_renders_the_sft_prompts_and_goes_with_the_checkpoint(tmp_path, monkeypatch):
+    """``model.chat_template`` was read by ``tether train`` only: SFT trained on the tokenizer's own template and
+    saved it, so RL from the warm start (with the same config) sampled prompts SFT never showed."""
+    import tether.recipes.sft as sft_module
+
+    template = "{% for m in messages %}Q:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    (tmp_path / "t.jinja").write_text(template)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "1+1", "response": "#2"}\n{"prompt": "2+3", "response": "#5"}\n')
+    seen = []
+    real = sft_module.train_sft
+    monkeypatch.setattr(sft_module, "train_sft", lambda model, tok, train, *a, **k: seen.extend(train)
+                        or real(model, tok, train, *a, **k))
+    cfg = sft_config(tmp_path, {"data": "jsonl", "path": str(path), "val_fraction": 0.0, "max_steps": 1},
+                     model={"name": "char-64x1", "chat_template": str(tmp_path / "t.jinja")})
+    summary = run_sft(cfg)
+    _, base = load_policy("char-64x1")
+    expected = {tuple(base(f"Q:{prompt}\nA:", add_special_tokens=False).input_ids) for prompt in ("1+1", "2+3")}
+    assert {tuple(prompt) for prompt, _ in seen} == expected
+    assert load_policy(summary["checkpoint"])[1].chat_template == template
+
+
 @pytest.mark.parametrize("conversational", [False, True])
 def test_task_examples_never_come_from_any_split_of_the_task(tmp_path, conversational):
     """The report split (the endpoint's) too: a demonstration of a report question gives its answer away."""

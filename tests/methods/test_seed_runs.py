@@ -339,6 +339,22 @@ def test_both_stages_end_to_end(tiny_policy, tmp_path):
     assert any(not torch.equal(start[k], v) for k, v in trainer.policy.state_dict().items())
 
 
+def test_stage_one_trains_and_saves_with_model_chat_template(tiny_policy, tmp_path):
+    """Stage 1 ignored ``model.chat_template``: it trained on the tokenizer's own template and saved it, while
+    stage 2 (``tether train``) renders its prompts with the file."""
+    model, tok = tiny_policy[0], copy.deepcopy(tiny_policy[1])  # the fixture's tokenizer is shared
+    template = "{% for m in messages %}Q:{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    (tmp_path / "t.jinja").write_text(template)
+    sft = seed_sft_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
+                          "rollout.max_new_tokens=6", f"run_dir={tmp_path / 'sft'}",
+                          f"model.chat_template={tmp_path / 't.jinja'}",
+                          methods={"seed": {"analysis_max_new_tokens": 8, "analysis_context_length": 512}},
+                          sft={"tasks": 1, "rollouts_per_task": 1, "epochs": 1, "batch_size": 1,
+                               "micro_batch_size": 1, "eval_examples": 0, "val_fraction": 0.0})
+    summary = run_skill_sft(sft, policy=model, tokenizer=tok)
+    assert load_policy(summary["checkpoint"])[1].chat_template == template
+
+
 def test_stage_one_with_an_external_analyzer(tiny_policy, tmp_path, monkeypatch):
     from tether.methods.seed.analyzer import parse_analysis
 

@@ -1,7 +1,8 @@
 """``model.chat_template``: a Jinja chat template file that replaces the tokenizer's own.
 
 The file is read and compiled before any model loads (a syntax error is one line naming the file and the line), and
-set on the tokenizer the run uses, so the prompts are rendered with it and every checkpoint's tokenizer carries it.
+set on the tokenizer the run uses (``tether train``, ``tether sft`` and ``tether seed-sft`` alike), so the prompts
+are rendered with it and every checkpoint's tokenizer carries it.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from tether.methods import method_config
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.models import load_policy
+from tether.models.chat_template import apply_chat_template
 from tether.models.policy import model_load_errors
 from tether.models.vision import encode_message, has_images, observation_images
 from tether.recipes.sft import train_sft, written_examples
@@ -228,6 +229,8 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     if policy is None:
         with model_load_errors("model.name", cfg.model.name):
             policy, tokenizer = load_policy(cfg.model.name)
+    # before the rollouts encode a prompt: stage 1 trains on the prompts stage 2 gives; saved with the checkpoint
+    apply_chat_template(tokenizer, cfg.model.chat_template)
     policy.to(device)
     start = time.perf_counter()
     if begin.action == "fresh":

@@ -225,6 +225,7 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
     from tether.config import ConfigError, dump_config
     from tether.files import write_text_atomic
     from tether.models import load_policy
+    from tether.models.chat_template import apply_chat_template
     from tether.models.policy import model_load_errors
     from tether.splits import split_train_val
     from tether.start import run_tracker, start_run
@@ -250,6 +251,7 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
         status(f"loading the policy {cfg.model.name}")
         with model_load_errors("model.name", cfg.model.name):
             policy, tokenizer = load_policy(cfg.model.name)
+    apply_chat_template(tokenizer, cfg.model.chat_template)  # the prompts RL will give; saved with the checkpoint
     policy.to(device)
     train, dropped_train = encode_examples(train_ex, tokenizer, s.max_length)
     val, dropped_val = encode_examples(val_ex, tokenizer, s.max_length)
