@@ -106,7 +106,8 @@ def jsonl_examples(s: SFTConfig) -> list[Example]:
 def solver_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
     """The env's scripted solver on the first ``s.examples`` (default 1000) training seeds, one example per state."""
     from tether.envs import make_env
-    from tether.rollout.multi_turn import Episode, build_prompt
+    from tether.envs.base import observation_text
+    from tether.rollout.multi_turn import Episode, build_prompt, prompt_images
 
     e = cfg.env
     rng = random.Random(s.data_seed)
@@ -121,13 +122,17 @@ def solver_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
                 plan = env.solution()
                 if not plan:
                     break
-                out.append(Example(build_prompt(episode, e.history, env.action_format), f"<action>{plan[0]}</action>"))
+                # the agent loop's prompt: a visual env's frames (history's, then the current one) go with it
+                out.append(Example(build_prompt(episode, e.history, env.action_format), f"<action>{plan[0]}</action>",
+                                   images=tuple(prompt_images(episode, e.history))))
                 action = plan[0]
                 if episode.admissible and rng.random() < s.explore:
                     action = rng.choice(episode.admissible)
                 step = env.step(action)
-                episode.turns.append({"observation": episode.observation, "response": f"<action>{action}</action>",
-                                      "action": action, "valid": True, "reward": step.reward})
+                episode.seen.append(episode.observation)
+                episode.turns.append({"observation": observation_text(episode.observation),
+                                      "response": f"<action>{action}</action>", "action": action, "valid": True,
+                                      "reward": step.reward})
                 episode.observation = step.observation
                 episode.admissible = step.info.get("admissible_actions", episode.admissible)
                 if step.done:

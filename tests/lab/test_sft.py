@@ -105,6 +105,28 @@ def test_no_held_out_example_shares_its_prompt_with_a_training_one(tmp_path):
     assert not set(written["val"]) & set(written["train"])
 
 
+def test_solver_examples_of_a_visual_env_carry_the_frames_they_show(tmp_path):
+    """A visual env's solver states were written as text: no images, literal placeholders, and the history's
+    observations as ``Observation('<image>', 1 image(s))``."""
+    from tether.envs import make_env
+
+    cfg = load_command_config("sft", data={
+        "run_dir": str(tmp_path / "sft"), "model": {"name": "tiny-qwen2.5-vl"}, "train": {"device": "cpu"},
+        "env": {"name": "sokoban_visual", "max_turns": 3, "history": 1},
+        "sft": {"data": "solver", "examples": 1, "explore": 0.0}})
+    examples = sft_examples(cfg)
+    env = make_env("sokoban_visual")  # the same seed played directly: the frames of the states shown
+    frames = [env.reset(env.train_seeds(1)[0]).observation.images[0]]
+    for example in examples[:-1]:
+        frames.append(env.step(example.response.removeprefix("<action>").removesuffix("</action>"))
+                      .observation.images[0])
+    assert len(examples) >= 2
+    for k, example in enumerate(examples):
+        shown = frames[max(k - 1, 0):k + 1]  # history 1: the previous state's frame, then the current one
+        assert [image.tobytes() for image in example.images] == [image.tobytes() for image in shown]
+        assert example.prompt.count("<image>") == len(shown) and "Observation(" not in example.prompt
+
+
 def test_model_chat_template_renders_the_sft_prompts_and_goes_with_the_checkpoint(tmp_path, monkeypatch):
     """``model.chat_template`` was read by ``tether train`` only: SFT trained on the tokenizer's own template and
     saved it, so RL from the warm start (with the same config) sampled prompts SFT never showed."""
