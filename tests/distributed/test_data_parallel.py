@@ -135,9 +135,26 @@ def test_two_process_update_equals_the_single_process_update(two_ranks, tmp_path
         got = r["update"]
         torch.testing.assert_close(got["grads"], single["grads"], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(got["params"], single["params"], rtol=0, atol=1e-5)
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+        # every actor/ metric, token means (pg_clipfrac, ppo_kl) and maxima (ratio_max) included: summed over the
+        # ranks, a maximum was the sum of the ranks' ones
+        assert got["metrics"].keys() == single["metrics"].keys()
+        for key in (k for k in single["metrics"] if k.startswith("actor/")):
             assert got["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-4, abs=1e-6), key
     assert torch.equal(results[0]["update"]["params"], results[1]["update"]["params"])  # replicas stay equal
+
+
+def test_logged_token_means_and_maxima_are_the_mini_batchs_whatever_the_micro_batches(tmp_path):
+    """The fixed batch's responses have 1 to 6 tokens. With one micro-batch per mini-batch each actor/ metric is the
+    docs/metrics.md formula over the mini-batch's response tokens ((1/T) sum_{i,t} for pg_clipfrac and ppo_kl; the
+    max over them for ratio_max); split into micro-batches it must stay so. Weighted by rows, a micro-batch of short
+    responses counted as much as one of long ones: with one row per micro-batch ppo_kl was 0.068 against -0.013 and
+    ratio_max, a mean of the micro-batches' maxima, 2.0 against 3.9 (optim.lr=0.05)."""
+    whole = run_update(tmp_path / "whole", "optim.micro_batch_size=5", "optim.lr=0.05")["metrics"]  # 5-row minis
+    assert whole["actor/pg_clipfrac"] > 0 and whole["actor/ratio_max"] > 1.5  # the second mini-batch moved off 1
+    for micro in (1, 2):
+        got = run_update(tmp_path / str(micro), f"optim.micro_batch_size={micro}", "optim.lr=0.05")["metrics"]
+        for key in (k for k in whole if k.startswith("actor/")):
+            assert got[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), (micro, key)
 
 
 @pytest.mark.skipif(not HAS_PEFT, reason="peft is not installed (pip install -e '.[lora]')")

@@ -11,6 +11,7 @@ from tests.trainer.helpers import tiny_config
 from tether.models import tiny_model
 from tether.tasks import Score
 from tether.trainer import Trainer
+from tether.trainer.step import add_micro_metrics
 
 
 def make_trainer(cfg):
@@ -93,6 +94,21 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path):
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-5 * scale)  # float32 sums: about 5e-7 * scale
     for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss"):  # logged as mini-batch values, not partial sums
         assert logged[0][key] == pytest.approx(logged[1][key], rel=1e-4, abs=1e-6)
+
+
+def test_micro_batch_metrics_fold_into_token_means_row_means_sums_and_extrema():
+    """Two micro-batches of one mini-batch: A has 1 row and 3 response tokens, all clipped, ratio up to 2; B has 3
+    rows and 1 token, not clipped, ratio up to 5 and down to 0.5. Over the mini-batch's 4 tokens 3 are clipped."""
+    total = {}
+    a = {"actor/pg_clipfrac": 1.0, "actor/ratio_max": 2.0, "armor/mix_ratio_min": 0.9, "armor/anchor_frac": 1.0,
+         "actor/pg_loss": 0.3}
+    b = {"actor/pg_clipfrac": 0.0, "actor/ratio_max": 5.0, "armor/mix_ratio_min": 0.5, "armor/anchor_frac": 0.0,
+         "actor/pg_loss": -0.1}
+    add_micro_metrics(total, {k: torch.tensor(v) for k, v in a.items()}, rows=1 / 4, tokens=3 / 4)
+    add_micro_metrics(total, {k: torch.tensor(v) for k, v in b.items()}, rows=3 / 4, tokens=1 / 4)
+    got = {k: float(v) for k, v in total.items()}
+    assert got == pytest.approx({"actor/pg_clipfrac": 3 / 4, "actor/ratio_max": 5.0, "armor/mix_ratio_min": 0.5,
+                                 "armor/anchor_frac": 1 / 4, "actor/pg_loss": 0.2})
 
 
 def test_separate_old_log_prob_pass_equals_the_detached_forward(tmp_path):

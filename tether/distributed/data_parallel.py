@@ -12,8 +12,9 @@ Under ``torchrun`` every rank holds the whole policy (replicated, DDP semantics)
   gradients are partial sums of the single-process gradient: :meth:`DataParallel.all_reduce_grads`
   *sums* them (one flat all-reduce per optimiser step) before clipping, so the clipped gradient, the
   optimiser step and the parameters are those of one process, up to summation order;
-* **metrics** are partial sums weighted by the rows of the whole mini-batch, summed over ranks the
-  same way (:meth:`DataParallel.sum_metrics`); rank 0 alone logs and writes checkpoints.
+* **metrics** are partial sums weighted by the response tokens (or rows) of the whole mini-batch, summed over
+  ranks the same way (:meth:`DataParallel.sum_metrics`; a ``*_max`` / ``*_min`` takes the largest / smallest rank's);
+  rank 0 alone logs and writes checkpoints.
 
 The policy stays a plain module (no DDP wrapper): the engine, the methods (ARMOR's reference reset,
 SEED's teacher pass) and checkpointing see the same object as in one process. The wrapper's gain --
@@ -24,7 +25,7 @@ overlapping the all-reduce with backward -- is left for the GPU path. Sharded tr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -90,6 +91,17 @@ def chunk_by_length(rows: Iterable[int], lengths: Sequence[tuple[int, int]], siz
     """
     by_length = sorted(rows, key=lambda r: -sum(lengths[r]))
     return [sorted(by_length[s:s + size]) for s in range(0, len(by_length), size)]
+
+
+def extremum(key: str) -> Callable[[Any, Any], Any] | None:
+    """How the parts of a metric named ``*_max`` or ``*_min`` combine over micro-batches, ranks and mini-batches: the
+    larger or the smaller of two (floats, or 0-dim tensors compared on their device without a host sync), since a
+    sum or a mean of maxima is no maximum; None for any other metric, whose parts are summed or averaged."""
+    if key.endswith("_max"):
+        return lambda a, b: torch.maximum(a, b) if isinstance(a, Tensor) else max(a, b)
+    if key.endswith("_min"):
+        return lambda a, b: torch.minimum(a, b) if isinstance(a, Tensor) else min(a, b)
+    return None
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -193,7 +205,8 @@ class DataParallel:
                 p.grad.copy_(chunk)
 
     def sum_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Sum per-rank partial metrics by key (a rank without rows contributes nothing)."""
+        """Sum per-rank partial metrics by key (a rank without rows contributes nothing); a ``*_max`` / ``*_min``
+        metric is the largest / smallest rank's (:func:`extremum`)."""
         if not self.enabled:
             return metrics
         local = {k: float(v) for k, v in metrics.items()}
@@ -202,7 +215,8 @@ class DataParallel:
         out: dict[str, float] = {}
         for part in gathered:
             for k, v in (part or {}).items():
-                out[k] = out.get(k, 0.0) + v
+                pick = extremum(k)
+                out[k] = pick(out[k], v) if pick is not None and k in out else out.get(k, 0.0) + v
         return out
 
     # -- rollouts ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from tether.advantage_inputs import advantage_inputs
 from tether.algos import LossInputs
 from tether.config import Config
 from tether.distributed import DataParallel
+from tether.distributed.data_parallel import extremum
 from tether.distributed.strategy import own_micro_batches
 from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
@@ -37,8 +38,13 @@ if TYPE_CHECKING:
     from tether.rollout.base import Collector
 
 # Micro-batch terms normalised by the whole mini-batch's counts: their mini-batch value is the sum over
-# micro-batches. Every other micro-batch metric is a local mean, averaged weighted by rows.
+# micro-batches.
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
+# Means over a micro-batch's rows (or its [rows, columns] positions), averaged weighted by rows. A ``*_max`` /
+# ``*_min`` metric is the largest / smallest micro-batch's (tether.distributed.data_parallel.extremum); every other
+# micro-batch metric is a mean over its response tokens, averaged weighted by them: weighted by rows, a micro-batch
+# of short responses counted as much as one of long ones, so the logged value moved with optim.micro_batch_size.
+ROW_MEAN_METRICS = frozenset({"armor/anchor_frac", "seed/opd_active_token_ratio"})
 
 
 class StepPhases:
@@ -142,8 +148,11 @@ class StepPhases:
                 part = batch.select(rows)
                 mini = MiniBatch(rows=rows, num_tokens=float(part.response_mask.sum()), num_seqs=len(part), batch=part)
                 for key, value in self._mini_batch_step(mini).items():
-                    sums[key] = sums.get(key, 0.0) + value
-                    counts[key] = counts.get(key, 0) + 1
+                    pick = extremum(key)  # the step's largest / smallest, not a mean of the mini-batches' ones
+                    if pick is not None:
+                        sums[key], counts[key] = pick(sums.get(key, value), value), 1
+                    else:
+                        sums[key], counts[key] = sums.get(key, 0.0) + value, counts.get(key, 0) + 1
         return {**{k: sums[k] / counts[k] for k in sums}, "actor/skipped_updates": float(self.skipped_updates)}
 
     def _mini_batch_step(self, mini: MiniBatch) -> dict[str, float]:
@@ -164,10 +173,8 @@ class StepPhases:
             activations.append((gb, layers, keep_head))
             loss, micro_metrics = self._micro_batch_loss(micro, mini, keep_head_logits=keep_head)
             loss.backward()
-            share = len(micro) / mini.num_seqs
-            for k, v in micro_metrics.items():
-                weight = 1.0 if k in SUMMED_METRICS else share
-                metrics[k] = metrics.get(k, 0.0) + weight * v.detach().float()
+            add_micro_metrics(metrics, micro_metrics, rows=len(micro) / mini.num_seqs,
+                              tokens=micro.response_mask.sum() / max(mini.num_tokens, 1.0))  # no host sync
         metrics = self.dp.sum_metrics(metrics)  # N processes: partial sums -> mini-batch values
         grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
         if torch.isfinite(grad_norm):
@@ -267,6 +274,23 @@ class StepPhases:
         loss, extra = self.methods.extra_loss(loss, inputs, micro, self.hook_context(mini))
         metrics.update(extra)
         return loss, metrics
+
+
+def add_micro_metrics(total: dict[str, torch.Tensor], micro: dict[str, torch.Tensor], *, rows: float,
+                      tokens: float | torch.Tensor) -> None:
+    """Fold one micro-batch's metrics into its mini-batch's ``total``, in place (see :data:`ROW_MEAN_METRICS`).
+
+    Args:
+        rows, tokens: the micro-batch's shares of the mini-batch's rows and response tokens.
+    """
+    for k, v in micro.items():
+        v = v.detach().float()
+        pick = extremum(k)
+        if pick is not None:
+            total[k] = pick(total[k], v) if k in total else v
+        else:
+            weight = 1.0 if k in SUMMED_METRICS else rows if k in ROW_MEAN_METRICS else tokens
+            total[k] = total.get(k, 0.0) + weight * v
 
 
 def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:
