@@ -35,6 +35,7 @@ from tether.algos.rollout_correction import (
 )
 from tether.algos.types import (
     ADVANTAGE_TAGS,
+    ROW_MEAN_METRICS,
     TOKEN_PRODUCERS,
     AdvantageInputs,
     AdvantageOutput,
@@ -50,6 +51,7 @@ __all__ = [
     "KL_KINDS",
     "POLICY_LOSSES",
     "ROLLOUT_CORRECTIONS",
+    "ROW_MEAN_METRICS",
     "TOKEN_PRODUCERS",
     "AdvantageFn",
     "AdvantageInputs",

@@ -144,9 +144,16 @@ class LossInputs:
         return value
 
 
+# LossOutput metrics that are means over a micro-batch's rows (or its [rows, columns] positions), which the trainer
+# folds into a mini-batch weighted by rows; a ``*_max`` / ``*_min`` takes the extreme, and every other metric is a
+# mean over response tokens, weighted by them (docs/metrics.md).
+ROW_MEAN_METRICS = frozenset({"armor/anchor_frac", "seed/opd_active_token_ratio"})
+
+
 @dataclass
 class LossOutput:
-    """A scalar to minimise plus detached scalar metrics (tensors, so no host sync happens here)."""
+    """A scalar to minimise plus detached scalar metrics (tensors, so no host sync happens here): means over the
+    response tokens unless named in :data:`ROW_MEAN_METRICS` or ending in ``_max`` / ``_min``."""
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)

@@ -40,11 +40,10 @@ if TYPE_CHECKING:
 # Micro-batch terms normalised by the whole mini-batch's counts: their mini-batch value is the sum over
 # micro-batches.
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
-# Means over a micro-batch's rows (or its [rows, columns] positions), averaged weighted by rows. A ``*_max`` /
-# ``*_min`` metric is the largest / smallest micro-batch's (tether.distributed.data_parallel.extremum); every other
-# micro-batch metric is a mean over its response tokens, averaged weighted by them: weighted by rows, a micro-batch
-# of short responses counted as much as one of long ones, so the logged value moved with optim.micro_batch_size.
-ROW_MEAN_METRICS = frozenset({"armor/anchor_frac", "seed/opd_active_token_ratio"})
+# The rest are local means: over rows for algos.ROW_MEAN_METRICS, averaged weighted by rows; a ``*_max`` / ``*_min``
+# is the largest / smallest micro-batch's (tether.distributed.data_parallel.extremum); every other one is a mean over
+# the micro-batch's response tokens, averaged weighted by them (weighted by rows, a micro-batch of short responses
+# counted as much as one of long ones, so the logged value moved with optim.micro_batch_size).
 
 
 class StepPhases:
@@ -278,7 +277,7 @@ class StepPhases:
 
 def add_micro_metrics(total: dict[str, torch.Tensor], micro: dict[str, torch.Tensor], *, rows: float,
                       tokens: float | torch.Tensor) -> None:
-    """Fold one micro-batch's metrics into its mini-batch's ``total``, in place (see :data:`ROW_MEAN_METRICS`).
+    """Fold one micro-batch's metrics into its mini-batch's ``total``, in place (see :data:`SUMMED_METRICS`).
 
     Args:
         rows, tokens: the micro-batch's shares of the mini-batch's rows and response tokens.
@@ -289,7 +288,7 @@ def add_micro_metrics(total: dict[str, torch.Tensor], micro: dict[str, torch.Ten
         if pick is not None:
             total[k] = pick(total[k], v) if k in total else v
         else:
-            weight = 1.0 if k in SUMMED_METRICS else rows if k in ROW_MEAN_METRICS else tokens
+            weight = 1.0 if k in SUMMED_METRICS else rows if k in algos.ROW_MEAN_METRICS else tokens
             total[k] = total.get(k, 0.0) + weight * v
 
 
