@@ -190,3 +190,14 @@ def test_bad_sft_settings_stop_before_any_work(tmp_path, sft, match):
 def test_solver_data_needs_an_env(tmp_path):
     with pytest.raises(ConfigError, match="needs env"):
         sft_examples(sft_config(tmp_path, {"data": "solver"}))
+
+
+def test_sft_lr_is_the_rate_each_step_used(tmp_path):
+    # HF's cosine with warm-up over 6 steps, 2 of them warm-up: step s (from 0) trains at lr x s / 2, then
+    # lr x (1 + cos(pi (s - 2) / 4)) / 2
+    import math
+
+    run_sft(sft_config(tmp_path, {"data": "task", "val_fraction": 0.25, "warmup_ratio": 2 / 6}))
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    want = [3e-3 * s / 2 for s in range(2)] + [3e-3 * (1 + math.cos(math.pi * (s - 2) / 4)) / 2 for s in range(2, 6)]
+    assert [r["sft/lr"] for r in rows if "sft/lr" in r] == pytest.approx(want, rel=1e-9, abs=1e-15)

@@ -166,3 +166,11 @@ def test_accuracy_all_counts_every_sampled_row_before_the_filters(tmp_path):
     assert metrics["rollout/num_gen_batches"] == 3 and len(scored) == 24
     assert metrics["rollout/accuracy_all"] == pytest.approx(10 / 24)
     assert batch.correct.float().mean().item() == pytest.approx(0.25)  # the two mixed groups DAPO kept
+
+
+def test_actor_lr_is_the_rate_each_update_of_the_step_used(tmp_path):
+    # warm-up lr x min(1, (s + 1) / 4) at optimiser step s; two mini-batches: steps 0-1, then 2-3
+    trainer = make_trainer(tiny_config(tmp_path, "optim.warmup_steps=4", "optim.mini_batches=2", "train.steps=3",
+                                       "optim.micro_batch_size=2"))
+    logged = [trainer.train_step()["actor/lr"] for _ in range(3)]
+    assert logged == pytest.approx([1e-3 * (1 + 2) / 8, 1e-3 * (3 + 4) / 8, 1e-3], rel=1e-12)

@@ -182,11 +182,12 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
             order = batch_order(len(train), s, epoch)
             for b in range(at.next, len(order), s.batch_size):  # at.next is 0 but in a resumed epoch
                 batch = [train[i] for i in order[b:b + s.batch_size]]
+                lr = schedule.get_last_lr()[0]  # this step's, read before the schedule moves on
                 loss, grad_norm, tokens = sft_step(model, batch, pad, optimizer, s, bf16_autocast)
                 schedule.step()
                 at.step, at.train_loss = at.step + 1, loss
                 if log is not None:
-                    log({"sft/loss": loss, "sft/grad_norm": grad_norm, "sft/lr": schedule.get_last_lr()[0],
+                    log({"sft/loss": loss, "sft/grad_norm": grad_norm, "sft/lr": lr,
                          "sft/tokens": tokens, "sft/epoch": epoch}, at.step)
                 ends_epoch = b + s.batch_size >= len(order) or at.step == total
                 at.epoch, at.next = (epoch + 1, 0) if ends_epoch else (epoch, b + s.batch_size)

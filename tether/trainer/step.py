@@ -84,8 +84,7 @@ class StepPhases:
         metrics.update({"perf/step_s": now - start, "perf/rollout_s": t_rollout,
                         "perf/rollout_tok_s": n_tokens / max(t_rollout, 1e-9),
                         "perf/train_tok_s": n_tokens / max(now - t_update - t_sync, 1e-9),
-                        "perf/weight_sync_s": t_sync,
-                        "actor/lr": self.scheduler.get_last_lr()[0]})
+                        "perf/weight_sync_s": t_sync})
         self.tracker.log(metrics, self.step)
         self.health.stop_if_unhealthy()                #    after logging: the failing step's numbers are kept
         return metrics
@@ -176,6 +175,7 @@ class StepPhases:
                               tokens=micro.response_mask.sum() / max(mini.num_tokens, 1.0))  # no host sync
         metrics = self.dp.sum_metrics(metrics)  # N processes: partial sums -> mini-batch values
         grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
+        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]  # this update's, read before the schedule moves on
         if torch.isfinite(grad_norm):
             self.optimizer.step()
             self.scheduler.step()  # a skipped update does not advance the warm-up either
