@@ -305,3 +305,26 @@ def test_a_dumped_config_loads_back_with_its_integer_keys(tmp_path):
     assert again.task.kwargs["overflow"] == {0: 0.5, 1: 0.5}
     assert again.model_dump() == cfg.model_dump()
     check_kwarg_types(AdditionTask, again.task.kwargs, "task.kwargs")  # raises on {'0': 0.5}
+
+
+@pytest.mark.parametrize("written,value", [("1e-6", 1e-6), ("1E-6", 1e-6), ("5e+1", 50.0), ("2.5e3", 2500.0)])
+def test_a_float_in_exponent_notation_is_a_float_in_a_free_form_mapping(tmp_path, written, value):
+    """PyYAML reads YAML 1.1, where `1e-6` (no dot) and `1.0e5` (unsigned exponent) are strings: docs/config.md's own
+    example algorithm.advantage_kwargs={eps: 1e-6} was refused ('1e-6' is not a valid float), from a file too."""
+    cfg = load_checked_config(data=dict(BASE), overrides=[f"algorithm.advantage_kwargs={{eps: {written}}}"])
+    assert cfg.algorithm.advantage_kwargs == {"eps": value}
+    path = tmp_path / "config.yaml"
+    path.write_text(f"task: {{name: reasoning_gym, kwargs: {{dataset: chain_sum}}}}\nalgorithm:\n  "
+                    f"advantage_kwargs: {{eps: {written}}}\n")
+    assert load_checked_config(path).algorithm.advantage_kwargs == {"eps": value}
+
+
+def test_a_string_that_reads_as_an_exponent_float_stays_a_string_through_config_yaml(tmp_path):
+    """config.yaml (tether eval --config, resume) quotes a string the loader would read as a float."""
+    from tether.config import dump_config, load_config
+
+    cfg = load_config(data={**BASE, "run_dir": "runs/x", "task": {"name": "reasoning_gym", "kwargs": {
+        "dataset": "chain_sum", "tag": "1e-3"}}})
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(cfg))
+    assert load_config(saved).task.kwargs["tag"] == "1e-3"

@@ -16,6 +16,28 @@ from pydantic import BaseModel, ValidationError
 from tether.config.base import ConfigError
 from tether.config.schemas import SCHEMAS, Config, RunConfig
 
+# PyYAML reads YAML 1.1, whose floats need a dot and a signed exponent: `1e-3` and `1.0e5` are strings there. A
+# typed float field converts them, but a free-form mapping (task.kwargs, algorithm.advantage_kwargs' `{eps: 1e-6}`)
+# would hand the string on (refused by the kwargs check, or received by the function): configs read YAML 1.2 floats.
+EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, with :data:`EXPONENT_FLOAT` numbers read as floats."""
+
+
+class ConfigDumper(yaml.SafeDumper):
+    """``yaml.safe_dump``'s dumper that quotes a string :class:`ConfigLoader` would read as a float."""
+
+
+for _yaml_class in (ConfigLoader, ConfigDumper):
+    _yaml_class.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    """YAML text as a config reads it (:class:`ConfigLoader`)."""
+    return yaml.load(text, Loader=ConfigLoader)
+
 
 def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "<root>"
@@ -166,7 +188,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, raw = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r} has an empty key segment")
-    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    return key.split("."), read_yaml(raw) if raw != "" else ""
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -278,7 +300,7 @@ def load_command_config(command: str, path: str | Path | None = None, overrides:
         path = Path(path)
         text = _config_text(path)
         try:
-            loaded = yaml.safe_load(text) or {}
+            loaded = read_yaml(text) or {}
         except yaml.YAMLError as err:
             raise ConfigError(_yaml_error(path, err)) from None
         if not isinstance(loaded, dict):
@@ -413,7 +435,8 @@ def dump_config(cfg: RunConfig) -> str:
     JSON would write ``task.kwargs.carries: {0: 0.5}`` as ``{'0': 0.5}``, which a task whose argument is a
     ``dict[int, float]`` refuses."""
     command = next(name for name, schema in SCHEMAS.items() if type(cfg) is schema)
-    body = yaml.safe_dump(_python_keys(cfg.model_dump(), cfg.model_dump(mode="json")), sort_keys=False)
+    body = yaml.dump(_python_keys(cfg.model_dump(), cfg.model_dump(mode="json")), Dumper=ConfigDumper,
+                     sort_keys=False)
     return f"# tether {command} (the settings this run started with)\n{body}"
 
 
