@@ -19,7 +19,15 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from tether.config import Config, ConfigError, RunConfig, config_command, first_line_command, load_command_config
+from tether.config import (
+    Config,
+    ConfigError,
+    RunConfig,
+    config_command,
+    first_line_command,
+    load_command_config,
+    string_override,
+)
 from tether.errors import TetherError
 
 
@@ -137,7 +145,7 @@ def evaluate(path: Path, overrides: Overrides = None,
         raise ConfigError(f"{run_config}, the config found beside {path}, is a `tether {command}` config: it names no "
                           f"held-out evaluation; pass the RL config of the task or env to evaluate on: tether eval "
                           f"{path} --config CONFIG.yaml")
-    cfg = _load(run_config, [*(overrides or []), f"model.name={path}",
+    cfg = _load(run_config, [*(overrides or []), string_override("model.name", path),
                              "logging.tensorboard=false"])
     from tether.trainer import evaluate as run_eval
 

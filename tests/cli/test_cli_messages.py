@@ -164,3 +164,15 @@ def test_a_warning_in_a_real_process_is_one_line_and_debug_keeps_where_it_was_ra
     monkeypatch.setattr(warnings, "formatwarning", python_default)
     assert run("--debug", "validate", QUICKSTART, "run_dir=/nonexistent/x").exit_code == 0
     assert warnings.formatwarning is python_default  # file, line and source, as Python prints them
+
+
+@pytest.mark.parametrize("name", ["exp #3", "run: 1", "2024", "1e-3"])
+def test_eval_evaluates_the_checkpoint_path_as_given(tmp_path, monkeypatch, name):
+    """The path went in as the override model.name=PATH, read as YAML: `exp #3` evaluated `exp` (the rest a
+    comment), `run: 1` was a mapping and `2024` a number (both refused as model.name)."""
+    seen = []
+    monkeypatch.setattr("tether.trainer.evaluate", lambda cfg: seen.append(cfg.model.name) or {})
+    monkeypatch.chdir(tmp_path)  # a relative path, as typed
+    out = run("eval", name, "--config", QUICKSTART)
+    assert out.exit_code == 0, out.output
+    assert seen == [name]

@@ -17,7 +17,7 @@ from tests.lab.test_experiment import CLEAN, write_config, write_protocol
 from tether.config import ConfigError
 from tether.lab import experiment
 from tether.lab.experiment import load_protocol
-from tether.lab.protocol import run_dir
+from tether.lab.protocol import arm_config, run_dir
 
 
 @pytest.fixture(autouse=True)
@@ -109,3 +109,13 @@ def test_a_required_difference_is_met_at_exactly_its_minimum(tmp_path):
         else:
             with pytest.raises(ConfigError, match=r"below 0\.25: nothing of 'smoke' runs"):
                 experiment.check_requirements(protocol)
+
+
+def test_each_run_of_a_study_whose_run_root_has_a_hash_gets_its_own_run_dir(tmp_path):
+    """The runner passes run_dir as an override, which is read as YAML: under a run root `study #2` every run's
+    `.../study #2/<arm>/seed<n>` was `.../study` (the rest a comment), one run directory for all the study's runs."""
+    root = tmp_path / "study #2"
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path), run_root=str(root)))
+    runs = [(arm, seed) for arm in ("low", "high") for seed in (0, 1)]
+    assert [arm_config(protocol, arm, seed).run_dir for arm, seed in runs] == [
+        str(root / arm / f"seed{seed}") for arm, seed in runs]

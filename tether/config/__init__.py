@@ -44,6 +44,7 @@ from tether.config.loading import (
     migrate_advantage_keys,
     other_command,
     parse_override,
+    string_override,
     validation_lines,
     written_by_lines,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "migrate_advantage_keys",
     "other_command",
     "parse_override",
+    "string_override",
     "validation_lines",
     "written_by_lines",
 ]

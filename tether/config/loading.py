@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 import re
 import warnings
 from pathlib import Path
@@ -189,6 +190,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r} has an empty key segment")
     return key.split("."), read_yaml(raw) if raw != "" else ""
+
+
+def string_override(key: str, value: str | Path) -> str:
+    """``key="value"``: an override that sets ``value`` as a string, whatever YAML would read in it unquoted (a path
+    ``runs/exp #3`` is ``runs/exp`` and a comment, ``runs/a: b`` a mapping, ``2024`` a number). A JSON string is a
+    YAML double-quoted scalar."""
+    return f"{key}={json.dumps(str(value))}"
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tether.checks import load_checked_config
-from tether.config import Config, ConfigError
+from tether.config import Config, ConfigError, string_override
 
 
 class _Strict(BaseModel):
@@ -215,7 +215,8 @@ def arm_config(protocol: Protocol, arm: str, seed: int) -> Config:
 
 def run_overrides(protocol: Protocol, arm: str, seed: int) -> list[str]:
     """What the runner adds to an arm's config for one run; part of the config the lock hashes."""
-    fixed = [f"seed={seed}", f"run_dir={run_dir(protocol, arm, seed)}", "train.threads=1", "logging.progress=false"]
+    fixed = [f"seed={seed}", string_override("run_dir", run_dir(protocol, arm, seed)), "train.threads=1",
+             "logging.progress=false"]
     if protocol.endpoint.at == "best" and not protocol.endpoint.start_selectable:
         fixed.append("train.best_from_step=1")
     return fixed
