@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.trainer.helpers import lock_held_elsewhere, tiny_config
 from tether.config import dump_config
@@ -280,3 +281,40 @@ def test_a_finished_run_with_a_changed_setting_is_refused_as_a_resume_is(tmp_pat
     with pytest.raises(RunDirError, match=r"optim\.lr: 0\.5 differs from 0\.001"):
         finished_summary(changed)
     assert finished_summary(cfg) is not None
+
+
+def test_a_best_of_steps_the_resumed_run_replays_is_removed(tmp_path, tiny_policy, monkeypatch):
+    """A validation wrote checkpoints/best at step 2, then the run died before step 2's checkpoint: the resumed run
+    replays step 2 from step 1, and a replay that is not bit-exact (GPU sampling) need not reach that peak again;
+    best.txt kept naming the lost weights, which the lab evaluates."""
+    import copy
+    import shutil
+    import warnings
+
+    from tether.rollout.single_turn import SingleTurnCollector
+    from tether.trainer import Trainer
+
+    model, tok = tiny_policy
+    start = copy.deepcopy(model)
+    cfg = tiny_config(tmp_path, "val.every=1", "train.steps=3", "train.save_every=1", "train.keep_last=5")
+    values = {0: 0.1, 1: 0.2, 2: 0.5, 3: 0.05}  # val/avg@k by step
+    at: dict[str, Trainer] = {}
+    monkeypatch.setattr(SingleTurnCollector, "validate", lambda self, engine, seed: {"val/avg@k": values[at["t"].step]})
+    at["t"] = Trainer(cfg, policy=model, tokenizer=tok)
+    at["t"].fit()
+    run = Path(cfg.run_dir)
+    assert (run / "best.txt").read_text() == "val/avg@k=0.5 step=2\n"
+    for step in (2, 3):  # the kill: after step 2's validation, before its checkpoint
+        shutil.rmtree(run / "checkpoints" / f"step_00000{step}")
+    (run / "checkpoints" / "latest").write_text("step_000001")
+    (run / "summary.json").unlink()
+    values.update({2: 0.15, 3: 0.12})  # the replay differs
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        at["t"] = Trainer(cfg, policy=start, tokenizer=tok)
+    assert any("checkpoints/best held step 2" in str(w.message) for w in caught)
+    assert not (run / "checkpoints" / "best").exists() and not (run / "best.txt").exists()
+    at["t"].fit()
+    # the best of the resumed run's own steps (its value at step 1, 0.2, went with the removed peak's record)
+    assert (run / "best.txt").read_text() == "val/avg@k=0.15 step=2\n"
+    assert torch.load(run / "checkpoints" / "best" / "trainer_state.pt")["step"] == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,4 +62,25 @@ class RunState:
         self.health.load_state_dict(state.get("health", {}))  # checkpoints from before the checks have none
         self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
         self.skipped_updates = state.get("skipped_updates", 0)  # absent from checkpoints before it was counted
+        self.drop_best_of_lost_steps()
         self.push_weights()
+
+    def drop_best_of_lost_steps(self) -> None:
+        """``checkpoints/best`` written after the checkpoint resumed from (a validation saved it, then the run died
+        before its step checkpoint) holds weights of steps the resumed run replays: the replay reaches them again only
+        where it is bit-exact, and ``best.txt`` would keep naming them (the lab evaluates it). They are removed and
+        the best value restarts, so the next validation writes a best of this run's own steps."""
+        best = self.checkpoints.root / "best"
+        if not (best / "trainer_state.pt").is_file():
+            return
+        lost = load_state(best).get("step", -1)
+        if lost <= self.step:
+            return
+        if self.dp.is_main:
+            shutil.rmtree(best)
+            (self.run_dir / "best.txt").unlink(missing_ok=True)
+        self.dp.barrier()
+        self.best_value = float("-inf")
+        warnings.warn(f"checkpoints/best held step {lost}, validated before the run stopped and after the step "
+                      f"{self.step} checkpoint it resumes from: removed, since the replayed steps need not reach it "
+                      "again; the next validation writes checkpoints/best and best.txt", stacklevel=2)
