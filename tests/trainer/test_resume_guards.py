@@ -107,10 +107,11 @@ def test_resume_false_starts_afresh_and_removes_the_earlier_run(tmp_path):
     cfg = tiny_config(tmp_path, "train.resume=false")
     run_dir, ckpts = Path(cfg.run_dir), manager(cfg)
     write_metrics(run_dir, [0, 1, 2])
+    (run_dir / "samples.jsonl").write_text(json.dumps({"step": 0}) + "\n")
     ckpts.save(2, write_marker("two"))
     ckpts.save_best(write_marker("best"))
     assert prepare_run_dir(cfg, ckpts, DataParallel()) is None
-    assert (run_dir / "metrics.jsonl").read_text() == ""
+    assert (run_dir / "metrics.jsonl").read_text() == "" == (run_dir / "samples.jsonl").read_text()
     assert not ckpts.step_dirs() and not (ckpts.root / "best").exists() and not (ckpts.root / "latest").exists()
 
 
@@ -118,9 +119,14 @@ def test_metric_rows_after_the_resumed_step_are_dropped_not_duplicated(tmp_path)
     cfg = tiny_config(tmp_path)
     run_dir, ckpts = Path(cfg.run_dir), manager(cfg)
     write_metrics(run_dir, [0, 1, 2, 3, 4, 5], torn=True)  # killed mid-line at step 6, after saving step 3
+    for name in ("samples.jsonl", "transcripts.jsonl"):  # a row of step s was sampled in step s + 1
+        (run_dir / name).write_text("".join(json.dumps({"step": s, "group": g}) + "\n" for s in range(6)
+                                            for g in range(2)))
     ckpts.save(3, write_marker("three"))
     prepare_run_dir(cfg, ckpts, DataParallel())
     assert metric_steps(run_dir) == [0, 1, 2, 3]
+    for name in ("samples.jsonl", "transcripts.jsonl"):  # steps 4 to 6 are replayed: `tether show` showed them twice
+        assert [json.loads(line)["step"] for line in (run_dir / name).read_text().splitlines()] == [0, 0, 1, 1, 2, 2]
 
 
 @pytest.mark.parametrize("override", ["optim.lr=0.5", "seed=7", "rollout.group_size=2",

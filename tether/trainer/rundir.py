@@ -67,9 +67,14 @@ def check_resume_settings(cfg: Config, saved_config: Path) -> None:
                               "one: train.resume=never train.overwrite=true deletes it)")
 
 
+# the samples `tether show` reads, one row per sampled group with the 0-based `step` it was sampled in: the rows of
+# steps a resumed run replays go, as metric rows do, or the replay would show each of them twice
+SAMPLE_LOGS = ("samples.jsonl", "transcripts.jsonl")
+
+
 def truncate_metrics(path: Path, through_step: int) -> None:
-    """Keep the rows of ``metrics.jsonl`` up to ``through_step``: the later ones are logged again after a resume.
-    A torn line (a kill mid-write) goes too."""
+    """Keep the rows of a JSONL log with a ``step`` (``metrics.jsonl``, :data:`SAMPLE_LOGS`) up to ``through_step``:
+    the later ones are logged again after a resume. A torn line (a kill mid-write) goes too."""
     if not path.is_file():
         return
     kept = []
@@ -105,7 +110,8 @@ def _start_afresh(run_dir: Path, checkpoints: CheckpointManager) -> None:
             shutil.rmtree(path)
     (checkpoints.root / "latest").unlink(missing_ok=True)
     (run_dir / "best.txt").unlink(missing_ok=True)
-    truncate_metrics(run_dir / "metrics.jsonl", -1)
+    for name in ("metrics.jsonl", *SAMPLE_LOGS):
+        truncate_metrics(run_dir / name, -1)
 
 
 def check_layout(run_dir: Path) -> None:
@@ -251,6 +257,8 @@ def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParalle
         overwrites = start is None and _earlier_run(run_dir, checkpoints) is not None
         if start is not None:
             truncate_metrics(run_dir / "metrics.jsonl", dir_step(start))
+            for name in SAMPLE_LOGS:  # sampled in step s + 1: the steps after the checkpoint's are replayed
+                truncate_metrics(run_dir / name, dir_step(start) - 1)
         elif overwrites:
             _start_afresh(run_dir, checkpoints)
         status(start_line(run_dir, start, overwrites))
