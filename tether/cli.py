@@ -173,7 +173,7 @@ def plot(run_dir: Path) -> None:
     from tether.track import plot_run
 
     if not (run_dir / "metrics.jsonl").is_file():
-        raise ConfigError(f"{run_dir} has no metrics.jsonl: not a run directory (tether train, sft and eval write "
+        raise ConfigError(f"{run_dir} has no metrics.jsonl: not a run directory (tether train, sft and seed-sft write "
                           "one into their run_dir)")
     for p in plot_run(run_dir):
         typer.echo(str(p))
