@@ -4,12 +4,13 @@ while step ``s`` trains.
 The schedule is fixed, so a run is as reproducible as a synchronous one:
 
 * the batch trained at step ``s`` is sampled by the weights of step ``max(s - k, s0)`` (``s0``: the step the run
-  started or resumed at); each row records that version in ``info["policy_version"]``, and ``rollout/staleness``
-  logs ``s - version``;
+  started at, or resumed at where its checkpoint held no batch of step ``s``); each row records that version in
+  ``info["policy_version"]``, and ``rollout/staleness`` logs ``s - version``;
 * at step ``s`` the collector hands over the batch of step ``s`` (the first step after a start samples it and the
-  next ``k - 1`` synchronously), then starts the job of step ``s + k`` and waits until the job holds the engine: the
-  job then samples with the weights of step ``s``, because the weights of ``s + 1`` are pushed through the same lock
-  (:class:`LockedEngine`) and wait until it is done. One job runs at a time, overlapping one update;
+  next ``k - 1`` synchronously, as does a resume for those its checkpoint does not hold), then starts the job of
+  step ``s + k`` and waits until the job holds the engine: the job then samples with the weights of step ``s``,
+  because the weights of ``s + 1`` are pushed through the same lock (:class:`LockedEngine`) and wait until it is
+  done. One job runs at a time, overlapping one update;
 * the job samples with the seeds of the step the batch is for (:class:`~tether.seeding.StepSeeds`), so a batch gets
   the prompts and seeds it would get in a synchronous run; only the weights are older;
 * the engine samples from weights of its own (``rollout.dtype``'s copy, or a copy in the policy's dtype for the
@@ -86,13 +87,13 @@ class AsyncCollector:
         :attr:`engine`, or :attr:`engine` itself); ``hooks`` are empty, since runs with methods are refused."""
         step = seeds.step
         self._finish_job()
-        if not self.pending:  # a start or a resume: fill the pipeline with the current weights
-            for s in range(step, min(step + self.k, self.last_step)):
-                self.pending.append(self._sample(seeds, s, version=step))
-        want, batch, metrics, samples = self.pending.popleft()
-        if want != step:
-            raise RuntimeError(f"asynchronous rollouts: the batch in hand is for step {want}, the trainer is at step "
-                               f"{step}")
+        # the pipeline holds the batches of steps step .. step + k - 1. A start, or a resume that changed
+        # train.steps or max_staleness, lacks some (a checkpoint taken within k steps of its run's last step holds
+        # none past it) or holds some beyond: those missing are sampled now with the current weights
+        wanted = range(step, min(step + self.k, self.last_step))
+        held = {entry[0]: entry for entry in self.pending if entry[0] in wanted}
+        self.pending = deque(held[s] if s in held else self._sample(seeds, s, version=step) for s in wanted)
+        _, batch, metrics, samples = self.pending.popleft()
         if isinstance(engine, RecordingEngine):  # the health check's round trip reads what was sampled
             engine.samples.update(samples)
         if step + self.k < self.last_step:
