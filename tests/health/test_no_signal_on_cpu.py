@@ -64,3 +64,42 @@ def test_the_count_survives_a_checkpoint():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned before the checkpoint: not again after it
         again.observe(2, NONE)
+
+
+def test_a_run_whose_rollout_correction_drops_every_token_stops(tmp_path, tiny_policy):
+    """Advantages that the rollout correction drops on every token reach no gradient: the weights stayed bit for bit
+    while train/advantage_abs_mean was 0.375-0.81 and health/no_signal_steps stayed 0, so with parity off the run went
+    to its end and exited 0. A bfloat16 engine puts |log pi_old - log mu| near 0.007 on every token (k3 about 2e-5
+    per token), so mask_seq_mean with max_kl 1e-9 drops every row."""
+    import copy
+
+    import torch
+
+    from tests.trainer.helpers import tiny_config
+    from tether.health import HealthError
+    from tether.trainer import Trainer
+
+    model, tok = tiny_policy
+    cfg = tiny_config(tmp_path, "rollout.dtype=bfloat16", "rollout.correction.mode=mask_seq_mean",
+                      "rollout.correction.max_kl=1e-9", "health.parity.enabled=false", "train.steps=4",
+                      "health.no_signal.patience=2", "health.degenerate.enabled=false")
+    trainer = Trainer(cfg, policy=copy.deepcopy(model), tokenizer=tok)
+    before = torch.cat([p.detach().flatten() for p in trainer.policy.parameters()])
+    logged = []
+    log = trainer.tracker.log
+    trainer.tracker.log = lambda metrics, step: (logged.append(dict(metrics)), log(metrics, step))[1]
+    with pytest.raises(HealthError, match=r"^nothing trained for 2 steps in a row \(steps 1-2\): the rollout "
+                                          r"correction dropped every token \(rollout_corr/masked_frac=1\)"):
+        trainer.fit()
+    assert trainer.step == 2 and len(logged) == 2
+    assert torch.equal(torch.cat([p.detach().flatten() for p in trainer.policy.parameters()]), before)
+    for metrics in logged:
+        assert metrics["train/advantage_abs_mean"] > 0 and metrics["rollout_corr/masked_frac"] == 1.0
+        assert metrics["rollout_corr/kept_advantage_abs_mean"] == 0.0
+
+
+def test_a_correction_that_keeps_some_token_is_signal():
+    check = NoSignalCheck(NoSignalConfig(patience=1))
+    dropped = {**SOME, "rollout_corr/kept_advantage_abs_mean": 0.0}
+    assert counts(check, [{**SOME, "rollout_corr/kept_advantage_abs_mean": 0.01}, dropped]) == [0, 1]
+    assert "the rollout correction dropped every token" in check.failure

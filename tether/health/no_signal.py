@@ -29,7 +29,9 @@ class NoSignalCheck:
         if self.cfg.action == "off":
             return {}
         advantage = metrics.get("train/advantage_abs_mean", math.nan)
-        signal = math.isfinite(advantage) and advantage > 0
+        # with a rollout correction, only the advantages of the tokens it kept reach the gradient
+        kept = metrics.get("rollout_corr/kept_advantage_abs_mean", advantage)
+        signal = math.isfinite(advantage) and advantage > 0 and kept > 0
         self.in_a_row = 0 if signal else self.in_a_row + 1
         if self.in_a_row >= self.cfg.patience:
             message = self._message(step, metrics)
@@ -42,6 +44,13 @@ class NoSignalCheck:
 
     def _message(self, step: int, metrics: dict[str, float]) -> str:
         faults = metrics.get("reward/faults", 0.0)
+        if metrics.get("rollout_corr/kept_advantage_abs_mean") == 0.0 < metrics.get("train/advantage_abs_mean", 0.0):
+            what = ("the rollout correction dropped every token (rollout_corr/masked_frac="
+                    f"{metrics.get('rollout_corr/masked_frac', math.nan):.3g}): the engine's log-probs are far from "
+                    "the trainer's (health.parity's metrics) or rollout.correction's bounds are too tight")
+            return (f"nothing trained for {self.in_a_row} steps in a row (steps {step - self.in_a_row + 1}-{step}): "
+                    f"{what}; raise health.no_signal.patience={self.cfg.patience} or set "
+                    "health.no_signal.action=warn (docs/health.md)")
         why = (f"reward/faults={faults:g} so far: non-finite rewards are replaced, which leaves groups without "
                "variance" if faults else "every group's rewards were equal (all wrong or all right), or every "
                "row was masked")

@@ -260,6 +260,10 @@ class StepPhases:
         out = self.policy_loss_fn(inputs, agg=a.loss_agg, **a.loss_kwargs)
         loss = out.loss
         metrics = {**out.metrics, **({} if corr is None else corr.metrics), "actor/pg_loss": out.loss.detach()}
+        if corr is not None:  # health.no_signal: a correction that drops every token trains nothing, whatever the A
+            kept = (corr.weights > 0).to(micro.response_mask.dtype) * micro.response_mask
+            metrics["rollout_corr/kept_advantage_abs_mean"] = algos.masked_mean(
+                micro.token["advantages"].abs() * kept, micro.response_mask)
         agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=self.cfg.rollout.max_new_tokens)
         ent = algos.aggregate(entropy, micro.response_mask, "token-mean", num_tokens=num_tokens)
         metrics["actor/entropy"] = ent.detach()
