@@ -155,8 +155,9 @@ def test_wandb_and_mlflow_sinks_call_their_apis(tmp_path, monkeypatch):
     assert not (tmp_path / "b").exists()
 
 
-def mlflow_run(run_id: str) -> SimpleNamespace:
-    return SimpleNamespace(info=SimpleNamespace(run_id=run_id))
+def mlflow_run(run_id: str, params: dict[str, str] | None = None) -> SimpleNamespace:
+    """What ``mlflow.start_run`` returns, as far as the sink reads it: the run's id and the params it holds."""
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id), data=SimpleNamespace(params=dict(params or {})))
 
 
 class FakeTrackers:
@@ -168,9 +169,11 @@ class FakeTrackers:
         self.mlflow_runs: list[str] = []
         self.reopened: list[str] = []
         self.wandb = SimpleNamespace(init=self.wandb_init)
+        self.params: dict[str, dict[str, str]] = {}  # run id -> its params, as strings
+        self.active: str | None = None
         self.mlflow = SimpleNamespace(set_tracking_uri=lambda uri: None, set_experiment=lambda name: None,
                                       start_run=self.start_run, log_metrics=lambda metrics, step: None,
-                                      end_run=lambda: None)
+                                      log_params=self.log_params, end_run=lambda: None)
 
     def wandb_init(self, **settings):
         self.inits.append(settings)
@@ -182,9 +185,21 @@ class FakeTrackers:
             if run_id not in self.mlflow_runs:
                 raise RuntimeError(f"Run '{run_id}' not found")
             self.reopened.append(run_id)
-            return mlflow_run(run_id)
+            self.active = run_id
+            return mlflow_run(run_id, self.params[run_id])
         self.mlflow_runs.append(f"m{len(self.mlflow_runs) + 1}")
-        return mlflow_run(self.mlflow_runs[-1])
+        self.active = self.mlflow_runs[-1]
+        self.params[self.active] = {}
+        return mlflow_run(self.active)
+
+    def log_params(self, params):
+        """MLflow's rule (its stores' ``Changing param values is not allowed``): a param is logged once; the same
+        value again is accepted, another one is refused and nothing of the call is logged."""
+        run = self.params[self.active]
+        changed = [k for k, v in params.items() if k in run and run[k] != str(v)]
+        if changed:
+            raise RuntimeError(f"Changing param values is not allowed: {changed}")
+        run.update({k: str(v) for k, v in params.items()})
 
 
 @pytest.fixture
@@ -205,6 +220,17 @@ def test_a_resumed_run_continues_its_wandb_and_mlflow_runs(tmp_path, trackers):
     build_tracker(tmp_path, tensorboard=False, **settings).close()  # train.overwrite: a run of its own
     assert "id" not in trackers.inits[2] and trackers.mlflow_runs == ["m1", "m2"]
     assert json.loads((tmp_path / "trackers.json").read_text()) == {"wandb": "w3", "mlflow": "m2"}
+
+
+def test_a_resumed_mlflow_run_keeps_the_params_a_resume_changed_instead_of_failing(tmp_path, trackers):
+    with build_tracker(tmp_path, tensorboard=False, mlflow={}) as tracker:
+        tracker.log_config({"seed": 0, "train": {"max_steps": 10}})
+    # the resume runs longer (train.max_steps is not a setting that changes what the run means) and logs more
+    with (build_tracker(tmp_path, tensorboard=False, mlflow={}, resumed_at=5) as tracker,
+          pytest.warns(UserWarning, match=r"train\.max_steps changed on resume")):
+        tracker.log_config({"seed": 0, "train": {"max_steps": 20}, "logging": {"tensorboard": True}})
+    assert trackers.reopened == ["m1"]
+    assert trackers.params["m1"] == {"seed": "0", "train.max_steps": "10", "logging.tensorboard": "True"}
 
 
 def test_a_wandb_id_or_resume_the_user_set_is_kept(tmp_path, trackers):

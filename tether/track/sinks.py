@@ -187,7 +187,18 @@ class MlflowSink:
         self._mlflow.log_metrics({mlflow_key(k): v for k, v in metrics.items()}, step=step)
 
     def log_config(self, config: Mapping[str, Any]) -> None:
-        self._mlflow.log_params(_flatten(to_plain(config)))
+        """Log the settings as params. A continued run already holds them, and MLflow refuses to change a param
+        ("Changing param values is not allowed"), while a resume may change settings that leave the run's meaning
+        alone (``train.max_steps``, ``rollout.partial_batches``...): those keep their first value, with a warning
+        naming them, instead of failing the resumed run."""
+        params = _flatten(to_plain(config))
+        logged = self._run.data.params  # a continued run's params (MLflow keeps them as strings); a new run's: none
+        changed = sorted(k for k, v in params.items() if k in logged and logged[k] != str(v))
+        if changed:
+            warnings.warn(f"MLflow keeps the first value of a run's params: {', '.join(changed)} changed on resume "
+                          "and keep their earlier values there (the run dir's config.yaml has the new ones)",
+                          stacklevel=2)
+        self._mlflow.log_params({k: v for k, v in params.items() if k not in changed})
 
     def close(self) -> None:
         self._mlflow.end_run()
