@@ -304,3 +304,21 @@ def test_seed_sft_resumes_without_rolling_out_again_to_the_uninterrupted_run(tmp
     for key in ("checkpoint", "total_s", "rollout_s"):  # times of this machine
         got.pop(key), want.pop(key)
     assert json.dumps(got) == json.dumps(want) and not (run_dir / "sft_state").exists()
+
+
+def test_overwrite_removes_the_earlier_sft_runs_tensorboard_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tether.recipes.sft_state import delete_earlier_run
+    from tether.track import build_tracker
+
+    run_dir = tmp_path / "run"
+    with build_tracker(run_dir) as earlier:
+        for step in (1, 2, 3):
+            earlier.log({"sft/train_loss": 1.0}, step=step)
+    delete_earlier_run(run_dir)  # train.overwrite over it
+    with build_tracker(run_dir) as tracker:
+        tracker.log({"sft/train_loss": 2.0}, step=1)
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("sft/train_loss")] == [(1, 2.0)]

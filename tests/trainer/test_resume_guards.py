@@ -15,6 +15,7 @@ from tests.trainer.helpers import lock_held_elsewhere, tiny_config
 from tether.config import dump_config
 from tether.distributed import DataParallel
 from tether.start import LOCK, RunDirError
+from tether.track import build_tracker
 from tether.trainer.checkpoint import CheckpointManager
 from tether.trainer.rundir import prepare_run_dir
 
@@ -113,6 +114,23 @@ def test_resume_false_starts_afresh_and_removes_the_earlier_run(tmp_path):
     assert prepare_run_dir(cfg, ckpts, DataParallel()) is None
     assert (run_dir / "metrics.jsonl").read_text() == "" == (run_dir / "samples.jsonl").read_text()
     assert not ckpts.step_dirs() and not (ckpts.root / "best").exists() and not (ckpts.root / "latest").exists()
+
+
+def test_overwrite_removes_the_earlier_runs_tensorboard_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_config(tmp_path, "train.resume=never", "train.overwrite=true")
+    run_dir, ckpts = Path(cfg.run_dir), manager(cfg)
+    with build_tracker(run_dir) as earlier:  # steps 1-3, and a metric of a method the new run does not use
+        for step in (1, 2, 3):
+            earlier.log({"train/loss": 1.0, "method/x": 1.0}, step=step)
+    assert prepare_run_dir(cfg, ckpts, DataParallel()) is None
+    with build_tracker(run_dir) as tracker:
+        tracker.log({"train/loss": 2.0}, step=1)
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert events.Tags()["scalars"] == ["train/loss"]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 2.0)]
 
 
 def test_metric_rows_after_the_resumed_step_are_dropped_not_duplicated(tmp_path):

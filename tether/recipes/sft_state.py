@@ -31,6 +31,7 @@ import yaml
 from tether.distributed import DataParallel
 from tether.files import write_text_atomic
 from tether.start import RunDirError, claim_run_dir
+from tether.track import TENSORBOARD_DIR
 from tether.trainer.checkpoint import checkpoint_problem, publish_dir, rng_state, set_rng_state, settle_old
 from tether.trainer.rundir import flat, truncate_metrics
 
@@ -267,7 +268,7 @@ def plan_sft_start(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path) -> SFTSt
 
 def delete_earlier_run(run_dir: Path) -> None:
     """``train.overwrite``: what an earlier SFT run wrote goes, so nothing of it passes for this run's."""
-    for name in ("checkpoint", STATE, f"{STATE}.tmp", f"{STATE}.old", "data"):
+    for name in ("checkpoint", STATE, f"{STATE}.tmp", f"{STATE}.old", "data", TENSORBOARD_DIR):
         shutil.rmtree(run_dir / name, ignore_errors=True)
     for name in (SUMMARY, "summary.json"):
         (run_dir / name).unlink(missing_ok=True)

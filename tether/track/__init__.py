@@ -12,6 +12,7 @@ from tether.track.plot import (
 )
 from tether.track.sinks import JsonlSink, MetricSink, MlflowSink, TensorBoardSink, WandbSink, mlflow_key
 from tether.track.tracker import (
+    TENSORBOARD_DIR,
     Tracker,
     build_tracker,
     to_floats,
@@ -22,6 +23,7 @@ from tether.track.tracker import (
 __all__ = [
     "METHOD_NAMESPACES",
     "METRICS",
+    "TENSORBOARD_DIR",
     "JsonlSink",
     "MetricSink",
     "MlflowSink",

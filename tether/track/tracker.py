@@ -129,6 +129,10 @@ class Tracker:
         self.close()
 
 
+# TensorBoard's folder in a run dir; a start over an earlier run (train.overwrite) deletes it
+TENSORBOARD_DIR = "tensorboard"
+
+
 def build_tracker(run_dir: str | Path, *, tensorboard: bool = True, wandb: Mapping[str, Any] | None = None,
                   mlflow: Mapping[str, Any] | None = None, resumed_at: int = 0) -> Tracker:
     """The tracker for a run: ``metrics.jsonl`` always, plus the sinks that are configured.
@@ -159,7 +163,7 @@ def build_tracker(run_dir: str | Path, *, tensorboard: bool = True, wandb: Mappi
     tracker = Tracker(run_dir, [JsonlSink(run_dir / "metrics.jsonl")])
     try:
         if tensorboard:
-            tracker.sinks.append(TensorBoardSink(run_dir / "tensorboard", resumed_at))
+            tracker.sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR, resumed_at))
         if wandb is not None:
             tracker.sinks.append(WandbSink(run_dir, wandb, resumed_at))
         if mlflow is not None:

@@ -25,7 +25,7 @@ import yaml
 from tether.config import Config, dump_config
 from tether.distributed import DataParallel
 from tether.start import RunDirError, lock_run_dir
-from tether.track import write_text_atomic
+from tether.track import TENSORBOARD_DIR, write_text_atomic
 from tether.track.progress import status
 from tether.trainer.checkpoint import STEP_DIR, CheckpointManager, checkpoint_problem, dir_step
 
@@ -103,8 +103,9 @@ def _earlier_run(run_dir: Path, checkpoints: CheckpointManager) -> str | None:
 
 
 def _start_afresh(run_dir: Path, checkpoints: CheckpointManager) -> None:
-    """``train.overwrite``: the earlier run's checkpoints and metric rows go, so nothing of it is resumed,
-    evaluated or plotted as this run's later."""
+    """``train.overwrite``: the earlier run's checkpoints, metric rows and TensorBoard events go, so nothing of it is
+    resumed, evaluated or plotted as this run's later (TensorBoard would show the earlier run's values beside the new
+    ones at the same steps)."""
     for path in [*checkpoints.step_dirs(), checkpoints.root / "best"]:
         if path.is_dir():
             shutil.rmtree(path)
@@ -112,6 +113,7 @@ def _start_afresh(run_dir: Path, checkpoints: CheckpointManager) -> None:
     (run_dir / "best.txt").unlink(missing_ok=True)
     for name in ("metrics.jsonl", *SAMPLE_LOGS):
         truncate_metrics(run_dir / name, -1)
+    shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
 
 
 def check_layout(run_dir: Path) -> None:
