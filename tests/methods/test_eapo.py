@@ -417,3 +417,38 @@ def test_with_lora_the_prior_injects_and_only_the_adapters_train(tmp_path, tiny_
     kept = BaseModelView(trainer.policy).state_dict()
     assert all(torch.equal(kept[k], base[k]) for k in base)  # the base weights did not move
     assert any(p.abs().sum() > 0 for n, p in trainer.policy.named_parameters() if "lora_B" in n)  # the adapters did
+
+
+def test_with_armor_anchors_eapo_metrics_and_quantile_read_only_the_rows_sampled_with_the_prior(
+        tmp_path, tiny_policy, prior_dir):
+    """ARMOR's anchors come from the reference engine, without the prior: their gate statistics are the zeros the
+    batch fills in, not values of the gate. They were counted: the threshold became the median of the on-policy
+    values and those zeros (0.1875 instead of 0.1921 here), and eapo/accuracy_clean took in the anchors, correct by
+    construction (0.5 instead of the clean on-policy rows' 0.333)."""
+    from tests.trainer.helpers import tiny_config
+    from tether.trainer import Trainer
+
+    cfg = tiny_config(tmp_path, algorithm={"policy_loss": "eapo"}, rollout={"max_gen_batches": 30},
+                      methods={"armor": {"ref_n": 4},
+                               "eapo": {"prior": str(prior_dir), "threshold_mode": "quantile", "quantile": 0.5,
+                                        "floor": 0.0, "budget": 1, "mix_lambda": 0.05}})
+    model, tok = tiny_policy
+    trainer = Trainer(cfg, policy=copy.deepcopy(model), tokenizer=tok)
+    batches = []
+    collect = trainer.collector.collect
+    trainer.collector.collect = lambda *args: batches.append(collect(*args)) or batches[-1]
+    metrics = trainer.train_step()
+    batch = batches[-1][0]
+    anchor, mask = batch.source == 1, batch.response_mask > 0
+    assert anchor.any()
+    on, stat = ~anchor, batch.token["eapo_gate_stat"]
+    injected_rows = ((batch.token["injected_mask"] > 0) & mask).any(1)
+    clean_on = on & ~injected_rows
+    assert clean_on.any() and (injected_rows & on).any()
+    assert metrics["eapo/accuracy_clean"] == pytest.approx(batch.correct[clean_on].float().mean().item())
+    assert metrics["eapo/injected_rollouts_frac"] == pytest.approx(injected_rows[on].float().mean().item())
+    assert metrics["eapo/gate_stat_mean"] == pytest.approx(stat[mask & on[:, None]].mean().item())
+    clean_tokens = mask & (batch.token["injected_mask"] == 0)
+    want = torch.quantile(stat[clean_tokens & on[:, None]].double(), 0.5).item()
+    assert want != torch.quantile(stat[clean_tokens].double(), 0.5).item()  # the anchors' zeros would move it
+    assert trainer.methods[1].threshold == pytest.approx(want, rel=1e-12)

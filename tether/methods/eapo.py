@@ -300,15 +300,19 @@ class EAPO(Method):
         if missing:
             raise RuntimeError(f"eapo: the batch lacks {missing}; the engine must support interventions "
                                "(rollout.engine=hf does; vllm and ray cannot)")
-        metrics = rollout_metrics(batch)
+        # Only on-policy rows were sampled with the prior. Other rows (ARMOR's anchors, from the reference engine)
+        # hold zeros where the gate statistic would be (armor.like): counted, they would pull the quantile threshold
+        # down and turn eapo/*_clean into their accuracy.
+        guided = batch.select((batch.source == 0).nonzero().flatten().cpu())
+        metrics = rollout_metrics(guided)
         if self.settings.log_injections:
             log_injections(batch, ctx.tokenizer, ctx.step, self.settings.log_injections,
                            ctx.run_dir / "eapo_injections.jsonl")
         metrics["eapo/lambda"] = self.current_lambda(ctx.step)
         metrics["eapo/threshold"] = self.threshold
         if self.current_lambda(ctx.step) > 0 and self.settings.budget > 0:  # the prior ran this step
-            valid = (batch.response_mask > 0) & (batch.token["injected_mask"] == 0)
-            self._recent_stats = batch.token["eapo_gate_stat"][valid].detach().float().cpu()
+            valid = (guided.response_mask > 0) & (guided.token["injected_mask"] == 0)
+            self._recent_stats = guided.token["eapo_gate_stat"][valid].detach().float().cpu()
         return metrics
 
     def after_update(self, ctx: StepContext) -> dict[str, Any]:
