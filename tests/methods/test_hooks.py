@@ -81,6 +81,19 @@ def test_a_method_that_replaces_the_advantages_is_stopped_by_name():
         MethodSet([Recorder("a", []), Replacer("swap", [])]).on_advantages(batch, CTX)
 
 
+
+def test_a_method_that_writes_into_the_advantages_is_stopped_by_name():
+    """The same tensor with other values passed the identity check: the loss then trained on zeros for row 0."""
+    class Writer(Recorder):
+        def on_advantages(self, batch, ctx):
+            batch.token["advantages"][0] = 0.0
+            return {}
+
+    batch = SimpleNamespace(token={"advantages": torch.tensor([[1.0, float("nan")], [2.0, 3.0]])})
+    assert "a/adv" in MethodSet([Recorder("a", [])]).on_advantages(batch, CTX)  # reads, in place too: NaN stays NaN
+    with pytest.raises(RuntimeError, match=r"methods\.zero wrote into the advantages"):
+        MethodSet([Recorder("a", []), Writer("zero", [])]).on_advantages(batch, CTX)
+
 def test_only_declared_tokens_reach_the_loss():
     methods = MethodSet([Recorder("a", [], tokens=frozenset({"t2", "t1"})),
                          Recorder("b", [], tokens=frozenset({"t1"}))])

@@ -4,7 +4,7 @@ The rules (docs in :mod:`tether.methods.base`):
 
 * at most one method intervenes in sampling;
 * a method's per-token tensors reach the loss only when it declares them (``loss_tokens``);
-* advantages are the trainer's: a method reads them in ``on_advantages`` and never replaces them.
+* advantages are the trainer's: a method reads them in ``on_advantages`` and never replaces or changes them.
 
 The trainer holds one :class:`MethodSet` and calls it at fixed points of the step, each time with the
 :class:`~tether.methods.context.StepContext` of that point. A collector gets the set bound to the step's context
@@ -83,13 +83,19 @@ class MethodSet:
         return metrics
 
     def on_advantages(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, float]:
-        """Each method reads the advantages; one that replaced them is stopped with the rule it broke."""
+        """Each method reads the advantages; one that replaced them, or wrote into them, is stopped with the rule it
+        broke."""
         advantages = batch.token["advantages"]
+        # the values too, not only the tensor: an in-place write (advantages[rows] = 0) keeps the tensor's identity
+        values = advantages.clone()
         metrics: dict[str, float] = {}
         for m in self.methods:
             metrics.update(m.on_advantages(batch, ctx))
             if batch.token["advantages"] is not advantages:
                 raise RuntimeError(f"methods.{m.name} replaced the advantages in on_advantages; the trainer makes "
+                                   "them (algorithm.advantage), a method may only read them")
+            if not advantages.allclose(values, rtol=0, atol=0, equal_nan=True):  # equal, NaN where it was NaN
+                raise RuntimeError(f"methods.{m.name} wrote into the advantages in on_advantages; the trainer makes "
                                    "them (algorithm.advantage), a method may only read them")
         return metrics
 
