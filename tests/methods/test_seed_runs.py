@@ -309,6 +309,25 @@ def test_opsd_refuses_envs_it_cannot_hint_before_and_during_a_run(tiny_policy, t
         scored_batch(trainer)
 
 
+
+def test_a_resumed_opsd_run_keeps_going_on_a_batch_without_hints_as_the_uninterrupted_run_does(
+        tiny_policy, tmp_path, monkeypatch):
+    """The no-hint stop is for a run none of whose rows ever had a hint. Whether one had was not checkpointed, so a
+    resumed run stopped at its first batch without a hint, where the same run uninterrupted went on."""
+    def trainer(*overrides: str) -> Trainer:
+        cfg = agent_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
+                           "rollout.max_new_tokens=6", "train.steps=3", *overrides, methods={"opsd": {"coef": 0.1}})
+        return Trainer(cfg, policy=copy.deepcopy(tiny_policy[0]), tokenizer=tiny_policy[1])
+
+    straight = trainer()
+    assert straight.train_step()["seed/opsd_hint_rows_frac"] > 0
+    straight.save()
+    resumed = trainer("train.resume=true")
+    assert resumed.step == 1
+    monkeypatch.setattr("tether.methods.seed.opsd.solve_from_observation", lambda *args: None)  # no state solvable
+    for run in (straight, resumed):
+        assert run.train_step()["seed/opsd_hint_rows_frac"] == 0
+
 def test_both_stages_end_to_end(tiny_policy, tmp_path):
     model, tok = tiny_policy
     initial = {k: v.clone() for k, v in model.state_dict().items()}

@@ -52,7 +52,7 @@ class Opsd(Method):
         super().__init__(settings)
         self.settings: OpsdSettings = settings
         self.accounting = OpdAccounting("seed/opsd_")
-        self.hinted = False  # some row of this process has had a hint
+        self.hinted = False  # some row of this run has had a hint (checkpointed: a resume is not a new run)
 
     @classmethod
     def check_config(cls, settings: OpsdSettings, cfg: Config) -> list[str]:
@@ -102,6 +102,12 @@ class Opsd(Method):
     def after_update(self, ctx: StepContext) -> dict[str, Any]:
         return self.accounting.flush({"loss": ("loss", "active"), "delta_mean": ("delta", "active"),
                                       "active_token_frac": ("active", "tokens")})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"hinted": self.hinted}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.hinted = state.get("hinted", False)
 
 
 def hint_section(plan: list[str]) -> str:
