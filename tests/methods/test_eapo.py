@@ -452,3 +452,28 @@ def test_with_armor_anchors_eapo_metrics_and_quantile_read_only_the_rows_sampled
     want = torch.quantile(stat[clean_tokens & on[:, None]].double(), 0.5).item()
     assert want != torch.quantile(stat[clean_tokens].double(), 0.5).item()  # the anchors' zeros would move it
     assert trainer.methods[1].threshold == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("model_name", ["tiny-qwen2.5-vl", "tiny-idefics3"])
+def test_a_vision_language_prior_equal_to_the_policy_gives_its_distribution(tmp_path, model_name):
+    """A VLM policy comes with a processor, which has no get_vocab: setup raised AttributeError. And the prior
+    decoded with plain 1-D positions where Qwen's multimodal RoPE needs the engine's, so a prior equal to the policy
+    gave JS 0.0034 and weights up to 1.27 instead of 0 and 1."""
+    from tests.rollout.helpers import agent_config
+    from tether.models import load_policy
+    from tether.trainer import Trainer
+
+    env = {"name": "sokoban_visual", "kwargs": {"max_solution_steps": 4}} if "qwen" in model_name else \
+        {"name": "ezpoints", "kwargs": {}}
+    cfg = agent_config(tmp_path, "rollout.prompts_per_step=1", "rollout.group_size=2", "rollout.max_new_tokens=6",
+                       "env.max_turns=2", "env.history=1", model={"name": model_name}, env=env,
+                       algorithm={"policy_loss": "eapo"},
+                       methods={"eapo": {"prior": model_name, "threshold": -1.0, "budget": 2}})
+    policy, processor = load_policy(model_name)
+    trainer = Trainer(cfg, policy=policy, tokenizer=processor)
+    prior = trainer.methods[0].prior.state_dict()
+    assert all(torch.equal(v, prior[k]) for k, v in trainer.policy.state_dict().items())  # the same weights
+    metrics = trainer.train_step()
+    assert metrics["eapo/injected_token_frac"] > 0
+    assert metrics["eapo/js_gated"] < 1e-5  # float rounding of two forwards over the same inputs
+    assert metrics["eapo/is_weight_max"] == pytest.approx(1.0, abs=1e-4)

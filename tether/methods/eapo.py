@@ -35,6 +35,7 @@ from tether.engine.decoding import left_pad, process_logits, sample_tokens
 from tether.engine.hf import KVDecoder
 from tether.files import append_jsonl
 from tether.methods.base import Method, MethodSettings, register_method
+from tether.models.vision import has_images, later_positions, prompt_positions, text_tokenizer, uses_multimodal_rope
 
 if TYPE_CHECKING:
     from tether.config import Config
@@ -57,7 +58,8 @@ def check_vocabulary(policy: Any, tokenizer: Any, prior: Any, prior_tokenizer: A
     if out_size(prior) != out_size(policy):
         raise ValueError(f"methods.eapo.prior: '{prior_name}' has a {out_size(prior)}-token output layer, "
                          f"the policy {out_size(policy)}; {fix}")
-    mine, theirs = tokenizer.get_vocab(), prior_tokenizer.get_vocab()
+    # a vision-language policy comes with a processor: its token ids are those of the tokenizer inside it
+    mine, theirs = text_tokenizer(tokenizer).get_vocab(), text_tokenizer(prior_tokenizer).get_vocab()
     if mine != theirs:
         differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
         raise ValueError(f"methods.eapo.prior: the tokenizer of '{prior_name}' differs from the policy's "
@@ -71,9 +73,9 @@ class PriorInjection:
     """Runs the prior next to the policy in the HF engine's decoding loop and injects its tokens.
 
     The prior keeps its own KV cache, with the engine's padding convention: prompts left-padded,
-    position ids counted from the attention mask, one always-on attention column per new token (also
-    for rows that finished). Its forward for the token of step ``t`` runs lazily at step ``t + 1``, so
-    no forward is wasted after the last step.
+    position ids counted from the attention mask (a visual prompt's: the engine's, multimodal RoPE
+    included), one always-on attention column per new token (also for rows that finished). Its forward
+    for the token of step ``t`` runs lazily at step ``t + 1``, so no forward is wasted after the last step.
 
     With ``mix_lambda = 0`` or ``budget = 0`` it is passive: the prior never runs, :meth:`step` always
     returns None, and the engine's sampling (and RNG stream) is exactly what it is without it.
@@ -116,6 +118,13 @@ class PriorInjection:
         if self.passive:
             return
         input_ids, self._attention, position_ids = left_pad(prompt_ids, self.pad_id, device)
+        # a visual prompt's positions as the engine gives them: multimodal RoPE (Qwen) places image tokens on a grid,
+        # and its later tokens sit at their text position plus an offset; with plain positions q is another input's
+        self._offsets: Tensor | None = None
+        if has_images(prompt_ids):
+            position_ids, self._offsets = prompt_positions(self.prior, prompt_ids, input_ids, self._attention,
+                                                           position_ids)
+        self._mm_rope = uses_multimodal_rope(position_ids)
         self._next_pos = torch.tensor([len(p) for p in prompt_ids], device=device)
         self._cache = self._decoder.new_cache()
         with torch.no_grad():
@@ -138,8 +147,11 @@ class PriorInjection:
             if self._pending is not None:  # the prior's forward of the previous step's tokens
                 ones = self._attention.new_ones(n, 1)
                 self._attention = torch.cat([self._attention, ones], dim=1)
-                self._logits = self._decoder.next_logits(self._pending[:, None], self._attention,
-                                                         self._next_pos[:, None], self._cache)
+                positions = self._next_pos[:, None]
+                if self._mm_rope:
+                    positions = later_positions(positions, self._offsets)
+                self._logits = self._decoder.next_logits(self._pending[:, None], self._attention, positions,
+                                                         self._cache)
                 self._next_pos += 1
             prior_log_probs = process_logits(self._logits, self.params)
             if prior_log_probs.shape != policy_log_probs.shape:
