@@ -176,3 +176,14 @@ def test_eval_evaluates_the_checkpoint_path_as_given(tmp_path, monkeypatch, name
     out = run("eval", name, "--config", QUICKSTART)
     assert out.exit_code == 0, out.output
     assert seen == [name]
+
+
+@pytest.mark.parametrize("override", ["optim.betas=[0.9, 1.5]", "optim.betas=[-0.1, 0.999]"])
+def test_adam_betas_outside_0_1_are_refused_before_the_optimiser_is_built(override):
+    """torch.optim.AdamW raised 'Invalid beta parameter' (a traceback) at train's start after validate said ok."""
+    with pytest.raises(ConfigError, match=r"optim\.betas: Value error, each beta must be in \[0, 1\)"):
+        load_config(QUICKSTART, [override])
+    with pytest.raises(ConfigError, match=r"sft\.betas: Value error, each beta must be in \[0, 1\)"):
+        from tether.config import load_command_config
+
+        load_command_config("sft", QUICKSTART, ["sft.data=task", "sft.betas=[1.0, 0.9]"])

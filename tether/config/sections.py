@@ -16,6 +16,13 @@ from tether.config.base import Section
 LLAMA_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def adam_betas(value: tuple[float, float]) -> tuple[float, float]:
+    """AdamW's betas, each in [0, 1) as torch.optim.AdamW requires (it raises only once the optimiser is built)."""
+    if not all(0 <= beta < 1 for beta in value):
+        raise ValueError("each beta must be in [0, 1) (AdamW's moment decay rates), e.g. [0.9, 0.999]")
+    return value
+
+
 class LoraSettings(Section):
     """Low-rank adapters (PEFT's LoRA) on the policy: only they train; the reference is the base without them."""
 
@@ -218,6 +225,11 @@ class OptimConfig(Section):
         "the same (docs/design.md)")
     ppo_epochs: int = Field(1, ge=1, description="passes over each RL step's batch")
 
+    @field_validator("betas")
+    @classmethod
+    def _adam_betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        return adam_betas(value)
+
 
 class ValConfig(Section):
     split: str = Field("val", description="the task split validation reads: val (the selection split, which picks "
@@ -362,6 +374,11 @@ class SFTSettings(Section):
     save_every: int = Field(50, ge=0, description="write the resumable run_dir/sft_state every N optimiser steps "
                             "(0: only when SIGTERM or SIGINT stops the run); unlike the other sft settings, a "
                             "resume may change it")
+
+    @field_validator("betas")
+    @classmethod
+    def _adam_betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        return adam_betas(value)
 
 
 class SFTConfig(SFTSettings):
