@@ -178,6 +178,15 @@ def test_eval_evaluates_the_checkpoint_path_as_given(tmp_path, monkeypatch, name
     assert seen == [name]
 
 
+def test_an_override_value_that_is_not_yaml_is_one_line_with_the_quoted_form():
+    """`prompt_template="{q} x"` reaches tether without the shell's quotes: YAML's ParserError was a traceback."""
+    out = run("validate", QUICKSTART, "task.kwargs.prompt_template={question} x")
+    assert out.exit_code == EXIT_CONFIG and "Traceback" not in out.output, out.output
+    assert out.output.strip() == ("override 'task.kwargs.prompt_template={question} x': the value is not valid YAML "
+                                  "(expected '<document start>', but found '<scalar>'); to set a string, quote it for "
+                                  "YAML inside the shell's quotes: 'task.kwargs.prompt_template=\"{question} x\"'")
+
+
 @pytest.mark.parametrize("override", ["optim.betas=[0.9, 1.5]", "optim.betas=[-0.1, 0.999]"])
 def test_adam_betas_outside_0_1_are_refused_before_the_optimiser_is_built(override):
     """torch.optim.AdamW raised 'Invalid beta parameter' (a traceback) at train's start after validate said ok."""

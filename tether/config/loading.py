@@ -189,7 +189,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, raw = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r} has an empty key segment")
-    return key.split("."), read_yaml(raw) if raw != "" else ""
+    if raw == "":
+        return key.split("."), ""
+    try:
+        return key.split("."), read_yaml(raw)
+    except yaml.YAMLError as err:  # the shell took the quotes: {question} x, a: b
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem}); to set a string, quote it "
+                          f"for YAML inside the shell's quotes: {string_override(key, raw)!r}") from None
 
 
 def string_override(key: str, value: str | Path) -> str:
