@@ -210,3 +210,12 @@ def test_the_metrics_best_metric_may_name_are_what_validation_logs(tmp_path, tin
         metrics = trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
         logged = [key for key in metrics if key.startswith("val/")]
         assert sorted(logged) == sorted(VALIDATION_METRICS[kind])
+
+
+def test_a_loss_reading_a_methods_per_token_tensor_needs_that_method(tmp_path):
+    """algorithm.policy_loss=eapo without methods.eapo passed validate and crashed train's first step with a
+    traceback (LossInputs.tokens['gate_mask'] missing); it is one line now, naming the method that adds it."""
+    assert re.fullmatch(r"algorithm\.policy_loss=eapo reads the per-token tensor gate_mask, which no method of this "
+                        r"config adds; add methods\.eapo, or use a loss without it \(e\.g\. ppo\)",
+                        errors_of({"algorithm": {"policy_loss": "eapo"}}))
+    assert not warnings_of({"algorithm": {"policy_loss": "eapo"}, "methods": {"eapo": {"prior": "char-64x1"}}})

@@ -89,6 +89,7 @@ def _toy_loss_inputs(with_ref: bool) -> Any:
 def check_policy_loss(cfg: Config, found: Findings) -> None:
     """The loss, its settings, and that the reference it reads is loaded."""
     from tether import algos
+    from tether.algos.types import TOKEN_PRODUCERS
     from tether.methods import METHODS
 
     a = cfg.algorithm
@@ -99,6 +100,18 @@ def check_policy_loss(cfg: Config, found: Findings) -> None:
         fn(_toy_loss_inputs(with_ref=True), agg=a.loss_agg, **a.loss_kwargs)
     except ValueError as err:
         raise ConfigError(f"algorithm.loss_kwargs: {err}") from None
+    # the per-token tensors reach the loss only from the methods that declare them (Method.loss_tokens)
+    added = {t for name in cfg.methods if name in METHODS for t in METHODS[name].loss_tokens}
+    for token in sorted(set(_toy_loss_inputs(with_ref=True).tokens) - added):
+        toy = _toy_loss_inputs(with_ref=True)
+        del toy.tokens[token]
+        try:
+            fn(toy, agg=a.loss_agg, **a.loss_kwargs)
+        except ValueError:
+            producers = " or ".join(TOKEN_PRODUCERS.get(token, [])) or "no registered method"
+            raise ConfigError(f"algorithm.policy_loss={a.policy_loss} reads the per-token tensor {token}, which no "
+                              f"method of this config adds; add {producers}, or use a loss without it "
+                              "(e.g. ppo)") from None
     if needs_reference(cfg):
         return
     try:
