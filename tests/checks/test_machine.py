@@ -397,3 +397,19 @@ def test_visual_envs_need_pillow_only_for_images(tmp_path, monkeypatch, env):
     with pytest.raises(ConfigError, match=r"^env\.kwargs: image observations need Pillow: pip install"):
         check_config(env_config(tmp_path, env), policy=False)
     check_config(env_config(tmp_path, env, observation="text"), policy=False)
+
+
+@pytest.mark.parametrize("sft, message", [
+    # parity has no demonstrations and no seed: sft crashed with a traceback after validate said ok
+    ("{data: task}", "sft.data=task: task 'parity' has no demonstrations and does not take seed and train_size"),
+    ("{data: solver}", "sft.data=solver plays an environment's solver: the config needs env: ..."),
+])
+def test_sft_data_that_the_workload_cannot_give_is_refused_by_validate_and_sft(tmp_path, sft, message):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"# tether sft c.yaml\nrun_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\n"
+                      f"model: {{name: char-64x1}}\nlogging: {{tensorboard: false}}\nsft: {sft}\n")
+    for command in ("validate", "sft"):
+        result = CliRunner().invoke(app, [command, str(config)])
+        assert result.exit_code == 2 and result.output.startswith(message), result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "run").exists()

@@ -8,6 +8,7 @@ stage will write, or a data file to fetch first: such a config is valid, and onl
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import re
 from pathlib import Path
@@ -173,8 +174,26 @@ def check_analyzer_env(skills: SkillSFTSettings) -> None:
                           "(sft.openai names the variables), or use sft.analyzer=rule")
 
 
-def check_sft_data(sft: SFTConfig) -> None:
-    """``sft.data: jsonl``: the file exists and every line has a prompt and a response (the first bad line named)."""
+def check_sft_data(cfg: Config, sft: SFTConfig) -> None:
+    """``sft.data``: the workload it reads (solver: an env; task, rejection: a task); for ``task`` without
+    demonstrations, a task that draws more questions (``seed`` and ``train_size``); for ``jsonl``, the file exists
+    and every line has a prompt and a response (the first bad line named)."""
+    if sft.data == "solver" and cfg.env is None:
+        raise ConfigError("sft.data=solver plays an environment's solver: the config needs env: ... (with a task, "
+                          "use sft.data: task, jsonl or rejection)")
+    if sft.data in ("task", "rejection") and cfg.task is None:
+        raise ConfigError(f"sft.data={sft.data} reads a task's prompts: the config needs task: ... (with an env, use "
+                          "sft.data: solver or jsonl)")
+    if sft.data == "task":
+        from tether.tasks.registry import task_factory
+
+        factory = task_factory(cfg.task.name)
+        params = inspect.signature(factory).parameters
+        takes = any(p.kind is p.VAR_KEYWORD for p in params.values()) or {"seed", "train_size"} <= set(params)
+        if not hasattr(factory, "demonstration") and not takes:
+            raise ConfigError(f"sft.data=task: task {cfg.task.name!r} has no demonstrations and does not take seed "
+                              "and train_size, with which sft draws questions outside its splits (answered with "
+                              "sft.response); use sft.data: jsonl or rejection")
     if sft.data != "jsonl":
         return
     from tether.sft_data import jsonl_examples
@@ -233,7 +252,7 @@ def machine_checks(*, policy: bool = True, sft: SFTConfig | None = None,
         check_models(cfg, found, policy=policy)
 
     def sft_data(cfg: Config, found: Findings) -> None:
-        check_sft_data(sft)
+        check_sft_data(cfg, sft)
 
     def analyzer(cfg: Config, found: Findings) -> None:
         check_analyzer_env(skills)
