@@ -112,3 +112,19 @@ def test_every_shipped_config_that_reads_a_run_names_its_writer():
             if name.startswith("runs/"):
                 unnamed.append(str(path.relative_to(root)))
     assert unnamed == []
+
+
+@pytest.mark.parametrize("env", ["ezpoints", "sokoban_visual"])
+def test_an_env_that_renders_images_needs_a_vision_language_policy(tmp_path, env):
+    """env.name=ezpoints (image observations by default) with a text model passed validate, then train's collector
+    raised 'observes images, but the policy ... came with a text tokenizer' as a traceback after the model loaded."""
+    data = {"run_dir": str(tmp_path / "run"), "task": None, "env": {"name": env}, "model": {"name": "char-64x1"},
+            "train": {"best_metric": "val/success_rate"}}
+    with pytest.raises(ConfigError) as err:
+        check_config(load_config(data=data))
+    assert str(err.value) == (f"env.name={env} observes images (env.kwargs), but model.name=char-64x1 is a text "
+                              "model (no vision_config): use a vision-language model, or env.kwargs.observation: text")
+    data["env"]["kwargs"] = {"observation": "text"}
+    check_config(load_config(data=data))
+    data["env"]["kwargs"], data["model"]["name"] = {}, "tiny-qwen2.5-vl"
+    check_config(load_config(data=data))

@@ -9,6 +9,7 @@ command before its model loads alike.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -130,6 +131,51 @@ def check_task_builds(cfg: Config, found: Findings) -> None:
                           "or give it held-out data")
 
 
+def policy_reads_images(name: str) -> bool | None:
+    """Whether model ``name`` is a vision-language model (its config has a ``vision_config``), from its config file
+    alone; None when that is not on this machine (or the name is a LoRA checkpoint's, whose base decides)."""
+    from tether.checks.context import hub_file
+    from tether.models.policy import TINY_VLMS
+
+    if name in TINY_VLMS:
+        return True
+    if _is_alias(name):
+        return False
+    local = Path(name).expanduser()
+    config = local / "config.json" if local.is_dir() else hub_file(name, "config.json")
+    if config is None or not Path(config).is_file():
+        return None
+    try:
+        return "vision_config" in json.loads(Path(config).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_env_observations(cfg: Config, found: Findings) -> None:
+    """An env that renders images (its ``renders_images``, read off one env built with ``env.kwargs``) needs a
+    vision-language policy: the collector refuses a text tokenizer once the model has loaded."""
+    from tether.checks.workload import workload_class
+
+    if cfg.env is None or policy_reads_images(cfg.model.name) is not False:
+        return
+    cls = workload_class(cfg)[1]
+    if cls is None or not hasattr(cls, "renders_images"):  # an env that never renders images is not built here
+        return
+    try:
+        env = cls(**cfg.env.kwargs)
+    except Exception:  # a fault building it is the run's to report, under its reset limit
+        return
+    try:
+        images = bool(env.renders_images)
+    finally:
+        if callable(close := getattr(env, "close", None)):
+            close()
+    if images:
+        raise ConfigError(f"env.name={cfg.env.name} observes images (env.kwargs), but model.name={cfg.model.name} is a "
+                          "text model (no vision_config): use a vision-language model, or env.kwargs.observation: "
+                          "text")
+
+
 def check_device(cfg: Config, found: Findings) -> None:
     """``train.device`` exists on this machine (a CPU-only torch and ``cuda`` fail here)."""
     from tether.distributed import resolve_device
@@ -165,4 +211,5 @@ def startup_checks(*, policy: bool = True) -> tuple:
     def models(cfg: Config, found: Findings) -> None:
         check_model_dirs(cfg, found, policy=policy)
 
-    return (models, check_task_builds, check_device, warn_launch, warn_batch_arithmetic)
+    observations = (check_env_observations,) if policy else ()
+    return (models, check_task_builds, *observations, check_device, warn_launch, warn_batch_arithmetic)
