@@ -219,3 +219,14 @@ def test_a_loss_reading_a_methods_per_token_tensor_needs_that_method(tmp_path):
                         r"config adds; add methods\.eapo, or use a loss without it \(e\.g\. ppo\)",
                         errors_of({"algorithm": {"policy_loss": "eapo"}}))
     assert not warnings_of({"algorithm": {"policy_loss": "eapo"}, "methods": {"eapo": {"prior": "char-64x1"}}})
+
+
+def test_an_hf_decode_mode_the_engine_refuses_is_one_line(monkeypatch):
+    """rollout.engine_kwargs.decode=fast (or compiled on the CPU) passed validate, then train raised HFEngine's
+    ValueError as a traceback once the model had loaded."""
+    assert errors_of({"rollout": {"engine_kwargs": {"decode": "fast"}}}) == (
+        "rollout.engine_kwargs.decode: HFEngine: unknown decode mode 'fast'; one of: dynamic, static, compiled")
+    cpu = {"train": {"device": "cpu"}}
+    assert errors_of({"rollout": {"engine_kwargs": {"decode": "compiled"}}, **cpu}).startswith(
+        "rollout.engine_kwargs.decode: HFEngine(decode='compiled') needs a CUDA GPU")
+    assert warnings_of({"rollout": {"engine_kwargs": {"decode": "static"}}, **cpu}) == []

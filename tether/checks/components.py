@@ -39,6 +39,11 @@ def needs_reference(cfg: Config) -> bool:
     return a.kl.coef > 0 or a.use_ref or any(METHODS[name].needs_ref for name in cfg.methods if name in METHODS)
 
 
+def runs_on_cpu(cfg: Config) -> bool:
+    """Whether the policy lives on the CPU: ``train.device`` cpu, or auto on a machine without CUDA."""
+    return cfg.train.device == "cpu" or (cfg.train.device == "auto" and not torch.cuda.is_available())
+
+
 def _lookup(get: Callable[[str], Any], name: str, key: str) -> Any:
     if is_target(name):  # import it here first, so a typo gets the did-you-mean
         resolve_target(key, name)
@@ -132,6 +137,13 @@ def check_engine(cfg: Config, found: Findings) -> None:
     r = cfg.rollout
     entry = _lookup(engine_entry, r.engine, "rollout.engine")
     check_kwargs(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
+    if r.engine == "hf" and "decode" in r.engine_kwargs:  # the engine refuses a mode only once the model is loaded
+        from tether.engine.hf import check_decode_mode
+
+        try:
+            check_decode_mode(r.engine_kwargs["decode"], torch.device("cpu" if runs_on_cpu(cfg) else "cuda"))
+        except ValueError as err:
+            raise ConfigError(f"rollout.engine_kwargs.decode: {err}") from None
     if cfg.distributed.strategy == "fsdp2" and not entry.shares_policy:
         sharing = ", ".join(n for n, e in ENGINES.items() if e.shares_policy)
         raise ConfigError(f"rollout.engine={r.engine} keeps its own copy of the weights, and pushing a sharded policy "
@@ -198,7 +210,7 @@ def check_rollout_dtype(cfg: Config, found: Findings) -> None:
             else "distributed.strategy=fsdp2 (the policy is sharded)"
         raise ConfigError(f"rollout.dtype={r.dtype} with rollout.engine={r.engine} samples from a copy of the policy "
                           f"in that dtype, which is not built with {what}; unset rollout.dtype")
-    on_cpu = cfg.train.device == "cpu" or (cfg.train.device == "auto" and not torch.cuda.is_available())
+    on_cpu = runs_on_cpu(cfg)
     if on_cpu and r.dtype == "bfloat16" and native_bfloat16_cpu() is False:
         found.warn("rollout.dtype=bfloat16 on a CPU without native bfloat16 (no avx512_bf16 or amx_bf16 in "
                    "/proc/cpuinfo): bfloat16 arithmetic is emulated there, 4.5x slower than float32 as measured "
