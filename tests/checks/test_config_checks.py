@@ -230,3 +230,14 @@ def test_an_hf_decode_mode_the_engine_refuses_is_one_line(monkeypatch):
     assert errors_of({"rollout": {"engine_kwargs": {"decode": "compiled"}}, **cpu}).startswith(
         "rollout.engine_kwargs.decode: HFEngine(decode='compiled') needs a CUDA GPU")
     assert warnings_of({"rollout": {"engine_kwargs": {"decode": "static"}}, **cpu}) == []
+
+
+def test_generation_batches_that_cannot_fill_a_step_are_refused():
+    """rollout.gen_batch_prompts=1 with max_gen_batches=1 and prompts_per_step=2 passed validate, then train's first
+    step always stopped with RefillShortfall (exit 4): 1 prompt a step can never make 2 groups."""
+    rollout = {"prompts_per_step": 2, "gen_batch_prompts": 1, "max_gen_batches": 1}
+    assert errors_of({"rollout": rollout}) == (
+        "rollout.gen_batch_prompts=1 x rollout.max_gen_batches=1 = 1 prompts a step at most, fewer than "
+        "rollout.prompts_per_step=2, so the first step stops; raise either, or set rollout.partial_batches=true")
+    assert warnings_of({"rollout": {**rollout, "partial_batches": True}}) == []
+    assert warnings_of({"rollout": {**rollout, "max_gen_batches": 2}}) == []

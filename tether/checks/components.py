@@ -253,6 +253,18 @@ def check_rollout_staleness(cfg: Config, found: Findings) -> None:
                           "(several ranks, or fsdp2) use 0")
 
 
+def check_refill(cfg: Config, found: Findings) -> None:
+    """A step's generation batches can fill ``rollout.prompts_per_step`` groups: without ``partial_batches``, fewer
+    than that in ``max_gen_batches`` batches of ``gen_batch_prompts`` stops the run at its first step."""
+    r = cfg.rollout
+    most = (r.gen_batch_prompts or r.prompts_per_step) * r.max_gen_batches
+    if cfg.task is not None and not r.partial_batches and most < r.prompts_per_step:
+        raise ConfigError(f"rollout.gen_batch_prompts={r.gen_batch_prompts} x rollout.max_gen_batches="
+                          f"{r.max_gen_batches} = {most} prompts a step at most, fewer than rollout.prompts_per_step="
+                          f"{r.prompts_per_step}, so the first step stops; raise either, or set "
+                          "rollout.partial_batches=true")
+
+
 def check_methods(cfg: Config, found: Findings) -> None:
     """Each ``methods.<name>`` section against its settings class, then the method's own check of the config."""
     from tether.methods import METHODS, method_config
@@ -294,4 +306,5 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
 
 
 CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype,
-                 check_ignore_eos, check_rollout_staleness, check_engine, check_methods, check_saving, warn_suspicious)
+                 check_ignore_eos, check_rollout_staleness, check_engine, check_refill, check_methods, check_saving,
+                 warn_suspicious)
