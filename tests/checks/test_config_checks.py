@@ -241,3 +241,11 @@ def test_generation_batches_that_cannot_fill_a_step_are_refused():
         "rollout.prompts_per_step=2, so the first step stops; raise either, or set rollout.partial_batches=true")
     assert warnings_of({"rollout": {**rollout, "partial_batches": True}}) == []
     assert warnings_of({"rollout": {**rollout, "max_gen_batches": 2}}) == []
+
+
+@pytest.mark.parametrize("actors", [0, "two"])
+def test_a_ray_engine_without_replicas_is_one_line(actors):
+    """rollout.engine=ray with engine_kwargs.num_actors=0 passed validate, then train raised RayEngine's ValueError as
+    a traceback after the model loaded."""
+    assert errors_of({"rollout": {"engine": "ray", "engine_kwargs": {"num_actors": actors}}}) == (
+        f"rollout.engine_kwargs.num_actors={actors!r}: the ray engine's replicas, an int >= 1")

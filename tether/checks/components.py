@@ -144,6 +144,9 @@ def check_engine(cfg: Config, found: Findings) -> None:
             check_decode_mode(r.engine_kwargs["decode"], torch.device("cpu" if runs_on_cpu(cfg) else "cuda"))
         except ValueError as err:
             raise ConfigError(f"rollout.engine_kwargs.decode: {err}") from None
+    actors = r.engine_kwargs.get("num_actors", 1)
+    if r.engine == "ray" and (type(actors) is not int or actors < 1):  # RayEngine refuses it after the model loads
+        raise ConfigError(f"rollout.engine_kwargs.num_actors={actors!r}: the ray engine's replicas, an int >= 1")
     if cfg.distributed.strategy == "fsdp2" and not entry.shares_policy:
         sharing = ", ".join(n for n, e in ENGINES.items() if e.shares_policy)
         raise ConfigError(f"rollout.engine={r.engine} keeps its own copy of the weights, and pushing a sharded policy "
