@@ -78,6 +78,11 @@ def test_launch_and_batch_arithmetic_are_warnings(tmp_path, monkeypatch):
                                         "optim.mini_batches=2"), policy=False)
     assert any(w.startswith("distributed.strategy=fsdp2 runs only under torchrun") for w in warnings)
     assert "optim.micro_batch_size=12 exceeds the 4 rows of a mini-batch" in " ".join(warnings)
+    # 8 rows in 3 mini-batches: torch.chunk gives 3, 3 and 2 rows (it said 8 // 3 = 2); in 16: one row each (it said 0)
+    for mini_batches, rows in ((3, 3), (16, 1)):
+        warnings = check_config(tiny_config(tmp_path, "optim.micro_batch_size=12",
+                                            f"optim.mini_batches={mini_batches}"), policy=False)
+        assert f"optim.micro_batch_size=12 exceeds the {rows} rows of a mini-batch" in " ".join(warnings)
 
 
 def test_the_default_micro_batch_size_is_not_warned_about(tmp_path):

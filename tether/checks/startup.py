@@ -199,7 +199,7 @@ def warn_batch_arithmetic(cfg: Config, found: Findings) -> None:
     if o.micro_batch_size == type(o).model_fields["micro_batch_size"].default:
         return  # the default (16) is a ceiling for any batch, not a choice that does nothing (a run's config.yaml
         # writes every field, so the value, not whether it was set, tells)
-    rows = r.prompts_per_step * r.group_size // max(1, o.mini_batches)
+    rows = -(-r.prompts_per_step * r.group_size // o.mini_batches)  # torch.chunk's: the largest mini-batch's rows
     if o.micro_batch_size > rows:
         found.warn(f"optim.micro_batch_size={o.micro_batch_size} exceeds the {rows} rows of a mini-batch "
                    f"(rollout.prompts_per_step x rollout.group_size / optim.mini_batches): every mini-batch is one "
