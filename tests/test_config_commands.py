@@ -57,7 +57,8 @@ def test_a_key_no_command_has_is_still_an_unknown_key_with_its_guess():
 def test_sft_needs_its_section_and_seed_sft_an_env_and_seed_settings_only():
     assert "  sft: Field required" in error_of("sft", TASK)
     assert "  sft: Field required" in error_of("seed-sft", ENV)
-    assert "tether seed-sft rolls out an agent: set env (not task)" in error_of("seed-sft", {**TASK, "sft": {}})
+    # a whole-config validator's line is its own message (it read "  <root>: Value error, tether seed-sft ...")
+    assert "\n  tether seed-sft rolls out an agent: set env (not task)" in error_of("seed-sft", {**TASK, "sft": {}})
     assert "tether seed-sft reads methods.seed only, got armor, seed" in error_of(
         "seed-sft", {**ENV, "sft": {}, "methods": {"seed": {}, "armor": {}}})
 
@@ -141,10 +142,10 @@ def test_every_shipped_config_with_an_sft_section_names_its_command_first():
 
 def test_validate_uses_the_schema_the_first_line_names(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text(f"# tether sft c.yaml\nrun_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\n"
+    config.write_text(f"# tether sft c.yaml\nrun_dir: {tmp_path / 'run'}\ntask: {{name: addition}}\n"
                       "model: {name: char-64x1}\nlogging: {tensorboard: false}\nsft: {data: task}\n")
     result = CliRunner().invoke(app, ["validate", str(config)])
-    assert result.exit_code == 0 and f"ok: {config} (tether sft, task parity)" in result.output, result.output
+    assert result.exit_code == 0 and f"ok: {config} (tether sft, task addition)" in result.output, result.output
     result = CliRunner().invoke(app, ["validate", str(config), "optim.lr=1e-3"])
     assert result.exit_code == 2 and "optim: a setting of `tether train`" in result.output, result.output
     assert not (tmp_path / "run").exists()

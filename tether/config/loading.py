@@ -114,9 +114,14 @@ def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str =
             guess = f"did you mean {' or '.join(close)}? " if close else ""
             lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
             continue
+        # a validator's own message, without pydantic's "Value error, "; a whole-config validator's names its keys
+        msg = e["msg"].removeprefix("Value error, ")
+        if not e["loc"]:
+            lines.append(f"  {prefix + ': ' if prefix else ''}{msg}")
+            continue
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         hint = f"; write {SYNTAX_HINTS[e['type']]}" if e["type"] in SYNTAX_HINTS else _other_name_hint(key, value)
-        lines.append(f"  {key}: {e['msg']}{shown}{hint}")
+        lines.append(f"  {key}: {msg}{shown}{hint}")
     return lines
 
 
