@@ -17,9 +17,10 @@ from tether.algos.eapo_gate import LN2, gate_statistic, js_divergence, mixture_l
 from tether.config import ConfigError
 from tether.engine import HFEngine, SamplingParams
 from tether.methods import METHODS, method_config
-from tether.methods.eapo import PriorInjection, check_vocabulary
+from tether.methods.eapo import PriorInjection
 from tether.models import tiny_model
 from tether.models.forward import response_log_probs
+from tether.models.policy import check_vocabulary
 
 PROMPTS = [[1, 4093, 198, 1780, 314, 216, 39], [1, 4093, 198, 57, 2, 198, 1, 520, 9531, 198], [1, 520, 9531]]
 SAMPLE = SamplingParams(max_new_tokens=10, temperature=0.8)
@@ -121,16 +122,19 @@ def test_settings_are_validated():
         method_config("eapo", {})
 
 
+WHY = "the prior must use the policy's tokenizer"
+
+
 def test_vocabulary_mismatch_is_a_clear_error(tiny_policy, tokenizer):
     model, tok = tiny_policy
     small, _ = tiny_model(seed=1, tokenizer=tokenizer, vocab_size=1000)
     with pytest.raises(ValueError, match=r"1000-token output layer.*must use the policy's tokenizer"):
-        check_vocabulary(model, tok, small, tok, "small")
+        check_vocabulary(model, tok, small, tok, "methods.eapo.prior", "small", WHY)
     other_tok = copy.deepcopy(tokenizer)
     other_tok.add_tokens(["<brand_new_token>"])
     with pytest.raises(ValueError, match="tokenizer of 'other' differs"):
-        check_vocabulary(model, tok, model, other_tok, "other")
-    check_vocabulary(model, tok, perturbed(model), tok, "same")
+        check_vocabulary(model, tok, model, other_tok, "methods.eapo.prior", "other", WHY)
+    check_vocabulary(model, tok, perturbed(model), tok, "methods.eapo.prior", "same", WHY)
 
 
 # -- rollouts on the HF engine -------------------------------------------------------------------

@@ -174,3 +174,12 @@ def test_actor_lr_is_the_rate_each_update_of_the_step_used(tmp_path):
                                        "optim.micro_batch_size=2"))
     logged = [trainer.train_step()["actor/lr"] for _ in range(3)]
     assert logged == pytest.approx([1e-3 * (1 + 2) / 8, 1e-3 * (3 + 4) / 8, 1e-3], rel=1e-12)
+
+
+def test_a_reference_with_another_tokenizer_is_refused_where_it_loads(tmp_path):
+    # the KL reads the reference's log-probs at the policy's token ids: char-64x1's characters are not tiny-64x1's
+    from tether.config import ConfigError
+
+    cfg = tiny_config(tmp_path, "model.name=char-64x1", "model.ref_name=tiny-64x1", "algorithm.kl.coef=0.01")
+    with pytest.raises(ConfigError, match=r"^model\.ref_name: .*tiny-64x1.*must use the policy's tokenizer"):
+        Trainer(cfg)

@@ -35,7 +35,7 @@ from tether.engine.decoding import left_pad, process_logits, sample_tokens
 from tether.engine.hf import KVDecoder
 from tether.files import append_jsonl
 from tether.methods.base import Method, MethodSettings, register_method
-from tether.models.vision import has_images, later_positions, prompt_positions, text_tokenizer, uses_multimodal_rope
+from tether.models.vision import has_images, later_positions, prompt_positions, uses_multimodal_rope
 
 if TYPE_CHECKING:
     from tether.config import Config
@@ -44,26 +44,6 @@ if TYPE_CHECKING:
 
 # Per-token tensors the intervention records ([N, T]); the first two reach the loss under these names.
 TOKEN_KEYS = ("gate_mask", "injected_mask", "eapo_gate_stat", "eapo_js")
-
-
-def check_vocabulary(policy: Any, tokenizer: Any, prior: Any, prior_tokenizer: Any, prior_name: str) -> None:
-    """Raise ValueError unless the prior's output layer and tokenizer match the policy's one for one."""
-
-    def out_size(model: Any) -> int:
-        head = model.get_output_embeddings()
-        return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
-
-    fix = ("injection swaps single tokens between the two models, so the prior must use the policy's "
-           "tokenizer (e.g. a checkpoint of an earlier run from the same base model)")
-    if out_size(prior) != out_size(policy):
-        raise ValueError(f"methods.eapo.prior: '{prior_name}' has a {out_size(prior)}-token output layer, "
-                         f"the policy {out_size(policy)}; {fix}")
-    # a vision-language policy comes with a processor: its token ids are those of the tokenizer inside it
-    mine, theirs = text_tokenizer(tokenizer).get_vocab(), text_tokenizer(prior_tokenizer).get_vocab()
-    if mine != theirs:
-        differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
-        raise ValueError(f"methods.eapo.prior: the tokenizer of '{prior_name}' differs from the policy's "
-                         f"({len(theirs)} vs {len(mine)} tokens; e.g. {differ}); {fix}")
 
 
 # -- the intervention -----------------------------------------------------------------------
@@ -276,12 +256,14 @@ class EAPO(Method):
     def setup(self, ctx: StepContext) -> None:
         """Load the prior (frozen, on the policy's device) and check that its vocabulary is the policy's."""
         from tether.models import load_policy
-        from tether.models.policy import model_load_errors
+        from tether.models.policy import check_vocabulary, model_load_errors
 
         s = self.settings
         with model_load_errors("methods.eapo.prior", s.prior):
             prior, prior_tokenizer = load_policy(s.prior, dtype=next(ctx.policy.parameters()).dtype)
-        check_vocabulary(ctx.policy, ctx.tokenizer, prior, prior_tokenizer, s.prior)
+        check_vocabulary(ctx.policy, ctx.tokenizer, prior, prior_tokenizer, "methods.eapo.prior", s.prior,
+                         "injection swaps single tokens between the two models, so the prior must use the policy's "
+                         "tokenizer (e.g. a checkpoint of an earlier run from the same base model)")
         # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine
         self.prior = prior.to(ctx.device).eval().requires_grad_(False)
 

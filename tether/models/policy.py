@@ -20,7 +20,7 @@ from tether.config import ConfigError
 from tether.models.char import char_model_dir, parse_char_alias
 from tether.models.loading import SMOLLM2, TINY_ALIAS, prepare_tokenizer, smollm2_dir, tiny_model_dir
 from tether.models.lora import adapter_base_name, is_adapter_dir, merge_adapter_dir
-from tether.models.vision import load_vision_policy, tiny_vlm
+from tether.models.vision import load_vision_policy, text_tokenizer, tiny_vlm
 
 
 def _dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -130,3 +130,23 @@ def resolve_model_path(name_or_path: str) -> str | Path:
     if TINY_ALIAS.fullmatch(name_or_path):
         return tiny_model_dir(name_or_path)
     return name_or_path
+
+
+def check_vocabulary(policy: Any, tokenizer: Any, other: Any, other_tokenizer: Any, key: str, name: str,
+                     why: str) -> None:
+    """Raise ValueError unless model ``other`` (setting ``key``, value ``name``) has the policy's output layer and
+    tokenizer, one for one: its log-probs are read at the policy's token ids. ``why`` ends the message."""
+
+    def out_size(model: Any) -> int:
+        head = model.get_output_embeddings()
+        return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+    if out_size(other) != out_size(policy):
+        raise ValueError(f"{key}: '{name}' has a {out_size(other)}-token output layer, the policy {out_size(policy)}; "
+                         f"{why}")
+    # a vision-language policy comes with a processor: its token ids are those of the tokenizer inside it
+    mine, theirs = text_tokenizer(tokenizer).get_vocab(), text_tokenizer(other_tokenizer).get_vocab()
+    if mine != theirs:
+        differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
+        raise ValueError(f"{key}: the tokenizer of '{name}' differs from the policy's ({len(theirs)} vs {len(mine)} "
+                         f"tokens; e.g. {differ}); {why}")

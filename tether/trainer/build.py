@@ -19,7 +19,7 @@ import torch
 
 from tether import algos
 from tether.checks.components import needs_reference
-from tether.config import Config
+from tether.config import Config, ConfigError
 from tether.distributed import build_strategy
 from tether.engine.registry import build_engine, engine_entry
 from tether.health import HealthMonitor
@@ -30,7 +30,7 @@ from tether.models import load_policy
 from tether.models.chat_template import apply_chat_template
 from tether.models.layers import LayerCheckpointing, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
-from tether.models.policy import model_load_errors
+from tether.models.policy import check_vocabulary, model_load_errors
 from tether.optimizer import adamw
 from tether.rollout.asynchronous import asynchronous
 from tether.rollout.base import Collector
@@ -127,8 +127,15 @@ class TrainerBuild:
         its adapters off (no copy; it stays the initial policy since only the adapters train), or with a frozen
         reference adapter of its own when a method resets the reference (docs/lora.md)."""
         if self.cfg.model.ref_name:
-            with model_load_errors("model.ref_name", self.cfg.model.ref_name):
-                ref, _ = load_policy(self.cfg.model.ref_name)
+            name = self.cfg.model.ref_name
+            with model_load_errors("model.ref_name", name):
+                ref, ref_tokenizer = load_policy(name)
+            try:
+                check_vocabulary(policy, self.tokenizer, ref, ref_tokenizer, "model.ref_name", name,
+                                 "the KL reads the reference's log-probs at the policy's token ids, so it must use "
+                                 "the policy's tokenizer")
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         elif is_lora(policy):
             if self.methods.moves_reference:
                 add_reference_adapter(policy)
