@@ -17,7 +17,7 @@ from tether.start import RunDirError, claim_run_dir, run_tracker, start_run
 
 
 def sft_config(tmp_path: Path, *overrides: str):
-    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "parity"}, "model": {"name": "char-64x1"},
+    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "addition"}, "model": {"name": "char-64x1"},
             "logging": {"tensorboard": False}, "sft": {"data": "task"}}
     return load_command_config("sft", data=data, overrides=list(overrides))
 
