@@ -243,7 +243,16 @@ def test_generation_batches_that_cannot_fill_a_step_are_refused():
     assert warnings_of({"rollout": {**rollout, "max_gen_batches": 2}}) == []
 
 
-@pytest.mark.parametrize("actors", [0, "two"])
+def test_engine_kwargs_of_the_wrong_type_are_one_line():
+    """The builders' annotations name ModelConfig for type checkers only, which hid every type: score_rows="abc"
+    reached the engine."""
+    assert errors_of({"rollout": {"engine_kwargs": {"score_rows": "abc"}}}).startswith(
+        "rollout.engine_kwargs.score_rows: 'abc' is not a valid int")
+    assert errors_of({"rollout": {"engine": "ray", "engine_kwargs": {"num_actors": "two"}}}).startswith(
+        "rollout.engine_kwargs.num_actors: 'two' is not a valid int")
+
+
+@pytest.mark.parametrize("actors", [0, -1])
 def test_a_ray_engine_without_replicas_is_one_line(actors):
     """rollout.engine=ray with engine_kwargs.num_actors=0 passed validate, then train raised RayEngine's ValueError as
     a traceback after the model loaded."""

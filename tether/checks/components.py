@@ -137,6 +137,7 @@ def check_engine(cfg: Config, found: Findings) -> None:
     r = cfg.rollout
     entry = _lookup(engine_entry, r.engine, "rollout.engine")
     check_kwargs(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
+    check_kwarg_types(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
     if r.engine == "hf" and "decode" in r.engine_kwargs:  # the engine refuses a mode only once the model is loaded
         from tether.engine.hf import check_decode_mode
 
@@ -145,7 +146,7 @@ def check_engine(cfg: Config, found: Findings) -> None:
         except ValueError as err:
             raise ConfigError(f"rollout.engine_kwargs.decode: {err}") from None
     actors = r.engine_kwargs.get("num_actors", 1)
-    if r.engine == "ray" and (type(actors) is not int or actors < 1):  # RayEngine refuses it after the model loads
+    if r.engine == "ray" and actors < 1:  # an int (its type is checked above); RayEngine refuses 0 after the load
         raise ConfigError(f"rollout.engine_kwargs.num_actors={actors!r}: the ray engine's replicas, an int >= 1")
     if cfg.distributed.strategy == "fsdp2" and not entry.shares_policy:
         sharing = ", ".join(n for n, e in ENGINES.items() if e.shares_policy)

@@ -22,13 +22,20 @@ def check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, .
 
 
 def _hints(fn: Callable) -> dict[str, Any]:
-    """``fn``'s resolved annotations (a class: its ``__init__``'s); none when one names a type only imported for
-    type checkers, since then nothing can be said about any of them."""
+    """``fn``'s resolved annotations (a class: its ``__init__``'s). A name imported for type checkers only (an engine
+    builder's ``ModelConfig``) reads as ``Any``, so the other parameters' types are still checked; none when the
+    annotations cannot be resolved at all."""
     target = fn.__init__ if inspect.isclass(fn) else fn
-    try:
-        return typing.get_type_hints(target)
-    except (NameError, TypeError):
-        return {}
+    unknown: dict[str, Any] = {}
+    while True:
+        try:
+            return typing.get_type_hints(target, localns=unknown)
+        except NameError as err:
+            if err.name is None or err.name in unknown:
+                return {}
+            unknown[err.name] = Any
+        except TypeError:
+            return {}
 
 
 def check_kwarg_types(fn: Callable, kwargs: dict[str, Any], where: str) -> None:
