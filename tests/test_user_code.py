@@ -164,6 +164,14 @@ def test_a_method_of_its_own_by_module_name(tmp_path, methods_registry):
     assert [r["step_counter/updates"] for r in rows if "step_counter/updates" in r] == [1.0, 2.0]
 
 
+def test_two_methods_that_intervene_in_sampling_are_refused_before_any_model_loads(tmp_path, methods_registry):
+    # the MethodSet's rule stopped the run only at its first generation, after the models loaded
+    with pytest.raises(ConfigError, match=r"^methods tests\.user_plugins:Steering and tests\.user_plugins:"
+                                          r"OtherSteering each intervene in sampling"):
+        tiny_config(tmp_path, f'methods={{"{PLUGINS}:Steering": {{}}, "{PLUGINS}:OtherSteering": {{}}}}')
+    tiny_config(tmp_path, f'methods={{"{PLUGINS}:Steering": {{}}}}')  # one is the rule
+
+
 @pytest.mark.parametrize(("key", "message"), [
     (f"{PLUGINS}:EvenLength", r"^methods\.tests\.user_plugins:EvenLength: .* not a subclass of "
                               r"tether\.methods\.base\.Method"),

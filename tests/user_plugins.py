@@ -54,3 +54,18 @@ class StepCounter(Method):
     def after_update(self, ctx):
         self.updates += 1
         return {"step_counter/updates": float(self.updates)}
+
+
+class Steering(Method):
+    """A method that intervenes in sampling (its hook steers nothing: it only has to exist)."""
+
+    name = "steering"
+
+    def intervention(self, ctx):
+        return None
+
+
+class OtherSteering(Steering):
+    """A second one: a run may hold at most one."""
+
+    name = "other_steering"

@@ -65,7 +65,7 @@ def test_at_most_one_method_intervenes():
     calls: list = []
     assert MethodSet([Recorder("a", calls), Recorder("b", calls, intervene=True)]).intervention(CTX) == "hook of b"
     both = MethodSet([Recorder("a", calls, intervene=True), Recorder("b", calls, intervene=True)])
-    with pytest.raises(RuntimeError, match="at most one may"):
+    with pytest.raises(RuntimeError, match="methods a and b want to intervene in sampling; at most one may"):
         both.intervention(CTX)
 
 

@@ -270,13 +270,19 @@ def check_refill(cfg: Config, found: Findings) -> None:
 
 
 def check_methods(cfg: Config, found: Findings) -> None:
-    """Each ``methods.<name>`` section against its settings class, then the method's own check of the config."""
+    """Each ``methods.<name>`` section against its settings class, then the method's own check of the config; at
+    most one of them intervenes in sampling (the MethodSet's rule, which otherwise stops the first generation)."""
     from tether.methods import METHODS, method_config
+    from tether.methods.base import Method
 
     for name, section in cfg.methods.items():
         settings = method_config(name, section)
         for line in METHODS[name].check_config(settings, cfg):
             found.warn(line)
+    intervening = [name for name in cfg.methods if METHODS[name].intervention is not Method.intervention]
+    if len(intervening) > 1:
+        raise ConfigError(f"methods {' and '.join(intervening)} each intervene in sampling (Method.intervention); "
+                          "at most one method of a run may")
 
 
 def check_saving(cfg: Config, found: Findings) -> None:

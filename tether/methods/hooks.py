@@ -64,10 +64,11 @@ class MethodSet:
         return BoundHooks(self, ctx)
 
     def intervention(self, ctx: StepContext) -> Intervention | None:
-        hooks = [h for m in self.methods if (h := m.intervention(ctx)) is not None]
+        hooks = [(m.name, h) for m in self.methods if (h := m.intervention(ctx)) is not None]
         if len(hooks) > 1:
-            raise RuntimeError("two methods want to intervene in sampling; at most one may")
-        return hooks[0] if hooks else None
+            raise RuntimeError(f"methods {' and '.join(name for name, _ in hooks)} want to intervene in sampling; "
+                               "at most one may")
+        return hooks[0][1] if hooks else None
 
     def on_generation(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, float]]:
         metrics: dict[str, float] = {}
