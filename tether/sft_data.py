@@ -19,13 +19,14 @@ encoded, and every forward pass takes the same pixels.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from tether.tasks.base import prompt_text
 
 if TYPE_CHECKING:
     from tether.config import SFTConfig, SFTRunConfig
@@ -44,11 +45,6 @@ class Example:
     response: str
     system: str | None = None
     images: tuple[Any, ...] = ()
-
-
-def prompt_text(prompt: str | list[dict[str, str]]) -> str:
-    """A prompt as one hashable string: a text as it is, a conversation (a dataset task's) as its JSON."""
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 def prompt_key(example: Example) -> tuple[str | None, str, tuple[bytes, ...]]:

@@ -86,6 +86,8 @@ class MethodSet:
     def on_advantages(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, float]:
         """Each method reads the advantages; one that replaced them, or wrote into them, is stopped with the rule it
         broke."""
+        if not self.methods:
+            return {}
         advantages = batch.token["advantages"]
         # the values too, not only the tensor: an in-place write (advantages[rows] = 0) keeps the tensor's identity
         values = advantages.clone()

@@ -134,7 +134,7 @@ def resolve_model_path(name_or_path: str) -> str | Path:
 
 def check_vocabulary(policy: Any, tokenizer: Any, other: Any, other_tokenizer: Any, key: str, name: str,
                      why: str) -> None:
-    """Raise ValueError unless model ``other`` (setting ``key``, value ``name``) has the policy's output layer and
+    """Raise ConfigError unless model ``other`` (setting ``key``, value ``name``) has the policy's output layer and
     tokenizer, one for one: its log-probs are read at the policy's token ids. ``why`` ends the message."""
 
     def out_size(model: Any) -> int:
@@ -142,11 +142,11 @@ def check_vocabulary(policy: Any, tokenizer: Any, other: Any, other_tokenizer: A
         return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
 
     if out_size(other) != out_size(policy):
-        raise ValueError(f"{key}: '{name}' has a {out_size(other)}-token output layer, the policy {out_size(policy)}; "
+        raise ConfigError(f"{key}: '{name}' has a {out_size(other)}-token output layer, the policy {out_size(policy)}; "
                          f"{why}")
     # a vision-language policy comes with a processor: its token ids are those of the tokenizer inside it
     mine, theirs = text_tokenizer(tokenizer).get_vocab(), text_tokenizer(other_tokenizer).get_vocab()
     if mine != theirs:
         differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
-        raise ValueError(f"{key}: the tokenizer of '{name}' differs from the policy's ({len(theirs)} vs {len(mine)} "
+        raise ConfigError(f"{key}: the tokenizer of '{name}' differs from the policy's ({len(theirs)} vs {len(mine)} "
                          f"tokens; e.g. {differ}); {why}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import warnings
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.tasks import metrics as task_metrics
-from tether.tasks.base import score_batch, task_split
+from tether.tasks.base import prompt_text, score_batch, task_split
 from tether.track.progress import CountProgress
 
 if TYPE_CHECKING:
@@ -121,7 +120,7 @@ class SingleTurnCollector:
     def prompt_ids(self, item: TaskItem) -> list[int]:
         # Cached by the prompt itself, not item.id: an id is optional (TaskItem's default is "") and a user task's
         # ids need not differ across splits, and keyed by id every such item got the first one's tokens.
-        key = json.dumps(item.prompt, sort_keys=True)
+        key = prompt_text(item.prompt)
         if key not in self._prompt_cache:
             self._prompt_cache[key] = encode_chat(self.tokenizer, item.prompt, system=self.task.system_prompt)
         return self._prompt_cache[key]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -23,6 +24,11 @@ class TaskItem:
     answer: str | None
     meta: dict[str, Any] = field(default_factory=dict)
     id: str = ""
+
+
+def prompt_text(prompt: str | list[dict[str, str]]) -> str:
+    """A prompt as one hashable string, equal for equal prompts: a text as it is, a conversation as its JSON."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 @dataclass(frozen=True)

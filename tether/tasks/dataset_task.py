@@ -16,7 +16,6 @@ dataset (``val_split``); training rows whose prompt is in val or report are drop
 from __future__ import annotations
 
 import inspect
-import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 from tether.files import relative_to_cwd
 from tether.splits import shuffled
-from tether.tasks.base import RewardMap, Score, TaskItem
+from tether.tasks.base import RewardMap, Score, TaskItem, prompt_text
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
 from tether.tasks.jsonl_task import _FORMATS, JsonlTask, carve, load_rows
 from tether.tasks.registry import register_task
@@ -254,7 +253,7 @@ class DatasetTask(JsonlTask):
         """A prompt as one string, for the overlap check: a text stripped, as the template gets it, a conversation
         as its JSON."""
         prompt = self._prompt_value(row)
-        return prompt.strip() if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+        return prompt_text(prompt.strip() if isinstance(prompt, str) else prompt)
 
     def _prompt_value(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
         if self.prompt_field not in row:

@@ -19,7 +19,7 @@ import torch
 
 from tether import algos
 from tether.checks.components import needs_reference
-from tether.config import Config, ConfigError
+from tether.config import Config
 from tether.distributed import build_strategy
 from tether.engine.registry import build_engine, engine_entry
 from tether.health import HealthMonitor
@@ -130,12 +130,9 @@ class TrainerBuild:
             name = self.cfg.model.ref_name
             with model_load_errors("model.ref_name", name):
                 ref, ref_tokenizer = load_policy(name)
-            try:
-                check_vocabulary(policy, self.tokenizer, ref, ref_tokenizer, "model.ref_name", name,
-                                 "the KL reads the reference's log-probs at the policy's token ids, so it must use "
-                                 "the policy's tokenizer")
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
+            check_vocabulary(policy, self.tokenizer, ref, ref_tokenizer, "model.ref_name", name,
+                             "the KL reads the reference's log-probs at the policy's token ids, so it must use the "
+                             "policy's tokenizer")
         elif is_lora(policy):
             if self.methods.moves_reference:
                 add_reference_adapter(policy)
