@@ -328,3 +328,71 @@ def test_a_string_that_reads_as_an_exponent_float_stays_a_string_through_config_
     saved = tmp_path / "config.yaml"
     saved.write_text(dump_config(cfg))
     assert load_config(saved).task.kwargs["tag"] == "1e-3"
+
+
+# YAML 1.2's core schema, where PyYAML's YAML 1.1 read 83 (octal), 750 (base 60), booleans, None only in lower case
+# and a date; the value each reads as in a free-form mapping, and its type
+CORE_SCHEMA_VALUES = [("0123", 123), ("0o17", 15), ("0x1F", 31), ("-0042", -42), ("1_000", 1000), ("12:30", "12:30"),
+                      ("yes", "yes"), ("no", "no"), ("on", "on"), ("off", "off"), ("TRUE", True), ("False", False),
+                      ("y", "y"), ("NULL", None), ("~", None), ("+.5", 0.5), ("1e-6", 1e-6),
+                      ("2024-01-05", "2024-01-05")]
+
+
+@pytest.mark.parametrize("written,value", CORE_SCHEMA_VALUES, ids=[w for w, _ in CORE_SCHEMA_VALUES])
+def test_a_free_form_mapping_reads_yaml_1_2_core_schema_values_from_a_file_and_an_override(tmp_path, written, value):
+    """env.kwargs {start: 0123} gave the env 83, {at: 12:30} 750 and {verbose: yes} True (PyYAML reads YAML 1.1)."""
+    from tether.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(f"task: {{name: reasoning_gym, kwargs: {{dataset: chain_sum, x: {written}}}}}\n")
+    for cfg in (load_config(path), load_config(data=BASE, overrides=[f"task.kwargs.x={written}"])):
+        got = cfg.task.kwargs["x"]
+        assert got == value and type(got) is type(value), (written, got)
+
+
+def test_strings_that_look_like_numbers_or_booleans_stay_strings_through_config_yaml(tmp_path):
+    """config.yaml is read again on resume and by `tether eval --config`: a string the loader would read as another
+    type is quoted (0o17 and +.5 are strings in YAML 1.1, numbers here), the values of either schema come back."""
+    import yaml
+
+    from tether.config import dump_config, load_config
+    from tether.trainer.rundir import check_resume_settings
+
+    strings = {f"s{i}": written for i, (written, _) in enumerate(CORE_SCHEMA_VALUES)}
+    values = {f"v{i}": value for i, (_, value) in enumerate(CORE_SCHEMA_VALUES)}
+    cfg = load_config(data={**BASE, "run_dir": "runs/x", "task": {"name": "reasoning_gym", "kwargs": {
+        "dataset": "chain_sum", **strings, **values}}})
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(cfg))
+    again = load_config(saved)
+    assert again.task.kwargs == {"dataset": "chain_sum", **strings, **values}
+    assert {k: type(v) for k, v in again.task.kwargs.items()} == {k: type(v) for k, v in cfg.task.kwargs.items()}
+    assert yaml.safe_load(saved.read_text())["task"]["kwargs"] == again.task.kwargs  # YAML 1.1 reads it alike
+    check_resume_settings(again, saved)
+
+
+def test_a_config_yaml_written_before_the_core_schema_reads_as_it_did(tmp_path):
+    """A run directory's config.yaml from a tether that read YAML 1.1 (its dumper: yaml.safe_dump, which quotes the
+    strings YAML 1.1 reads as something else) resumes with the same settings; a config file whose free-form value
+    now reads otherwise is refused on resume, naming the key (the run would be another experiment)."""
+    import yaml
+
+    from tether.config import load_config
+    from tether.start import RunDirError
+    from tether.trainer.rundir import check_resume_settings
+
+    def old_run(**kwargs: object) -> Path:
+        saved = tmp_path / "config.yaml"
+        saved.write_text(yaml.safe_dump(load_config(data={**BASE, "run_dir": "runs/x", "task": {
+            "name": "reasoning_gym", "kwargs": {"dataset": "chain_sum", **kwargs}}}).model_dump(mode="json")))
+        return saved
+
+    kwargs = {"octal": 83, "base60": 750, "flag": True, "strings": ["yes", "0123", "12:30", "~", "0x1F"],
+              "when": "2024-01-05", "none": None, "eps": 1e-6}
+    old = load_config(old_run(**kwargs))
+    assert old.task.kwargs == {"dataset": "chain_sum", **kwargs}
+    check_resume_settings(old, old_run(**kwargs))
+    config = tmp_path / "user.yaml"  # the file the old run read `0123` from, as 83
+    config.write_text("run_dir: runs/x\ntask: {name: reasoning_gym, kwargs: {dataset: chain_sum, octal: 0123}}\n")
+    with pytest.raises(RunDirError, match=r"^task\.kwargs\.octal: 123 differs from 83 in the run being resumed"):
+        check_resume_settings(load_config(config), old_run(octal=83))

@@ -38,6 +38,16 @@ and values outside the allowed ones stop the run before any model loads (`tether
 `tether train` (and `tether eval`, `tether recipe`) read the sections below; `tether sft` and `tether seed-sft` read
 schemas of their own, which share the top-level keys, `model`, `task` and `env`, `logging`, and take the sections
 at the end of this page (a key of another command's config is refused, naming that command).
+
+Values read as YAML 1.2's core schema, in a file and in an override alike (PyYAML alone reads YAML 1.1): `0123` is
+123 (`0o17` octal, `0x1F` hexadecimal), `12:30`, `yes`, `no`, `on`, `off` and `2024-01-05` are strings, booleans are
+`true`/`false` in any of the cases `true`, `True`, `TRUE`, nulls `null` (the same three cases) or `~`, `1e-6` is a
+float, and `_` may separate digits (`10_000`). It matters in the free-form mappings (`task.kwargs`, `env.kwargs`,
+`algorithm.advantage_kwargs`, `rollout.engine_kwargs`...), which pass on what YAML read; a typed key converts (a
+boolean key takes `yes`). A run's `config.yaml` quotes every string that YAML 1.1 or 1.2 would read as something else,
+so it reads back the same. A run started by a tether that read YAML 1.1 resumes as before, except where its config
+file holds a free-form value that now reads otherwise (`{start: 0123}` gave 83): the resume is refused, naming the
+key and both values; write the value the run had (`83`) to continue it.
 """
 
 # pydantic keeps Field(ge=0, ...) as annotated_types objects: (class, its attribute, how it reads)

@@ -9,7 +9,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -17,22 +17,44 @@ from pydantic import BaseModel, ValidationError
 from tether.config.base import ConfigError
 from tether.config.schemas import SCHEMAS, Config, RunConfig
 
-# PyYAML reads YAML 1.1, whose floats need a dot and a signed exponent: `1e-3` and `1.0e5` are strings there. A
-# typed float field converts them, but a free-form mapping (task.kwargs, algorithm.advantage_kwargs' `{eps: 1e-6}`)
-# would hand the string on (refused by the kwargs check, or received by the function): configs read YAML 1.2 floats.
-EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+# The values a config's plain scalars read as: YAML 1.2's core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution)
+# and, as in Python, `_` between digits. PyYAML implements YAML 1.1, which in a free-form mapping (env.kwargs,
+# algorithm.advantage_kwargs, rollout.engine_kwargs) handed the function 0123 as 83 (octal), 12:30 as 750 (base 60),
+# yes/no/on/off as booleans, 2024-01-05 as a date and 1e-6 as a string; YAML 1.2 reads 123, "12:30", "yes", the
+# string "2024-01-05" and 1e-06 (typed fields convert either way: a bool field takes yes).
+DIGITS = r"[0-9](?:_?[0-9])*"
+CORE_SCHEMA = (  # (tag, pattern, the characters a match can start with), in the order they are tried
+    ("tag:yaml.org,2002:null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+    ("tag:yaml.org,2002:bool", r"true|True|TRUE|false|False|FALSE", list("tTfF")),
+    ("tag:yaml.org,2002:int", rf"[-+]?{DIGITS}|0o[0-7]+|0x[0-9a-fA-F]+", list("-+0123456789")),
+    ("tag:yaml.org,2002:float", rf"[-+]?(?:\.{DIGITS}|{DIGITS}(?:\.(?:{DIGITS})?)?)(?:[eE][-+]?[0-9]+)?"
+                                r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)", list("-+0123456789.")),
+    ("tag:yaml.org,2002:merge", r"<<", ["<"]),  # not YAML 1.2's, but PyYAML's `<<: *anchor` merge key, kept
+)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """A core-schema int: decimal (a leading 0 is not octal), ``0o`` octal or ``0x`` hexadecimal."""
+    text = loader.construct_scalar(node)
+    return int(text, 0) if text.startswith(("0o", "0x")) else int(text)
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, with :data:`EXPONENT_FLOAT` numbers read as floats."""
+    """``yaml.safe_load``'s loader with the implicit types of :data:`CORE_SCHEMA` instead of YAML 1.1's."""
+
+    yaml_implicit_resolvers: ClassVar[dict] = {}  # its own table, not a copy of SafeLoader's
 
 
 class ConfigDumper(yaml.SafeDumper):
-    """``yaml.safe_dump``'s dumper that quotes a string :class:`ConfigLoader` would read as a float."""
+    """``yaml.safe_dump``'s dumper that also quotes a string :class:`ConfigLoader` would read as another type
+    (``0o17``, ``+.5``): a string that YAML 1.1 or :data:`CORE_SCHEMA` reads as a number, boolean, null or date is
+    quoted, so ``config.yaml`` reads back the same here and in a tether that read YAML 1.1."""
 
 
-for _yaml_class in (ConfigLoader, ConfigDumper):
-    _yaml_class.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789."))
+for _tag, _pattern, _first in CORE_SCHEMA:
+    for _yaml_class in (ConfigLoader, ConfigDumper):
+        _yaml_class.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), _first)
+ConfigLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def read_yaml(text: str) -> Any:
@@ -273,7 +295,8 @@ def _refuse_list_item(item: str, path: list[str], value: Any, data: dict) -> Non
 
 
 def _flow(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6).strip().removesuffix("\n...")
+    return yaml.dump(value, Dumper=ConfigDumper, default_flow_style=True, sort_keys=False,
+                     width=10**6).strip().removesuffix("\n...")
 
 
 def _whole_list(current: Any, index: int, inner: list[str], value: Any, item: str) -> str:

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-import yaml
 
+from tether.config import read_yaml
 from tether.distributed import DataParallel
 from tether.files import write_text_atomic
 from tether.start import RunDirError, claim_run_dir
@@ -224,7 +224,7 @@ def check_finished_settings(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return
-    old = fingerprint_settings(yaml.safe_load(saved.read_text()) or {})
+    old = fingerprint_settings(read_yaml(saved.read_text()) or {})
     if (change := settings_change(old, fingerprint_settings(cfg.model_dump(mode="json")),
                                   f"the finished run in {run_dir}")):
         raise RunDirError(change)

@@ -20,9 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tether.config import Config, dump_config
+from tether.config import Config, dump_config, read_yaml
 from tether.distributed import DataParallel
 from tether.start import RunDirError, lock_run_dir
 from tether.track import TENSORBOARD_DIR, write_text_atomic
@@ -56,7 +54,7 @@ def check_resume_settings(cfg: Config, saved_config: Path) -> None:
     """
     if not saved_config.is_file():
         return
-    old = flat(yaml.safe_load(saved_config.read_text()) or {})
+    old = flat(read_yaml(saved_config.read_text()) or {})
     new = flat(cfg.model_dump(mode="json"))
     for key in sorted(set(old) | set(new)):
         if not any(key == k or key.startswith(k + ".") for k in MEANING_KEYS):
