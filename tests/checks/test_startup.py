@@ -133,3 +133,30 @@ def test_an_env_that_renders_images_needs_a_vision_language_policy(tmp_path, env
     check_config(load_config(data=data))
     data["env"]["kwargs"], data["model"]["name"] = {}, "tiny-qwen2.5-vl"
     check_config(load_config(data=data))
+
+
+class SlowToBuildEnv:
+    """An env whose constructor outlives any reset limit."""
+
+    def __init__(self, *, seconds: float = 1.0) -> None:
+        import time
+
+        time.sleep(seconds)
+
+
+def test_an_env_whose_constructor_refuses_its_kwargs_fails_validate_in_one_line(tmp_path):
+    """The example env with env.kwargs.high=-5 passed validate (its class has no check_config), then train wrote its
+    run directory, loaded the policy and stopped: 'env guess_number:GuessNumber (constructor): ... raised
+    ValueError: high=-5 must be at least 2 ...; no episode can start'."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "my_environment" / "config.yaml"
+    settings = [f"run_dir={tmp_path / 'run'}", "model.name=char-64x1"]
+    check_config(load_config(example, settings))
+    result = CliRunner().invoke(app, ["validate", str(example), *settings, "env.kwargs.high=-5"])
+    assert result.exit_code == 2 and result.output == ("env.kwargs: building env guess_number:GuessNumber raised "
+                                                       "ValueError: high=-5 must be at least 2 and guesses=5 at least "
+                                                       "1\n"), result.output
+    assert not (tmp_path / "run").exists()
+    slow = {"run_dir": str(tmp_path / "run"), "task": None, "model": {"name": "char-64x1"},
+            "env": {"name": f"{__name__}:SlowToBuildEnv", "timeout_s": 0.2}}
+    with pytest.raises(ConfigError, match=r"^env\.kwargs: building env .*:SlowToBuildEnv timed out after 0\.2s$"):
+        check_config(load_config(data=slow))

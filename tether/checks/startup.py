@@ -9,6 +9,7 @@ command before its model loads alike.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -131,6 +132,28 @@ def check_task_builds(cfg: Config, found: Findings) -> None:
                           "or give it held-out data")
 
 
+def check_env_builds(cfg: Config, found: Findings) -> None:
+    """Build one env with ``env.kwargs``, as the run builds its first, when its class has no ``check_config`` of
+    them (an env of your own, TextWorld): a constructor that refuses its settings fails here as one line, not after
+    the policy loads ("no episode can start"). A class with a ``check_config`` (tether's other envs) has had it
+    called, cheaply, so it is not built here: ALFWorld's and WebShop's constructors load their data. The build runs
+    under the run's reset limit (``env.reset_timeout_s``, else ``env.timeout_s``), so a constructor that hangs stops
+    validate as it would stop the run."""
+    from tether.checks.workload import workload_class
+    from tether.envs.safe import EnvFault, call_with_timeout
+
+    cls = workload_class(cfg)[1] if cfg.env is not None else None
+    if cls is None or hasattr(cls, "check_config"):
+        return
+    try:
+        env = call_with_timeout(functools.partial(cls, **cfg.env.kwargs), cfg.env.reset_timeout_s or cfg.env.timeout_s,
+                                f"building env {cfg.env.name}")
+    except EnvFault as fault:
+        raise ConfigError(f"env.kwargs: {fault}") from None
+    if callable(close := getattr(env, "close", None)):
+        close()
+
+
 def policy_reads_images(name: str) -> bool | None:
     """Whether model ``name`` is a vision-language model (its config has a ``vision_config``), from its config file
     alone; None when that is not on this machine (or the name is a LoRA checkpoint's, whose base decides)."""
@@ -212,4 +235,5 @@ def startup_checks(*, policy: bool = True) -> tuple:
         check_model_dirs(cfg, found, policy=policy)
 
     observations = (check_env_observations,) if policy else ()
-    return (models, check_task_builds, *observations, check_device, warn_launch, warn_batch_arithmetic)
+    return (models, check_task_builds, check_env_builds, *observations, check_device, warn_launch,
+            warn_batch_arithmetic)
