@@ -413,3 +413,26 @@ def test_sft_data_that_the_workload_cannot_give_is_refused_by_validate_and_sft(t
         assert result.exit_code == 2 and result.output.startswith(message), result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_reference_or_prior_with_another_tokenizer_is_refused_by_validate(tmp_path, tiny_policy):
+    """model.ref_name (or EAPO's prior) with another tokenizer than the policy's passed tether validate; train
+    refused it only where the reference loaded, after the policy had. The tokenizers alone are compared now: the
+    char models' 100 characters against the SmolLM2 tokenizer of the tiny models and of a local directory."""
+    policy = tmp_path / "policy"
+    model, tokenizer = tiny_policy
+    model.save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    eapo = ["algorithm.policy_loss=eapo", "algorithm.advantage=clean_baseline"]
+    refused = (("model.ref_name", policy, "char-64x1", ["algorithm.kl.coef=0.01"], "(100 vs 49152 tokens",
+                "the KL reads the reference's log-probs at the policy's token ids"),
+               ("methods.eapo.prior", "char-64x1", "tiny-64x1", eapo, "(49152 vs 100 tokens",
+                "injection swaps single tokens between the two models"))
+    for key, mine, theirs, settings, sizes, why in refused:
+        with pytest.raises(ConfigError) as err:
+            check_config(tiny_config(tmp_path, f"model.name={mine}", f"{key}={theirs}", *settings))
+        line = str(err.value)
+        assert line.startswith(f"{key}: the tokenizer of '{theirs}' differs from the policy's {sizes}; e.g. [")
+        assert why in line and "\n" not in line
+    for mine, theirs in (("char-64x1", "char-128x4"), (policy, "tiny-64x1")):  # one tokenizer, other models
+        check_config(tiny_config(tmp_path, f"model.name={mine}", f"model.ref_name={theirs}"))

@@ -75,20 +75,42 @@ def prompt_lengths(cfg: Config, load_tokenizer: Callable[[], Any]) -> list[tuple
 
 
 def context_and_tokenizer(name: str) -> tuple[int, Callable[[], Any]] | None:
-    """The policy's context and a loader of its tokenizer (None when it cannot be loaded alone), without its
-    weights; None where the context is not known so."""
-    from tether.models.char import CHAR_CONTEXT, char_tokenizer, parse_char_alias
-    from tether.models.loading import TINY_ALIAS, TINY_CONTEXT, cache_root, smollm2_tokenizer
+    """The policy's context and a loader of its tokenizer (:func:`tokenizer_loader`), without its weights; None
+    where the context is not known so."""
+    from tether.models.char import CHAR_CONTEXT, parse_char_alias
+    from tether.models.loading import TINY_ALIAS, TINY_CONTEXT, cache_root
 
     if parse_char_alias(name) is not None:
-        return CHAR_CONTEXT, char_tokenizer
-    if TINY_ALIAS.fullmatch(name):
-        return TINY_CONTEXT, lambda: _quietly(smollm2_tokenizer)
+        context = CHAR_CONTEXT
+    elif TINY_ALIAS.fullmatch(name):
+        context = TINY_CONTEXT
+    else:
+        directory = _model_dir(name, cache_root() / "models" / name)
+        context = None if directory is None else _max_positions(directory / "config.json")
+    load = tokenizer_loader(name)
+    return None if context is None or load is None else (context, load)
+
+
+def tokenizer_loader(name: str) -> Callable[[], Any] | None:
+    """A loader of the tokenizer model ``name`` loads with (:func:`tether.models.load_policy`), without its weights
+    (the loader returns None where the tokenizer cannot be loaded alone); None where nothing here holds it (a Hub
+    id not in the cache, a tiny VLM, which exists only as it is built)."""
+    from tether.models.char import char_tokenizer, parse_char_alias
+    from tether.models.loading import SMOLLM2, TINY_ALIAS, cache_root, smollm2_tokenizer
+    from tether.models.lora import adapter_base_name, is_adapter_dir
+
+    if parse_char_alias(name) is not None:
+        return lambda: _quietly(char_tokenizer)
+    if name == SMOLLM2 or TINY_ALIAS.fullmatch(name):
+        return lambda: _quietly(smollm2_tokenizer)
+    local = Path(name).expanduser()
+    if is_adapter_dir(local):  # a LoRA run's checkpoint loads with its base model's tokenizer
+        try:
+            return tokenizer_loader(adapter_base_name(local))
+        except ValueError:  # it names no base: check_model_dirs says so
+            return None
     directory = _model_dir(name, cache_root() / "models" / name)
-    context = None if directory is None else _max_positions(directory / "config.json")
-    if context is None:
-        return None
-    return context, lambda: _quietly(lambda: _auto_tokenizer(directory))
+    return None if directory is None else lambda: _quietly(lambda: _auto_tokenizer(directory))
 
 
 def _model_dir(name: str, alias_dir: Path) -> Path | None:

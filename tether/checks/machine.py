@@ -69,6 +69,32 @@ def check_models(cfg: Config, found: Findings, *, policy: bool = True) -> None:
             check_model(key, model)
 
 
+def check_tokenizers(cfg: Config, found: Findings) -> None:
+    """``model.ref_name`` and each model a method reads at the policy's token ids (EAPO's prior,
+    ``Method.policy_tokenizer_models``) use the policy's tokenizer, compared from the tokenizers alone (no weights
+    load): where the model loads, the same comparison (``models.policy.check_vocabulary``) stopped the run after the
+    policy had loaded. A name whose tokenizer cannot be loaded alone here is left to that check."""
+    from tether.checks.context import tokenizer_loader
+    from tether.methods import METHODS, method_config
+    from tether.models.policy import REFERENCE_TOKENIZER_WHY, check_tokenizer
+
+    others = {"model.ref_name": (cfg.model.ref_name, REFERENCE_TOKENIZER_WHY)} if cfg.model.ref_name else {}
+    for method, section in cfg.methods.items():
+        settings = method_config(method, section)
+        names, bound = METHODS[method].named_models(settings), METHODS[method].policy_tokenizer_models(settings)
+        others.update({key: (names[key], why) for key, why in bound.items()})
+    others = {key: (name, why) for key, (name, why) in others.items() if name != cfg.model.name}
+    load_mine = tokenizer_loader(cfg.model.name) if others else None
+    mine = load_mine() if load_mine is not None else None
+    if mine is None:
+        return
+    for key, (name, why) in others.items():
+        load_theirs = tokenizer_loader(name)
+        theirs = load_theirs() if load_theirs is not None else None
+        if theirs is not None:
+            check_tokenizer(mine, theirs, key, name, why)
+
+
 def check_packages(cfg: Config, found: Findings) -> None:
     """Optional packages the config turns on."""
     # (key, package, tether's extra that installs it, is it used)
@@ -257,7 +283,7 @@ def machine_checks(*, policy: bool = True, sft: SFTConfig | None = None,
     def analyzer(cfg: Config, found: Findings) -> None:
         check_analyzer_env(skills)
 
-    optional = ((warn_context, check_lora_targets) if policy else ()) + ((sft_data,) if sft is not None else ()) + \
-        ((analyzer,) if skills is not None else ())
+    optional = ((warn_context, check_lora_targets, check_tokenizers) if policy else ()) + \
+        ((sft_data,) if sft is not None else ()) + ((analyzer,) if skills is not None else ())
     return (models, check_packages, check_engine_here, check_chat_template, check_workload_inputs,
             check_rewards_here, *optional)

@@ -94,6 +94,13 @@ class Method:
         model loads (``tether.checks.machine.check_model``)."""
         return {}
 
+    @classmethod
+    def policy_tokenizer_models(cls, settings: MethodSettings) -> dict[str, str]:
+        """Config key -> why, for each model of :meth:`named_models` whose outputs are read at the policy's token
+        ids, so that it must use the policy's tokenizer: ``tether validate`` compares the tokenizers before any model
+        loads (``tether.checks.machine.check_tokenizers``); the method checks the loaded model again."""
+        return {}
+
     @property
     def moves_reference(self) -> bool:
         """Whether :meth:`after_update` may reset the reference (``ctx.reference.reset_to``); a LoRA run then keeps

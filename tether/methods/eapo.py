@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 # Per-token tensors the intervention records ([N, T]); the first two reach the loss under these names.
 TOKEN_KEYS = ("gate_mask", "injected_mask", "eapo_gate_stat", "eapo_js")
+# why the prior must use the policy's tokenizer: the end of the vocabulary check's message
+PRIOR_TOKENIZER_WHY = ("injection swaps single tokens between the two models, so the prior must use the policy's "
+                       "tokenizer (e.g. a checkpoint of an earlier run from the same base model)")
 
 
 # -- the intervention -----------------------------------------------------------------------
@@ -253,6 +256,10 @@ class EAPO(Method):
     def named_models(cls, settings: EAPOSettings) -> dict[str, str]:
         return {"methods.eapo.prior": settings.prior}
 
+    @classmethod
+    def policy_tokenizer_models(cls, settings: EAPOSettings) -> dict[str, str]:
+        return {"methods.eapo.prior": PRIOR_TOKENIZER_WHY}
+
     def setup(self, ctx: StepContext) -> None:
         """Load the prior (frozen, on the policy's device) and check that its vocabulary is the policy's."""
         from tether.models import load_policy
@@ -262,8 +269,7 @@ class EAPO(Method):
         with model_load_errors("methods.eapo.prior", s.prior):
             prior, prior_tokenizer = load_policy(s.prior, dtype=next(ctx.policy.parameters()).dtype)
         check_vocabulary(ctx.policy, ctx.tokenizer, prior, prior_tokenizer, "methods.eapo.prior", s.prior,
-                         "injection swaps single tokens between the two models, so the prior must use the policy's "
-                         "tokenizer (e.g. a checkpoint of an earlier run from the same base model)")
+                         PRIOR_TOKENIZER_WHY)
         # whole on every rank, even when the policy is sharded: it decodes in lock-step with the local engine
         self.prior = prior.to(ctx.device).eval().requires_grad_(False)
 

@@ -132,10 +132,16 @@ def resolve_model_path(name_or_path: str) -> str | Path:
     return name_or_path
 
 
+# why model.ref_name must use the policy's tokenizer: the end of check_tokenizer's message
+REFERENCE_TOKENIZER_WHY = ("the KL reads the reference's log-probs at the policy's token ids, so it must use the "
+                           "policy's tokenizer")
+
+
 def check_vocabulary(policy: Any, tokenizer: Any, other: Any, other_tokenizer: Any, key: str, name: str,
                      why: str) -> None:
     """Raise ConfigError unless model ``other`` (setting ``key``, value ``name``) has the policy's output layer and
-    tokenizer, one for one: its log-probs are read at the policy's token ids. ``why`` ends the message."""
+    tokenizer, one for one: its log-probs are read at the policy's token ids. ``why`` ends the message. The
+    tokenizers alone are compared before any model loads too (``tether.checks.machine.check_tokenizers``)."""
 
     def out_size(model: Any) -> int:
         head = model.get_output_embeddings()
@@ -144,6 +150,12 @@ def check_vocabulary(policy: Any, tokenizer: Any, other: Any, other_tokenizer: A
     if out_size(other) != out_size(policy):
         raise ConfigError(f"{key}: '{name}' has a {out_size(other)}-token output layer, the policy {out_size(policy)}; "
                          f"{why}")
+    check_tokenizer(tokenizer, other_tokenizer, key, name, why)
+
+
+def check_tokenizer(tokenizer: Any, other_tokenizer: Any, key: str, name: str, why: str) -> None:
+    """Raise ConfigError unless ``other_tokenizer`` (of the model setting ``key`` names, ``name``) maps every token
+    to the policy's ``tokenizer``'s id. ``why`` ends the message."""
     # a vision-language policy comes with a processor: its token ids are those of the tokenizer inside it
     mine, theirs = text_tokenizer(tokenizer).get_vocab(), text_tokenizer(other_tokenizer).get_vocab()
     if mine != theirs:

@@ -30,7 +30,7 @@ from tether.models import load_policy
 from tether.models.chat_template import apply_chat_template
 from tether.models.layers import LayerCheckpointing, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
-from tether.models.policy import check_vocabulary, model_load_errors
+from tether.models.policy import REFERENCE_TOKENIZER_WHY, check_vocabulary, model_load_errors
 from tether.optimizer import adamw
 from tether.rollout.asynchronous import asynchronous
 from tether.rollout.base import Collector
@@ -131,8 +131,7 @@ class TrainerBuild:
             with model_load_errors("model.ref_name", name):
                 ref, ref_tokenizer = load_policy(name)
             check_vocabulary(policy, self.tokenizer, ref, ref_tokenizer, "model.ref_name", name,
-                             "the KL reads the reference's log-probs at the policy's token ids, so it must use the "
-                             "policy's tokenizer")
+                             REFERENCE_TOKENIZER_WHY)
         elif is_lora(policy):
             if self.methods.moves_reference:
                 add_reference_adapter(policy)
