@@ -14,9 +14,9 @@ import torch
 
 from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_ranks
 from tests.trainer.helpers import tiny_config
-from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
+from tether.distributed import DataParallel, Replicate, concat_generations, rank_seed, split_evenly
 from tether.distributed.data_parallel import pack_by_tokens
-from tether.distributed.strategy import own_micro_batches
+from tether.distributed.strategy import every_rank_micro_batches, own_micro_batches
 from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
 from tether.models import tiny_model
@@ -195,11 +195,20 @@ def test_rank_zero_checkpoint_resumes_on_every_rank(two_ranks):
 
 def test_fixed_size_micro_batches_by_length_keep_their_sizes():
     lengths = [(2, 1), (2, 6), (3, 2), (2, 5), (1, 1)]
-    assert own_micro_batches(DataParallel(), lengths, 2, None, by_length=True) == [[1, 3], [0, 2], [4]]
-    assert own_micro_batches(DataParallel(), lengths, 5, None, by_length=True) == [range(0, 5)]  # one: as it was
-    assert own_micro_batches(DataParallel(), lengths, 2, None) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert own_micro_batches(DataParallel(), lengths, 2, None) == [[1, 3], [0, 2], [4]]
+    assert own_micro_batches(DataParallel(), lengths, 5, None) == [range(0, 5)]  # one: as it was
     # each rank groups its own contiguous share
-    assert own_micro_batches(DataParallel(1, 2), lengths, 1, None, by_length=True) == [[3], [4]]
+    assert own_micro_batches(DataParallel(1, 2), lengths, 1, None) == [[3], [4]]
+
+
+def test_every_rank_micro_batches_are_each_ranks_own_in_rank_order():
+    """Scoring runs every rank's micro-batches of the update on each rank: rank 0's rows [0, 3), rank 1's [3, 5)."""
+    lengths = [(2, 1), (2, 6), (3, 2), (2, 5), (1, 1)]
+    own = [[list(mb.rows) for mb in Replicate(DataParallel(r, 2), torch.device("cpu")).micro_batches(lengths, 2, None)]
+           for r in range(2)]
+    assert own == [[[1, 2], [0]], [[3, 4]]]
+    assert [list(rows) for rows in every_rank_micro_batches(2, lengths, 2, None)] == own[0] + own[1]
+    assert [list(rows) for rows in every_rank_micro_batches(1, lengths, 2, None)] == [[1, 3], [0, 2], [4]]
 
 
 def test_a_checkpoint_write_that_fails_on_one_rank_stops_every_rank_with_one_line(two_ranks):

@@ -120,6 +120,38 @@ def test_separate_old_log_prob_pass_equals_the_detached_forward(tmp_path):
     torch.testing.assert_close(batch.token["old_log_probs"], again, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("bf16", [True, False])
+def test_the_first_pass_of_an_update_in_mini_batches_is_exactly_on_policy(tmp_path, bf16):
+    """pi_old is scored in the update's micro-batches: 8 rows, 2 shuffled mini-batches of 4, micro-batches of 3 and
+    1. Scored in other groups (row order, 3 + 3 + 2), a row's log-probs moved with its neighbours by up to 1e-2
+    under bf16 autocast (1e-6 in float32), so the first ratio of an on-policy batch was not 1."""
+    trainer = make_trainer(tiny_config(tmp_path, "optim.mini_batches=2", "optim.micro_batch_size=3",
+                                       f"model.bf16_autocast={str(bf16).lower()}"))
+    passes, loss = [], trainer.policy_loss_fn
+
+    def spy(inputs, **kwargs):
+        out = loss(inputs, **kwargs)
+        passes.append((inputs.log_probs.detach(), inputs.old_log_probs, out.metrics))
+        return out
+
+    trainer.policy_loss_fn = spy
+    trainer.train_step()
+    assert len(passes) == 4  # two micro-batches per mini-batch
+    for log_probs, old, metrics in passes[:2]:  # the first mini-batch: the weights pi_old was scored with
+        assert (log_probs != 0).any()
+        assert torch.equal(log_probs, old)
+        assert metrics["actor/ppo_kl"].item() == 0.0 and metrics["actor/pg_clipfrac"].item() == 0.0
+    assert any(not torch.equal(log_probs, old) for log_probs, old, _ in passes[2:])  # after one optimiser step
+
+
+def test_the_kl_term_is_exactly_zero_while_the_reference_is_the_policy(tmp_path):
+    """Reference log-probs are scored in the update's micro-batches too: at step 1 the reference equals the policy,
+    and under bf16 autocast the k3 term was about 1e-6, not 0, with the reference scored in row order."""
+    trainer = make_trainer(tiny_config(tmp_path, "optim.micro_batch_size=3", "model.bf16_autocast=true",
+                                       "algorithm.kl.coef=0.1", "algorithm.kl.estimator=k3"))
+    assert trainer.train_step()["actor/kl_loss"] == 0.0
+
+
 def test_kl_term_needs_and_gets_a_frozen_reference(tmp_path):
     trainer = make_trainer(tiny_config(tmp_path, "algorithm.kl.coef=0.1", "algorithm.kl.estimator=k3"))
     ref_before = params(trainer.ref_policy).clone()

@@ -41,21 +41,21 @@ class MicroBatch:
 
 
 def own_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]], size: int,
-                      max_tokens: int | None, by_length: bool = False) -> list[Sequence[int]]:
+                      max_tokens: int | None) -> list[Sequence[int]]:
     """This rank's rows of a mini-batch in micro-batches: ``size`` rows each, or, with ``max_tokens``, grouped by
     length under that many padded tokens (:func:`~tether.distributed.data_parallel.pack_by_tokens`).
 
+    Several ``size``-row micro-batches are filled longest rows first
+    (:func:`~tether.distributed.data_parallel.chunk_by_length`), so that the update's shuffled short rows are not
+    padded to long ones; a single one keeps its rows as they were.
+
     Args:
         lengths: ``(prompt tokens, response tokens)`` of every row of the mini-batch.
-        by_length: when there are several ``size``-row micro-batches, fill them longest rows first
-            (:func:`~tether.distributed.data_parallel.chunk_by_length`), so that short rows are not padded to long
-            ones. The update's shuffled rows want it; scoring keeps each group's rows together, so that their
-            prompt runs once.
     """
     if max_tokens is not None:
         return dp.budget_micro_batches(lengths, max_tokens)
     fixed = dp.micro_batches(len(lengths), size)
-    if not by_length or len(fixed) < 2:
+    if len(fixed) < 2:
         return fixed
     return chunk_by_length([r for rows in fixed for r in rows], lengths, size)
 
@@ -68,10 +68,19 @@ def lock_step_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]]
     ranks must make the same number of calls; a padding micro-batch re-runs row 0 with weight 0. Every
     rank holds the whole mini-batch, so it plans the other ranks' micro-batches too, without a collective.
     """
-    own = [MicroBatch(rows) for rows in own_micro_batches(dp, lengths, size, max_tokens, by_length=True)]
+    own = [MicroBatch(rows) for rows in own_micro_batches(dp, lengths, size, max_tokens)]
     most = max(len(own_micro_batches(DataParallel(r, dp.world_size), lengths, size, max_tokens))
                for r in range(dp.world_size))
     return own + [MicroBatch(range(0, 1), padding=True)] * (most - len(own))
+
+
+def every_rank_micro_batches(world_size: int, lengths: Sequence[tuple[int, int]], size: int,
+                             max_tokens: int | None) -> list[Sequence[int]]:
+    """Every rank's micro-batches of a mini-batch, rank 0's first, as :meth:`Strategy.micro_batches` gives each rank
+    its own (less the lock-step padding): the plan of a pass that each rank runs over the whole mini-batch
+    (the trainer's scoring), in the update's groups. Every rank makes the same calls, so none needs padding."""
+    return [rows for rank in range(world_size)
+            for rows in own_micro_batches(DataParallel(rank, world_size), lengths, size, max_tokens)]
 
 
 class Strategy(Protocol):
@@ -128,7 +137,7 @@ class Replicate:
 
     def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
                       max_tokens: int | None) -> list[MicroBatch]:
-        return [MicroBatch(rows) for rows in own_micro_batches(self.dp, lengths, size, max_tokens, by_length=True)]
+        return [MicroBatch(rows) for rows in own_micro_batches(self.dp, lengths, size, max_tokens)]
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         self.dp.all_reduce_grads(model.parameters())

@@ -20,7 +20,7 @@ field              what it is
 ``sample_groups``  the single-turn collector's ``generate(engine, items, n, params, seed, *, group_ids, source)``:
                    ``n`` scored samples per task item (None under the agent loop)
 ``log_probs``      ``log_probs(model, batch, prompt_ids=None)``: no-grad log-probs of the batch's response tokens
-                   under ``model``, as the trainer scores (same micro-batches, precision and temperature)
+                   under ``model``, as the trainer scores (the update's micro-batches, precision and temperature)
 ``make_engine``    ``make_engine(model)``: the configured engine over another model (the reference, say)
 ``mini_batch``     in ``extra_loss`` only: the :class:`MiniBatch` the micro-batch belongs to
 =================  ==============================================================================================

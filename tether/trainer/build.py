@@ -41,7 +41,7 @@ from tether.track import Tracker
 from tether.track.progress import status
 from tether.trainer.checkpoint import CheckpointManager, dir_step
 from tether.trainer.rundir import prepare_run_dir
-from tether.trainer.step import autocast, score_log_probs
+from tether.trainer.step import autocast
 
 
 def build_collector(cfg: Config, tokenizer: Any) -> Collector:
@@ -96,7 +96,6 @@ class TrainerBuild:
             ref if isinstance(ref, BaseModelView) else self.strategy.prepare(ref))
         # 3. engine, data, loss functions
         self.make_engine = partial(rollout_engine, strategy=self.strategy, tokenizer=tokenizer, cfg=cfg)
-        self.log_probs = partial(score_log_probs, cfg=cfg, device=self.device)  # scoring passes, and ctx.log_probs
         self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main,  # docs/health.md
                                     vocab_size=vocab_size(policy))
         self.status(f"starting the {cfg.rollout.engine} engine and the {'task' if cfg.task else 'environment'}")

@@ -12,8 +12,9 @@ on the CPU, :meth:`StepPhases.train_step` moves it once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,9 +23,8 @@ from tether import algos
 from tether.advantage_inputs import advantage_inputs
 from tether.algos import LossInputs
 from tether.config import Config
-from tether.distributed import DataParallel
 from tether.distributed.data_parallel import extremum
-from tether.distributed.strategy import own_micro_batches
+from tether.distributed.strategy import every_rank_micro_batches
 from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
@@ -103,6 +103,13 @@ class StepPhases:
     def _updates_per_step(self) -> int:
         return self.cfg.optim.mini_batches * self.cfg.optim.ppo_epochs
 
+    @property
+    def log_probs(self) -> Callable[..., torch.Tensor]:
+        """The step's scoring, ``log_probs(model, batch, prompt_ids=None)``: old and reference log-probs, and
+        ``ctx.log_probs`` (:func:`score_log_probs` in this step's update groups; it holds no trainer)."""
+        return functools.partial(score_log_probs, cfg=self.cfg, device=self.device, world_size=self.dp.world_size,
+                                 shuffle_seed=self.seed_for("shuffle"))
+
     def score(self, batch: RolloutBatch) -> dict[str, float]:
         # With one optimiser step per RL step the update's own forward, detached, *is* pi_old
         # (same weights, same function), so the separate pass is skipped (as TRL does).
@@ -138,11 +145,11 @@ class StepPhases:
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         o = self.cfg.optim
-        order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(self.seed_for("shuffle")))
+        mini_batches = update_mini_batches(len(batch), self.seed_for("shuffle"), o.mini_batches)
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         for _ in range(o.ppo_epochs):
-            for rows in order.chunk(o.mini_batches):
+            for rows in mini_batches:
                 part = batch.select(rows)
                 mini = MiniBatch(rows=rows, num_tokens=float(part.response_mask.sum()), num_seqs=len(part), batch=part)
                 for key, value in self._mini_batch_step(mini).items():
@@ -304,22 +311,49 @@ def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextMan
 
 
 
+def update_mini_batches(n_rows: int, seed: int, mini_batches: int) -> tuple[torch.Tensor, ...]:
+    """The rows of the update's mini-batches of an ``n_rows``-row batch: one shuffle seeded ``seed`` (the step's
+    ``"shuffle"``), cut into ``mini_batches`` parts, which every ppo epoch reuses and scoring runs in."""
+    order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed))
+    return order.chunk(mini_batches)
+
+
 @torch.no_grad()
 def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]] | None = None, *, cfg: Config,
-                    device: torch.device) -> torch.Tensor:
+                    device: torch.device, world_size: int, shuffle_seed: int) -> torch.Tensor:
     """log-probs of the batch's response tokens under ``model`` (optionally after other prompts), no grad: in the
-    trainer's micro-batches, precision and sampling temperature. [N, T], 0 on padding."""
+    trainer's precision and sampling temperature, and in the micro-batches of the update's first pass. [N, T], 0
+    on padding.
+
+    Its mini-batches (:func:`update_mini_batches`), each cut as the update cuts it on every rank
+    (:func:`~tether.distributed.strategy.every_rank_micro_batches`), so each row shares its forward with the same
+    rows, padded to the same width, as in the update. Under bf16 autocast a row's log-probs move by up to about
+    1e-2 with the rows beside it (1e-6 in float32): scored in contiguous chunks, pi_old made the first ratio of an
+    on-policy batch 1 only to that, with a nonzero ``actor/ppo_kl`` and clip fraction, and a reference equal to the
+    policy gave a nonzero KL term. Now both are exact. verl (``dp_actor.compute_log_prob`` and ``update_policy``)
+    scores in row order with a micro-batch size of its own and is exact only with one optimiser step, where it takes
+    the update's own forward as pi_old, as :meth:`StepPhases.score` does.
+
+    Args:
+        world_size: data-parallel ranks; each scores every rank's rows (a sharded model: the same calls on each).
+        shuffle_seed: the step's ``seed_for("shuffle")``, the update's.
+    """
     prompts = batch.prompt_ids if prompt_ids is None else prompt_ids
     lengths = [(len(p), t) for p, (_, t) in zip(prompts, batch.row_lengths(), strict=True)]
     o = cfg.optim
     out = None
-    for rows in own_micro_batches(DataParallel(), lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
-        micro = narrowed(batch, rows, lengths)
-        with autocast(cfg, device):
-            lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids, micro.response_mask,
-                                       temperature=cfg.rollout.temperature, chunk_size=cfg.train.logprob_chunk_tokens)
-        out = lp.new_zeros(batch.response_mask.shape) if out is None else out
-        out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
+    for part in update_mini_batches(len(batch), shuffle_seed, o.mini_batches):
+        mini = part.tolist()
+        for group in every_rank_micro_batches(world_size, [lengths[r] for r in mini], o.micro_batch_size,
+                                              o.max_tokens_per_micro_batch):
+            rows = [mini[i] for i in group]
+            micro = narrowed(batch, rows, lengths)
+            with autocast(cfg, device):
+                lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids,
+                                           micro.response_mask, temperature=cfg.rollout.temperature,
+                                           chunk_size=cfg.train.logprob_chunk_tokens)
+            out = lp.new_zeros(batch.response_mask.shape) if out is None else out
+            out[torch.as_tensor(rows, device=out.device), :lp.shape[1]] = lp
     return out * batch.response_mask
 
 
