@@ -104,8 +104,8 @@ def test_only_declared_tokens_reach_the_loss():
 
 def test_extra_terms_add_to_the_loss_in_order_with_their_metrics():
     methods = MethodSet([Recorder("a", [], loss=0.5), Recorder("none", []), Recorder("b", [], loss=0.25)])
-    loss, metrics = methods.extra_loss(torch.tensor(1.0, dtype=torch.float64), None, None, CTX)
-    assert loss.item() == 1.75 and sorted(metrics) == ["a/loss", "b/loss"]
+    out = methods.extra_loss(torch.tensor(1.0, dtype=torch.float64), None, None, CTX)
+    assert out.loss.item() == 1.75 and sorted(out.metrics) == ["a/loss", "b/loss"]
 
 
 def test_state_round_trips_by_method_name():

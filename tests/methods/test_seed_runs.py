@@ -132,7 +132,7 @@ def test_total_loss_is_ppo_entropy_opd_kl(tiny_policy, tmp_path):
     batch, _ = scored_batch(trainer)
     num_tokens = float(batch.response_mask.sum())
     micro = batch.select(range(5))
-    loss, _ = trainer._micro_batch_loss(micro, whole(batch))
+    loss = trainer._micro_batch_loss(micro, whole(batch)).loss
 
     lp, ent = response_log_probs(trainer.policy, micro.prompt_ids, micro.response_ids, micro.response_mask,
                                  with_entropy=True)
@@ -282,7 +282,7 @@ def test_opsd_adds_coef_times_its_distillation_term_to_the_loss(tiny_policy, tmp
         lp = student[rows].clone().requires_grad_()
         inputs = LossInputs(log_probs=lp, old_log_probs=lp.detach(), advantages=micro.token["advantages"],
                             response_mask=micro.response_mask, tokens=trainer.methods.loss_token_inputs(micro))
-        loss, _ = trainer.methods.extra_loss(incoming, inputs, micro, trainer.hook_context(whole(batch)))
+        loss = trainer.methods.extra_loss(incoming, inputs, micro, trainer.hook_context(whole(batch))).loss
         loss.backward()
         term, grad = reference(rows)
         assert term.abs() > 1e-3

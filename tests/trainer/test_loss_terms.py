@@ -173,7 +173,8 @@ def test_the_correction_weights_pi_old_over_mu_reach_the_loss(tiny_policy, tmp_p
     lengths = batch.row_lengths()
     micro = narrowed(batch, MICRO_ROWS, lengths)
     mini = whole(batch)
-    loss, metrics = trainer._micro_batch_loss(micro, mini)
+    out = trainer._micro_batch_loss(micro, mini)
+    loss, metrics = out.loss, out.metrics
 
     m = mask[MICRO_ROWS, :micro.width]
     lp_m, old_m = lp[MICRO_ROWS, :micro.width], old.double()[MICRO_ROWS, :micro.width]
@@ -220,7 +221,8 @@ def test_total_loss_is_ppo_minus_entropy_plus_kl_under_every_aggregation(tiny_po
     micro = narrowed(batch, MICRO_ROWS, lengths)
     mini = whole(batch)
     assert micro.width < trainer.cfg.rollout.max_new_tokens  # Dr.GRPO's constant is not the micro-batch's width
-    loss, metrics = trainer._micro_batch_loss(micro, mini)
+    out = trainer._micro_batch_loss(micro, mini)
+    loss, metrics = out.loss, out.metrics
 
     cols = slice(0, micro.width)
     m, lp_m, ent_m = mask[MICRO_ROWS, cols], lp[MICRO_ROWS, cols], ent[MICRO_ROWS, cols]

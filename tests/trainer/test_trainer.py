@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from tests.trainer.helpers import tiny_config
+from tether.algos import LossOutput
 from tether.models import tiny_model
 from tether.tasks import Score
 from tether.trainer import Trainer
-from tether.trainer.step import add_micro_metrics
+from tether.trainer.step import add_micro_metrics, step_values
 
 
 def make_trainer(cfg):
@@ -97,18 +98,22 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path):
 
 
 def test_micro_batch_metrics_fold_into_token_means_row_means_sums_and_extrema():
-    """Two micro-batches of one mini-batch: A has 1 row and 3 response tokens, all clipped, ratio up to 2; B has 3
-    rows and 1 token, not clipped, ratio up to 5 and down to 0.5. Over the mini-batch's 4 tokens 3 are clipped."""
+    """Two micro-batches of one mini-batch: A has 1 row and 3 response tokens, all clipped, ratio up to 2, 2 of them
+    corrected with weight 1.5; B has 3 rows and 1 token, not clipped, ratio up to 5 and down to 0.5, none corrected
+    (its weight mean is 0). Over the mini-batch's 4 tokens 3 are clipped; over its 2 corrected ones the weight is 1.5.
+    """
     total = {}
     a = {"actor/pg_clipfrac": 1.0, "actor/ratio_max": 2.0, "armor/mix_ratio_min": 0.9, "armor/anchor_frac": 1.0,
-         "actor/pg_loss": 0.3}
+         "actor/pg_loss": 0.3, "rollout_corr/weight_mean": 1.5}
     b = {"actor/pg_clipfrac": 0.0, "actor/ratio_max": 5.0, "armor/mix_ratio_min": 0.5, "armor/anchor_frac": 0.0,
-         "actor/pg_loss": -0.1}
-    add_micro_metrics(total, {k: torch.tensor(v) for k, v in a.items()}, rows=1 / 4, tokens=3 / 4)
-    add_micro_metrics(total, {k: torch.tensor(v) for k, v in b.items()}, rows=3 / 4, tokens=1 / 4)
-    got = {k: float(v) for k, v in total.items()}
+         "actor/pg_loss": -0.1, "rollout_corr/weight_mean": 0.0}
+    for values, rows, tokens, corrected in ((a, 1, 3, 2), (b, 3, 1, 0)):
+        out = LossOutput(torch.tensor(0.0), values,
+                         counts={"armor/anchor_frac": rows, "rollout_corr/weight_mean": corrected})
+        add_micro_metrics(total, out, tokens=torch.tensor(float(tokens)))
+    got = step_values({k: float(v) for k, v in total.items()}, dict.fromkeys(total, 1))
     assert got == pytest.approx({"actor/pg_clipfrac": 3 / 4, "actor/ratio_max": 5.0, "armor/mix_ratio_min": 0.5,
-                                 "armor/anchor_frac": 1 / 4, "actor/pg_loss": 0.2})
+                                 "armor/anchor_frac": 1 / 4, "actor/pg_loss": 0.2, "rollout_corr/weight_mean": 1.5})
 
 
 def test_separate_old_log_prob_pass_equals_the_detached_forward(tmp_path):

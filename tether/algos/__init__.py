@@ -35,7 +35,6 @@ from tether.algos.rollout_correction import (
 )
 from tether.algos.types import (
     ADVANTAGE_TAGS,
-    ROW_MEAN_METRICS,
     TOKEN_PRODUCERS,
     AdvantageInputs,
     AdvantageOutput,
@@ -51,7 +50,6 @@ __all__ = [
     "KL_KINDS",
     "POLICY_LOSSES",
     "ROLLOUT_CORRECTIONS",
-    "ROW_MEAN_METRICS",
     "TOKEN_PRODUCERS",
     "AdvantageFn",
     "AdvantageInputs",

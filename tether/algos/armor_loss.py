@@ -94,4 +94,4 @@ def armor(inputs: LossInputs, *, agg: str = "token-mean", alpha: float = 0.9375,
             "armor/loss_kl_on_ref": forward_kl_estimate(inputs.old_log_probs, ref, anchor_tokens),
             "armor/anchor_frac": (source == 1).to(mask.dtype).mean(),
         })
-    return LossOutput(loss, metrics)
+    return LossOutput(loss, metrics, counts={"armor/anchor_frac": mask.new_tensor(mask.shape[0])})

@@ -53,7 +53,7 @@ def seed_opd_loss(log_probs: Tensor, teacher_log_probs: Tensor, mask: Tensor, *,
         "seed/opd_gate_active_ratio": masked_mean((gate > 0.5).to(mask.dtype), mask),
         "seed/opd_active_token_ratio": (mask > 0).to(log_probs.dtype).mean(),
     }
-    return LossOutput(loss, metrics)
+    return LossOutput(loss, metrics, counts={"seed/opd_active_token_ratio": mask.new_tensor(mask.numel())})
 
 
 def opd_advantages(log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:

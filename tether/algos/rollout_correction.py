@@ -166,12 +166,14 @@ class RolloutCorrection:
             of corrected tokens dropped), ``kl_k1`` and ``kl_k3`` (estimates of ``KL(mu || pi_old)`` from the
             engine's samples: ``mean(-l)`` and ``mean(exp(l) - 1 - l)``), ``corrected_frac`` (share of response
             tokens the correction applies to).
+        counts: the corrected tokens, for the metrics that are means over them (``LossOutput.counts``).
     """
 
     weights: Tensor
     dropped: Tensor
     effective_log_probs: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
+    counts: dict[str, Tensor] = field(default_factory=dict)
 
 
 def rollout_correction(mode: str, old_log_probs: Tensor, behaviour_log_probs: Tensor, response_mask: Tensor,
@@ -210,4 +212,8 @@ def rollout_correction(mode: str, old_log_probs: Tensor, behaviour_log_probs: Te
             "rollout_corr/kl_k3": masked_mean(safe.exp() - 1.0 - safe, mask),
             "rollout_corr/corrected_frac": masked_mean(mask, response_mask),
         }
-    return RolloutCorrection(weights=weights, dropped=dropped, effective_log_probs=effective, metrics=metrics)
+        corrected_tokens = mask.sum()
+        counts = {k: corrected_tokens for k in ("rollout_corr/weight_mean", "rollout_corr/masked_frac",
+                                                "rollout_corr/kl_k1", "rollout_corr/kl_k3")}
+    return RolloutCorrection(weights=weights, dropped=dropped, effective_log_probs=effective, metrics=metrics,
+                             counts=counts)

@@ -144,20 +144,24 @@ class LossInputs:
         return value
 
 
-# LossOutput metrics that are means over a micro-batch's rows (or its [rows, columns] positions), which the trainer
-# folds into a mini-batch weighted by rows; a ``*_max`` / ``*_min`` takes the extreme, and every other metric is a
-# mean over response tokens, weighted by them (docs/metrics.md).
-ROW_MEAN_METRICS = frozenset({"armor/anchor_frac", "seed/opd_active_token_ratio"})
-
-
 @dataclass
 class LossOutput:
-    """A scalar to minimise plus detached scalar metrics (tensors, so no host sync happens here): means over the
-    response tokens unless named in :data:`ROW_MEAN_METRICS` or ending in ``_max`` / ``_min``."""
+    """A scalar to minimise plus detached scalar metrics (tensors, so no host sync happens here).
+
+    A metric is a mean over the micro-batch's response tokens, unless it ends in ``_max`` / ``_min`` (an extreme) or
+    ``counts`` names it: then it is a mean over other units (rows, corrected tokens, anchor tokens...), and
+    ``counts[name]`` is how many of them this micro-batch has. The trainer folds each mean over micro-batches, ranks
+    and mini-batches weighted by its units, so the logged value is the mean over every unit of the step whatever
+    ``optim.micro_batch_size`` (a micro-batch without any counts for nothing; docs/metrics.md).
+    """
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
+    counts: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.metrics = {k: v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
-                        for k, v in self.metrics.items()}
+        self.metrics, self.counts = _detached(self.metrics), _detached(self.counts)
+
+
+def _detached(values: dict[str, Tensor | float]) -> dict[str, Tensor]:
+    return {k: v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for k, v in values.items()}

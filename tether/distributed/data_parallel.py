@@ -12,9 +12,9 @@ Under ``torchrun`` every rank holds the whole policy (replicated, DDP semantics)
   gradients are partial sums of the single-process gradient: :meth:`DataParallel.all_reduce_grads`
   *sums* them (one flat all-reduce per optimiser step) before clipping, so the clipped gradient, the
   optimiser step and the parameters are those of one process, up to summation order;
-* **metrics** are partial sums weighted by the response tokens (or rows) of the whole mini-batch, summed over
-  ranks the same way (:meth:`DataParallel.sum_metrics`; a ``*_max`` / ``*_min`` takes the largest / smallest rank's);
-  rank 0 alone logs and writes checkpoints.
+* **metrics** are partial sums (a mean's value times its units, and its units: response tokens, rows or the
+  subset it averages over), summed over ranks the same way (:meth:`DataParallel.sum_metrics`; a ``*_max`` /
+  ``*_min`` takes the largest / smallest rank's); rank 0 alone logs and writes checkpoints.
 
 The policy stays a plain module (no DDP wrapper): the engine, the methods (ARMOR's reference reset,
 SEED's teacher pass) and checkpointing see the same object as in one process. The wrapper's gain --

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from tether.algos import LossOutput
 from tether.methods.base import Method, build_methods
 
 if TYPE_CHECKING:
@@ -107,15 +108,17 @@ class MethodSet:
         return {k: micro.token[k] for k in self.loss_tokens if k in micro.token}
 
     def extra_loss(self, loss: torch.Tensor, inputs: LossInputs, micro: RolloutBatch,
-                   ctx: StepContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``loss`` plus every method's extra term for ``micro``, and their metrics."""
-        metrics: dict[str, torch.Tensor] = {}
+                   ctx: StepContext) -> LossOutput:
+        """``loss`` plus every method's extra term for ``micro``, with their metrics and the counts of those that
+        are means over other units than the response tokens (``LossOutput.counts``)."""
+        out = LossOutput(loss)
         for m in self.methods:
             extra = m.extra_loss(inputs, micro, ctx)
             if extra is not None:
-                loss = loss + extra.loss
-                metrics.update(extra.metrics)
-        return loss, metrics
+                out.loss = out.loss + extra.loss
+                out.metrics.update(extra.metrics)
+                out.counts.update(extra.counts)
+        return out
 
     def after_update(self, ctx: StepContext) -> dict[str, float]:
         metrics: dict[str, float] = {}

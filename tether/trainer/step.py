@@ -21,7 +21,7 @@ import torch
 
 from tether import algos
 from tether.advantage_inputs import advantage_inputs
-from tether.algos import LossInputs
+from tether.algos import LossInputs, LossOutput
 from tether.config import Config
 from tether.distributed.data_parallel import extremum
 from tether.distributed.strategy import every_rank_micro_batches
@@ -38,12 +38,15 @@ if TYPE_CHECKING:
     from tether.rollout.base import Collector
 
 # Micro-batch terms normalised by the whole mini-batch's counts: their mini-batch value is the sum over
-# micro-batches.
+# micro-batches, and the step's is the mean over its mini-batches.
 SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
-# The rest are local means: over rows for algos.ROW_MEAN_METRICS, averaged weighted by rows; a ``*_max`` / ``*_min``
-# is the largest / smallest micro-batch's (tether.distributed.data_parallel.extremum); every other one is a mean over
-# the micro-batch's response tokens, averaged weighted by them (weighted by rows, a micro-batch of short responses
-# counted as much as one of long ones, so the logged value moved with optim.micro_batch_size).
+# A ``*_max`` / ``*_min`` is the largest / smallest micro-batch's (tether.distributed.data_parallel.extremum). Every
+# other one is a mean over some units of the micro-batch: its response tokens, or those LossOutput.counts gives
+# (rows, corrected tokens...). It is folded as the sum of value x units and the sum of units, over micro-batches,
+# ranks and mini-batches, and divided once (step_values): the mean over every unit of the step. Weighted by rows, a
+# micro-batch of short responses counted as much as one of long ones; weighted by response tokens, one without a
+# corrected token pulled rollout_corr/weight_mean toward 0; either way the value moved with optim.micro_batch_size.
+UNITS = "#units"  # the key suffix under which the fold keeps a mean's units (no metric name holds a '#')
 
 
 class StepPhases:
@@ -158,7 +161,7 @@ class StepPhases:
                         sums[key], counts[key] = pick(sums.get(key, value), value), 1
                     else:
                         sums[key], counts[key] = sums.get(key, 0.0) + value, counts.get(key, 0) + 1
-        return {**{k: sums[k] / counts[k] for k in sums}, "actor/skipped_updates": float(self.skipped_updates)}
+        return {**step_values(sums, counts), "actor/skipped_updates": float(self.skipped_updates)}
 
     def _mini_batch_step(self, mini: MiniBatch) -> dict[str, float]:
         o = self.cfg.optim
@@ -176,11 +179,10 @@ class StepPhases:
                 self._lock_step_pass(micro)
                 continue
             activations.append((gb, layers, keep_head))
-            loss, micro_metrics = self._micro_batch_loss(micro, mini, keep_head_logits=keep_head)
-            loss.backward()
-            add_micro_metrics(metrics, micro_metrics, rows=len(micro) / mini.num_seqs,
-                              tokens=micro.response_mask.sum() / max(mini.num_tokens, 1.0))  # no host sync
-        metrics = self.dp.sum_metrics(metrics)  # N processes: partial sums -> mini-batch values
+            out = self._micro_batch_loss(micro, mini, keep_head_logits=keep_head)
+            out.loss.backward()
+            add_micro_metrics(metrics, out, tokens=micro.response_mask.sum())  # no host sync
+        metrics = self.dp.sum_metrics(metrics)  # N processes: partial sums -> the mini-batch's sums
         grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]  # this update's, read before the schedule moves on
         if torch.isfinite(grad_norm):
@@ -241,10 +243,10 @@ class StepPhases:
                                               chunk_size=self.cfg.train.logprob_chunk_tokens)
         (log_probs.sum() * 0.0).backward()
 
-    def _micro_batch_loss(self, micro: RolloutBatch, mini: MiniBatch,
-                          keep_head_logits: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss of one micro-batch, normalised by its whole mini-batch ``mini``, with every method's term;
-        ``keep_head_logits``: as :meth:`_choose_checkpointing` chose for it."""
+    def _micro_batch_loss(self, micro: RolloutBatch, mini: MiniBatch, keep_head_logits: bool = False) -> LossOutput:
+        """The loss of one micro-batch, normalised by its whole mini-batch ``mini``, with every method's term, its
+        metrics and their counts (:class:`~tether.algos.LossOutput`); ``keep_head_logits``: as
+        :meth:`_choose_checkpointing` chose for it."""
         a = self.cfg.algorithm
         num_tokens, num_seqs = mini.num_tokens, mini.num_seqs
         with self.autocast():
@@ -267,6 +269,7 @@ class StepPhases:
         out = self.policy_loss_fn(inputs, agg=a.loss_agg, **a.loss_kwargs)
         loss = out.loss
         metrics = {**out.metrics, **({} if corr is None else corr.metrics), "actor/pg_loss": out.loss.detach()}
+        counts = {**out.counts, **({} if corr is None else corr.counts)}
         if corr is not None:  # health.no_signal: a correction that drops every token trains nothing, whatever the A
             kept = (corr.weights > 0).to(micro.response_mask.dtype) * micro.response_mask
             metrics["rollout_corr/kept_advantage_abs_mean"] = algos.masked_mean(
@@ -281,26 +284,42 @@ class StepPhases:
                                  micro.response_mask, a.loss_agg, **agg)
             loss = loss + a.kl.coef * kl
             metrics["actor/kl_loss"] = kl.detach()
-        loss, extra = self.methods.extra_loss(loss, inputs, micro, self.hook_context(mini))
-        metrics.update(extra)
-        return loss, metrics
+        extra = self.methods.extra_loss(loss, inputs, micro, self.hook_context(mini))
+        return LossOutput(extra.loss, {**metrics, **extra.metrics}, {**counts, **extra.counts})
 
 
-def add_micro_metrics(total: dict[str, torch.Tensor], micro: dict[str, torch.Tensor], *, rows: float,
-                      tokens: float | torch.Tensor) -> None:
-    """Fold one micro-batch's metrics into its mini-batch's ``total``, in place (see :data:`SUMMED_METRICS`).
+def add_micro_metrics(total: dict[str, torch.Tensor], micro: LossOutput, *, tokens: torch.Tensor) -> None:
+    """Fold one micro-batch's metrics into its mini-batch's ``total``, in place (see :data:`SUMMED_METRICS`): a mean
+    adds its value times its units to ``total[k]``, and its units to ``total[k + UNITS]``.
 
     Args:
-        rows, tokens: the micro-batch's shares of the mini-batch's rows and response tokens.
+        micro: the micro-batch's metrics, and the units of those that are not means over its response tokens.
+        tokens: the micro-batch's response tokens, the units of every other mean.
     """
-    for k, v in micro.items():
-        v = v.detach().float()
+    for k, v in micro.metrics.items():
+        v = v.float()
         pick = extremum(k)
         if pick is not None:
             total[k] = pick(total[k], v) if k in total else v
+        elif k in SUMMED_METRICS:
+            total[k] = total.get(k, 0.0) + v
         else:
-            weight = 1.0 if k in SUMMED_METRICS else rows if k in algos.ROW_MEAN_METRICS else tokens
-            total[k] = total.get(k, 0.0) + weight * v
+            units = micro.counts.get(k, tokens)
+            total[k] = total.get(k, 0.0) + units * v
+            total[k + UNITS] = total.get(k + UNITS, 0.0) + units
+
+
+def step_values(sums: dict[str, float], counts: dict[str, int]) -> dict[str, float]:
+    """The step's metrics from its mini-batches' ``sums`` (each summed over the ``counts[k]`` mini-batches that
+    logged it): a mean is its summed value over its summed units (0 where it had none, as ``masked_mean``), any
+    other metric the mean over its mini-batches."""
+    out = {}
+    for k, v in sums.items():
+        if k.endswith(UNITS):
+            continue
+        units = sums.get(k + UNITS)
+        out[k] = v / counts[k] if units is None else v / units if units else 0.0
+    return out
 
 
 def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:
