@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 def advantage_inputs(batch: RolloutBatch) -> AdvantageInputs:
-    """The batch's rewards, group ids and whichever tags it carries, on the batch's device."""
+    """The batch's rewards, group ids, sources and whichever tags it carries, on the batch's device."""
     injected = batch.token.get("injected_mask")
     step_returns = batch.info.get("step_return")
     return AdvantageInputs(
@@ -40,7 +40,7 @@ def advantage_inputs(batch: RolloutBatch) -> AdvantageInputs:
         injected=None if injected is None else (injected * batch.response_mask).sum(1) > 0,
         step_returns=None if step_returns is None else torch.tensor(step_returns, dtype=torch.float32,
                                                                     device=batch.rewards.device),
-        obs_keys=batch.info.get("obs_key"))
+        obs_keys=batch.info.get("obs_key"), source=batch.source)
 
 
 def produced_tags(cfg: Config) -> frozenset[str]:

@@ -481,3 +481,65 @@ def test_a_vision_language_prior_equal_to_the_policy_gives_its_distribution(tmp_
     assert metrics["eapo/injected_token_frac"] > 0
     assert metrics["eapo/js_gated"] < 1e-5  # float rounding of two forwards over the same inputs
     assert metrics["eapo/is_weight_max"] == pytest.approx(1.0, abs=1e-4)
+
+
+def clean_baseline_reference(rewards, group_ids, clean, eps=1e-6):
+    """docs/methods/eapo.md's clean baseline, row by row in float64: each group's rows against the mean (and std,
+    when there are two unequal ones) of its ``clean`` rows."""
+    adv = torch.zeros(len(rewards), dtype=torch.float64)
+    for gid in group_ids.unique():
+        rows = group_ids == gid
+        r, c = rewards[rows].double(), clean[rows]
+        if len(r) < 2 or r.max() == r.min():
+            continue
+        mean = r[c].mean() if c.any() else r.mean()
+        std = r[c].std() if c.sum() >= 2 and r[c].max() > r[c].min() else r.std()
+        adv[rows] = (r - mean) / (std + eps)
+    return adv
+
+
+def test_with_armor_anchors_the_loss_metrics_and_clean_baseline_count_only_the_rows_the_policy_sampled(
+        tmp_path, tiny_policy, prior_dir):
+    """ARMOR's anchors come from the reference, never gated by the prior, correct by construction. The loss's
+    eapo/gated_frac, injected_frac and is_* counted them (weight 1, nothing gated), and clean_baseline took them
+    into the clean rows' mean, the baseline of what the policy reaches alone. One row per micro-batch, so some
+    micro-batches hold an anchor alone."""
+    from tests.trainer.helpers import tiny_config
+    from tether.trainer import Trainer
+
+    cfg = tiny_config(tmp_path, "optim.micro_batch_size=1",
+                      algorithm={"policy_loss": "eapo", "advantage": "clean_baseline"},
+                      rollout={"max_gen_batches": 30},
+                      methods={"armor": {"ref_n": 4}, "eapo": {"prior": str(prior_dir), "threshold": 0.05,
+                                                               "budget": 1, "mix_lambda": 0.1}})
+    model, tok = tiny_policy
+    trainer = Trainer(cfg, policy=copy.deepcopy(model), tokenizer=tok)
+    seen = {}
+    update = trainer.update
+
+    def keep(batch):  # pi_old: the policy before its one optimiser step
+        seen["batch"], seen["old"] = batch, trainer.log_probs(trainer.policy, batch).double()
+        return update(batch)
+
+    trainer.update = keep
+    metrics = trainer.train_step()
+    batch, old = seen["batch"], seen["old"]
+    mask = batch.response_mask > 0
+    on = (batch.source == 0)[:, None] & mask
+    gated, injected = batch.token["gate_mask"] > 0, batch.token["injected_mask"] > 0
+    assert (batch.source == 1).any() and (gated & on).any()
+    assert metrics["eapo/gated_frac"] == pytest.approx(((gated & on).sum() / on.sum()).item(), abs=1e-6)
+    assert metrics["eapo/injected_frac"] == pytest.approx(((injected & on).sum() / on.sum()).item(), abs=1e-6)
+    log_w = torch.where(gated & on, old - batch.sample_log_probs.double(), torch.zeros_like(old)).sum(1)
+    rows = on.any(1)
+    assert metrics["eapo/is_weight_mean"] == pytest.approx(log_w[rows].exp().clamp(max=2.0).mean().item(), abs=1e-5)
+    assert metrics["eapo/is_trunc_frac"] == pytest.approx((log_w[rows].exp() > 2.0).double().mean().item(), abs=1e-6)
+
+    injected_rows = (injected & mask).any(1)
+    clean = (batch.source == 0) & ~injected_rows
+    assert injected_rows.any() and clean.any()
+    want = clean_baseline_reference(batch.rewards, batch.group_ids, clean)
+    with_anchors = clean_baseline_reference(batch.rewards, batch.group_ids, ~injected_rows)
+    assert (want - with_anchors).abs().max() > 0.1  # the anchors would move the baseline
+    got = batch.token["advantages"].double()[:, 0]  # every row has a first response token
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

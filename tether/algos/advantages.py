@@ -240,15 +240,16 @@ def gigpo(inputs: AdvantageInputs, *, mode: str = "mean_std_norm", eps: float = 
 def clean_baseline(inputs: AdvantageInputs, *, scale: bool = True, eps: float = 1e-6) -> AdvantageOutput:
     """Group-relative advantages whose baseline comes from the rollouts without injection (EAPO, RECONSTRUCTED).
 
-    For each group with ``k`` non-injected ("clean") rollouts, every rollout (injected ones included,
-    unclipped) gets ``(R_i - mean_clean) / (s + eps)`` (``R_i - mean_clean`` without ``scale``, as
+    For each group with ``k`` "clean" rollouts, sampled by the policy alone (no injected token, and not another
+    sampler's row: ARMOR's anchors come from the reference, correct by construction), every rollout (injected ones
+    and anchors included, unclipped) gets ``(R_i - mean_clean) / (s + eps)`` (``R_i - mean_clean`` without ``scale``, as
     Dr.GRPO), where ``s`` is the unbiased std of the clean rewards, or of the whole group's rewards
     when ``k < 2`` or the clean rewards are all equal (then the clean std is 0 and an injected success
     would get ``1 / eps``). A group with ``k = 0`` is plain GRPO (mean over all rollouts); a group of one gets 0.
     Adapted from LUFFY's ``compute_mixedpolicy_grpo_outcome_advantage`` (docs/methods/eapo.md).
 
     Args:
-        inputs: needs ``injected``, the rows with at least one injected token.
+        inputs: needs ``injected``, the rows with at least one injected token; reads ``source``.
         scale: divide by the std (GRPO) or not (Dr.GRPO).
         eps: added to the std.
 
@@ -258,11 +259,12 @@ def clean_baseline(inputs: AdvantageInputs, *, scale: bool = True, eps: float = 
     """
     rewards, group_ids = inputs.rewards, inputs.group_ids
     injected = inputs.require("injected", "clean_baseline")
+    by_policy = torch.ones_like(injected) if inputs.source is None else inputs.source == 0
     adv = torch.zeros_like(rewards)
     from_clean = torch.zeros_like(injected)
     for gid in group_ids.unique().tolist():
         rows = group_ids == gid
-        r, clean = rewards[rows].double(), ~injected[rows]  # float64: see _group_stats
+        r, clean = rewards[rows].double(), (by_policy & ~injected)[rows]  # float64: see _group_stats
         if int(rows.sum()) < 2:
             continue  # a group of one has no baseline: advantage 0, as the other estimators
         from_clean[rows] = bool(clean.any())

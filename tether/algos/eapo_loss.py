@@ -50,15 +50,30 @@ def _correction_weights(inputs: LossInputs, correction: str, cap: float) -> tupl
     return raw.clamp(max=cap), raw, units
 
 
-def _weight_metrics(weights: Tensor, raw: Tensor, cap: float, units: Tensor) -> dict[str, Tensor]:
+Metrics = tuple[dict[str, Tensor], dict[str, Tensor]]  # metrics and the units of each mean (LossOutput.counts)
+
+
+def _weight_metrics(weights: Tensor, raw: Tensor, cap: float, units: Tensor) -> Metrics:
     """Mean, max, normalised ESS ``(sum w)^2 / (n sum w^2)`` and truncated fraction over ``units``."""
     ess = masked_mean(weights, units).square() / masked_mean(weights.square(), units).clamp(min=1e-30)
-    return {
+    metrics = {
         "eapo/is_weight_mean": masked_mean(weights, units),
         "eapo/is_weight_max": masked_max(weights, units),
         "eapo/is_ess": ess,
         "eapo/is_trunc_frac": masked_mean((raw > cap).to(units.dtype), units),
     }
+    return metrics, dict.fromkeys(("eapo/is_weight_mean", "eapo/is_ess", "eapo/is_trunc_frac"), units.sum())
+
+
+def _fraction_metrics(inputs: LossInputs, guided: Tensor) -> Metrics:
+    """``eapo/gated_frac`` and ``eapo/injected_frac`` over ``guided`` tokens."""
+    metrics, counts = {}, {}
+    for name, field in (("gated_frac", "gate_mask"), ("injected_frac", "injected_mask")):
+        value = inputs.tokens.get(field)
+        metrics[f"eapo/{name}"] = masked_mean((value > 0).to(guided.dtype), guided) if value is not None \
+            else guided.new_zeros(())
+        counts[f"eapo/{name}"] = guided.sum()
+    return metrics, counts
 
 
 @register_policy_loss("eapo")
@@ -79,7 +94,9 @@ def eapo(inputs: LossInputs, *, agg: str = "token-mean", correction: str = "seq_
     Metrics, besides ``actor/*``: ``eapo/is_weight_{mean,max}``, ``eapo/is_ess`` (normalised effective
     sample size) and ``eapo/is_trunc_frac`` (weights above ``cap`` before truncation), over sequences
     for ``seq_gated``, tokens for ``token`` and ``none``, and of ``pi_theta / mu`` over injected tokens
-    for ``split`` (never truncated); ``eapo/gated_frac`` and ``eapo/injected_frac`` of response tokens.
+    for ``split`` (never truncated); ``eapo/gated_frac`` and ``eapo/injected_frac`` of response tokens. All of
+    them count only the rows the policy sampled (``source`` 0, every row when ``source`` is None): the prior gated
+    those, while the rows another sampler drew (ARMOR's anchors, ``source`` 1) have weight 1 by construction.
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"eapo correction must be one of {', '.join(CORRECTIONS)}; got '{correction}'")
@@ -104,9 +121,7 @@ def eapo(inputs: LossInputs, *, agg: str = "token-mean", correction: str = "seq_
     loss = aggregate(inputs.weighted(loss_mat), mask, agg, **agg_kwargs(inputs))
     metrics = surrogate_metrics(s, log_ratio.detach(), inputs.advantages, mask)
     with torch.no_grad():
-        metrics.update(_weight_metrics(weights, raw, cap, units))
-        for name, field in (("gated_frac", "gate_mask"), ("injected_frac", "injected_mask")):
-            value = inputs.tokens.get(field)
-            metrics[f"eapo/{name}"] = masked_mean((value > 0).to(mask.dtype), mask) if value is not None \
-                else mask.new_zeros(())
-    return LossOutput(loss, metrics)
+        policy_rows = mask.new_ones(mask.shape[0]) if inputs.source is None else (inputs.source == 0).to(mask.dtype)
+        is_metrics, is_counts = _weight_metrics(weights, raw, cap, units * policy_rows[:, None])
+        fractions, fraction_counts = _fraction_metrics(inputs, mask * policy_rows[:, None])
+    return LossOutput(loss, {**metrics, **is_metrics, **fractions}, {**is_counts, **fraction_counts})

@@ -31,6 +31,8 @@ class AdvantageInputs:
         step_returns: discounted env return from the row's turn on (the agent loop, ``env.step_gamma``). [N] float
         obs_keys: the observation each row acted on (the agent loop); rows of a group with equal keys form a
             GiGPO step group. N strings
+        source: who sampled each row (``RolloutBatch.source``): 0 the policy, 1 the reference (ARMOR's anchors);
+            None: the policy, every row. [N] long
     """
 
     rewards: Tensor
@@ -38,10 +40,11 @@ class AdvantageInputs:
     injected: Tensor | None = None
     step_returns: Tensor | None = None
     obs_keys: Sequence[str] | None = None
+    source: Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.rewards.shape[0]
-        for name in ("group_ids", *ADVANTAGE_TAGS):
+        for name in ("group_ids", "source", *ADVANTAGE_TAGS):
             value = getattr(self, name)
             if value is not None and len(value) != n:
                 raise ValueError(f"AdvantageInputs.{name} has {len(value)} rows, expected {n} (the rows of rewards)")
