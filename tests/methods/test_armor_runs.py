@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.distributed.helpers import fixed_batch
 from tests.engine.helpers import COPY_ENGINE
+from tests.trainer.helpers import ANCHORS, update_with_anchors
 from tether.config import ConfigError, config_command, load_config
 from tether.engine import ENGINES
 from tether.recipes.armor import run_two_stage
@@ -279,3 +281,24 @@ def test_two_stage_recipe_starts_stage_two_from_the_best_checkpoint(tiny, tmp_pa
     written = load_config(tmp_path / "s2" / "config.yaml")
     assert written.model.name == str(best) and written.model.ref_name is None
     assert earlier_alive == [[], [False]]  # stage 1's trainer (models, optimiser, engines) was freed first
+
+
+def test_the_losss_kl_metrics_are_over_their_own_tokens_whatever_the_micro_batches(tmp_path, tiny_policy):
+    """armor/loss_kl_on_ref is a mean over anchor tokens, armor/loss_kl_on_old over on-policy ones; folded by
+    response tokens, every micro-batch without an anchor added its 0 to kl_on_ref (and each anchor alone its 0 to
+    kl_on_old): with one row per micro-batch kl_on_ref was -0.078 against -0.319 over the anchor tokens, and
+    kl_on_old 0.395 against 0.522 over the on-policy ones (-0.148 and 0.584 with one micro-batch per mini-batch)."""
+    batch = fixed_batch()
+    mask = batch.response_mask > 0
+    anchors = torch.zeros(len(batch), dtype=torch.bool)
+    anchors[ANCHORS] = True
+    g = torch.Generator().manual_seed(2)
+    old = -torch.rand(mask.shape, generator=g, dtype=torch.float64) * 3
+    ref = old - torch.rand(mask.shape, generator=g, dtype=torch.float64) * 2 + 0.5
+    want = {"armor/loss_kl_on_old": (old - ref)[mask & ~anchors[:, None]].mean(),  # k1 of KL(pi_old || pi_ref)
+            "armor/loss_kl_on_ref": (ref - old)[mask & anchors[:, None]].mean()}   # k1 of KL(pi_ref || pi_old)
+    for micro in (1, 5):
+        got = update_with_anchors(tiny_policy, tmp_path / str(micro), micro, "algorithm.policy_loss=armor",
+                                  "algorithm.use_ref=true", old_log_probs=old, ref_log_probs=ref)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value.item(), abs=1e-5), (micro, key)

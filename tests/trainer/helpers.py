@@ -1,13 +1,17 @@
-"""A tiny-config builder shared by the trainer tests, on the built-in ``parity`` task."""
+"""A tiny-config builder shared by the trainer tests, on the built-in ``parity`` task, and an update of a fixed batch
+with anchors."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import multiprocessing
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from tether.checks import load_checked_config
 from tether.config import Config
@@ -52,3 +56,29 @@ def lock_held_elsewhere(run_dir: Path) -> Iterator[int]:
     finally:
         holder.kill()
         holder.join()
+
+
+ANCHORS = [1, 3, 7]  # rows of tests.distributed.helpers.fixed_batch marked as ARMOR's anchors (source 1)
+
+
+def update_with_anchors(policy: Any, run_dir: Path, micro_batch_size: int, *overrides: str,
+                        sample_log_probs: torch.Tensor | None = None, **tokens: torch.Tensor) -> dict[str, float]:
+    """The metrics of one update (two mini-batches of 5 rows) of the fixed batch with :data:`ANCHORS` as anchors,
+    in micro-batches of ``micro_batch_size`` rows: ``tokens`` (e.g. ``old_log_probs``, ``ref_log_probs``, float64
+    ``[10, 6]``) and ``sample_log_probs`` replace what scoring and the engine gave, so every metric follows from
+    them."""
+    from tests.distributed.helpers import UPDATE, fixed_batch
+    from tether.trainer import Trainer
+
+    model, tok = policy
+    trainer = Trainer(tiny_config(run_dir, *UPDATE, f"optim.micro_batch_size={micro_batch_size}", *overrides),
+                      policy=copy.deepcopy(model), tokenizer=tok)
+    batch = fixed_batch()
+    batch.source[ANCHORS] = 1
+    trainer.score(batch)
+    for name, value in tokens.items():
+        batch.token[name] = value.float() * batch.response_mask
+    if sample_log_probs is not None:
+        batch.sample_log_probs = sample_log_probs.float() * batch.response_mask
+    trainer.compute_advantages(batch)
+    return trainer.update(batch)

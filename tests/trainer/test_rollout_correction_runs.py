@@ -8,8 +8,9 @@ import copy
 import pytest
 import torch
 
+from tests.distributed.helpers import fixed_batch
 from tests.engine.helpers import CopyEngine
-from tests.trainer.helpers import tiny_config
+from tests.trainer.helpers import ANCHORS, tiny_config, update_with_anchors
 from tether.algos import LossOutput, register_policy_loss
 from tether.algos.registry import POLICY_LOSSES
 from tether.config import ConfigError, ParityConfig, RolloutConfig
@@ -141,29 +142,21 @@ def test_corrected_token_means_are_over_every_corrected_token_whatever_the_micro
     micro-batches weighted by response tokens and over mini-batches equally, so a micro-batch of one anchor, whose
     means are 0, pulled them toward 0: with one row per micro-batch weight_mean was 0.81 against 1.10 over the
     corrected tokens (masked_frac 0.28 against 0.39), and 1.12 with one micro-batch per mini-batch."""
-    from tests.distributed.helpers import UPDATE, fixed_batch
-
     batch = fixed_batch()
-    batch.source[[1, 3, 7]] = 1
+    anchors = torch.zeros(len(batch), dtype=torch.bool)
+    anchors[ANCHORS] = True
     g = torch.Generator().manual_seed(1)
     old = -torch.rand(batch.response_mask.shape, generator=g, dtype=torch.float64) * 3
     log_ratio = torch.rand(old.shape, generator=g, dtype=torch.float64) * 3.5 - 1.5  # exp: 0.22 to 7.4
-    corrected = (batch.response_mask > 0) & (batch.source == 0)[:, None]
+    corrected = (batch.response_mask > 0) & ~anchors[:, None]
     ratio = log_ratio.exp()
     weight = torch.where((ratio >= 0.5) & (ratio <= 5.0), ratio, torch.zeros_like(ratio))  # icepop's defaults
     want = {"rollout_corr/weight_mean": weight[corrected].mean(), "rollout_corr/masked_frac": (weight == 0)[corrected]
             .double().mean(), "rollout_corr/kl_k1": -log_ratio[corrected].mean(),
             "rollout_corr/kl_k3": (ratio - 1 - log_ratio)[corrected].mean()}
     assert 0.05 < want["rollout_corr/masked_frac"] < 0.5
-    model, tok = tiny_policy
     for micro in (1, 5):
-        trainer = Trainer(tiny_config(tmp_path / str(micro), *UPDATE, f"optim.micro_batch_size={micro}",
-                                      "rollout.correction.mode=icepop"), policy=copy.deepcopy(model), tokenizer=tok)
-        rows = batch.select(range(len(batch)))
-        trainer.score(rows)
-        rows.token["old_log_probs"] = old.float() * rows.response_mask
-        rows.sample_log_probs = (old - log_ratio).float() * rows.response_mask
-        trainer.compute_advantages(rows)
-        got = trainer.update(rows)
+        got = update_with_anchors(tiny_policy, tmp_path / str(micro), micro, "rollout.correction.mode=icepop",
+                                  old_log_probs=old, sample_log_probs=old - log_ratio)
         for key, value in want.items():
             assert got[key] == pytest.approx(value.item(), abs=1e-5), (micro, key)

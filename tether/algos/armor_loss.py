@@ -56,8 +56,9 @@ def armor(inputs: LossInputs, *, agg: str = "token-mean", alpha: float = 0.9375,
     Metrics, besides ``actor/*`` (whose ratio is ``r_mix``):
         ``armor/mix_ratio_{mean,min,max}``; ``armor/grad_weight_{mean,min}``, the weight
         ``a pi_theta / (a pi_theta + (1-a) pi_ref)`` that scales each token's gradient (1 where unmixed);
-        ``armor/loss_kl_on_old`` (k1 reverse KL of pi_old to pi_ref on on-policy rows), ``armor/loss_kl_on_ref``
-        (k1 forward KL on anchor rows), ``armor/anchor_frac`` (fraction of rows with source 1).
+        ``armor/loss_kl_on_old`` (k1 reverse KL of pi_old to pi_ref over on-policy tokens), ``armor/loss_kl_on_ref``
+        (k1 forward KL over anchor tokens), ``armor/anchor_frac`` (fraction of rows with source 1); the last three
+        with their units in ``counts``.
     """
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"armor alpha must be in (0, 1], got {alpha}")
@@ -84,14 +85,17 @@ def armor(inputs: LossInputs, *, agg: str = "token-mean", alpha: float = 0.9375,
     with torch.no_grad():
         weight = torch.where(mixed, (inputs.log_probs + math.log(alpha) - new).exp(), torch.ones_like(new))
         anchor_tokens = mask * is_anchor
+        policy_tokens = mask - anchor_tokens
         metrics.update({
             "armor/mix_ratio_mean": masked_mean(s.ratio, mask),
             "armor/mix_ratio_min": masked_min(s.ratio, mask),
             "armor/mix_ratio_max": masked_max(s.ratio, mask),
             "armor/grad_weight_mean": masked_mean(weight, mask),
             "armor/grad_weight_min": masked_min(weight, mask),
-            "armor/loss_kl_on_old": reverse_kl_estimate(inputs.old_log_probs, ref, mask - anchor_tokens),
+            "armor/loss_kl_on_old": reverse_kl_estimate(inputs.old_log_probs, ref, policy_tokens),
             "armor/loss_kl_on_ref": forward_kl_estimate(inputs.old_log_probs, ref, anchor_tokens),
             "armor/anchor_frac": (source == 1).to(mask.dtype).mean(),
         })
-    return LossOutput(loss, metrics, counts={"armor/anchor_frac": mask.new_tensor(mask.shape[0])})
+    counts = {"armor/anchor_frac": mask.new_tensor(mask.shape[0]), "armor/loss_kl_on_old": policy_tokens.sum(),
+              "armor/loss_kl_on_ref": anchor_tokens.sum()}
+    return LossOutput(loss, metrics, counts)

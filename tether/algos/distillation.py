@@ -35,8 +35,8 @@ def seed_opd_loss(log_probs: Tensor, teacher_log_probs: Tensor, mask: Tensor, *,
     Returns:
         ``LossOutput`` with metrics ``seed/opd_delta_mean`` (mean ``delta``), ``seed/opd_gate_mean``,
         ``seed/opd_gate_active_ratio`` (fraction of active tokens the skill raised, ``g > 0.5``) and
-        ``seed/opd_active_token_ratio`` (fraction of all ``[B, T]`` positions with ``m > 0``); all 0 if
-        nothing is active.
+        ``seed/opd_active_token_ratio`` (fraction of all ``[B, T]`` positions with ``m > 0``), each with its units
+        (active tokens, positions) in ``counts``; all 0 if nothing is active.
     """
     teacher = teacher_log_probs.detach()
     with torch.no_grad():
@@ -53,7 +53,10 @@ def seed_opd_loss(log_probs: Tensor, teacher_log_probs: Tensor, mask: Tensor, *,
         "seed/opd_gate_active_ratio": masked_mean((gate > 0.5).to(mask.dtype), mask),
         "seed/opd_active_token_ratio": (mask > 0).to(log_probs.dtype).mean(),
     }
-    return LossOutput(loss, metrics, counts={"seed/opd_active_token_ratio": mask.new_tensor(mask.numel())})
+    active = mask.sum()
+    counts = {"seed/opd_delta_mean": active, "seed/opd_gate_mean": active, "seed/opd_gate_active_ratio": active,
+              "seed/opd_active_token_ratio": mask.new_tensor(mask.numel())}
+    return LossOutput(loss, metrics, counts)
 
 
 def opd_advantages(log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
@@ -76,10 +79,10 @@ def opd_loss(log_probs: Tensor, teacher_log_probs: Tensor, mask: Tensor, *, agg:
     KL estimate) and its gradient ``-A grad l``, the score-function gradient of the reverse KL.
 
     Returns:
-        ``LossOutput`` with ``opd/reverse_kl`` (token mean of ``l - l_T``).
+        ``LossOutput`` with ``opd/reverse_kl`` (mean of ``l - l_T`` over ``mask``, its units in ``counts``).
     """
     adv = opd_advantages(log_probs, teacher_log_probs)
     per_token = -adv * (log_probs - log_probs.detach()).exp()
     loss = aggregate(per_token, mask, agg, num_tokens=num_tokens, num_seqs=num_seqs,
                      max_response_len=max_response_len)
-    return LossOutput(loss, {"opd/reverse_kl": masked_mean(-adv, mask)})
+    return LossOutput(loss, {"opd/reverse_kl": masked_mean(-adv, mask)}, {"opd/reverse_kl": mask.sum()})
