@@ -137,6 +137,24 @@ def test_kl_penalty_in_the_reward_subtracts_coef_times_the_summed_estimate(tiny_
     assert metrics["reward/kl_penalty"] == pytest.approx(penalty.mean().item(), abs=2e-5)
 
 
+def test_kl_penalty_in_the_reward_scores_each_policy_once(tiny_policy, tmp_path):
+    """With two mini-batches pi_old is scored for the update anyway: the penalty reuses it (a second policy pass over
+    the whole batch was computed and thrown away), so each of the policy and the reference is scored once."""
+    trainer = trainer_for(tiny_policy, tmp_path, "algorithm.kl.coef=0.05", "algorithm.kl.in_reward=true",
+                          "optim.mini_batches=2")
+    batch = fixed_batch(trainer)
+    scored = []
+    log_probs = trainer.log_probs
+
+    def counting(model, *args, **kwargs):
+        scored.append("policy" if model is trainer.policy else "reference")
+        return log_probs(model, *args, **kwargs)
+
+    trainer.log_probs = counting
+    trainer.score(batch)
+    assert sorted(scored) == ["policy", "reference"]
+
+
 # -- 2+3. the rollout correction's weights in the loss ---------------------------------------------------------
 
 # mu's log-prob minus pi_old's, per response column: mostly mu above pi_old (the engine sampled these tokens), so the

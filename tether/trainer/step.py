@@ -123,7 +123,8 @@ class StepPhases:
         metrics = self.methods.on_score(batch, self.hook_context())
         kl = self.cfg.algorithm.kl
         if kl.in_reward and kl.coef > 0:
-            batch.token.setdefault("old_log_probs", self.log_probs(self.policy, batch))
+            if "old_log_probs" not in batch.token:  # not setdefault: its argument, a whole policy pass, always runs
+                batch.token["old_log_probs"] = self.log_probs(self.policy, batch)
             per_token = algos.kl_estimate(batch.token["old_log_probs"], batch.token["ref_log_probs"], kl.estimator)
             penalty = (per_token * batch.response_mask).sum(1)
             batch.rewards = batch.rewards - kl.coef * penalty
