@@ -70,6 +70,24 @@ def test_a_row_longer_than_the_budget_runs_alone(tiny_policy, tmp_path, monkeypa
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * want.abs().max().item())
 
 
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_one_row_micro_batches_give_the_one_micro_batch_gradient(tiny_policy, tmp_path, monkeypatch, mode):
+    """Ten one-row micro-batches accumulate the gradient of one micro-batch of all ten rows, under every aggregation:
+    each divides by the whole mini-batch's token and row counts (Dr.GRPO's by the generation budget), for the policy
+    loss with dual clip, the entropy bonus and the KL term alike. (A micro-batch dividing by its own counts gives each
+    row's tokens the weight of the whole batch's.)"""
+    monkeypatch.setattr(forward, "_can_pack", lambda model: False)
+    extra = (f"algorithm.loss_agg={mode}", "algorithm.loss_kwargs={dual_clip: 3.0}")
+    want, want_metrics, _ = update(float64_trainer(tiny_policy, tmp_path / "one", *extra))
+    got, got_metrics, shapes = update(float64_trainer(tiny_policy, tmp_path / "ten", "optim.micro_batch_size=1",
+                                                      *extra))
+    assert [n for n, _ in shapes] == [1] * 10
+    assert want.abs().max() > 1e-3
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * want.abs().max().item())
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac"):
+        assert got_metrics[key] == pytest.approx(want_metrics[key], rel=1e-6, abs=1e-6), key  # summed in float32
+
+
 def test_length_grouped_scoring_equals_the_padded_forward(tiny_policy, tmp_path, monkeypatch):
     """Old and reference log-probs in budget groups, each cut to its longest response, against one padded pass."""
     monkeypatch.setattr(forward, "_can_pack", lambda model: False)
