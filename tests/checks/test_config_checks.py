@@ -92,6 +92,12 @@ def warnings_of(data: dict) -> list[str]:
     ({"methods": {"seed": {}}}, r"^methods\.seed analyses multi-turn trajectories"),
     ({**ENV, "methods": {"seed": {}, "opsd": {}}}, r"^methods\.seed and methods\.opsd both set the teacher"),
     ({"methods": {"opsd": {}}}, r"^methods\.opsd reads env observations"),
+    # DAPO's overlong penalty: single-turn rows, its buffer inside the budget (else every response pays it)
+    ({"rollout": {"max_new_tokens": 8, "overlong": {"enabled": True}}},
+     r"^rollout\.overlong\.buffer=16 exceeds rollout\.max_new_tokens=8: the penalty would start at -8 tokens, so "
+     r"every response pays it \(one token: 0\.562\); DAPO's buffer lies inside the budget: set buffer <= 8$"),
+    ({**ENV, "rollout": {"overlong": {"enabled": True}}}, r"^rollout\.overlong\.enabled=true with env: only "
+                                                          r"single-turn tasks add the overlong penalty"),
     # never saves a best checkpoint
     ({"train": {"best_metric": "val/accuracy"}}, r"^train\.best_metric: 'val/accuracy' is never logged, so no best "
                                                  r"checkpoint would ever be saved; validation logs: val/avg@k"),

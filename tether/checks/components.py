@@ -236,6 +236,22 @@ def check_ignore_eos(cfg: Config, found: Findings) -> None:
                           "(anchors, injections, analyses) would still end at EOS; allowed with methods: false")
 
 
+def check_overlong(cfg: Config, found: Findings) -> None:
+    """``rollout.overlong``: DAPO's length penalty, on single-turn rows, its buffer inside the generation budget."""
+    o, budget = cfg.rollout.overlong, cfg.rollout.max_new_tokens
+    if not o.enabled:
+        return
+    if cfg.env is not None:
+        raise ConfigError("rollout.overlong.enabled=true with env: only single-turn tasks add the overlong penalty, "
+                          "so an episode's rows would train without it; allowed with env: false")
+    if o.buffer > budget:
+        start = budget - o.buffer
+        raise ConfigError(f"rollout.overlong.buffer={o.buffer} exceeds rollout.max_new_tokens={budget}: the penalty "
+                          f"would start at {start} tokens, so every response pays it (one token: "
+                          f"{(1 - start) / o.buffer * o.penalty:.3g}); DAPO's buffer lies inside the budget: set "
+                          f"buffer <= {budget}")
+
+
 def check_rollout_staleness(cfg: Config, found: Findings) -> None:
     """``rollout.max_staleness > 0``: one process, no method, a correction for the stale samples."""
     k = cfg.rollout.max_staleness
@@ -316,5 +332,5 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
 
 
 CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype,
-                 check_ignore_eos, check_rollout_staleness, check_engine, check_refill, check_methods, check_saving,
-                 warn_suspicious)
+                 check_ignore_eos, check_overlong, check_rollout_staleness, check_engine, check_refill, check_methods,
+                 check_saving, warn_suspicious)

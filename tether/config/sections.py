@@ -108,8 +108,9 @@ class EnvConfig(Section):
 class OverlongConfig(Section):
     """DAPO's soft overlong punishment: linear from (max_new_tokens - buffer) to max_new_tokens."""
 
-    enabled: bool = Field(False, description="add the overlong penalty to the reward")
-    buffer: int = Field(16, ge=1, description="tokens before rollout.max_new_tokens where the penalty starts")
+    enabled: bool = Field(False, description="add the overlong penalty to the reward (single-turn tasks)")
+    buffer: int = Field(16, ge=1, description="tokens before rollout.max_new_tokens where the penalty starts (at "
+                        "most rollout.max_new_tokens)")
     penalty: float = Field(1.0, ge=0, description="penalty at rollout.max_new_tokens (0 at the buffer's start)")
 
 
