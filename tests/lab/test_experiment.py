@@ -81,6 +81,11 @@ def overlapping_task():
     ({"secondary": ["val/mode/other/share"]}, "no run logs the metric 'val/mode/other/share'"),
     ({"endpoint": {"split": "val", "at": "best"}}, "would report on the split that chose the checkpoint"),
     ({"endpoint": {"split": "test"}}, "has no split 'test'"),
+    # checkpoints/best chosen on the endpoint split, or the endpoint read on the selection split
+    ({"arms": {"low": {"config": "ARM", "overrides": ["val.split=report"]}, "high": {"config": "ARM"}}},
+     "arm 'low': val.split=report makes training validate, and choose checkpoints/best, on the endpoint split"),
+    ({"endpoint": {"split": "report", "overrides": ["val.samples=2", "val.split=val"]}},
+     "endpoint.overrides: 'val.split=val' sets the split the endpoint is read on; set endpoint.split instead"),
     ({"arms": {"low": {"config": "missing.yaml"}, "high": {"config": "ARM"}}},
      "arm 'low' \\(missing.yaml\\): config file 'missing.yaml' does not exist"),
     ({"arms": {"low": {"config": "ARM", "overrides": ["optim.lr=-1"]}, "high": {"config": "ARM"}}},

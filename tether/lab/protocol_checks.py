@@ -23,6 +23,7 @@ def check_protocol(protocol: Protocol) -> None:
     if protocol.endpoint.at == "best" and protocol.endpoint.split == "val":
         raise ConfigError("endpoint.split=val with at=best would report on the split that chose the checkpoint; "
                           "use a separate split (e.g. report)")
+    check_endpoint_overrides(protocol)
     for i, r in enumerate(protocol.requires):
         try:
             other = load_protocol(r.protocol)
@@ -46,9 +47,33 @@ def check_protocol(protocol: Protocol) -> None:
                               "has no checkpoint to read; set val.every or endpoint.at=final")
         check_selection(protocol, arm, cfg)
         if cfg.task is not None:
+            check_selection_split(protocol, arm, cfg)
             check_splits(arm, cfg, protocol.endpoint.split)
         else:
             check_env_split(arm, cfg, protocol.endpoint.split)
+
+
+# Keys that move where validation reads: the endpoint split is endpoint.split, never an evaluation override
+SPLIT_KEYS = ("val.split", "env.kwargs.eval_split")
+
+
+def check_endpoint_overrides(protocol: Protocol) -> None:
+    """No endpoint override names the split: the evaluation's own ``val.split=<endpoint.split>`` comes first, so
+    ``val.split=val`` there would read the endpoint on the selection split while the report says ``report``."""
+    for override in protocol.endpoint.overrides:
+        key = override.split("=", 1)[0].strip()
+        if key in SPLIT_KEYS:
+            raise ConfigError(f"endpoint.overrides: {override!r} sets the split the endpoint is read on; set "
+                              "endpoint.split instead")
+
+
+def check_selection_split(protocol: Protocol, arm: str, cfg: Config) -> None:
+    """Training validates on ``val.split`` (the selection split): with ``at: best`` it must not be the endpoint
+    split, or checkpoints/best (and health.collapse's stop) would be chosen on the prompts the endpoint reports."""
+    if protocol.endpoint.at == "best" and cfg.val.split == protocol.endpoint.split:
+        raise ConfigError(f"arm {arm!r}: val.split={cfg.val.split} makes training validate, and choose "
+                          f"checkpoints/best, on the endpoint split {protocol.endpoint.split!r}; leave val.split on "
+                          "the selection split (val)")
 
 
 def check_selection(protocol: Protocol, arm: str, cfg: Config) -> None:
@@ -108,11 +133,12 @@ def val_metric_names(cfg: Config) -> tuple[str, ...]:
 
 
 def check_splits(arm: str, cfg: Config, endpoint_split: str) -> None:
-    """The task's train, selection and endpoint splits exist and share no prompt."""
+    """The task's train, selection (``val.split``, which training validates on) and endpoint splits exist and share
+    no prompt."""
     from tether.tasks import make_task, task_split
 
     task = make_task(cfg.task.name, **cfg.task.kwargs)
-    names = list(dict.fromkeys(["train", "val", endpoint_split]))
+    names = list(dict.fromkeys(["train", cfg.val.split, endpoint_split]))
     prompts = {}
     for name in names:
         try:
