@@ -262,12 +262,13 @@ def test_the_cli_refuses_a_dirty_tree_unless_allowed_and_publishes(tmp_path, mon
 
 def test_the_reports_intervals_p_values_and_mde_match_scipy(tmp_path, monkeypatch):
     """Every number of the primary endpoint's tables against scipy: each arm's 95% t interval over its seeds, and
-    each paired comparison's interval, raw p (the paired t test) and MDE (80% power, df n - 1)."""
+    each paired comparison's interval, raw p (the paired t test) and MDE (80% power, df n - 1: the difference at
+    which scipy's noncentral t gives the test power 0.8)."""
     values = {"low": dict(zip(SEEDS, BASE, strict=True)), "high": shifted(0.03, 0.02), "mid": shifted(0.004, 0.01)}
     data = report_of(tmp_path, monkeypatch, values, seeds=SEEDS)
     summary = data["summary"]["val/avg@k"]
     n = len(SEEDS)
-    t975, t80 = scipy_stats.t.ppf(0.975, n - 1), scipy_stats.t.ppf(0.8, n - 1)
+    t975 = scipy_stats.t.ppf(0.975, n - 1)
     for arm, per_seed in values.items():
         x = [per_seed[s] for s in SEEDS]
         low, high = scipy_stats.t.interval(0.95, n - 1, loc=sum(x) / n, scale=scipy_stats.sem(x))
@@ -281,9 +282,11 @@ def test_the_reports_intervals_p_values_and_mde_match_scipy(tmp_path, monkeypatc
         assert (c["ci_low"], c["ci_high"]) == (pytest.approx(low, rel=1e-9), pytest.approx(high, rel=1e-9))
         paired = scipy_stats.ttest_rel([values[arm][s] for s in SEEDS], [values["low"][s] for s in SEEDS])
         assert c["p"] == pytest.approx(paired.pvalue, rel=1e-6)
-        assert c["mde"] == pytest.approx((t975 + t80) * scipy_stats.sem(d), rel=1e-9)
-    # sd of the differences 0.02 and 0.01: MDE = (2.776 + 0.941) x sd / sqrt(5)
-    assert summary["versus_baseline"]["high"]["mde"] == pytest.approx(3.7174 * 0.02 / math.sqrt(5), rel=1e-4)
+        noncentrality = c["mde"] / scipy_stats.sem(d)
+        power = scipy_stats.nct.sf(t975, n - 1, noncentrality) + scipy_stats.nct.cdf(-t975, n - 1, noncentrality)
+        assert power == pytest.approx(0.8, abs=1e-7)
+    # sd of the differences 0.02 and 0.01: MDE = 3.7611 x sd / sqrt(5) (the shortcut t_0.975 + t_0.8 gives 3.717)
+    assert summary["versus_baseline"]["high"]["mde"] == pytest.approx(3.76106 * 0.02 / math.sqrt(5), rel=1e-4)
 
 
 def test_a_compared_arm_without_data_still_counts_in_holms_family(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy import stats
+from scipy import integrate, optimize, stats
 
 POWER = 0.8  # the conventional power of a minimum detectable effect
 ALPHA = 0.05
@@ -63,11 +63,37 @@ def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> Inte
 
 
 def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """Smallest true mean difference a two-sided paired t test at ``alpha`` detects with ``power``:
-    ``(t_{1-alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n)`` (NaN below two seeds)."""
+    """Smallest true mean difference a two-sided paired t test at ``alpha`` detects with ``power``, for differences
+    of standard deviation ``sd`` over ``n`` seeds (NaN below two seeds): ``lambda * sd / sqrt(n)``, where the
+    noncentrality ``lambda`` gives the test that power exactly (:func:`t_test_power`). The textbook shortcut
+    ``(t_{1-alpha/2} + t_{power}) * sd / sqrt(n)`` leaves out the far tail and the noncentral t's extra spread: it
+    is 14% too small with 2 seeds (power 0.73, not 0.8) and 5% with 3; from about 16 seeds the two agree."""
     if n < 2 or math.isnan(sd):
         return math.nan
-    return (stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n)
+    df = n - 1
+    shortcut = stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)  # within a few % of the answer
+    lam = optimize.brentq(lambda x: t_test_power(x, df, alpha) - power, shortcut / 2, 2 * shortcut, xtol=1e-12)
+    return lam * sd / math.sqrt(n)
+
+
+def t_test_power(noncentrality: float, df: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided t test at ``alpha`` with ``df`` degrees of freedom under a noncentral t statistic:
+    ``P(|Z + lambda| > t_crit * sqrt(V / df))``, ``V`` chi-squared with ``df``, integrated over ``V`` (scipy's
+    ``nct`` returns NaN at one degree of freedom beyond a noncentrality of ~12, where 2 seeds need ~16)."""
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    log_norm = (df / 2) * math.log(2) + math.lgamma(df / 2)
+
+    def given(v: float) -> float:
+        if v <= 0:
+            return 0.0
+        density = math.exp((df / 2 - 1) * math.log(v) - v / 2 - log_norm)
+        s = crit * math.sqrt(v / df)
+        # P(Z < -s - lambda) + P(Z > s - lambda), each through erfc to keep the far tail's digits
+        low_tail = math.erfc((s + noncentrality) / math.sqrt(2))
+        high_tail = math.erfc((s - noncentrality) / math.sqrt(2))
+        return density * 0.5 * (low_tail + high_tail)
+
+    return integrate.quad(given, 0, math.inf, limit=200)[0]
 
 
 def paired_p_value(diff: Interval) -> float:
