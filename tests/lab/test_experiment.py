@@ -189,11 +189,14 @@ def test_runs_arms_by_seeds_resumes_and_reports(tmp_path, monkeypatch):
     assert "## Endpoint steps" in report and "p (Holm)" in report
     assert (root / "per_seed.csv").read_text().count("\n") == 5
 
-    # a second invocation skips finished runs; a changed protocol is reported as changed
+    # a second invocation skips finished runs; a changed protocol runs nothing and is reported as changed
     stamps = {p: p.stat().st_mtime_ns for p in root.glob("*/seed*/endpoint.json")}
-    path.write_text(path.read_text().replace("does a higher lr", "does a larger lr"))
-    again = run_experiment(path)
+    run_experiment(path)
     assert {p: p.stat().st_mtime_ns for p in root.glob("*/seed*/endpoint.json")} == stamps
+    path.write_text(path.read_text().replace("does a higher lr", "does a larger lr"))
+    with pytest.raises(ConfigError, match=r"since then the protocol .* changed"):
+        run_experiment(path)
+    again = run_experiment(path, report_only=True)
     assert again["registration"]["protocol_changed"] and not again["registration"]["arms_changed"]
     assert "protocol changed: **True**" in (root / "report.md").read_text()
 

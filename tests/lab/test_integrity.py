@@ -99,6 +99,30 @@ def test_the_lock_covers_every_arms_resolved_config_and_the_code(tmp_path, monke
     assert "arm configs changed: **mid**" in (tmp_path / "study" / "report.md").read_text()
 
 
+def test_a_study_whose_design_changed_after_locking_starts_no_run(tmp_path, monkeypatch, fake_runner):
+    """A resumed study whose protocol or arm config changed since the lock would run its remaining seeds on another
+    design than the finished ones: it is refused before any run, naming the changed keys; ``parallel`` may change."""
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    path = three_arms(tmp_path)
+    run_experiment(path)
+    fake_runner.trained.clear()
+    config = tmp_path / "arm.yaml"
+    config.write_text(config.read_text().replace("micro_batch_size: 4", "micro_batch_size: 2"))
+    with pytest.raises(ConfigError, match=r"since then arm 'high': optim.micro_batch_size: 4 -> 2; arm 'low': "
+                                          r"optim.micro_batch_size: 4 -> 2; arm 'mid'.*another run_root"):
+        run_experiment(path)
+    assert fake_runner.trained == [] and run_experiment(path, report_only=True)["registration"]["arms_changed"]
+    config.write_text(config.read_text().replace("micro_batch_size: 2", "micro_batch_size: 4"))
+    path.write_text(path.read_text().replace("optim.lr=3e-3", "optim.lr=4e-3"))
+    with pytest.raises(ConfigError, match=r"the protocol .* changed; arm 'mid': optim.lr: 0.003 -> 0.004\. Runs "):
+        run_experiment(path)
+    assert fake_runner.trained == []
+    path.write_text(path.read_text().replace("optim.lr=4e-3", "optim.lr=3e-3").replace("parallel: 2", "parallel: 1"))
+    data = run_experiment(path)  # how many run at once is no part of the design
+    assert data["registration"]["protocol_changed"] and not data["registration"]["design_changed"]
+    assert fake_runner.trained
+
+
 def test_a_run_on_another_commit_or_an_unclean_tree_is_flagged(tmp_path, monkeypatch, fake_runner):
     monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
     path = three_arms(tmp_path)

@@ -218,9 +218,45 @@ def lock_content(protocol: Protocol, path: Path, code: dict[str, Any]) -> dict[s
     protocol_sha = hashlib.sha256(path.read_bytes()).hexdigest()
     covered = {"protocol": protocol_sha, "arms": hashes, "code": {"commit": code["commit"], "clean": code["clean"]}}
     return {"sha256": _sha256(json.dumps(covered, sort_keys=True)),
-            "protocol": {"path": str(path), "sha256": protocol_sha},
+            "protocol": {"path": str(path), "sha256": protocol_sha, "design_sha256": design_sha256(protocol)},
             "arms": {arm: {"sha256": hashes[arm], "config": arms[arm]} for arm in arms},
             "code": covered["code"]}
+
+
+def design_sha256(protocol: Protocol) -> str:
+    """The protocol as parsed, less ``parallel`` (how many runs at once changes no run): what a resumed study may
+    not change."""
+    return _sha256(json.dumps(protocol.model_dump(mode="json", exclude={"parallel"}), sort_keys=True))
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """``key: old -> new`` for each dotted key whose value differs between two resolved configs."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "(absent)"), new.get(key, "(absent)")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def refuse_changed_design(reg: dict[str, Any], protocol: Protocol, path: Path) -> None:
+    """Stop before any run when the protocol or an arm's resolved config differs from the lock: the runs still to
+    start (a resumed study's) would be another design than the finished ones, under one report."""
+    lock, changes = reg["lock"], []
+    if reg["design_changed"]:
+        changes.append(f"the protocol {path} changed")
+    for arm in reg["arms_changed"]:
+        old = lock["arms"].get(arm, {}).get("config", {})
+        diff = config_changes(old, resolved_arm_config(protocol, arm)) if old else ["not in the lock"]
+        changes.append(f"arm {arm!r}: {'; '.join(diff[:5])}" + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else ""))
+    if changes:
+        raise ConfigError(f"{path}: the study under {protocol.run_root} was locked at its first run "
+                          f"({lock.get('started', '?')}), and since then {'; '.join(changes)}. Runs started now "
+                          f"would be another design than those that ran: restore it (the lock {reg['lock_path']} "
+                          "holds each arm's resolved config), or register the change as a new study with another "
+                          "run_root; --report-only reports the runs that exist")
 
 
 def registration(protocol: Protocol, path: Path, code: dict[str, Any], allow_dirty: bool = False) -> dict[str, Any]:
@@ -245,8 +281,11 @@ def registration(protocol: Protocol, path: Path, code: dict[str, Any], allow_dir
         arms_changed = [arm for arm in now["arms"]
                         if first["arms"].get(arm, {}).get("sha256") != now["arms"][arm]["sha256"]]
         protocol_changed = first["protocol"]["sha256"] != now["protocol"]["sha256"]
+    # a lock written before design_sha256 existed compares the file: any edit, `parallel` included, is a change
+    design_changed = (first["protocol"]["design_sha256"] != now["protocol"]["design_sha256"]
+                      if not legacy and "design_sha256" in first["protocol"] else protocol_changed)
     return {"lock_path": str(lock), "lock": first, "legacy": legacy, "registered_commit": registered_commit,
-            "protocol_changed": protocol_changed, "arms_changed": arms_changed,
+            "protocol_changed": protocol_changed, "design_changed": design_changed, "arms_changed": arms_changed,
             "code_now": code, "allow_dirty": allow_dirty, "protocol_committed_now": protocol_committed(path)}
 
 
@@ -308,6 +347,10 @@ def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: 
     failures: list[str] = []
     locate = partial(run_dir, protocol)
     if not report_only:
+        refuse_changed_design(reg, protocol, path)
+        if code["commit"] != reg["registered_commit"]:
+            status(f"the code is at commit {code['commit'][:10]}, not the registered {reg['registered_commit'][:10]}: "
+                   "runs started now are listed in the report under 'Runs not on the registered code'")
         calibration_jobs = [(arm, seed) for seed in protocol.calibration_seeds() for arm in protocol.calibration_arms()]
         failures = run_all(protocol, train_one, calibration_jobs)
     calibration = measure(protocol, locate)
