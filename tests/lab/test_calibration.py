@@ -60,6 +60,11 @@ def test_a_run_not_yet_trained_leaves_the_calibration_incomplete(tmp_path):
     (run_dir(protocol, "high", 1) / "best.txt").unlink()  # trained, but no validation became the best
     result = measure(protocol, locate(protocol))
     assert result["status"] == "incomplete" and "no best.txt" in result["missing"][0]
+    # a NaN validation would compare below any minimum: a failed calibration ends the study as not testable
+    fake_run(protocol, "high", 1, start=0.2, end=float("nan"))
+    result = measure(protocol, locate(protocol))
+    assert result["status"] == "incomplete" and result["missing"][0].endswith(
+        "'val/avg@k' on the selection split at step 1 is nan")
 
 
 class FakeRunner:

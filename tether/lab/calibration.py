@@ -10,12 +10,13 @@ picks (``best.txt`` for ``best``, ``checkpoints/latest`` for ``final``). The mov
 * ``rise``: the arm's endpoint minus its start.
 
 The calibration passes when the mean movement over its seeds reaches ``min_movement``; it is incomplete while a
-run it needs has not finished training or lacks a validation it reads.
+run it needs has not finished training, or lacks a validation it reads, or that validation is not finite.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -109,7 +110,15 @@ def movement(protocol: Protocol, locate: Callable[[str, int], Path], seed: int) 
 
 
 def value_at(directory: Path, metric: str, step: int) -> float:
+    """The metric's selection-split value at ``step``.
+
+    Raises:
+        RuntimeError: no validation there, or a non-finite one (a NaN would compare below any minimum and fail the
+            calibration, which would end the study as not testable).
+    """
     values = selection_values(directory, metric)
     if step not in values:
         raise RuntimeError(f"{directory}: no validation of {metric!r} on the selection split at step {step}")
+    if not math.isfinite(values[step]):
+        raise RuntimeError(f"{directory}: {metric!r} on the selection split at step {step} is {values[step]}")
     return values[step]
