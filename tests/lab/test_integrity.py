@@ -188,6 +188,24 @@ def test_holm_over_the_comparisons_decides_the_labels(tmp_path, monkeypatch):
     assert "| 0.0300 | 0.0600 | **no effect of size delta** |" in report
 
 
+def test_a_nan_endpoint_is_a_failed_run_not_a_nan_arm(tmp_path, monkeypatch):
+    """One NaN endpoint made its arm's mean, interval and comparison NaN (labelled inconclusive), and the study
+    counted as finished; it is a failed run, left out of the statistics, and the study cannot be published."""
+    high = shifted(0.05, 0.01)
+    values = {"low": dict(zip(SEEDS, BASE, strict=True)), "high": {**high, 3: math.nan}, "mid": shifted(0.0, 0.01)}
+    data = report_of(tmp_path, monkeypatch, values, seeds=SEEDS)
+    summary = data["summary"]["val/avg@k"]
+    kept = [high[s] for s in SEEDS if s != 3]
+    assert summary["arms"]["high"]["n"] == 4 and summary["arms"]["high"]["mean"] == pytest.approx(sum(kept) / 4)
+    c = summary["versus_baseline"]["high"]
+    paired = scipy_stats.ttest_rel(kept, [BASE[s] for s in SEEDS if s != 3])
+    assert c["n"] == 4 and c["p"] == pytest.approx(paired.pvalue, rel=1e-9) and c["unpaired"]["baseline_only"] == [3]
+    assert data["failures"] == ["high/seed3: endpoint val/avg@k is nan"]
+    assert "- high/seed3: endpoint val/avg@k is nan" in (tmp_path / "study" / "report.md").read_text()
+    with pytest.raises(ConfigError, match="has not finished"):
+        publish_report(data, tmp_path / "published")
+
+
 def test_unpaired_seeds_are_named_not_dropped(tmp_path, monkeypatch):
     values = {"low": {0: 0.3, 1: 0.3, 2: 0.3}, "high": {0: 0.4, 1: 0.4, 3: 0.5}, "mid": {0: 0.3, 1: 0.31, 2: 0.3}}
     data = report_of(tmp_path, monkeypatch, values, seeds=[0, 1, 2, 3])

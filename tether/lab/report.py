@@ -18,12 +18,21 @@ from tether.lab.protocol import Protocol, arm_config, run_dir
 
 
 def endpoint_values(records: list[dict[str, Any]], metric: str) -> dict[str, dict[int, float]]:
-    """arm -> seed -> the metric's endpoint value."""
+    """arm -> seed -> the metric's endpoint value; a non-finite value is left out (the seed is then unpaired, and
+    for the primary endpoint the run is failed: :func:`nonfinite_endpoints`), as one NaN would make its arm's mean,
+    interval and every comparison with it NaN."""
     out: dict[str, dict[int, float]] = {}
     for r in records:
-        if metric in r["metrics"]:
+        if metric in r["metrics"] and math.isfinite(float(r["metrics"][metric])):
             out.setdefault(r["arm"], {})[r["seed"]] = float(r["metrics"][metric])
     return out
+
+
+def nonfinite_endpoints(protocol: Protocol, records: list[dict[str, Any]]) -> list[str]:
+    """Runs whose primary endpoint is missing or not finite: failed runs (the study is not finished)."""
+    metric = protocol.endpoint.metric
+    return [f"{r['arm']}/seed{r['seed']}: endpoint {metric} is {r['metrics'].get(metric, 'missing')}"
+            for r in records if not math.isfinite(float(r["metrics"].get(metric, math.nan)))]
 
 
 def evaluation_answers(protocol: Protocol) -> int | None:
@@ -302,6 +311,7 @@ def write_report(protocol: Protocol, records: list[dict[str, Any]], reg: dict[st
     """``report.json``, ``report.md``, ``per_seed.csv`` and ``curves.png`` under ``run_root``."""
     root = Path(protocol.run_root)
     root.mkdir(parents=True, exist_ok=True)
+    failures = [*failures, *nonfinite_endpoints(protocol, records)]
     data = {"protocol": protocol.model_dump(), "registration": reg, "answers_per_run": evaluation_answers(protocol),
             "calibration": calibration, "summary": summarise(protocol, records, calibration),
             "endpoint_steps": endpoint_steps(records), "code_flags": code_flags(records, reg["registered_commit"]),
