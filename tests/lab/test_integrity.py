@@ -4,6 +4,7 @@ out of ``at: best``; publishing into the repository (tether/lab)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -121,6 +122,26 @@ def test_a_study_whose_design_changed_after_locking_starts_no_run(tmp_path, monk
     data = run_experiment(path)  # how many run at once is no part of the design
     assert data["registration"]["protocol_changed"] and not data["registration"]["design_changed"]
     assert fake_runner.trained
+
+
+def test_a_file_an_arm_names_is_locked_by_its_content(tmp_path, monkeypatch, fake_runner):
+    """A module in ``imports`` (or a data file, a chat template) outside the checkout is covered by no commit, and
+    the config holds only its path: its content is in the lock, and an edit is a changed arm."""
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("SCALE = 1\n")
+    path = three_arms(tmp_path)
+    config = tmp_path / "arm.yaml"
+    config.write_text(config.read_text() + f"imports: [{plugin}]\n")
+    run_experiment(path)
+    lock = json.loads((tmp_path / "study" / "protocol.lock.json").read_text())
+    assert lock["arms"]["low"]["files"] == {str(plugin): hashlib.sha256(b"SCALE = 1\n").hexdigest()}
+    fake_runner.trained.clear()
+    plugin.write_text("SCALE = 2\n")
+    with pytest.raises(ConfigError, match=f"since then arm 'high': file {plugin} changed; arm 'low'"):
+        run_experiment(path)
+    assert fake_runner.trained == []
+    assert run_experiment(path, report_only=True)["registration"]["arms_changed"] == ["high", "low", "mid"]
 
 
 def test_a_run_on_another_commit_or_an_unclean_tree_is_flagged(tmp_path, monkeypatch, fake_runner):

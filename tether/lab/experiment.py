@@ -210,16 +210,31 @@ def protocol_committed(path: Path) -> bool:
     return tracked.returncode == 0 and dirty.returncode == 0
 
 
+def named_files(config: Any) -> dict[str, str]:
+    """path -> sha256 of each file a resolved config names by a path (``imports``' .py files, a chat template,
+    a task's or SFT's data): their text is not in the config, and outside the checkout no commit covers it.
+    Directories (a checkpoint's weights) are left out."""
+    if isinstance(config, dict):
+        return {k: v for value in config.values() for k, v in named_files(value).items()}
+    if isinstance(config, list):
+        return {k: v for value in config for k, v in named_files(value).items()}
+    if isinstance(config, str) and ("/" in config or "." in config) and Path(config).is_file():
+        return {config: hashlib.sha256(Path(config).read_bytes()).hexdigest()}
+    return {}
+
+
 def lock_content(protocol: Protocol, path: Path, code: dict[str, Any]) -> dict[str, Any]:
     """What the lock covers: the protocol file, every arm's resolved config (its overrides and the runner's,
-    without seed and run directory) and the code (commit, clean tree); ``sha256`` hashes all three."""
+    without seed and run directory) with the files it names (:func:`named_files`), and the code (commit, clean
+    tree); ``sha256`` hashes protocol, configs and code."""
     arms = {arm: resolved_arm_config(protocol, arm) for arm in protocol.arms}
     hashes = {arm: _sha256(json.dumps(cfg, sort_keys=True)) for arm, cfg in arms.items()}
     protocol_sha = hashlib.sha256(path.read_bytes()).hexdigest()
     covered = {"protocol": protocol_sha, "arms": hashes, "code": {"commit": code["commit"], "clean": code["clean"]}}
     return {"sha256": _sha256(json.dumps(covered, sort_keys=True)),
             "protocol": {"path": str(path), "sha256": protocol_sha, "design_sha256": design_sha256(protocol)},
-            "arms": {arm: {"sha256": hashes[arm], "config": arms[arm]} for arm in arms},
+            "arms": {arm: {"sha256": hashes[arm], "config": arms[arm], "files": named_files(arms[arm])}
+                     for arm in arms},
             "code": covered["code"]}
 
 
@@ -241,6 +256,18 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
     return out
 
 
+def arm_changes(locked: dict[str, Any] | None, config: dict[str, Any]) -> list[str]:
+    """What differs between an arm's lock entry and its resolved config now: each changed key, each named file
+    whose content changed (a lock without ``files`` predates their hashes: not compared)."""
+    if locked is None:
+        return ["not in the lock"]
+    files = named_files(config)
+    then = locked.get("files", files)
+    changed_files = [f"file {name} changed" for name in sorted(set(then) | set(files))
+                     if then.get(name) != files.get(name)]
+    return [*config_changes(locked["config"], config), *changed_files]
+
+
 def refuse_changed_design(reg: dict[str, Any], protocol: Protocol, path: Path) -> None:
     """Stop before any run when the protocol or an arm's resolved config differs from the lock: the runs still to
     start (a resumed study's) would be another design than the finished ones, under one report."""
@@ -248,8 +275,7 @@ def refuse_changed_design(reg: dict[str, Any], protocol: Protocol, path: Path) -
     if reg["design_changed"]:
         changes.append(f"the protocol {path} changed")
     for arm in reg["arms_changed"]:
-        old = lock["arms"].get(arm, {}).get("config", {})
-        diff = config_changes(old, resolved_arm_config(protocol, arm)) if old else ["not in the lock"]
+        diff = arm_changes(lock["arms"].get(arm), resolved_arm_config(protocol, arm))
         changes.append(f"arm {arm!r}: {'; '.join(diff[:5])}" + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else ""))
     if changes:
         raise ConfigError(f"{path}: the study under {protocol.run_root} was locked at its first run "
@@ -278,8 +304,7 @@ def registration(protocol: Protocol, path: Path, code: dict[str, Any], allow_dir
         protocol_changed = first["sha256"] != now["protocol"]["sha256"]
     else:
         registered_commit = first["code"]["commit"]
-        arms_changed = [arm for arm in now["arms"]
-                        if first["arms"].get(arm, {}).get("sha256") != now["arms"][arm]["sha256"]]
+        arms_changed = [arm for arm in now["arms"] if arm_changes(first["arms"].get(arm), now["arms"][arm]["config"])]
         protocol_changed = first["protocol"]["sha256"] != now["protocol"]["sha256"]
     # a lock written before design_sha256 existed compares the file: any edit, `parallel` included, is a change
     design_changed = (first["protocol"]["design_sha256"] != now["protocol"]["design_sha256"]
