@@ -81,6 +81,12 @@ def overlapping_task():
     ({"secondary": ["val/mode/other/share"]}, "no run logs the metric 'val/mode/other/share'"),
     ({"endpoint": {"split": "val", "at": "best"}}, "would report on the split that chose the checkpoint"),
     ({"endpoint": {"split": "test"}}, "has no split 'test'"),
+    # a metric whose larger value is not better: a longer response would be labelled "better"
+    ({"endpoint": {"metric": "val/response_length", "split": "report"}, "secondary": []},
+     "endpoint.metric=val/response_length: a larger value is not better"),
+    ({"arms": {"low": {"config": "ARM", "overrides": ["train.best_metric=val/response_length"]},
+               "high": {"config": "ARM"}}},
+     "arm 'low': train.best_metric=val/response_length is not higher-is-better"),
     # checkpoints/best chosen on the endpoint split, or the endpoint read on the selection split
     ({"arms": {"low": {"config": "ARM", "overrides": ["val.split=report"]}, "high": {"config": "ARM"}}},
      "arm 'low': val.split=report makes training validate, and choose checkpoints/best, on the endpoint split"),

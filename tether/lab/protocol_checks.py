@@ -15,6 +15,13 @@ AGENT_VAL_METRICS = ("val/success_rate", "val/avg@k", "val/pass@k", "val/episode
                      "val/invalid_action_frac", "val/hazard_death_frac")
 # per hazard flag an env reports (val/fell_in_hole_frac, val/fell_through_ice_frac): env-specific, so a pattern
 AGENT_FLAG_METRIC = re.compile(r"val/fell_\w+_frac")
+# Validation metrics a larger value of which is not better (lower is, or neither): a label reads a positive
+# difference from the baseline as "better", and at=best keeps the checkpoint with the largest train.best_metric
+NOT_HIGHER_IS_BETTER = ("val/response_length", "val/turns", "val/invalid_action_frac", "val/hazard_death_frac")
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric not in NOT_HIGHER_IS_BETTER and not AGENT_FLAG_METRIC.fullmatch(metric)
 
 
 def check_protocol(protocol: Protocol) -> None:
@@ -24,6 +31,10 @@ def check_protocol(protocol: Protocol) -> None:
         raise ConfigError("endpoint.split=val with at=best would report on the split that chose the checkpoint; "
                           "use a separate split (e.g. report)")
     check_endpoint_overrides(protocol)
+    if not higher_is_better(protocol.endpoint.metric):
+        raise ConfigError(f"endpoint.metric={protocol.endpoint.metric}: a larger value is not better, but the labels "
+                          "read a positive difference from the baseline as better; use a higher-is-better metric "
+                          f"(e.g. val/avg@k, val/success_rate) and list {protocol.endpoint.metric} under secondary")
     for i, r in enumerate(protocol.requires):
         try:
             other = load_protocol(r.protocol)
@@ -39,6 +50,9 @@ def check_protocol(protocol: Protocol) -> None:
             if metric not in known and not (cfg.env is not None and AGENT_FLAG_METRIC.fullmatch(metric)):
                 raise ConfigError(f"arm {arm!r}: no run logs the metric {metric!r}; validation logs: "
                                   f"{', '.join(known)}")
+        if protocol.endpoint.at == "best" and not higher_is_better(cfg.train.best_metric):
+            raise ConfigError(f"arm {arm!r}: train.best_metric={cfg.train.best_metric} is not higher-is-better, but "
+                              "checkpoints/best keeps its largest value; use e.g. val/avg@k or val/success_rate")
         if protocol.endpoint.at == "best" and cfg.train.best_metric not in known:
             raise ConfigError(f"arm {arm!r}: train.best_metric={cfg.train.best_metric!r} is never logged, so no "
                               f"checkpoint would be chosen; use one of {', '.join(known)}")
