@@ -73,6 +73,19 @@ def test_a_function_without_kwargs_gets_only_the_columns_it_names():
     assert [s.reward for s in scores] == [4.0, 3.0]
 
 
+def test_functions_are_called_by_keyword_as_trl_calls_them():
+    """``def f(completions, **kwargs)`` (TRL's examples) and ``def f(completions, solution, **kwargs)`` (TRL's
+    accuracy_reward): refused, and given the prompts as completions, when tether called positionally."""
+    check_reward_terms([RewardTermConfig(fn=f"{M}:completions_only"), RewardTermConfig(fn=f"{M}:solution_match")])
+    items = [TaskItem("q0", None, meta={"columns": {"solution": "yes"}}, id="0"),
+             TaskItem("q1", None, meta={"columns": {"solution": "no"}}, id="1")]
+    task = RewardedTask(Exact(), [term("completions_only"), term("solution_match")], keep_score=False)
+    scores = task.score_batch(items, ["yes", "nope"])
+    assert [s.fault for s in scores] == [False, False]
+    assert [s.components for s in scores] == [{"completions_only": 3.0, "solution_match": 1.0},
+                                              {"completions_only": 4.0, "solution_match": 0.0}]
+
+
 def test_conversational_prompts_get_message_completions():
     items = [TaskItem([{"role": "user", "content": "hi"}], None, id="c")]
     assert RewardedTask(Exact(), [term("length_reward")]).score_batch(items, ["four"])[0].reward == 4.0
@@ -109,7 +122,8 @@ def test_build_task_applies_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"fn": f"{M}:one_arg"}, "takes 1 positional argument"),
+    ({"fn": f"{M}:no_completions"}, "takes no 'completions'; a reward function is called by keyword"),
+    ({"fn": f"{M}:positional_only"}, "requires 'prompts' positionally"),
     ({"fn": f"{M}:scaled", "kwargs": {"scael": 2}}, "takes no keyword 'scael'"),
     ({"fn": f"{M}:lenght_reward"}, "did you mean 'length_reward'"),
     ({"fn": f"{M}:NOT_CALLABLE"}, "not a function or class"),

@@ -36,7 +36,21 @@ def needs_ids(prompts, completions, completion_ids, **kwargs):
     return [float(len(ids)) for ids in completion_ids]
 
 
-def one_arg(completions):
+def completions_only(completions, **kwargs):
+    """TRL's own examples' signature (``reward_len``): no ``prompts``, everything by keyword."""
+    return [float(len(c)) for c in completions]
+
+
+def solution_match(completions, solution, **kwargs):
+    """TRL's ``accuracy_reward`` signature: the completions, then a dataset column, both by keyword."""
+    return [float(c == s) for c, s in zip(completions, solution, strict=True)]
+
+
+def no_completions(prompts, responses):
+    return [0.0] * len(responses)
+
+
+def positional_only(prompts, completions, /):
     return [0.0] * len(completions)
 
 

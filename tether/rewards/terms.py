@@ -1,10 +1,12 @@
 """Reward functions with TRL's signature, ``fn(prompts, completions, **columns) -> list[float | None]``.
 
 A function written for TRL's ``GRPOTrainer(reward_funcs=...)`` works unchanged: it is called once per batch of
-responses; ``prompts`` are the prompts (strings, or ``{role, content}`` message lists for conversational data),
-``completions`` the responses (strings, or ``[{"role": "assistant", "content": ...}]`` for conversational data),
-and every dataset column arrives as a keyword list (``answer=[...]``). A ``None`` in the returned list means "this
-function does not apply to this row" (TRL's convention): the term is 0 there.
+responses, by keyword as TRL calls it (``fn(prompts=..., completions=..., **columns)``, so ``def f(completions,
+**kwargs)`` and ``def f(completions, solution, **kwargs)`` work); ``prompts`` are the prompts (strings, or
+``{role, content}`` message lists for conversational data), ``completions`` the responses (strings, or
+``[{"role": "assistant", "content": ...}]`` for conversational data), and every dataset column arrives as a keyword
+list (``answer=[...]``). A ``None`` in the returned list means "this function does not apply to this row" (TRL's
+convention): the term is 0 there.
 
 What can go wrong is contained per term: a raising function or a list of the wrong length faults every row of the
 batch, a value that is not a finite number faults its row. The caller (:mod:`tether.rewards.task`) gives faulted
@@ -25,7 +27,7 @@ from typing import Any
 from tether.config import ConfigError, RewardTermConfig
 from tether.user_code import resolve_target
 
-#: What TRL passes positionally.
+#: What TRL passes besides the dataset columns, by keyword.
 BATCH_ARGS = ("prompts", "completions")
 #: Keywords TRL passes that tether has no counterpart for (token ids are the engine's, the trainer state TRL's).
 NOT_PASSED = ("completion_ids", "trainer_state")
@@ -46,31 +48,32 @@ class TermResult:
     trace: str | None = None
 
 
-def _accepts(fn: Callable) -> tuple[float, bool, set[str]]:
-    """(positional slots, takes ``**kwargs``, keyword names)."""
+def _accepts(fn: Callable) -> tuple[bool, set[str]]:
+    """(takes ``**kwargs``, the names it takes by keyword)."""
     params = list(inspect.signature(fn).parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    slots = math.inf if any(p.kind is p.VAR_POSITIONAL for p in params) else len(positional)
     var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
     names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return slots, var_kw, names
+    return var_kw, names
 
 
 def check_batch_signature(fn: Callable, kwargs: dict[str, Any], key: str) -> None:
-    """``fn`` can be called as ``fn(prompts, completions, **kwargs)`` plus dataset columns.
+    """``fn`` can be called as TRL calls it, ``fn(prompts=..., completions=..., **columns)``, plus ``kwargs``.
 
     Raises:
-        ConfigError: it takes fewer than two positional arguments, or a configured keyword it does not accept.
+        ConfigError: it takes no ``completions`` keyword (nor ``**kwargs``), requires a positional-only argument,
+            or a configured keyword it does not accept.
     """
     try:
-        slots, var_kw, names = _accepts(fn)
+        var_kw, names = _accepts(fn)
     except (TypeError, ValueError):  # a builtin without a signature: nothing to check
         return
-    if slots < len(BATCH_ARGS):
-        raise ConfigError(f"{key}: {_name(fn)!r} takes {slots} positional argument(s); a "
-                          "reward function takes (prompts, completions, **columns) and returns one float per "
-                          "completion (TRL's reward_funcs signature)")
     params = inspect.signature(fn).parameters
+    positional_only = [n for n, p in params.items() if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if positional_only or not (var_kw or "completions" in names):
+        why = f"requires {positional_only[0]!r} positionally" if positional_only else "takes no 'completions'"
+        raise ConfigError(f"{key}: {_name(fn)!r} {why}; a reward function is called by keyword, "
+                          "fn(prompts=..., completions=..., **columns), and returns one float per completion "
+                          "(TRL's reward_funcs signature)")
     never = [n for n in NOT_PASSED if n in params and params[n].default is inspect.Parameter.empty]
     if never:
         raise ConfigError(f"{key}: {_name(fn)!r} requires {never[0]!r}, which TRL passes and tether does not; give it "
@@ -115,16 +118,22 @@ class RewardTerm:
             check_batch_signature(target, spec.kwargs, f"{key}.fn")
             self.fn, self.kwargs = target, dict(spec.kwargs)
 
-    def _columns(self, columns: dict[str, list]) -> dict[str, list]:
-        """All columns for a function taking ``**kwargs`` (TRL passes them all), else those it names."""
-        _, var_kw, names = _accepts(self.fn)
-        return dict(columns) if var_kw else {k: v for k, v in columns.items() if k in names}
+    def _arguments(self, prompts: Sequence[Any], completions: Sequence[Any],
+                   columns: dict[str, list]) -> dict[str, Any]:
+        """The call's keywords: everything for a function taking ``**kwargs`` (TRL passes it all), else what it
+        names (a column named ``prompts`` or ``completions`` loses to the batch's own, as in TRL)."""
+        given = {**columns, **self.kwargs, "prompts": list(prompts), "completions": list(completions)}
+        try:
+            var_kw, names = _accepts(self.fn)
+        except (TypeError, ValueError):  # a builtin without a signature: it gets everything
+            return given
+        return given if var_kw else {k: v for k, v in given.items() if k in names}
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list]) -> TermResult:
         """The function's values for one batch, faults contained (never raises)."""
         n = len(completions)
         try:
-            out = self.fn(list(prompts), list(completions), **{**self._columns(columns), **self.kwargs})
+            out = self.fn(**self._arguments(prompts, completions, columns))
         except Exception as error:  # a bug in a reward function costs its rows, not the run
             message = f"{type(error).__name__}: {error}"
             return TermResult([0.0] * n, [message] * n, traceback.format_exc())
