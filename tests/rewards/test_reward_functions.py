@@ -86,6 +86,20 @@ def test_functions_are_called_by_keyword_as_trl_calls_them():
                                               {"completions_only": 4.0, "solution_match": 0.0}]
 
 
+@pytest.mark.parametrize("fn, expected", [("as_array", [0.5, 2.0]), ("as_tensor", [1.0, 4.0]),
+                                          ("as_generator", [1.0, 4.0])])
+def test_any_iterable_of_values_is_taken_as_trl_takes_it(fn, expected):
+    """A numpy array, a tensor or a generator of values (TRL iterates what comes back): every row faulted before."""
+    scores = RewardedTask(Exact(), [term(fn)], keep_score=False).score_batch(ITEMS, ["a", "bbbb"])
+    assert [s.fault for s in scores] == [False, False] and [s.reward for s in scores] == expected
+
+
+def test_a_single_array_value_for_the_batch_faults_every_row():
+    with pytest.warns(UserWarning, match="returned ndarray for 2 completions"):
+        scores = RewardedTask(Exact(), [term("scalar_array")]).score_batch(ITEMS, ["a", "b"])
+    assert [s.fault for s in scores] == [True, True]
+
+
 def test_conversational_prompts_get_message_completions():
     items = [TaskItem([{"role": "user", "content": "hi"}], None, id="c")]
     assert RewardedTask(Exact(), [term("length_reward")]).score_batch(items, ["four"])[0].reward == 4.0

@@ -71,3 +71,27 @@ NOT_CALLABLE = 3
 class NoCall:
     def __init__(self) -> None:
         self.ready = True
+
+
+def as_array(prompts, completions, **kwargs):
+    """A numpy array of lengths, as numpy-minded code returns them."""
+    import numpy as np
+
+    return np.array([len(c) for c in completions], dtype=np.float32) / 2
+
+
+def as_tensor(prompts, completions, **kwargs):
+    import torch
+
+    return torch.tensor([float(len(c)) for c in completions], dtype=torch.float64)
+
+
+def as_generator(prompts, completions, **kwargs):
+    return (float(len(c)) for c in completions)
+
+
+def scalar_array(prompts, completions, **kwargs):
+    """One 0-d array for the whole batch: not one value per completion."""
+    import numpy as np
+
+    return np.array(1.0)

@@ -8,9 +8,10 @@ responses, by keyword as TRL calls it (``fn(prompts=..., completions=..., **colu
 list (``answer=[...]``). A ``None`` in the returned list means "this function does not apply to this row" (TRL's
 convention): the term is 0 there.
 
-What can go wrong is contained per term: a raising function or a list of the wrong length faults every row of the
-batch, a value that is not a finite number faults its row. The caller (:mod:`tether.rewards.task`) gives faulted
-rows the fault reward and counts them.
+It may return any iterable of values (a list, a tuple, a numpy array, a tensor), as in TRL. What can go wrong is
+contained per term: a raising function or a list of the wrong length faults every row of the batch, a value that is
+not a finite number faults its row. The caller (:mod:`tether.rewards.task`) gives faulted rows the fault reward and
+counts them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import inspect
 import math
 import numbers
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,9 +138,11 @@ class RewardTerm:
         except Exception as error:  # a bug in a reward function costs its rows, not the run
             message = f"{type(error).__name__}: {error}"
             return TermResult([0.0] * n, [message] * n, traceback.format_exc())
-        if not isinstance(out, Sequence) or isinstance(out, (str, bytes)) or len(out) != n:
-            got = f"{len(out)} values" if isinstance(out, Sequence) else type(out).__name__
+        listed = _as_list(out)
+        if listed is None or len(listed) != n:
+            got = type(out).__name__ if listed is None else f"{len(listed)} values"
             return TermResult([0.0] * n, [f"returned {got} for {n} completions"] * n)
+        out = listed
         reasons = getattr(self.fn, "last_errors", None)  # a judge says why a row has no score
         reasons = reasons if isinstance(reasons, list) and len(reasons) == n else [None] * n
         values, faults = [], []
@@ -148,6 +151,17 @@ class RewardTerm:
             faults.append(None if number is not None else reason or f"returned {value!r}, not a finite number or None")
             values.append(number if number is not None else 0.0)
         return TermResult(values, faults)
+
+
+def _as_list(out: Any) -> list | None:
+    """The values a function returned, as a list: any iterable but a string or a mapping (a list, a tuple, a numpy
+    array, a tensor, a generator; TRL iterates whatever comes back); ``None`` for anything else."""
+    if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Iterable):
+        return None
+    try:
+        return list(out)
+    except TypeError:  # a 0-d array or tensor: iterable by type, not by value
+        return None
 
 
 def _number(value: Any) -> float | None:
