@@ -100,6 +100,20 @@ def test_a_single_array_value_for_the_batch_faults_every_row():
     assert [s.fault for s in scores] == [True, True]
 
 
+def test_async_functions_are_awaited_on_one_loop_and_their_faults_contained():
+    """TRL awaits an ``async def`` reward function; tether faulted every row ('returned coroutine')."""
+    from tests.rewards import user_rewards
+
+    user_rewards.LOOPS.clear()
+    task = RewardedTask(Exact(), [term("async_length")], keep_score=False)
+    first, second = task.score_batch(ITEMS, ["a", "bbbb"]), task.score_batch(ITEMS, ["ccc", "dd"])
+    assert [s.reward for s in first + second] == [1.0, 4.0, 3.0, 2.0] and not any(s.fault for s in first + second)
+    assert len(user_rewards.LOOPS) == 2 and user_rewards.LOOPS[0] is user_rewards.LOOPS[1]  # a client made once works
+    with pytest.warns(UserWarning, match="ConnectionError: judge unreachable"):
+        scores = RewardedTask(Exact(), [term("async_broken")]).score_batch(ITEMS, ["a", "b"])
+    assert [s.fault for s in scores] == [True, True]
+
+
 def test_conversational_prompts_get_message_completions():
     items = [TaskItem([{"role": "user", "content": "hi"}], None, id="c")]
     assert RewardedTask(Exact(), [term("length_reward")]).score_batch(items, ["four"])[0].reward == 4.0

@@ -95,3 +95,19 @@ def scalar_array(prompts, completions, **kwargs):
     import numpy as np
 
     return np.array(1.0)
+
+
+LOOPS: list = []
+
+
+async def async_length(prompts, completions, **kwargs):
+    """An async reward function (TRL awaits them); records the loop it ran on."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    LOOPS.append(asyncio.get_running_loop())
+    return [float(len(c)) for c in completions]
+
+
+async def async_broken(prompts, completions, **kwargs):
+    raise ConnectionError("judge unreachable")

@@ -8,18 +8,20 @@ responses, by keyword as TRL calls it (``fn(prompts=..., completions=..., **colu
 list (``answer=[...]``). A ``None`` in the returned list means "this function does not apply to this row" (TRL's
 convention): the term is 0 there.
 
-It may return any iterable of values (a list, a tuple, a numpy array, a tensor), as in TRL. What can go wrong is
-contained per term: a raising function or a list of the wrong length faults every row of the batch, a value that is
-not a finite number faults its row. The caller (:mod:`tether.rewards.task`) gives faulted rows the fault reward and
-counts them.
+It may return any iterable of values (a list, a tuple, a numpy array, a tensor) and may be ``async def`` (its
+coroutines run on one background event loop), as in TRL. What can go wrong is contained per term: a raising
+function or a list of the wrong length faults every row of the batch, a value that is not a finite number faults its
+row. The caller (:mod:`tether.rewards.task`) gives faulted rows the fault reward and counts them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import math
 import numbers
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -135,6 +137,8 @@ class RewardTerm:
         n = len(completions)
         try:
             out = self.fn(**self._arguments(prompts, completions, columns))
+            if inspect.iscoroutine(out):  # an async reward function (TRL awaits them too)
+                out = asyncio.run_coroutine_threadsafe(out, _event_loop()).result()
         except Exception as error:  # a bug in a reward function costs its rows, not the run
             message = f"{type(error).__name__}: {error}"
             return TermResult([0.0] * n, [message] * n, traceback.format_exc())
@@ -162,6 +166,23 @@ def _as_list(out: Any) -> list | None:
         return list(out)
     except TypeError:  # a 0-d array or tensor: iterable by type, not by value
         return None
+
+
+_LOOP_LOCK = threading.Lock()  # two threads scoring at once must not start two loops
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """One event loop, in a daemon thread, that runs every async reward function's coroutines (whatever thread
+    scores): a loop that outlives a call keeps the clients a function makes once (an ``aiohttp`` session) usable."""
+    with _LOOP_LOCK:
+        return _started_loop()
+
+
+@functools.cache
+def _started_loop() -> asyncio.AbstractEventLoop:
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="tether-reward-loop", daemon=True).start()
+    return loop
 
 
 def _number(value: Any) -> float | None:
