@@ -129,13 +129,20 @@ class _Broken(ScriptedEnv):
         step = super().step(action)
         if self.what == "step_nan":
             step.reward = float("nan")
+        if self.what == "step_bool":
+            step.reward = True
+        if self.what.startswith("numpy_"):  # gymnasium-style numpy rewards: numpy_float32, numpy_int64
+            import numpy as np
+
+            step.reward = getattr(np, self.what.removeprefix("numpy_"))(step.reward * 2 + 1)
         return step
 
 
 @pytest.mark.parametrize("what, message", [("parse_raise", "parse_action() raised ValueError: cannot parse"),
                                            ("parse_none", "parse_action() returned None, not (action, valid)"),
                                            ("step_none", "returned NoneType, not an EnvStep"),
-                                           ("step_nan", "returned the reward nan, not a finite number")])
+                                           ("step_nan", "returned the reward nan, not a finite number"),
+                                           ("step_bool", "returned the reward True, not a finite number")])
 def test_a_parse_or_step_that_raises_or_returns_garbage_is_a_fault(what, message):
     env = SafeEnv(_factory(_Broken(what), ScriptedEnv()), timeout_s=5.0)
     env.reset(0)
@@ -144,3 +151,17 @@ def test_a_parse_or_step_that_raises_or_returns_garbage_is_a_fault(what, message
     assert step.done and not step.won and step.reward == 0.0
     assert message in step.info["fault"] and env.faults == 1
     assert _win(env)
+
+
+@pytest.mark.parametrize("kind", ["numpy_float32", "numpy_int64"])
+def test_a_numpy_reward_is_a_float_not_a_fault(kind):
+    """A gymnasium-style env's ``np.float32`` / ``np.int64`` reward: every step of it was a fault ("returned the reward
+    np.float32(3.0), not a finite number")."""
+    reference, numpy_env = ScriptedEnv(), SafeEnv(lambda: _Broken(kind), timeout_s=5.0)
+    reference.reset(0)
+    numpy_env.reset(0)
+    action = reference.solution()[0]
+    expected = reference.step(action).reward * 2 + 1
+    step = numpy_env.step(action)
+    assert numpy_env.faults == 0 and "fault" not in step.info and step.won
+    assert type(step.reward) is float and step.reward == expected

@@ -20,8 +20,10 @@ process``, the agent loop's default) is this class with the env in a child proce
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
+import numbers
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -172,7 +174,7 @@ class SafeEnv:
             step = self._call("step", action, timeout_s=self.timeout_s, what=what)
             if (problem := step_problem(step)) is not None:
                 raise EnvFault(f"{what} {problem}", timed_out=False)
-            return step
+            return dataclasses.replace(step, reward=float(step.reward))  # a numpy scalar (gymnasium's) as a float
         except EnvFault as fault:
             self._episode_over = True
             return fault_step(self._record(fault))
@@ -222,11 +224,13 @@ class SafeEnv:
 
 
 def step_problem(step: Any) -> str | None:
-    """What makes ``step`` unusable (not an :class:`EnvStep`, or a reward that is not a finite number), or None."""
+    """What makes ``step`` unusable (not an :class:`EnvStep`, or a reward that is not a finite real number: numpy's
+    ``float32`` and ``int64`` are, a bool is not), or None."""
     if not isinstance(step, EnvStep):
         return f"returned {type(step).__name__}, not an EnvStep"
-    if isinstance(step.reward, bool) or not isinstance(step.reward, (int, float)) or not math.isfinite(step.reward):
-        return f"returned the reward {step.reward!r}, not a finite number"
+    reward = step.reward
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        return f"returned the reward {reward!r}, not a finite number"
     return None
 
 
