@@ -15,7 +15,7 @@ import torch
 
 from tests.rewards.helpers import StubJudge, closed_port_url, start_stub_judge, tiny_reward_model
 from tether.config import ConfigError, RewardTermConfig
-from tether.rewards import Judge, RewardedTask, RewardModel, RewardTerm, check_reward_terms
+from tether.rewards import Judge, RewardedTask, RewardModel, RewardTerm, VerlScore, check_reward_terms
 from tether.tasks import Score, TaskItem
 
 
@@ -208,6 +208,30 @@ def test_a_verl_compute_score_runs_unchanged_and_faults_per_row(tmp_path):
     with pytest.raises(ConfigError, match=r"kwargs: name: .* has no function 'score'"):
         check_reward_terms([RewardTermConfig(fn="tether.rewards:VerlScore",
                                              kwargs={"path": str(file), "name": "score"})])
+
+
+VERL_TYPED_SCORES = '''
+import numpy as np
+import torch
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    value = len(solution_str) / 4
+    kinds = {"tensor": torch.tensor(value), "numpy": np.float32(value), "dict_tensor": {"score": torch.tensor(value)},
+             "array": np.array([value]), "none": None}
+    return kinds[data_source]
+'''
+
+
+def test_a_verl_score_may_be_a_0d_tensor_or_numpy_scalar_as_verl_takes_it(tmp_path):
+    """verl writes the score into a tensor, which takes a 0-d tensor; tether faulted it ("not a number")."""
+    file = tmp_path / "typed.py"
+    file.write_text(VERL_TYPED_SCORES)
+    score = VerlScore(str(file))
+    kinds = ["tensor", "numpy", "dict_tensor", "array", "none"]
+    values = score(["q"] * 5, ["ab", "abc", "abcd", "a", "a"], data_source=kinds, answer=[None] * 5)
+    assert values[:3] == [0.5, 0.75, 1.0] and all(math.isnan(v) for v in values[3:])
+    assert score.last_errors[:3] == [None, None, None] and all("not a number" in e for e in score.last_errors[3:])
 
 
 def test_a_reward_model_whose_config_pads_with_another_token_than_its_tokenizer_scores_rows_as_alone(

@@ -185,14 +185,20 @@ def _started_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+def as_real(value: Any) -> float | None:
+    """``value`` as a float when it is one real number (a Python or numpy number, a bool, a 0-d array or tensor);
+    ``None`` when it is not."""
+    if isinstance(value, numbers.Real) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
+        return float(value)
+    return None
+
+
 def _number(value: Any) -> float | None:
     """``value`` as a finite float (``None`` -> 0.0, TRL's "not applicable"); ``None`` when it is not one."""
     if value is None:
         return 0.0
-    if isinstance(value, numbers.Real) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
-        number = float(value)
-        return number if math.isfinite(number) else None
-    return None
+    number = as_real(value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def check_class_kwargs(cls: type, kwargs: dict[str, Any], key: str) -> None:

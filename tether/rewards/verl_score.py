@@ -1,23 +1,23 @@
 """verl's ``custom_reward_function`` as a reward term: ``fn: tether.rewards:VerlScore``.
 
 verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` once per response and takes a
-float, or a dict whose ``"score"`` is the reward. :class:`VerlScore` loads that function from the same file
-(``path``, ``name``) and calls it the same way: ``solution_str`` is the response text, ``ground_truth`` the row's
-gold answer, ``data_source`` and ``extra_info`` the row's columns of those names (``None`` where absent). A row whose
-call raises or returns no number is a fault of that row alone.
+number (a float, a numpy scalar, a 0-d tensor), or a dict whose ``"score"`` is the reward. :class:`VerlScore` loads
+that function from the same file (``path``, ``name``) and calls it the same way: ``solution_str`` is the response
+text, ``ground_truth`` the row's gold answer, ``data_source`` and ``extra_info`` the row's columns of those names
+(``None`` where absent). A row whose call raises or returns no number is a fault of that row alone.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
-import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tether.files import relative_to_cwd
 from tether.rewards.judge import text_of
+from tether.rewards.terms import as_real
 
 
 def load_compute_score(path: str, name: str) -> Callable[..., Any]:
@@ -65,9 +65,9 @@ class VerlScore:
                                      **self.reward_kwargs)
         except Exception as error:  # one row's failure is that row's fault
             return math.nan, f"compute_score raised {type(error).__name__}: {error}"
-        score = out.get("score") if isinstance(out, dict) else out
-        if isinstance(score, numbers.Real):
-            return float(score), None
+        score = as_real(out.get("score") if isinstance(out, dict) else out)  # verl takes a 0-d tensor too
+        if score is not None:
+            return score, None
         return math.nan, f"compute_score returned {out!r}, not a number or a dict with 'score'"
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
