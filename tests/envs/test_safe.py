@@ -123,6 +123,12 @@ class _Broken(ScriptedEnv):
             return None
         return super().parse_action(response_text)
 
+    def reset(self, seed: int):
+        reset = super().reset(seed)
+        if self.what == "reset_gym":  # gymnasium's (observation, info)
+            return reset.observation, reset.info
+        return reset
+
     def step(self, action: str):
         if self.what == "step_none":
             return None
@@ -165,3 +171,13 @@ def test_a_numpy_reward_is_a_float_not_a_fault(kind):
     step = numpy_env.step(action)
     assert numpy_env.faults == 0 and "fault" not in step.info and step.won
     assert type(step.reward) is float and step.reward == expected
+
+
+def test_a_gym_style_reset_is_a_fault_not_a_crash_of_the_loop():
+    """A reset returning gymnasium's ``(observation, info)`` passed through and the rollout loop died on
+    ``reset.task`` (AttributeError, with a traceback) after the model had loaded."""
+    env = SafeEnv(_factory(_Broken("reset_gym"), ScriptedEnv()), timeout_s=5.0)
+    reset = env.reset(0)
+    assert reset.info["fault"] == "scripted reset(0) returned tuple, not an EnvReset" and env.faults == 1
+    assert env.step("apple").info["fault"] == reset.info["fault"]  # the episode ends as failed
+    assert _win(env)  # the next episode gets a fresh env

@@ -2,11 +2,11 @@
 
 :class:`SafeEnv` builds the env and runs every ``reset`` / ``step`` / ``parse_action`` of it in a fresh daemon
 thread and waits at most ``timeout_s`` (``reset_timeout_s`` for building and resetting). An exception, a timeout or a
-malformed result (a step that is not an :class:`EnvStep` or whose reward is not a finite number, a parse that is not
-``(action, valid)``) becomes a *fault*: the episode ends as failed (``done=True``, ``info["won"]=False``,
-``info["fault"]=<message>``), ``faults`` goes up by one, and the env instance is discarded; the next ``reset``
-builds a new one with the ``make`` factory. The caller never sees the exception and never waits longer than the
-timeout.
+malformed result (a reset that is not an :class:`EnvReset`, a step that is not an :class:`EnvStep` or whose reward is
+not a finite number, a parse that is not ``(action, valid)``) becomes a *fault*: the episode ends as failed
+(``done=True``, ``info["won"]=False``, ``info["fault"]=<message>``), ``faults`` goes up by one, and the env instance
+is discarded; the next ``reset`` builds a new one with the ``make`` factory. The caller never sees the exception and
+never waits longer than the timeout.
 
 Why threads: a thread costs ~0.1 ms per call and needs no pickling, so any env works unchanged. The price: Python
 cannot kill a thread, so a hung call keeps running in the background (a daemon thread, so it never blocks interpreter
@@ -155,7 +155,11 @@ class SafeEnv:
             try:
                 if self._env is None:
                     self._build()
-                return self._call("reset", seed, timeout_s=self.reset_timeout_s, what=f"{self.name} reset({seed})")
+                what = f"{self.name} reset({seed})"
+                reset = self._call("reset", seed, timeout_s=self.reset_timeout_s, what=what)
+                if not isinstance(reset, EnvReset):  # gymnasium's (observation, info) would fail the loop later
+                    raise EnvFault(f"{what} returned {type(reset).__name__}, not an EnvReset", timed_out=False)
+                return reset
             except EnvFault as fault:
                 message = self._record(fault)  # every try's fault is counted
                 first = first or message
