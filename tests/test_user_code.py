@@ -190,6 +190,20 @@ def test_an_env_class_by_module_name(tmp_path):
     assert make_env("tether.envs.scripted:ScriptedEnv", turns=2).reset(0).task.startswith("Say the secret word")
 
 
+@pytest.mark.parametrize("tuple_reset, message", [
+    (True, r"^env\.name=tests\.user_plugins:GymnasiumStyle: reset\(0\) returned tuple, not an EnvReset; reset returns "
+           r"tether\.envs\.EnvReset\(observation, task"),
+    (False, r"^env\.name=tests\.user_plugins:GymnasiumStyle: step\('0'\) returned tuple, not an EnvStep;"),
+])
+def test_an_env_of_ones_own_with_gymnasium_returns_is_refused_before_any_model_loads(tmp_path, tuple_reset, message):
+    """Its tuples passed tether validate: the run loaded the model, then every episode faulted (step) or the
+    rollout loop died with a traceback (reset)."""
+    cfg = tiny_config(tmp_path, "task=null", f"env.name={PLUGINS}:GymnasiumStyle", "model.name=tiny-64x2",
+                      f"env.kwargs={{tuple_reset: {tuple_reset}}}")
+    with pytest.raises(ConfigError, match=message):
+        check_config(cfg)  # what tether validate and every command run before a model loads
+
+
 @pytest.mark.slow
 def test_a_fresh_process_imports_them_too(tmp_path):
     """What `tether experiment` does for each run: a new ``python -m tether.cli`` process, another directory."""

@@ -69,3 +69,32 @@ class OtherSteering(Steering):
     """A second one: a run may hold at most one."""
 
     name = "other_steering"
+
+
+class GymnasiumStyle:
+    """A newcomer's env: tether's attributes, but gymnasium's return values, ``reset -> (observation, info)`` and
+    ``step -> (observation, reward, terminated, truncated, info)`` (``tuple_reset=False``: a proper reset)."""
+
+    name, max_turns, action_format = "gymnasium_style", 3, "Write <action>0</action> or <action>1</action>."
+
+    def __init__(self, tuple_reset: bool = True) -> None:
+        self.tuple_reset = tuple_reset
+
+    def reset(self, seed):
+        from tether.envs import EnvReset
+
+        return ("Pick 0 or 1.", {}) if self.tuple_reset else EnvReset("Pick 0 or 1.", "pick", ["0", "1"])
+
+    def step(self, action):
+        return "done", 1.0, True, False, {"won": True}
+
+    def parse_action(self, text):
+        from tether.envs.base import parse_tagged_action
+
+        return parse_tagged_action(text, ["0", "1"])
+
+    def solution(self):
+        return ["0"]
+
+    def close(self):
+        pass

@@ -27,11 +27,10 @@ class FlakyResetEnv(ScriptedEnv):
 
 
 class BrokenConstructorEnv(ScriptedEnv):
-    built = 0
+    broken = False  # the builds before it is set (the config check's, the collector's probe) stand
 
     def __init__(self, *, turns: int = 3) -> None:
-        type(self).built += 1
-        if type(self).built > 1:  # the collector's probe builds the first one; every later one fails
+        if type(self).broken:
             raise RuntimeError("no licence server")
         super().__init__(turns=turns)
 
@@ -75,9 +74,10 @@ def test_no_episode_can_start_is_one_line_naming_env_phase_and_first_error(tmp_p
 
 
 def test_a_constructor_that_fails_is_named_as_the_constructor(tmp_path, agent_trainer, registered):
-    BrokenConstructorEnv.built = 0
+    BrokenConstructorEnv.broken = False
     name = registered("broken_ctor", BrokenConstructorEnv)
     trainer = agent_trainer(agent_config(tmp_path, f"env.name={name}"))
+    BrokenConstructorEnv.broken = True  # every env built from now on
     with pytest.raises(EnvFaultError, match=r"^env broken_ctor \(constructor\), step 1: none of 6 episodes could "
                                             r"start, each after env.reset_retries=2 retries; the first error: "
                                             r".*make\(\) raised RuntimeError: no licence server$"):
@@ -85,7 +85,7 @@ def test_a_constructor_that_fails_is_named_as_the_constructor(tmp_path, agent_tr
 
 
 def test_a_constructor_that_fails_at_once_stops_before_any_step(tmp_path, agent_trainer, registered):
-    BrokenConstructorEnv.built = 1  # the probe fails too
+    BrokenConstructorEnv.broken = True  # the probe fails too
     name = registered("broken_ctor0", BrokenConstructorEnv)
     with pytest.raises(EnvFaultError, match=r"^env broken_ctor0 \(constructor\): .*raised RuntimeError: no licence "
                                             r"server; no episode can start$"):

@@ -9,10 +9,12 @@ command before its model loads alike.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from tether.checks.findings import Findings
 from tether.config import Config, ConfigError, SFTConfig
@@ -133,25 +135,56 @@ def check_task_builds(cfg: Config, found: Findings) -> None:
 
 
 def check_env_builds(cfg: Config, found: Findings) -> None:
-    """Build one env with ``env.kwargs``, as the run builds its first, when its class has no ``check_config`` of
-    them (an env of your own, TextWorld): a constructor that refuses its settings fails here as one line, not after
-    the policy loads ("no episode can start"). A class with a ``check_config`` (tether's other envs) has had it
-    called, cheaply, so it is not built here: ALFWorld's and WebShop's constructors load their data. The build runs
-    under the run's reset limit (``env.reset_timeout_s``, else ``env.timeout_s``), so a constructor that hangs stops
-    validate as it would stop the run."""
+    """Build one env with ``env.kwargs``, as the run builds its first, and play an env of the user's own once.
+
+    A class without a ``check_config`` of its settings (an env of your own, TextWorld) is built: a constructor that
+    refuses them fails here as one line, not after the policy loads ("no episode can start"). A tether class with a
+    ``check_config`` has had it called, cheaply, and is not built: ALFWorld's and WebShop's constructors load their
+    data. An env of the user's own (its class outside tether) then answers one ``reset`` and one ``step``
+    (:func:`play_once`). The build runs under the run's reset limit (``env.reset_timeout_s``, else
+    ``env.timeout_s``), so a constructor that hangs stops validate as it would stop the run."""
     from tether.checks.workload import workload_class
     from tether.envs.safe import EnvFault, call_with_timeout
 
     cls = workload_class(cfg)[1] if cfg.env is not None else None
-    if cls is None or hasattr(cls, "check_config"):
+    users_own = cls is not None and cls.__module__.partition(".")[0] != "tether"
+    if cls is None or (hasattr(cls, "check_config") and not users_own):
         return
     try:
         env = call_with_timeout(functools.partial(cls, **cfg.env.kwargs), cfg.env.reset_timeout_s or cfg.env.timeout_s,
                                 f"building env {cfg.env.name}")
     except EnvFault as fault:
         raise ConfigError(f"env.kwargs: {fault}") from None
-    if callable(close := getattr(env, "close", None)):
-        close()
+    try:
+        problem = play_once(cfg, env) if users_own else None
+    finally:
+        if callable(close := getattr(env, "close", None)):
+            with contextlib.suppress(Exception):  # best effort: a probe's env is dropped either way
+                close()
+    if problem:
+        raise ConfigError(f"env.name={cfg.env.name}: {problem}; reset returns tether.envs.EnvReset(observation, task, "
+                          "admissible_actions, info) and step tether.envs.EnvStep(observation, reward, done, info) "
+                          "(docs/environments.md)")
+
+
+def play_once(cfg: Config, env: Any) -> str | None:
+    """What is wrong with the types of ``env``'s answers to one ``reset`` (its first training seed) and one ``step``
+    (the first admissible action, else ``""``), or None: one that returns gymnasium's tuples would fault every episode
+    once the model has loaded. A call that raises or hangs is the run's to report, with its retries (as
+    :func:`check_env_observations` leaves it)."""
+    from tether.envs.safe import EnvFault, call_with_timeout, reset_problem, step_problem
+
+    seeds = getattr(env, "train_seeds", None)
+    seed = seeds(1)[0] if callable(seeds) else 0
+    try:
+        reset = call_with_timeout(lambda: env.reset(seed), cfg.env.reset_timeout_s or cfg.env.timeout_s, "reset")
+        if (problem := reset_problem(reset)) is not None:
+            return f"reset({seed}) {problem}"
+        action = (reset.admissible_actions or [""])[0]
+        problem = step_problem(call_with_timeout(lambda: env.step(action), cfg.env.timeout_s, "step"))
+    except EnvFault:
+        return None
+    return problem and f"step({action!r}) {problem}"
 
 
 def policy_reads_images(name: str) -> bool | None:

@@ -157,8 +157,8 @@ class SafeEnv:
                     self._build()
                 what = f"{self.name} reset({seed})"
                 reset = self._call("reset", seed, timeout_s=self.reset_timeout_s, what=what)
-                if not isinstance(reset, EnvReset):  # gymnasium's (observation, info) would fail the loop later
-                    raise EnvFault(f"{what} returned {type(reset).__name__}, not an EnvReset", timed_out=False)
+                if (problem := reset_problem(reset)) is not None:  # gymnasium's tuple would fail the loop later
+                    raise EnvFault(f"{what} {problem}", timed_out=False)
                 return reset
             except EnvFault as fault:
                 message = self._record(fault)  # every try's fault is counted
@@ -225,6 +225,11 @@ class SafeEnv:
             self._close_quietly()
         self._env = None
         return self.last_fault
+
+
+def reset_problem(reset: Any) -> str | None:
+    """What makes ``reset`` unusable (not an :class:`EnvReset`: gymnasium's ``(observation, info)``), or None."""
+    return None if isinstance(reset, EnvReset) else f"returned {type(reset).__name__}, not an EnvReset"
 
 
 def step_problem(step: Any) -> str | None:
