@@ -23,3 +23,9 @@ def verl_row(row):
     """verl's parquet layout: chat prompt, ground truth nested under reward_model, data_source and extra_info."""
     return {"prompt": row["prompt"], "answer": row["reward_model"]["ground_truth"],
             "data_source": row["data_source"], "extra_info": row["extra_info"]}
+
+
+def with_image(row):
+    """TRL's multimodal message: an image part (its bytes inline, as a parquet image column holds them) and a text."""
+    image = {"type": "image", "image": {"bytes": "\x89PNG" + "A" * 50_000}}
+    return {"prompt": [{"role": "user", "content": [image, {"type": "text", "text": row["target"]}]}], "answer": "x"}

@@ -124,6 +124,9 @@ def config_with(tmp_path, **kwargs):
     ({"prompt_field": "messages", "answer_field": "nope"}, "answer_field: no column 'nope'"),
     ({"prompt_field": "target", "answer_field": "target", "format_fn": f"{FMT}:bad_messages"},
      "message 0 is 'hello', not"),
+    ({"format_fn": f"{FMT}:with_image"},  # the line held the image's 50 KB of bytes
+     r"^task.kwargs: column .prompt. of row 0 .*: message 0 has content parts \(image, text\): a dataset prompt's "
+     r"content is one text .{0,160}$"),
     ({"format_fn": f"{FMT}:to_chta"}, "did you mean 'to_chat'"),
     ({"format_fn": f"{FMT}:no_args"}, "must take one argument"),
     ({"format_fn": f"{FMT}:not_a_dict"}, "returned list for row 0"),

@@ -16,6 +16,7 @@ dataset (``val_split``); training rows whose prompt is in val or report are drop
 from __future__ import annotations
 
 import inspect
+import reprlib
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -77,7 +78,18 @@ def check_messages(value: Any, where: str) -> None:
     for i, message in enumerate(value):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                 and isinstance(message.get("content"), str)):
-            raise ValueError(f"{where}: message {i} is {message!r}, not {{'role': str, 'content': str}}")
+            raise ValueError(f"{where}: message {i} {_message_problem(message)}, not {{'role': str, 'content': str}}")
+
+
+def _message_problem(message: Any) -> str:
+    """What is wrong with a message, in a few words: a message may hold an image's bytes, which the error line must
+    not print."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):  # TRL's multimodal parts: [{"type": "image"}, {"type": "text", "text": ...}]
+        kinds = ", ".join(str(part.get("type")) if isinstance(part, dict) else type(part).__name__ for part in content)
+        return (f"has content parts ({kinds}): a dataset prompt's content is one text (images reach the policy "
+                "through an env's observations, docs/vision.md; join text parts with a format_fn)")
+    return f"is {reprlib.repr(message)}"
 
 
 def takes_one_argument(fn: Callable) -> bool:
