@@ -114,6 +114,25 @@ def test_resolve_target_errors(value, message):
     assert str(err.value).startswith(f"task.name: {value!r}")
 
 
+def test_a_module_that_is_not_found_says_where_it_could_come_from(tmp_path, monkeypatch):
+    """A reward module named without ``imports:`` (or one letter off the file imported) said only "No module
+    named ..."; a module whose own import misses a package gets no hint about where the module is."""
+    (tmp_path / "byo_rewards_q.py").write_text("def fmt(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "byo_needs_dep_q.py").write_text("import no_such_dependency_q\n")
+    with pytest.raises(ConfigError, match=r"No module named 'byo_rewards_q'\); list its file under imports: \(a \.py "
+                                          r"path relative to the config file\) or put its folder on PYTHONPATH$"):
+        resolve_target("task.rewards[0].fn", "byo_rewards_q:fmt")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the import below puts tmp_path first
+    import_user_modules([str(tmp_path / "byo_rewards_q.py")])
+    try:
+        with pytest.raises(ConfigError, match=r"No module named 'byo_reward_q'\); did you mean 'byo_rewards_q'\?$"):
+            resolve_target("task.rewards[0].fn", "byo_reward_q:fmt")
+        with pytest.raises(ConfigError, match=r"'no_such_dependency_q' at .*byo_needs_dep_q\.py:1\)$"):
+            resolve_target("task.rewards[0].fn", "byo_needs_dep_q:fmt")  # on sys.path now, beside byo_rewards_q.py
+    finally:
+        sys.modules.pop("byo_rewards_q", None)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ([f"task.name={PLUGINS}:EvenLenght"], r"^task\.name: .*did you mean 'EvenLength'"),
     ([f"algorithm.advantage={PLUGINS}:centerd"], r"^algorithm\.advantage: .*did you mean 'centred'"),

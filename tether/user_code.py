@@ -32,7 +32,18 @@ def _import_error(key: str, value: str, module: str, error: BaseException) -> Co
     user_frames = [f for f in frames if "importlib" not in f.filename and f.filename != __file__]
     where = f" at {user_frames[-1].filename}:{user_frames[-1].lineno}" if user_frames else ""
     return ConfigError(f"{key}: {value!r}: module {module!r} does not import ({type(error).__name__}: "
-                       f"{error}{where})")
+                       f"{error}{where}){_not_found_hint(module, error)}")
+
+
+def _not_found_hint(module: str, error: BaseException) -> str:
+    """Where a module that is not found could come from (not for a module that its own imports fail in): a loaded
+    module of a close name (a typo of one ``imports:`` brought in), else the ways to make it importable."""
+    if not (isinstance(error, ModuleNotFoundError) and error.name == module):
+        return ""
+    close = difflib.get_close_matches(module, [name for name in sys.modules if "." not in name], n=1, cutoff=0.8)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return "; list its file under imports: (a .py path relative to the config file) or put its folder on PYTHONPATH"
 
 
 def import_module(key: str, value: str, module: str) -> Any:
