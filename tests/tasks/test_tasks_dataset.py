@@ -138,6 +138,24 @@ def test_bad_data_is_one_line_before_any_model_loads(tmp_path, saved, kwargs, me
     assert "\n" not in str(err.value) and str(err.value).startswith("task.kwargs")
 
 
+def test_rows_without_a_gold_answer_are_a_warning_before_any_model_loads(tmp_path):
+    """A JSON row without the answer key (datasets reads it as null) passed silently and faulted whenever sampled."""
+    file = tmp_path / "gaps.jsonl"
+    rows = [{"prompt": f"p{i}", **({} if i in (2, 5) else {"answer": str(i)})} for i in range(8)]
+    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    warnings = check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False)
+    assert [w for w in warnings if "answer_field" in w] == [
+        f"task.kwargs: answer_field 'answer' is null in 2 of the first 8 rows of {file} (first: row 2): each is a "
+        "fault (the wrong-answer reward, reward/faults) whenever it is sampled; give them an answer, or set "
+        "answer_field: null when only task.rewards score"]
+    task = DatasetTask(path=str(file), val_size=2)
+    assert sum(task.score(item, "1").fault for item in task.train + task.val) == 2  # what the warning foretells
+    rows[2]["answer"] = rows[5]["answer"] = "x"
+    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert not [w for w in check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False)
+                if "answer_field" in w]
+
+
 def test_a_missing_local_file_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         check_config(config_with(tmp_path, path=str(tmp_path / "none.jsonl")), policy=False)

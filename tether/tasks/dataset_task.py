@@ -236,14 +236,17 @@ class DatasetTask(JsonlTask):
         fn = load_format_fn(format_fn)
         prompt_key, answer_key = ("prompt", "answer") if fn else (prompt_field, answer_field)
         kinds: dict[bool, str] = {}  # text prompt or not -> the first row of that kind
+        warnings = []
         for key, (source, name) in zip(("path", "val_path"), dict.fromkeys(sources), strict=False):
             if not _is_local(source, key):
                 continue
             rows = load_split(source, config, name)
             if not rows:
                 raise ValueError(f"{source} split {name!r} holds no rows")
+            answers = []
             for i, row in enumerate(rows[:ROWS_CHECKED]):
                 formatted = _apply(fn, format_fn, row, i) if fn else row
+                answers.append(formatted.get(answer_key))
                 for key, column in (("prompt_field", prompt_key), ("answer_field", answer_key)):
                     if column is not None and column not in formatted:
                         what = f"format_fn {format_fn!r} returned no {column!r}" if fn else \
@@ -253,10 +256,12 @@ class DatasetTask(JsonlTask):
                 if not isinstance(prompt, str):
                     check_messages(prompt, f"column {prompt_key!r} of row {i} of {source}")
                 kinds.setdefault(isinstance(prompt, str), f"row {i} of {source}")
+            if answer_key is not None:
+                warnings += _gold_gaps(answer_key, source, answers)
         if len(kinds) > 1:
             raise ValueError(f"column {prompt_key!r} mixes texts ({kinds[True]}) and conversations ({kinds[False]}): "
                              "make the prompts one kind")
-        return []
+        return warnings
 
     def _formatted(self, row: dict[str, Any], index: int) -> dict[str, Any]:
         return _apply(self._format, None, row, index) if self._format else row
@@ -298,6 +303,17 @@ class DatasetTask(JsonlTask):
         if item.answer is None and self.answer_field is None:
             return Score(self.reward_map.wrong, False, response_text)
         return super().score(item, response_text)
+
+
+def _gold_gaps(column: str, source: str, answers: list[Any]) -> list[str]:
+    """A warning line when some checked rows have no gold answer (a null, what ``datasets`` gives a JSON row without
+    the key): the run scores each of them as a fault whenever it is sampled."""
+    missing = [i for i, answer in enumerate(answers) if answer is None]
+    if not missing:
+        return []
+    return [f"answer_field {column!r} is null in {len(missing)} of the first {len(answers)} rows of {source} (first: "
+            f"row {missing[0]}): each is a fault (the wrong-answer reward, reward/faults) whenever it is sampled; "
+            "give them an answer, or set answer_field: null when only task.rewards score"]
 
 
 def _is_local(source: str, key: str) -> bool:
