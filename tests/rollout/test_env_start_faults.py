@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.rollout.helpers import agent_config
+from tether.config import ConfigError
 from tether.envs import SafeEnv
 from tether.envs.registry import ENVS, register_env
 from tether.envs.scripted import ScriptedEnv
@@ -28,9 +29,13 @@ class FlakyResetEnv(ScriptedEnv):
 
 class BrokenConstructorEnv(ScriptedEnv):
     broken = False  # the builds before it is set (the config check's, the collector's probe) stand
+    builds_before_broken: int | None = None  # or: this many builds stand, every later one fails
+    built = 0
 
     def __init__(self, *, turns: int = 3) -> None:
-        if type(self).broken:
+        type(self).built += 1
+        limit = type(self).builds_before_broken
+        if type(self).broken or (limit is not None and type(self).built > limit):
             raise RuntimeError("no licence server")
         super().__init__(turns=turns)
 
@@ -84,9 +89,23 @@ def test_a_constructor_that_fails_is_named_as_the_constructor(tmp_path, agent_tr
         trainer.train_step()
 
 
-def test_a_constructor_that_fails_at_once_stops_before_any_step(tmp_path, agent_trainer, registered):
-    BrokenConstructorEnv.broken = True  # the probe fails too
+def test_a_constructor_that_fails_at_once_is_one_config_line_before_the_trainer_builds(tmp_path, agent_trainer,
+                                                                                         registered):
+    BrokenConstructorEnv.broken = True  # the config check's build fails
     name = registered("broken_ctor0", BrokenConstructorEnv)
-    with pytest.raises(EnvFaultError, match=r"^env broken_ctor0 \(constructor\): .*raised RuntimeError: no licence "
-                                            r"server; no episode can start$"):
+    with pytest.raises(ConfigError, match=r"^env.kwargs: building env broken_ctor0 raised RuntimeError: no licence "
+                                          r"server$"):
         agent_trainer(agent_config(tmp_path, f"env.name={name}"))
+
+
+def test_a_constructor_that_fails_from_the_collectors_probe_on_stops_before_any_step(tmp_path, agent_trainer,
+                                                                                       registered):
+    BrokenConstructorEnv.broken, BrokenConstructorEnv.built = False, 0
+    BrokenConstructorEnv.builds_before_broken = 1  # the config check's build stands, the collector's probe fails
+    name = registered("broken_ctor1", BrokenConstructorEnv)
+    try:
+        with pytest.raises(EnvFaultError, match=r"^env broken_ctor1 \(constructor\): .*raised RuntimeError: no "
+                                                r"licence server; no episode can start$"):
+            agent_trainer(agent_config(tmp_path, f"env.name={name}"))
+    finally:
+        BrokenConstructorEnv.builds_before_broken = None
