@@ -51,6 +51,7 @@ METRICS: dict[str, str] = {
     "health/no_signal_steps": "steps in a row whose every advantage was 0 (health.no_signal)",
     "health/val_below_peak": "the peak minus the current validation value",
     "health/val_drops": "validations in a row more than health.collapse.drop below the peak",
+    "health/degenerate_steps": "steps since the start whose policy looked collapsed (health.degenerate)",
 }
 
 # Prefixes reserved for method-specific metrics (the methods own their names inside them).
