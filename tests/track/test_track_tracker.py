@@ -224,13 +224,13 @@ def test_a_resumed_run_continues_its_wandb_and_mlflow_runs(tmp_path, trackers):
 
 def test_a_resumed_mlflow_run_keeps_the_params_a_resume_changed_instead_of_failing(tmp_path, trackers):
     with build_tracker(tmp_path, tensorboard=False, mlflow={}) as tracker:
-        tracker.log_config({"seed": 0, "train": {"max_steps": 10}})
-    # the resume runs longer (train.max_steps is not a setting that changes what the run means) and logs more
+        tracker.log_config({"seed": 0, "train": {"steps": 10}})
+    # the resume runs longer (train.steps is not a setting that changes what the run means) and logs more
     with (build_tracker(tmp_path, tensorboard=False, mlflow={}, resumed_at=5) as tracker,
-          pytest.warns(UserWarning, match=r"train\.max_steps changed on resume")):
-        tracker.log_config({"seed": 0, "train": {"max_steps": 20}, "logging": {"tensorboard": True}})
+          pytest.warns(UserWarning, match=r"train\.steps changed on resume")):
+        tracker.log_config({"seed": 0, "train": {"steps": 20}, "logging": {"tensorboard": True}})
     assert trackers.reopened == ["m1"]
-    assert trackers.params["m1"] == {"seed": "0", "train.max_steps": "10", "logging.tensorboard": "True"}
+    assert trackers.params["m1"] == {"seed": "0", "train.steps": "10", "logging.tensorboard": "True"}
 
 
 def test_a_wandb_id_or_resume_the_user_set_is_kept(tmp_path, trackers):

@@ -189,7 +189,7 @@ class MlflowSink:
     def log_config(self, config: Mapping[str, Any]) -> None:
         """Log the settings as params. A continued run already holds them, and MLflow refuses to change a param
         ("Changing param values is not allowed"), while a resume may change settings that leave the run's meaning
-        alone (``train.max_steps``, ``rollout.partial_batches``...): those keep their first value, with a warning
+        alone (``train.steps``, ``rollout.partial_batches``...): those keep their first value, with a warning
         naming them, instead of failing the resumed run."""
         params = _flatten(to_plain(config))
         logged = self._run.data.params  # a continued run's params (MLflow keeps them as strings); a new run's: none
