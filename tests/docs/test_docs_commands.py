@@ -15,7 +15,8 @@ import typer
 
 from tether.checks import check_config
 from tether.cli import app
-from tether.config import config_command, load_command_config
+from tether.config import config_command, first_line_command, load_command_config
+from tether.lab.protocol import arm_config, load_protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -107,8 +108,8 @@ def test_a_documented_command_exists_with_its_options(where, words):
 
 def config_uses(words: list[str]) -> list[tuple[str, list[str]]]:
     """(config, overrides) each command runs a config with: train, sft, seed-sft, validate (the first argument),
-    eval (--config), recipe armor (both stages). Each is checked against its command's schema (validate: the one
-    the file's first line names)."""
+    eval (--config), recipe armor (both stages), experiment (its protocol). Each is checked against its command's
+    schema (validate: the one the file's first line names; a protocol: its own, and each arm's config)."""
     command, rest = command_at(list(words))
     overrides = [w for w in rest if "=" in w and not w.startswith("-") and not is_placeholder(w)]
     yamls = [w for w in rest if w.endswith(".yaml") and not is_placeholder(w)]
@@ -116,6 +117,8 @@ def config_uses(words: list[str]) -> list[tuple[str, list[str]]]:
         return [(w, overrides) for w in yamls if w.startswith("configs/")]
     if command.name == "armor":
         return [(w, []) for w in yamls]
+    if command.name == "experiment":
+        return [(w, []) for w in yamls[:1]]
     if command.name in ("train", "sft", "seed-sft", "validate"):
         return [(w, overrides) for w in yamls[:1]]
     return []
@@ -135,6 +138,11 @@ def validated(config: str, overrides: tuple[str, ...], full: bool) -> None:
 def test_a_documented_config_exists_and_validates(config, overrides, where):
     path = ROOT / config
     assert path.is_file(), f"{where}: {config} does not exist"
+    if first_line_command(path) == "experiment":
+        protocol = load_protocol(path)  # each arm's config with its overrides; the machine checks of check_protocol
+        for arm in protocol.arms:       # take seconds an arm (tests/lab runs them on one protocol)
+            arm_config(protocol, arm, protocol.seeds[0])
+        return
     written_by = load_command_config(config_command(path), path).written_by
     reads_a_run = any("runs/" in o for o in overrides) or bool(written_by)
     gpu = config.startswith(GPU_ONLY)
