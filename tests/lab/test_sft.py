@@ -73,6 +73,24 @@ def test_max_steps_stops_early(tmp_path):
     assert summary["steps"] == 2 and summary["val_examples"] == 0
 
 
+def strict_json(text: str):
+    """``json.loads`` refusing ``NaN`` and ``Infinity``, which are not JSON (``jq`` and most parsers refuse them)."""
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_summaries_of_a_run_without_held_out_examples_are_strict_json(tmp_path):
+    """With sft.val_fraction=0 there is no held-out loss: summary.json, sft_summary.json and what `tether sft`
+    prints said "val_loss": NaN (configs/lab/eapo/base_sft.yaml, docs/metrics.md promises strict JSON)."""
+    summary = run_sft(sft_config(tmp_path, {"data": "task", "max_steps": 1, "val_fraction": 0.0}))
+    assert summary["val_loss"] is None and summary["train_loss"] > 0
+    for name in ("summary.json", "sft_summary.json"):
+        assert strict_json((tmp_path / "sft" / name).read_text()) == summary
+    assert run_sft(sft_config(tmp_path, {"data": "task", "max_steps": 1, "val_fraction": 0.0})) == summary  # finished
+
+
 def test_jsonl_data_and_its_errors(tmp_path):
     path = tmp_path / "pairs.jsonl"
     path.write_text('{"prompt": "1+1", "response": "#2"}\n\n{"prompt": "2+2", "response": "#4", "system": "s"}\n')

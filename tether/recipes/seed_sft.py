@@ -265,5 +265,4 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
         "probe_examples": len(probe), **losses, "rollout_s": state.extra["rollout_s"],
         "total_s": time.perf_counter() - start, "example_answers_after": [a.raw for a in answers[:3]],
     }
-    write_summary(run_dir, summary, state)
-    return summary
+    return write_summary(run_dir, summary, state)

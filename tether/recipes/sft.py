@@ -273,5 +273,4 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
                    "example": {"prompt": train_ex[0].prompt, "response": train_ex[0].response}, **result,
                    "wall_s": round(time.perf_counter() - start, 1)}
         tracker.write_summary(summary)
-    write_summary(run_dir, summary, state)
-    return summary
+    return write_summary(run_dir, summary, state)

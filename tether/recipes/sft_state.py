@@ -29,9 +29,8 @@ import torch
 
 from tether.config import read_yaml
 from tether.distributed import DataParallel
-from tether.files import write_text_atomic
 from tether.start import RunDirError, claim_run_dir
-from tether.track import TENSORBOARD_DIR
+from tether.track import TENSORBOARD_DIR, finite_or_none, write_json_atomic
 from tether.trainer.checkpoint import checkpoint_problem, publish_dir, rng_state, set_rng_state, settle_old
 from tether.trainer.rundir import flat, truncate_metrics
 
@@ -324,8 +323,10 @@ def open_sft_run(cfg: SFTRunConfig | SeedSFTRunConfig) -> tuple[Path, SFTStart]:
     return run_dir, start
 
 
-def write_summary(run_dir: Path, summary: dict[str, Any], state: SFTState) -> None:
+def write_summary(run_dir: Path, summary: dict[str, Any], state: SFTState) -> dict[str, Any]:
     """The end of a run: ``sft_summary.json`` (after ``run_dir/checkpoint``: the two mark a finished run), then the
-    state goes."""
-    write_text_atomic(run_dir / SUMMARY, json.dumps(summary, indent=2))
+    state goes. Returns the summary as written, strict JSON like ``summary.json``: a loss that is not a finite number
+    (``val_loss`` without held-out examples) is None."""
+    write_json_atomic(run_dir / SUMMARY, summary)
     state.remove()
+    return finite_or_none(summary)

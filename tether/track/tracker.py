@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,23 @@ def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out  # type: ignore[return-value]
 
 
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every float that is not finite (NaN, +-inf) replaced by None, in nested dicts and lists: what
+    a summary holds, as strict JSON (JSON has no ``NaN`` or ``-Infinity``; readers such as ``jq`` refuse Python's).
+    """
+    if isinstance(value, Mapping):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def write_json_atomic(path: str | Path, data: Mapping[str, Any]) -> Path:
-    """``data`` as indented JSON, written atomically; tensors become floats."""
-    return write_text_atomic(path, json.dumps(_summary_plain(data), indent=2) + "\n")
+    """``data`` as indented strict JSON, written atomically; tensors become floats, values that are not finite
+    numbers None."""
+    return write_text_atomic(path, json.dumps(finite_or_none(_summary_plain(data)), indent=2, allow_nan=False) + "\n")
 
 
 def _summary_plain(data: Any) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import signal
 import time
 from collections.abc import Callable
@@ -15,7 +14,7 @@ import torch
 from tether.errors import RefillShortfall, TrainingStopped
 from tether.health import HealthError
 from tether.start import StopSignals
-from tether.track import write_text_atomic
+from tether.track import finite_or_none, write_text_atomic
 
 if TYPE_CHECKING:
     from tether.config import Config
@@ -131,17 +130,6 @@ class TrainingLoop:
                 torch.save(state, directory / "trainer_state.pt")
 
         return write
-
-
-def finite_or_none(value: Any) -> Any:
-    """``value`` with every float that is not finite (NaN, +-inf) replaced by None, in nested dicts and lists."""
-    if isinstance(value, dict):
-        return {k: finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_or_none(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def refill_stop_message(shortfall: str, latest: Path | None) -> str:
