@@ -10,6 +10,7 @@ import shlex
 from functools import cache
 from pathlib import Path
 
+import click
 import pytest
 import typer
 
@@ -50,10 +51,25 @@ def shell_lines(page: Path) -> list[tuple[int, str]]:
     return found
 
 
+INLINE = re.compile(r"`(tether [^`]+)`")
+
+
+def inline_commands(page: Path) -> list[tuple[int, str]]:
+    """(line number, command) of every tether command the prose writes in backticks (`tether eval CKPT val.split=x`),
+    code blocks left out (shell blocks are read by :func:`shell_lines`)."""
+    found, fenced = [], False
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            found += [(number, command) for command in INLINE.findall(line)]
+    return found
+
+
 def tether_commands(page: Path) -> list[tuple[int, list[str]]]:
     """(line, argv after ``tether``) of each tether invocation, comments and chained commands split off."""
     out = []
-    for number, line in shell_lines(page):
+    for number, line in [*shell_lines(page), *inline_commands(page)]:
         for part in re.split(r"&&|;|\|", line):
             part = part.strip()
             if INVOCATION.match(part):
@@ -73,7 +89,7 @@ def test_every_script_a_shell_block_runs_exists(page):
 
 
 def is_placeholder(word: str) -> bool:
-    return any(mark in word for mark in ("[", "$", "...", "<")) or word.isupper()
+    return any(mark in word for mark in ("[", "$", "...", "<")) or Path(word).stem.isupper()
 
 
 def command_at(words: list[str]) -> tuple[object, list[str]]:
@@ -99,8 +115,11 @@ def test_the_pages_hold_commands():
 @pytest.mark.parametrize("where, words", COMMANDS, ids=[where for where, _ in COMMANDS])
 def test_a_documented_command_exists_with_its_options(where, words):
     command, rest = command_at(list(words))
-    assert not hasattr(command, "commands"), f"{where}: `tether {' '.join(words)}`: no such subcommand"
-    options = {name for param in command.params if param.param_type_name == "option" for name in param.opts}
+    named = not rest or rest[0].startswith("-")  # a group by name (`tether recipe`) or its options (`tether -h`)
+    assert not hasattr(command, "commands") or named, f"{where}: `tether {' '.join(words)}`: no such subcommand"
+    context = click.Context(command, **getattr(command, "context_settings", {}))  # -h as well as --help
+    options = {name for param in command.get_params(context) if param.param_type_name == "option"
+               for name in param.opts}
     for word in rest:
         if word.startswith("-") and not is_placeholder(word):
             assert word.split("=")[0] in options, f"{where}: `tether {' '.join(words)}`: no option {word}"
