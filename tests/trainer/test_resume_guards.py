@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,28 @@ def test_resume_refuses_settings_that_change_the_run_and_keeps_its_config(tmp_pa
     with pytest.raises(RunDirError, match=rf"^{key.replace('.', r'.')}.*: .* differs from .* in the run being resumed"):
         prepare_run_dir(tiny_config(tmp_path, override), ckpts, DataParallel())
     assert (Path(cfg.run_dir) / "config.yaml").read_text() == saved  # never claims what was not used
+
+
+@pytest.mark.parametrize(("damage", "problem"), [
+    ("garbage: [\n", r"line 2: expected the node content, but found '<stream end>'"),
+    ("", "holds NoneType, not the run's settings"),
+    ("- a list\n", "holds list, not the run's settings"),
+])
+def test_a_config_yaml_edited_into_garbage_is_one_line_naming_it(tmp_path, damage, problem):
+    cfg = tiny_config(tmp_path)
+    ckpts = manager(cfg)
+    prepare_run_dir(cfg, ckpts, DataParallel())
+    ckpts.save(1, write_marker("one"))
+    saved = Path(cfg.run_dir) / "config.yaml"
+    saved.write_text(damage)  # a YAML error was a traceback (exit 1); an empty file read every setting as changed
+    with pytest.raises(RunDirError) as err:
+        prepare_run_dir(cfg, ckpts, DataParallel())
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{saved} cannot be read (")
+    assert re.search(problem, message) and "differs" not in message
+    assert saved.read_text() == damage  # nothing rewritten
+    saved.unlink()  # the way out the message gives
+    assert prepare_run_dir(cfg, ckpts, DataParallel()) == ckpts.root / "step_000001"
 
 
 def test_resume_applies_and_records_more_steps(tmp_path):

@@ -20,6 +20,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tether.config import Config, dump_config, read_yaml
 from tether.distributed import DataParallel
 from tether.start import RunDirError, lock_run_dir
@@ -54,7 +56,7 @@ def check_resume_settings(cfg: Config, saved_config: Path) -> None:
     """
     if not saved_config.is_file():
         return
-    old = flat(read_yaml(saved_config.read_text()) or {})
+    old = flat(_saved_settings(saved_config))
     new = flat(cfg.model_dump(mode="json"))
     for key in sorted(set(old) | set(new)):
         if not any(key == k or key.startswith(k + ".") for k in MEANING_KEYS):
@@ -63,6 +65,28 @@ def check_resume_settings(cfg: Config, saved_config: Path) -> None:
             raise RunDirError(f"{key}: {new.get(key)!r} differs from {old.get(key)!r} in the run being resumed "
                               f"({saved_config}); set it back, or set another run_dir (or start afresh over this "
                               "one: train.resume=never train.overwrite=true deletes it)")
+
+
+def _saved_settings(saved_config: Path) -> dict[str, Any]:
+    """The settings a run's ``config.yaml`` records.
+
+    Raises:
+        RunDirError: the file is not a YAML mapping (edited by hand, emptied): compared with nothing, every setting
+            would read as changed (``'grpo' differs from None``), and a YAML error was a traceback.
+    """
+    try:
+        saved = read_yaml(saved_config.read_text(encoding="utf-8"))
+        problem = None if isinstance(saved, dict) else f"holds {type(saved).__name__}, not the run's settings"
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        saved, problem = None, f"line {mark.line + 1 if mark else '?'}: {err.problem or err.context}"
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        saved, problem = None, " ".join(str(err).split())
+    if problem is not None:
+        raise RunDirError(f"{saved_config} cannot be read ({problem}); it records the settings of the run being "
+                          "resumed: repair it, or delete it to resume without comparing settings, or set another "
+                          "run_dir (or start afresh over this one: train.resume=never train.overwrite=true deletes it)")
+    return saved
 
 
 # the samples `tether show` reads, one row per sampled group with the 0-based `step` it was sampled in: the rows of
