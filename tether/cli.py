@@ -29,6 +29,7 @@ from tether.config import (
     string_override,
 )
 from tether.errors import TetherError
+from tether.processes import end_with_starter
 
 
 class _TetherGroup(TyperGroup):
@@ -78,6 +79,7 @@ def main(debug: Annotated[bool, typer.Option("--debug", help="show the traceback
                                                help="print tether's version and exit")] = False) -> None:
     """tether: RL for language models. Exit codes: 0 done, 1 crash, 2 bad input, 3 health stop, 4 stopped early
     (resumable), 5 environment fault, 128+N signal N (docs/reliability.md)."""
+    end_with_starter()  # a run of `tether experiment` stops when the runner is killed (tether.processes)
     if not debug:
         warnings.formatwarning = one_line_warning
     if not sys.stderr.isatty():

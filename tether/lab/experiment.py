@@ -45,6 +45,7 @@ from tether.lab.calibration import FAILED, PASSED, endpoint_step, measure, train
 from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
 from tether.lab.protocol_checks import check_protocol, endpoint_split_overrides
 from tether.lab.report import unfinished, write_report
+from tether.processes import starter_env
 from tether.track.progress import StepLines, status
 
 # -- the code a run imports ------------------------------------------------------------------------
@@ -93,7 +94,10 @@ def _tether(*args: str) -> list[str]:
 
 
 def _one_thread_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    """The environment of a run's ``tether`` process: one thread, and ended (SIGTERM: it saves its step) when this
+    runner ends however it ends, so a killed runner leaves no run training on (:mod:`tether.processes`)."""
+    return starter_env({**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                        "TOKENIZERS_PARALLELISM": "false"})
 
 
 def endpoint_checkpoint(directory: Path, at: str) -> Path:
