@@ -3,7 +3,9 @@ lock; the metric sinks)."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import torch
 from tests.rollout.helpers import seed_sft_config
 from tests.trainer.helpers import lock_held_elsewhere
 from tether.config import ConfigError, load_command_config
-from tether.start import RunDirError, claim_run_dir, run_tracker, start_run
+from tether.start import RunDirError, StopSignals, claim_run_dir, run_tracker, start_run
 
 
 def sft_config(tmp_path: Path, *overrides: str):
@@ -129,3 +131,16 @@ def test_the_tracker_follows_the_logging_section(tmp_path):
         tracker.log({"sft/loss": 1.5}, 1)
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 1, "sft/loss": 1.5}\n'
     assert not (tmp_path / "run" / "tensorboard").exists()  # logging.tensorboard=false
+
+
+@pytest.mark.parametrize(("signum", "name"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C (SIGINT)")])
+def test_a_first_stop_signal_says_at_once_what_happens_and_how_to_stop_now(capfd, signum, name):
+    """A step can take minutes, or hang in a user's reward function: the run said nothing until the step ended, and
+    a SIGTERM from `timeout` read as ignored (10 minutes of silence, measured)."""
+    before = signal.getsignal(signum)
+    with StopSignals() as signals:
+        os.kill(os.getpid(), signum)
+        assert signals.signal == signum
+        assert signal.getsignal(signum) is before  # the second one acts at once
+        assert capfd.readouterr().err == (f"{name}: stopping once the step under way is finished and saved; {name} "
+                                          "again stops at once, without saving it\n")

@@ -111,8 +111,8 @@ def run_tracker(logging: LoggingConfig, run_dir: Path, resumed_at: int = 0) -> T
 
 class StopSignals:
     """While active, SIGTERM and SIGINT are remembered in :attr:`signal` instead of ending the process, so a loop can
-    finish its step (and ``tether train`` save it). The first one restores the previous handlers: a second Ctrl-C
-    acts at once.
+    finish its step (and ``tether train`` save it). The first one prints one line on stderr (:func:`stop_notice`)
+    and restores the previous handlers: a second Ctrl-C acts at once.
 
     Only the main thread may install handlers; elsewhere this does nothing.
     """
@@ -130,6 +130,8 @@ class StopSignals:
     def _remember(self, signum: int, frame: FrameType | None) -> None:
         self.signal = signum
         self._restore()
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank gets the signal; one line says it
+            os.write(2, stop_notice(signum).encode())  # not print: a print under way in the main thread would raise
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -139,3 +141,12 @@ class StopSignals:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._restore()
+
+
+def stop_notice(signum: int) -> str:
+    """The line a first stop signal prints at once: a step can take minutes (or hang, in a user's reward function),
+    and a run that said nothing read as one that ignored the signal (seen: a SIGTERM from `timeout`, 10 minutes of
+    silence)."""
+    name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+    return (f"{name}: stopping once the step under way is finished and saved; {name} again stops at once, without "
+            "saving it\n")
