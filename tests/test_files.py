@@ -28,6 +28,16 @@ def test_append_adds_rows_after_the_existing_ones(tmp_path):
     assert read_jsonl(path, "k") == ROWS
 
 
+def test_an_append_after_a_torn_last_line_keeps_every_new_row(tmp_path):
+    """A kill tears at most the last line; the next append used to join its first row onto it, losing that row too."""
+    path = tmp_path / "code.jsonl"
+    path.write_text('{"a": 1}\n{"what": "ev')
+    append_jsonl(path, ROWS)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[:2] == ['{"a": 1}', '{"what": "ev']
+    assert [json.loads(line) for line in lines[2:]] == ROWS
+
+
 def test_a_line_is_one_object_and_a_newline_non_finite_floats_included():
     line = jsonl_line({"loss": math.nan, "x": math.inf})
     assert line.endswith("\n") and line.count("\n") == 1

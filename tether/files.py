@@ -57,11 +57,17 @@ def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]],
 
 def append_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]],
                  default: Callable[[Any], Any] | None = None) -> None:
-    """Append ``rows`` to ``path`` (created with its folder if missing), one JSON object a line, then flush."""
+    """Append ``rows`` to ``path`` (created with its folder if missing), one JSON object a line, then flush. A last
+    line torn by a kill is ended first, so it stays the one bad line instead of swallowing the first new row."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        f.writelines(jsonl_line(row, default) for row in rows)
+    with path.open("a+b") as f:  # writes go to the end wherever it reads; bytes, so the last byte can be read
+        end = f.seek(0, os.SEEK_END)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        f.write("".join(jsonl_line(row, default) for row in rows).encode("utf-8"))
 
 
 def read_jsonl(file: Path, key: str, fields: tuple[str, ...] = ()) -> list[dict[str, Any]]:

@@ -410,3 +410,42 @@ def test_a_protocol_that_requires_another_runs_only_after_that_result(tmp_path):
     requirement.update(protocol=str(tmp_path / "missing.yaml"), arm="high")
     with pytest.raises(ConfigError, match=r"requires\[0\].protocol='.*missing.yaml': protocol file .* does not exist"):
         check_protocol(load_protocol(write_protocol(tmp_path / "fourth", config, requires=[requirement])))
+
+
+def test_a_kill_while_the_runner_writes_leaves_no_torn_record_that_stops_the_next_run(tmp_path, monkeypatch):
+    """A torn endpoint.json (trained.json, protocol.lock.json) ended every later invocation with a JSONDecodeError
+    traceback, and a torn code.jsonl line every report: the records are written whole or not at all, and a torn
+    code line (a process killed as it started) is passed over."""
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path)))
+    directory = run_dir(protocol, "high", 1)
+    (directory / "checkpoints" / "best").mkdir(parents=True)
+    (directory / "trained.json").write_text('{"endpoint_step": 2}')
+    (directory / "best.txt").write_text("val/avg@k=0.5 step=2\n")
+    (directory / "config.yaml").write_text("seed: 1\n")
+    evaluated = subprocess.CompletedProcess([], 0, stdout='{"val/avg@k": 0.5}', stderr="")
+    monkeypatch.setattr(experiment.subprocess, "run", lambda *a, **k: evaluated)
+    real_open = Path.open
+
+    def killed_halfway(self, mode="r", *args, **kwargs):  # the process dies half-way through the file's text
+        f = real_open(self, mode, *args, **kwargs)
+        if "w" in mode and "endpoint.json" in self.name:  # the file, or the temporary beside it
+            write = f.write
+
+            def half_then_die(text: str) -> None:
+                write(text[: len(text) // 2])
+                f.flush()
+                raise SystemExit(137)
+
+            f.write = half_then_die
+        return f
+
+    monkeypatch.setattr(Path, "open", killed_halfway)
+    with pytest.raises(SystemExit):
+        experiment.evaluate_one(protocol, "high", 1)
+    monkeypatch.setattr(Path, "open", real_open)
+    assert not (directory / "endpoint.json").exists()  # old code: half a JSON object
+    assert experiment.evaluate_one(protocol, "high", 1)["metrics"] == {"val/avg@k": 0.5}  # the next run redoes it
+
+    (directory / "code.jsonl").write_text('{"what": "train", "commit": "c", "clean": true}\n{"what": "ev')
+    experiment.record_code(directory, "eval")
+    assert [row["what"] for row in experiment.code_records(directory)] == ["train", "eval"]

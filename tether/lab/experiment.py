@@ -40,7 +40,7 @@ from typing import Any
 
 import tether
 from tether.config import ConfigError
-from tether.files import append_jsonl
+from tether.files import append_jsonl, write_text_atomic
 from tether.lab.calibration import FAILED, PASSED, endpoint_step, measure, trained
 from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
 from tether.lab.protocol_checks import check_protocol, endpoint_split_overrides
@@ -82,8 +82,18 @@ def record_code(directory: Path, what: str) -> None:
 
 
 def code_records(directory: Path) -> list[dict[str, Any]]:
+    """The rows of ``RUN_DIR/code.jsonl``; a line torn by a kill while its process started is passed over."""
     path = directory / "code.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [row for line in path.read_text().splitlines() if (row := _json_object(line)) is not None] \
+        if path.is_file() else []
+
+
+def _json_object(line: str) -> dict[str, Any] | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 # -- running -------------------------------------------------------------------------------------
@@ -131,8 +141,8 @@ def train_one(protocol: Protocol, arm: str, seed: int) -> None:
     if e.at == "best" and step == 0 and not e.start_selectable:
         raise RuntimeError(f"run {arm}/seed{seed}: checkpoints/best is the starting policy although "
                            "endpoint.start_selectable is false (train.best_from_step was not applied)")
-    (directory / "trained.json").write_text(json.dumps({"endpoint_step": step,
-                                                        "train_s": round(time.perf_counter() - start, 1)}))
+    write_text_atomic(directory / "trained.json", json.dumps({"endpoint_step": step,
+                                                              "train_s": round(time.perf_counter() - start, 1)}))
 
 
 def evaluate_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
@@ -154,7 +164,7 @@ def evaluate_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
     result = json.loads(evaluation.stdout[evaluation.stdout.index("{"):])
     record = {"arm": arm, "seed": seed, "checkpoint": str(checkpoint), "split": e.split,
               "step": endpoint_step(directory, e.at), "metrics": result}
-    done.write_text(json.dumps(record, indent=2))
+    write_text_atomic(done, json.dumps(record, indent=2))
     return record
 
 
@@ -298,8 +308,10 @@ def registration(protocol: Protocol, path: Path, code: dict[str, Any], allow_dir
     lock = Path(protocol.run_root) / "protocol.lock.json"
     if not lock.is_file():
         lock.parent.mkdir(parents=True, exist_ok=True)
-        lock.write_text(json.dumps({**now, "protocol_committed": protocol_committed(path), "allow_dirty": allow_dirty,
-                                    "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}, indent=2))
+        write_text_atomic(lock, json.dumps({**now, "protocol_committed": protocol_committed(path),
+                                            "allow_dirty": allow_dirty,
+                                            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+                                           indent=2))
     first = json.loads(lock.read_text())
     legacy = "protocol" not in first
     if legacy:
