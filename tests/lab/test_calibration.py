@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 
+import numpy as np
 import pytest
+from scipy import integrate
+from scipy.stats import norm
 
 from tests.lab.test_experiment import CLEAN, fake_run, write_config, write_protocol
 from tether.lab import experiment, stats
@@ -148,17 +153,66 @@ def test_a_movement_equal_to_min_movement_passes(tmp_path):
 
 def test_the_endpoint_step_is_the_best_validation_or_the_last_step_as_the_protocol_says(tmp_path):
     """``at: best`` reads the step best.txt names, ``at: final`` the step checkpoints/latest names; a step logged
-    twice (a resumed run) counts at its later row."""
-    rise = {"kind": "rise", "min_movement": 0.1, "why": "training moves it"}
+    twice (a resumed run) counts at its later row. A rise reads the last step under either."""
     rows = [(0, 0.25), (1, 0.5), (2, 0.375), (1, 0.75), (2, 0.5)]  # resumed after step 2: steps 1 and 2 again
     results = {}
-    for at in ("best", "final"):
-        protocol = load_protocol(write_protocol(tmp_path / at, write_config(tmp_path), calibration=rise,
+    for kind, at in itertools.product(("fall", "rise"), ("best", "final")):
+        calibration = {"kind": kind, "min_movement": 0.2, "why": "training moves it"}
+        protocol = load_protocol(write_protocol(tmp_path / kind / at, write_config(tmp_path), calibration=calibration,
                                                 endpoint={"metric": "val/avg@k", "split": "report", "at": at}))
         for seed in (0, 1):
             write_curve(protocol, "low", seed, rows, best_step=1, latest_step=2)
         assert selection_values(run_dir(protocol, "low", 0), "val/avg@k") == {0: 0.25, 1: 0.75, 2: 0.5}
         assert endpoint_step(run_dir(protocol, "low", 0), at) == {"best": 1, "final": 2}[at]
-        results[at] = measure(protocol, locate(protocol))
-    assert results["best"]["per_seed"] == {0: 0.5, 1: 0.5} and results["best"]["status"] == "passed"
-    assert results["final"]["per_seed"] == {0: 0.25, 1: 0.25}
+        results[kind, at] = measure(protocol, locate(protocol))["per_seed"]
+    assert results["fall", "best"] == {0: -0.5, 1: -0.5} and results["fall", "final"] == {0: -0.25, 1: -0.25}
+    assert results["rise", "best"] == results["rise", "final"] == {0: 0.25, 1: 0.25}
+
+
+def noise_curves(protocol, rng, validations, se):
+    """Selection-split validations of pure noise around a flat 0.3 (step 0 and ``validations`` steps after it),
+    each run's best step chosen as the trainer does (the largest after step 0, ties the earliest). Returns the
+    values per seed, in step order."""
+    curves = {}
+    for seed in protocol.seeds:
+        values = (0.3 + se * rng.standard_normal(validations + 1)).tolist()
+        best = 1 + int(np.argmax(values[1:]))
+        write_curve(protocol, "low", seed, list(enumerate(values)), best_step=best, latest_step=validations)
+        curves[seed] = values
+    return curves
+
+
+def test_a_rise_of_pure_noise_reads_no_rise_even_at_the_best_checkpoint(tmp_path):
+    """With ``at: best`` a rise read at the best step is the largest of the noisy validations that chose it: flat
+    runs "rose" by the expected maximum of k standard normals times the standard error, +0.085 for k = 8 and
+    s = 0.06, and passed a min_movement of 0.05. Read at the last step, it is unbiased."""
+    k, se, seeds = 8, 0.06, 200
+    rise = {"kind": "rise", "min_movement": 0.05, "why": "training moves it"}
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path), calibration=rise,
+                                            test_size={"delta": 0.05, "derivation": "d"}, seeds=list(range(seeds))))
+    curves = noise_curves(protocol, np.random.default_rng(0), k, se)
+    result = measure(protocol, locate(protocol))
+    assert result["per_seed"] == {seed: values[-1] - values[0] for seed, values in curves.items()}
+    # the winner's curse the best step would add: E[max of k N(0, 1)], by quadrature in float64
+    curse = se * integrate.quad(lambda x: x * k * norm.pdf(x) * norm.cdf(x) ** (k - 1), -np.inf, np.inf)[0]
+    assert curse == pytest.approx(0.0854, abs=1e-4)
+    at_best = np.mean([max(values[1:]) - values[0] for values in curves.values()])
+    spread = se * math.sqrt(2 / seeds)  # the mean over seeds of a difference of two validations
+    assert at_best == pytest.approx(curse, abs=3 * spread)  # what the best step read, and passed on
+    assert abs(result["mean"]) < 3 * spread and result["status"] == "failed"
+
+
+def test_a_real_rise_passes_read_at_the_last_step(tmp_path):
+    rise = {"kind": "rise", "min_movement": 0.1, "why": "training moves it"}
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path), calibration=rise,
+                                            seeds=list(range(20))))
+    rng = np.random.default_rng(1)
+    curves = {}
+    for seed in protocol.seeds:  # 0.3 rising by 0.025 a validation to +0.2 at step 8, with noise of 0.06
+        values = (0.3 + 0.025 * np.arange(9) + 0.06 * rng.standard_normal(9)).tolist()
+        write_curve(protocol, "low", seed, list(enumerate(values)), best_step=1 + int(np.argmax(values[1:])),
+                    latest_step=8)
+        curves[seed] = values
+    result = measure(protocol, locate(protocol))
+    assert result["mean"] == pytest.approx(np.mean([v[-1] - v[0] for v in curves.values()]), abs=1e-12)
+    assert result["mean"] == pytest.approx(0.2, abs=3 * 0.06 * math.sqrt(2 / 20)) and result["status"] == "passed"

@@ -110,6 +110,10 @@ def overlapping_task():
     ({"test_size": {"delta": 0.1}}, "test_size.derivation: Field required"),
     ({"endpoint": {"split": "report", "at": "final"}},
      "calibrated at its last step, which val.every=3 does not validate"),
+    # a rise is read at the last step whatever endpoint.at says (tether/lab/protocol.py, Calibration.end_at)
+    ({"endpoint": {"split": "report", "at": "best", "start_selectable": True},
+      "calibration": {"kind": "rise", "min_movement": 0.1, "why": "w"}},
+     "calibrated at its last step, which val.every=3 does not validate"),
     ({"arms": {"low": {"config": "ARM", "seeds": [0]}, "high": {"config": "ARM"}}},
      r"arms.low.seeds: the baseline 'low' runs every seed \(its comparisons are paired\)"),
     ({"arms": {"low": {"config": "ARM"}, "high": {"config": "ARM", "seeds": [1]}}},
@@ -124,7 +128,7 @@ def overlapping_task():
 ])
 def test_bad_protocols_stop_before_any_run(tmp_path, change, match):
     config = write_config(tmp_path)
-    if change.get("endpoint", {}).get("at") == "final":
+    if change.get("endpoint", {}).get("at") == "final" or change.get("calibration", {}).get("kind") == "rise":
         config = write_config(tmp_path, val={"every": 3, "samples": 1})
     if "arms" in change:
         for arm in change["arms"].values():

@@ -2,12 +2,13 @@
 movement ``calibration.min_movement`` asks, in this setting?
 
 Every value is read from the runs' own validation on the selection split (``metrics.jsonl``), so the endpoint
-split is not read: the start is step 0's validation and the endpoint is the step the protocol's ``endpoint.at``
-picks (``best.txt`` for ``best``, ``checkpoints/latest`` for ``final``). The movement per seed is
+split is not read: the start is step 0's validation and the end is the step the protocol's ``endpoint.at`` picks
+(``best.txt`` for ``best``, ``checkpoints/latest`` for ``final``), except a rise's, always the last step
+(:meth:`Calibration.end_at`). The movement per seed is
 
 * ``positive_control``: the control arm's endpoint value minus the baseline's, paired by seed;
 * ``fall``: the arm's start minus its endpoint (the collapse a study of forgetting rests on);
-* ``rise``: the arm's endpoint minus its start.
+* ``rise``: the arm's last step minus its start.
 
 The calibration passes when the mean movement over its seeds reaches ``min_movement``; it is incomplete while a
 run it needs has not finished training, or lacks a validation it reads, or that validation is not finite.
@@ -97,7 +98,7 @@ def measure(protocol: Protocol, locate: Callable[[str, int], Path]) -> dict[str,
 
 def movement(protocol: Protocol, locate: Callable[[str, int], Path], seed: int) -> float:
     c = protocol.calibration
-    metric, at = protocol.endpoint.metric, protocol.endpoint.at
+    metric, at = protocol.endpoint.metric, c.end_at(protocol.endpoint.at)
     arm = c.measured_arm(protocol.baseline)
     if c.kind == "positive_control":
         return (value_at(locate(arm, seed), metric, endpoint_step(locate(arm, seed), at))

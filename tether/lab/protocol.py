@@ -79,7 +79,7 @@ class Calibration(_Strict):
 
     kind: Literal["positive_control", "fall", "rise"] = Field(
         description="positive_control: arm minus baseline at the endpoint step; fall: arm's start minus its "
-        "endpoint (a collapse study's premise); rise: arm's endpoint minus its start")
+        "endpoint (a collapse study's premise); rise: arm's last step minus its start (never the best step)")
     arm: str | None = Field(None, description="the arm measured (positive_control: required, not the baseline; "
                             "fall, rise: default the baseline)")
     min_movement: float = Field(gt=0, description="the mean movement over seeds it must reach: at least "
@@ -91,6 +91,19 @@ class Calibration(_Strict):
 
     def measured_arm(self, baseline: str) -> str:
         return self.arm or baseline
+
+    def end_at(self, endpoint_at: str) -> str:
+        """Where the movement's end is read: the endpoint's checkpoint rule, except a rise's, always the last step.
+
+        With ``at: best`` the best step is the largest of the same noisy selection-split validations the rise would
+        read, so its value is biased up (the maximum of k = 8 equal validations with standard error s lies 1.42 s
+        above their mean, in expectation): a flat run "rises" by that much. The bias helps only a rise pass: a fall
+        read at the maximum shrinks, and a positive control subtracts the baseline's maximum, biased alike. Nothing
+        chooses the last step, so its value is unbiased (and a rise that peaked earlier reads smaller: conservative).
+        Choosing the step on half of the selection items and reading it on the other half would read near the
+        peak, but runs log only each validation's mean, and the trainer chooses checkpoints/best on all items.
+        """
+        return "final" if self.kind == "rise" else endpoint_at
 
 
 class Requirement(_Strict):

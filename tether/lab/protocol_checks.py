@@ -100,7 +100,7 @@ def check_selection(protocol: Protocol, arm: str, cfg: Config) -> None:
         return
     if not cfg.val.every:
         raise ConfigError(f"arm {arm!r} is calibrated on the selection split but val.every=0 never validates there")
-    if e.at == "final" and cfg.train.steps % cfg.val.every:
+    if protocol.calibration.end_at(e.at) == "final" and cfg.train.steps % cfg.val.every:
         raise ConfigError(f"arm {arm!r} is calibrated at its last step, which val.every={cfg.val.every} does not "
                           f"validate (train.steps={cfg.train.steps}); make train.steps a multiple of val.every")
 

@@ -190,7 +190,7 @@ def lock_lines(reg: dict[str, Any]) -> list[str]:
 def calibration_lines(c: dict[str, Any]) -> list[str]:
     what = {"positive_control": f"`{c['arm']}` minus the baseline at the endpoint step",
             "fall": f"`{c['arm']}`'s start (step 0) minus its endpoint step",
-            "rise": f"`{c['arm']}`'s endpoint step minus its start (step 0)"}[c["kind"]]
+            "rise": f"`{c['arm']}`'s last step minus its start (step 0)"}[c["kind"]]
     lines = ["## Calibration", "", f"{c['kind']}: {what}, `{c['metric']}` on the selection split, seeds {c['seeds']}; "
              f"required mean movement ≥ {c['min_movement']:g}. {c['why']}"]
     if c["added_after_registration"]:
