@@ -2,9 +2,10 @@
 movement ``calibration.min_movement`` asks, in this setting?
 
 Every value is read from the runs' own validation on the selection split (``metrics.jsonl``), so the endpoint
-split is not read: the start is step 0's validation and the end is the step the protocol's ``endpoint.at`` picks
-(``best.txt`` for ``best``, ``checkpoints/latest`` for ``final``), except a rise's, always the last step
-(:meth:`Calibration.end_at`). The movement per seed is
+split is not read unless it is the selection split (``endpoint.split: val`` with ``at: final``). The start is step
+0's validation and the end is the step the protocol's ``endpoint.at`` picks (``best.txt`` for ``best``,
+``checkpoints/latest`` for ``final``), except a rise's, always the last step (:meth:`Calibration.end_at`). The
+movement per seed is
 
 * ``positive_control``: the control arm's endpoint value minus the baseline's, paired by seed;
 * ``fall``: the arm's start minus its endpoint (the collapse a study of forgetting rests on);
