@@ -189,6 +189,10 @@ class TrainerBuild:
     def push_weights(self) -> None:
         """Give the engine the policy's current weights: free for the in-process engine, which holds the same
         tensors; one broadcast for engines with their own copy (Ray actors, vLLM), with LoRA adapters merged."""
+        if getattr(self.engine, "model", None) is self.policy:
+            # it samples with the policy module itself: no state dict to build (a walk of every parameter, and the
+            # engine built its own to find the same tensors), nothing to copy
+            return
         if is_lora(self.policy) and engine_entry(self.cfg.rollout.engine).shares_policy:
             # the engine runs the policy module (the same tensors: free) or, sampling ahead (rollout.max_staleness),
             # a copy of the module with adapters of its own: its keys are the module's, not the merged ones
