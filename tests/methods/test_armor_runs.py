@@ -159,7 +159,7 @@ def test_single_update_takes_pi_old_of_anchors_from_the_policy(tiny, tmp_path):
     m = plain.train_step()
     assert m["armor/anchor_rows"] == 2
     assert m["actor/ratio_max"] == 1.0 and m["actor/ppo_kl"] == 0.0
-    assert "armor/kl_on_old" in m and "armor/kl_on_ref" in m  # computed by an extra pass of the policy
+    assert "armor/kl_on_old" in m and "armor/kl_on_ref" in m  # from the update's own forward (no extra pass)
 
     is_run = make_trainer(tiny, tmp_path / "is", ["optim.mini_batches=1", "methods.armor={}",
                                                  "algorithm.policy_loss=anchor_offpolicy_is"])

@@ -52,7 +52,7 @@ class ArmorSettings(MethodSettings):
                             description="reset period in steps (paper: 160 for 7B, 1 for 8B); until: 1")
     until_step: int | None = Field(None, ge=1, validate_default=True,
                                    description="'until': last step that resets; frozen after (paper 8B: 180)")
-    kl_metrics: bool = Field(True, description="log armor/kl_on_old and armor/kl_on_ref (may cost a forward)")
+    kl_metrics: bool = Field(True, description="log armor/kl_on_old and armor/kl_on_ref (free: from pi_old)")
 
     @field_validator("tau")
     @classmethod
@@ -171,6 +171,7 @@ class Armor(Method):
         self._ref_policy: Any = None
         self.resets, self.last_reset = 0, 0
         self._step, self._counts = -1, Counter()  # acceptance counts over the generation batches of a step
+        self._update_drift: tuple[str, ...] = ()  # drift metrics the update's pass logs (on_score decides)
 
     @classmethod
     def check_config(cls, settings: ArmorSettings, cfg: Config) -> list[str]:
@@ -236,13 +237,26 @@ class Armor(Method):
 
     def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         metrics = source_metrics(batch)
-        if self.settings.kl_metrics:
-            old = batch.token.get("old_log_probs")
-            if old is None:  # one optimiser step per RL step: the trainer skips this pass; pi_old = policy
-                old = ctx.log_probs(ctx.policy, batch)
-            ref = batch.token["ref_log_probs"]
+        self._update_drift = ()
+        if not self.settings.kl_metrics:
+            return metrics
+        old, ref = batch.token.get("old_log_probs"), batch.token["ref_log_probs"]
+        if old is not None:
             metrics.update(drift_metrics(old, ref, batch.response_mask, batch.source))
+        else:  # one optimiser step per RL step: pi_old is the update's detached forward, read in extra_loss
+            _, counts = drift_terms(ref, ref, batch.response_mask, batch.source)
+            self._update_drift = tuple(k for k, n in counts.items() if n > 0)
         return metrics
+
+    def extra_loss(self, inputs: LossInputs, micro: RolloutBatch, ctx: StepContext) -> LossOutput | None:
+        """No term: the drift metrics where the trainer did not score pi_old, from the update's pass, which is
+        pi_old (a separate pass in on_score cost one more no-grad forward of the policy over the batch)."""
+        if not self._update_drift:
+            return None
+        metrics, counts = drift_terms(inputs.old_log_probs, inputs.require("ref_log_probs", "armor"),
+                                      inputs.response_mask, inputs.source)
+        return LossOutput(inputs.log_probs.new_zeros(()), {k: metrics[k] for k in self._update_drift},
+                          {k: counts[k] for k in self._update_drift})
 
     def on_advantages(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         anchor = batch.source == ANCHOR
@@ -288,22 +302,27 @@ def source_metrics(batch: RolloutBatch) -> dict[str, float]:
     return out
 
 
-def drift_metrics(old_log_probs: Tensor, ref_log_probs: Tensor, mask: Tensor,
-                  source: Tensor) -> dict[str, float]:
-    """The code's ``mix_kl/kl_on_old`` and ``mix_kl/kl_on_ref``: k1 estimates, token means over the batch.
+def drift_terms(old_log_probs: Tensor, ref_log_probs: Tensor, mask: Tensor,
+                source: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The code's ``mix_kl/kl_on_old`` and ``mix_kl/kl_on_ref``: k1 estimates, token means over these rows, with
+    their token counts (0 where there is no such token), as tensors (no host sync).
 
     ``kl_on_old = mean_t (log pi_old - log pi_ref)`` over on-policy tokens (reverse KL, tokens from pi_old);
     ``kl_on_ref = mean_t (log pi_ref - log pi_old)`` over anchor tokens (forward KL, tokens from pi_ref,
-    biased: anchors are rejection-filtered to be correct). Only present when such tokens exist.
+    biased: anchors are rejection-filtered to be correct).
     """
     anchor = (source == ANCHOR).to(mask.dtype)[:, None] * mask
     on = mask - anchor
-    out = {}
-    if bool(on.sum() > 0):
-        out["armor/kl_on_old"] = algos.reverse_kl_estimate(old_log_probs, ref_log_probs, on).item()
-    if bool(anchor.sum() > 0):
-        out["armor/kl_on_ref"] = algos.forward_kl_estimate(old_log_probs, ref_log_probs, anchor).item()
-    return out
+    metrics = {"armor/kl_on_old": algos.reverse_kl_estimate(old_log_probs, ref_log_probs, on),
+               "armor/kl_on_ref": algos.forward_kl_estimate(old_log_probs, ref_log_probs, anchor)}
+    return metrics, {"armor/kl_on_old": on.sum(), "armor/kl_on_ref": anchor.sum()}
+
+
+def drift_metrics(old_log_probs: Tensor, ref_log_probs: Tensor, mask: Tensor,
+                  source: Tensor) -> dict[str, float]:
+    """:func:`drift_terms` over the batch, each only present when such tokens exist."""
+    metrics, counts = drift_terms(old_log_probs, ref_log_probs, mask, source)
+    return {k: v.item() for k, v in metrics.items() if counts[k] > 0}
 
 
 # -- the paper's off-policy IS ablation (Fig. 3b) ----------------------------------------------
