@@ -29,14 +29,25 @@ def locate(protocol):
 
 def test_a_positive_control_is_its_lift_over_the_baseline_at_the_endpoint_step(tmp_path):
     protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path)))  # control: high; needs 0.1
-    for seed, (low, high) in {0: (0.30, 0.45), 1: (0.32, 0.40)}.items():
+    for seed, (low, high) in {0: (0.30, 0.45), 1: (0.32, 0.46)}.items():
         fake_run(protocol, "low", seed, start=0.2, end=low, step=2)
         fake_run(protocol, "high", seed, start=0.2, end=high, step=1)  # read at its own endpoint step
     result = measure(protocol, locate(protocol))
-    assert result["per_seed"] == pytest.approx({0: 0.15, 1: 0.08})
-    assert result["mean"] == pytest.approx(0.115) and result["status"] == "passed"
+    assert result["per_seed"] == pytest.approx({0: 0.15, 1: 0.14})
+    assert result["mean"] == pytest.approx(0.145) and result["status"] == "passed"
     fake_run(protocol, "high", 1, start=0.2, end=0.33)  # lift 0.01: mean 0.08 < 0.1
     assert measure(protocol, locate(protocol))["status"] == "failed"
+
+
+def test_a_mean_that_reaches_min_movement_fails_while_its_interval_holds_no_movement(tmp_path):
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path)))  # control: high; needs 0.1
+    for seed, lift in {0: 0.25, 1: -0.01}.items():  # mean 0.12 >= 0.1, but one seed did not move at all
+        fake_run(protocol, "low", seed, start=0.2, end=0.3, step=2)
+        fake_run(protocol, "high", seed, start=0.2, end=0.3 + lift, step=1)
+    result = measure(protocol, locate(protocol))
+    half = 12.706204736174707 * math.sqrt((0.13 ** 2 + 0.13 ** 2) / 1) / math.sqrt(2)  # t(0.975, 1) x sd / sqrt(2)
+    assert result["mean"] == pytest.approx(0.12) and result["ci_low"] == pytest.approx(0.12 - half)
+    assert result["ci_low"] < 0 and result["status"] == "failed"
 
 
 def test_a_collapse_study_needs_a_fall_of_twice_the_test_size(tmp_path):

@@ -82,8 +82,8 @@ class Calibration(_Strict):
         "endpoint (a collapse study's premise); rise: arm's last step minus its start (never the best step)")
     arm: str | None = Field(None, description="the arm measured (positive_control: required, not the baseline; "
                             "fall, rise: default the baseline)")
-    min_movement: float = Field(gt=0, description="the mean movement over seeds it must reach: at least "
-                                "test_size.delta (fall: at least 2 x delta)")
+    min_movement: float = Field(gt=0, description="the mean movement over seeds it must reach, its 95% interval "
+                                "above 0: at least test_size.delta (fall: at least 2 x delta)")
     seeds: list[int] | None = Field(None, min_length=1, description="default: the protocol's seeds")
     why: str = Field(min_length=1, description="why this movement shows the setting can show the test size")
     added_after_registration: str | None = Field(None, description="set when this section was written after the "

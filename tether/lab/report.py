@@ -192,7 +192,7 @@ def calibration_lines(c: dict[str, Any]) -> list[str]:
             "fall": f"`{c['arm']}`'s start (step 0) minus its endpoint step",
             "rise": f"`{c['arm']}`'s last step minus its start (step 0)"}[c["kind"]]
     lines = ["## Calibration", "", f"{c['kind']}: {what}, `{c['metric']}` on the selection split, seeds {c['seeds']}; "
-             f"required mean movement ≥ {c['min_movement']:g}. {c['why']}"]
+             f"required: mean movement ≥ {c['min_movement']:g}, its 95% interval above 0. {c['why']}"]
     if c["added_after_registration"]:
         lines.append(f"*Written after registration:* {c['added_after_registration']}")
     lines.append("")
