@@ -19,6 +19,8 @@ from tether.distributed.data_parallel import pack_by_tokens
 from tether.distributed.strategy import every_rank_micro_batches, own_micro_batches
 from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
+from tether.methods import METHODS, method_config
+from tether.methods.hooks import MethodSet
 from tether.models import tiny_model
 from tether.trainer import Trainer
 from tether.trainer.checkpoint import CheckpointManager, CheckpointWriteError
@@ -46,6 +48,24 @@ def run_update(run_dir: Path, *overrides: str) -> dict:
     return {"metrics": metrics, "grads": grads, "params": params}
 
 
+def run_distillation_update(run_dir: Path, method: str) -> dict[str, float]:
+    """The fixed batch's update with SEED's (or OPSD's) distillation term, on every row but two (no skill, no hint):
+    the metrics the step logs from the update and from the methods' ``after_update``."""
+    trainer = make_trainer(tiny_config(run_dir, *UPDATE))
+    batch = fixed_batch()
+    trainer.score(batch)  # before the method joins: its on_score would analyse episodes the fixed batch lacks
+    trainer.compute_advantages(batch)
+    g = torch.Generator().manual_seed(1)
+    batch.token["teacher_log_probs"] = -3.0 * torch.rand(batch.response_mask.shape, generator=g)
+    rows = torch.ones(len(batch))
+    rows[[1, 4]] = 0.0
+    batch.token["seed_mask" if method == "seed" else "opsd_mask"] = rows[:, None] * batch.response_mask
+    trainer.methods = MethodSet([METHODS[method](method_config(method, {}))])
+    metrics = trainer.update(batch)
+    trainer.step += 1
+    return {**metrics, **trainer.methods.after_update(trainer.hook_context())}
+
+
 def failed_save(root: Path, rank: int) -> dict:
     """Step 1 saves; at step 2 rank 1 alone cannot write its file. Every rank must stop with the same line rather
     than wait at the next collective for a rank that has left (the helper's 2-minute timeout fails the test)."""
@@ -71,6 +91,7 @@ def failed_save(root: Path, rank: int) -> dict:
 def _work(rank: int, out: Path) -> dict:
     result = {"failed_save": failed_save(out / "failed_save", rank)}
     result["update"] = run_update(out / "update")
+    result["distillation"] = {m: run_distillation_update(out / m, m) for m in ("seed", "opsd")}
     if HAS_PEFT:
         result["lora_update"] = run_update(out / "lora", *LORA)
     trainer = make_trainer(tiny_config(out / "fit", "train.steps=1"))  # fit() is what `tether train` runs
@@ -141,6 +162,20 @@ def test_two_process_update_equals_the_single_process_update(two_ranks, tmp_path
         for key in (k for k in single["metrics"] if k.startswith("actor/")):
             assert got["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-4, abs=1e-6), key
     assert torch.equal(results[0]["update"]["params"], results[1]["update"]["params"])  # replicas stay equal
+
+
+def test_seed_and_opsd_metrics_are_over_every_ranks_tokens(two_ranks, tmp_path):
+    """SEED's and OPSD's distillation metrics are means over the update's active tokens (docs/methods/seed.md). Each
+    rank runs its share of the micro-batches, so their sums must be added over the ranks like the actor/ ones; kept in
+    the method and flushed in after_update, rank 0 logged the means over its own share."""
+    results, _ = two_ranks
+    for method in ("seed", "opsd"):
+        single = run_distillation_update(tmp_path / method, method)
+        keys = [k for k in single if k.startswith("seed/")]
+        assert len(keys) >= 3 and single[f"seed/{'opd' if method == 'seed' else 'opsd'}_delta_mean"] > 0.1
+        for r in results:
+            for key in keys:
+                assert r["distillation"][method][key] == pytest.approx(single[key], rel=1e-4, abs=1e-6), (method, key)
 
 
 def test_logged_token_means_and_maxima_are_the_mini_batchs_whatever_the_micro_batches(tmp_path):

@@ -1,9 +1,10 @@
-"""SEED's OPD accounting metrics (``Seed.extra_loss`` -> ``Seed.after_update``), pinned to a float64 computation.
+"""SEED's OPD metrics (``Seed.extra_loss``, folded by the trainer's rule), pinned to a float64 computation.
 
 The update is hand-made: two mini-batches, the first cut into two micro-batches, rows with and without a skill
 (``seed_mask`` 0), padding whose teacher gap would raise the gate if it were read. docs/methods/seed.md defines
 ``seed/opd_loss = sum m g (l_T - l) / sum m``, ``seed/opd_gate_mean = sum m g / sum m``, ``seed/opd_raised_frac =
-sum m 1[g > 0.5] / sum m``, sums over every micro-batch forward of the update.
+sum m 1[g > 0.5] / sum m``, sums over every micro-batch forward of the update (and rank:
+tests/distributed/test_data_parallel.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from tether.algos import LossInputs
 from tether.methods import METHODS, MiniBatch, method_config
 from tether.rollout.batch import RolloutBatch
+from tether.trainer.step import add_micro_metrics, step_values
 
 BETA = 5.0
 # 4 rows, width 3, lengths 3, 2, 3, 1; r1's analysis produced no skill (seed_mask 0): 7 active of 9 response tokens
@@ -41,10 +43,11 @@ def seed_batch() -> RolloutBatch:
                                "seed_mask": torch.tensor(SKILL, dtype=torch.float32)[:, None] * response})
 
 
-def run_update(seed=None, **settings) -> dict[str, float]:
-    """Every micro-batch's extra_loss of one update, then after_update's metrics."""
-    seed = seed or METHODS["seed"](method_config("seed", {"gate_beta": BETA, **settings}))
+def run_update(**settings) -> dict[str, float]:
+    """Every micro-batch's extra_loss of one update, its metrics folded as the trainer folds them."""
+    seed = METHODS["seed"](method_config("seed", {"gate_beta": BETA, **settings}))
     batch = seed_batch()
+    folded: dict[str, torch.Tensor] = {}
     for micros in MINI_BATCHES:
         rows = [r for micro in micros for r in micro]
         mini = batch.select(rows)
@@ -56,8 +59,8 @@ def run_update(seed=None, **settings) -> dict[str, float]:
             inputs = LossInputs(log_probs=lp, old_log_probs=lp.detach(), advantages=torch.zeros_like(lp),
                                 response_mask=micro.response_mask,
                                 tokens={"teacher_log_probs": micro.token["teacher_log_probs"]})
-            assert seed.extra_loss(inputs, micro, ctx) is not None
-    return seed.after_update(ctx)
+            add_micro_metrics(folded, seed.extra_loss(inputs, micro, ctx), tokens=micro.response_mask.sum())
+    return step_values({k: float(v) for k, v in folded.items()}, dict.fromkeys(folded, 1))
 
 
 def expected() -> dict[str, float]:
@@ -84,16 +87,6 @@ def test_opd_metrics_are_exact_token_means_over_the_update(global_token_mean):
     for key, value in want.items():
         assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
     assert set(metrics) == set(want)
-
-
-def test_opd_metrics_flush_once_per_update():
-    seed = METHODS["seed"](method_config("seed", {"gate_beta": BETA}))
-    assert seed.after_update(SimpleNamespace()) == {}  # nothing accumulated: no metrics rather than zeros
-    first = run_update(seed)
-    assert seed.after_update(SimpleNamespace()) == {}  # the sums start again after each update
-    second = run_update(seed)  # a second identical update: the same means, not the two updates' sums pooled twice
-    assert second == pytest.approx(first, rel=1e-12)
-    assert second["seed/opd_gate_mean"] == pytest.approx(expected()["seed/opd_gate_mean"], rel=1e-6)
 
 
 def test_per_micro_batch_normalisation_is_divided_by_the_accumulation_count():

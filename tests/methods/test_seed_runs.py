@@ -26,6 +26,7 @@ from tether.methods.seed.prompting import augment_with_skill
 from tether.models import encode_chat, load_policy, response_log_probs
 from tether.recipes.seed_sft import run_skill_sft
 from tether.trainer import Trainer
+from tether.trainer.step import add_micro_metrics, step_values
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "seed"
 SKILL = "Say the secret word from the task at once."
@@ -249,7 +250,7 @@ def test_opsd_baseline_scores_under_the_solution_hint(tiny_policy, tmp_path):
     assert prompts == [list(p) for p in batch.prompt_ids]  # identity insertion reproduces the rollout prompts
     out = trainer.update(batch)
     assert torch.isfinite(torch.tensor(out["actor/grad_norm"]))
-    assert "seed/opsd_delta_mean" in trainer.methods[0].after_update(trainer.hook_context())
+    assert "seed/opsd_delta_mean" in out
 
 
 @pytest.mark.parametrize("mode", ["reverse_kl", "gated"])
@@ -277,12 +278,15 @@ def test_opsd_adds_coef_times_its_distillation_term_to_the_loss(tiny_policy, tmp
 
     incoming = torch.tensor(0.7, dtype=torch.float64)
     parts = [list(range(3)), list(range(3, n))]
+    folded: dict[str, torch.Tensor] = {}
     for rows in parts:
         micro = batch.select(rows)
         lp = student[rows].clone().requires_grad_()
         inputs = LossInputs(log_probs=lp, old_log_probs=lp.detach(), advantages=micro.token["advantages"],
                             response_mask=micro.response_mask, tokens=trainer.methods.loss_token_inputs(micro))
-        loss = trainer.methods.extra_loss(incoming, inputs, micro, trainer.hook_context(whole(batch))).loss
+        out = trainer.methods.extra_loss(incoming, inputs, micro, trainer.hook_context(whole(batch)))
+        add_micro_metrics(folded, out, tokens=micro.response_mask.sum())  # as the trainer folds them
+        loss = out.loss
         loss.backward()
         term, grad = reference(rows)
         assert term.abs() > 1e-3
@@ -291,7 +295,7 @@ def test_opsd_adds_coef_times_its_distillation_term_to_the_loss(tiny_policy, tmp
     # the logged means over the update (both micro-batches): the term itself, l_T - l and the hinted fraction
     m = batch.token["opsd_mask"].double()
     gap = (batch.token["teacher_log_probs"].double() - student.double()) * m
-    metrics = trainer.methods[0].after_update(trainer.hook_context())
+    metrics = step_values({k: float(v) for k, v in folded.items()}, dict.fromkeys(folded, 1))
     assert metrics["seed/opsd_loss"] == pytest.approx(reference(list(range(n)))[0].item() / 0.3, rel=1e-6)
     assert metrics["seed/opsd_delta_mean"] == pytest.approx((gap.sum() / m.sum()).item(), rel=1e-6)
     assert metrics["seed/opsd_active_token_frac"] == pytest.approx((m.sum() / batch.response_mask.sum()).item())

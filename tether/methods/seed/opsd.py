@@ -10,7 +10,7 @@ from pydantic import Field
 from tether.algos import LossInputs, LossOutput, opd_loss, seed_opd_loss
 from tether.config import ConfigError
 from tether.methods.base import Method, MethodSettings, register_method
-from tether.methods.seed.plugin import OpdAccounting, teacher_scores
+from tether.methods.seed.plugin import opd_metrics, teacher_scores
 from tether.methods.seed.prompting import insert_after_task_line, skill_section
 from tether.methods.seed.rule_analyzers import OBSERVATION_SOLVERS, solve_from_observation
 from tether.models.vision import is_processor
@@ -51,7 +51,6 @@ class Opsd(Method):
     def __init__(self, settings: OpsdSettings) -> None:
         super().__init__(settings)
         self.settings: OpsdSettings = settings
-        self.accounting = OpdAccounting("seed/opsd_")
         self.hinted = False  # some row of this run has had a hint (checkpointed: a resume is not a new run)
 
     @classmethod
@@ -95,13 +94,9 @@ class Opsd(Method):
             out = opd_loss(inputs.log_probs, teacher, mask, num_tokens=total)
         active = mask.sum()
         gap = (teacher - inputs.log_probs).detach() * mask
-        self.accounting.add(active=active, tokens=micro.response_mask.sum(), delta=gap.sum(),
-                            loss=out.loss.detach() * (active if total is None else total))
-        return LossOutput(self.settings.coef * out.loss)
-
-    def after_update(self, ctx: StepContext) -> dict[str, Any]:
-        return self.accounting.flush({"loss": ("loss", "active"), "delta_mean": ("delta", "active"),
-                                      "active_token_frac": ("active", "tokens")})
+        metrics, counts = opd_metrics("seed/opsd_", out.loss.detach() * total, active, micro.response_mask.sum(),
+                                      delta_mean=gap.sum() / active.clamp(min=1))
+        return LossOutput(self.settings.coef * out.loss, metrics, counts)
 
     def state_dict(self) -> dict[str, Any]:
         return {"hinted": self.hinted}

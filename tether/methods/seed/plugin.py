@@ -166,24 +166,22 @@ def fatal_safe_deltas(batch: RolloutBatch, teacher: Tensor, student: Tensor, mas
     return out
 
 
-class OpdAccounting:
-    """Per update: token sums over every micro-batch forward that become exact means in ``after_update``."""
+def opd_metrics(prefix: str, loss_sum: Tensor, active: Tensor, tokens: Tensor,
+                **means: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """A micro-batch's distillation metrics and their units (``LossOutput.counts``): ``{prefix}loss`` and each of
+    ``means`` are means over its ``active`` tokens, ``{prefix}active_token_frac`` over its response ``tokens``.
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.sums: dict[str, Tensor] = {}
+    The trainer folds them as value x units over micro-batches, data-parallel ranks and mini-batches, so the logged
+    value is the mean over every active token of the update. Kept as the method's own sums and flushed in
+    ``after_update``, they were never added over ranks: rank 0 logged the means over its share.
 
-    def add(self, **values: Tensor) -> None:
-        for k, v in values.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v.detach().double()
-
-    def flush(self, names: dict[str, tuple[str, str]]) -> dict[str, float]:
-        """``names``: metric -> (numerator sum, denominator sum); 0 where the denominator is 0."""
-        s = {k: float(v) for k, v in self.sums.items()}
-        self.sums = {}
-        if not s:
-            return {}
-        return {f"{self.prefix}{m}": s[a] / s[b] if s.get(b) else 0.0 for m, (a, b) in names.items()}
+    Args:
+        loss_sum: the term summed over the active tokens (not normalised).
+        means: name -> mean over the active tokens.
+    """
+    metrics = {f"{prefix}loss": loss_sum / active.clamp(min=1), **{f"{prefix}{k}": v for k, v in means.items()},
+               f"{prefix}active_token_frac": active / tokens.clamp(min=1)}
+    return metrics, {k: active for k in metrics if k != f"{prefix}active_token_frac"}
 
 
 # -- SEED ----------------------------------------------------------------------------------------
@@ -200,7 +198,6 @@ class Seed(Method):
     def __init__(self, settings: SeedSettings) -> None:
         super().__init__(settings)
         self.settings: SeedSettings = settings
-        self.accounting = OpdAccounting("seed/")
 
     @classmethod
     def check_config(cls, settings: SeedSettings, cfg: Config) -> list[str]:
@@ -335,17 +332,11 @@ class Seed(Method):
         total = ctx.mini_batch.token_sum("seed_mask") if self.settings.global_token_mean else None
         out = seed_opd_loss(inputs.log_probs, teacher, mask, beta=self.settings.gate_beta, num_active_tokens=total)
         m = out.metrics
-        active = mask.sum()
-        self.accounting.add(active=active, tokens=micro.response_mask.sum(),
-                            delta=m["seed/opd_delta_mean"] * active, gate=m["seed/opd_gate_mean"] * active,
-                            raised=m["seed/opd_gate_active_ratio"] * active,
-                            loss=out.loss.detach() * (active if total is None else total))
+        metrics, counts = opd_metrics(
+            "seed/opd_", out.loss.detach() * (mask.sum() if total is None else total), mask.sum(),
+            micro.response_mask.sum(), delta_mean=m["seed/opd_delta_mean"], gate_mean=m["seed/opd_gate_mean"],
+            raised_frac=m["seed/opd_gate_active_ratio"])
         # per micro-batch counts (the SEED code): verl scales each micro-batch's loss by micro / mini rows (1 over the
         # accumulation count), which the trainer's global normalisers do not; without it L_opd grew with the count
         scale = 1.0 if total is not None else len(micro) / ctx.mini_batch.num_seqs
-        return LossOutput(self.settings.opd_coef * scale * out.loss)
-
-    def after_update(self, ctx: StepContext) -> dict[str, Any]:
-        return self.accounting.flush({"opd_loss": ("loss", "active"), "opd_delta_mean": ("delta", "active"),
-                                      "opd_gate_mean": ("gate", "active"), "opd_raised_frac": ("raised", "active"),
-                                      "opd_active_token_frac": ("active", "tokens")})
+        return LossOutput(self.settings.opd_coef * scale * out.loss, metrics, counts)
