@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
+from tests.algos.conftest import random_inputs, select_rows
 from tether.algos import LossInputs, eapo, ppo
+from tether.trainer.step import add_micro_metrics, step_values
 
 METHOD_TENSORS = ("gate_mask", "injected_mask")
 
@@ -182,3 +184,38 @@ def test_expected_seq_gated_gradient_is_the_policy_gradient(seed):
     assert (expected_gradient("none") - true_grad).abs().max() > 1e-3
     assert (expected_gradient("token") - true_grad).abs().max() > 1e-3
     assert mu.ne(torch.softmax(theta.detach(), -1)).any()  # the problem really is off-policy
+
+
+def _direct_weights(inputs: LossInputs, correction: str, cap: float) -> torch.Tensor:
+    """Every importance weight of the policy's rows over its units, written out row by row (float64)."""
+    weights = []
+    gate, mask = inputs.tokens["gate_mask"], inputs.response_mask
+    for i in range(mask.shape[0]):
+        tokens = [t for t in range(mask.shape[1]) if mask[i, t] > 0]
+        if inputs.source[i] != 0 or not tokens:
+            continue
+        rho = [math.exp(inputs.old_log_probs[i, t] - inputs.behaviour_log_probs[i, t]) if gate[i, t] > 0 else 1.0
+               for t in tokens]
+        weights += [min(math.prod(rho), cap)] if correction == "seq_gated" else [min(r, cap) for r in rho]
+    return torch.tensor(weights, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("correction", ["seq_gated", "token"])
+def test_the_steps_is_ess_is_over_every_weight_whatever_the_micro_batches(correction):
+    """``eapo/is_ess = (sum w)^2 / (n sum w^2)`` over all of the step's weights. A ratio is no mean: averaged over
+    micro-batches by their units it was 1 for one-row micro-batches of seq_gated (one weight each) whatever the
+    weights. Now the loss gives the mean of w^2 too and the fold computes the ratio once (LossOutput.derived)."""
+    inputs = random_inputs(batch=9, seed=5)
+    w = _direct_weights(inputs, "seq_gated" if correction == "seq_gated" else "token", cap=2.0)
+    direct = float(w.sum() ** 2 / (len(w) * w.square().sum()))
+    assert len(w) >= 5 and direct < 0.96  # the weights differ, so the ESS is below 1
+    lp = inputs.log_probs.detach()
+    for size in (1, 3, 9):
+        folded, derived = {}, {}
+        for start in range(0, 9, size):
+            micro = select_rows(inputs, slice(start, start + size), lp)
+            add_micro_metrics(folded, eapo(micro, correction=correction), tokens=micro.response_mask.sum(),
+                              derived=derived)
+        got = step_values({k: float(v) for k, v in folded.items()}, dict.fromkeys(folded, 1), derived)
+        assert got["eapo/is_ess"] == pytest.approx(direct, rel=1e-6), size  # the fold sums in float32
+        assert got["eapo/is_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-6), size

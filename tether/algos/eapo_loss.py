@@ -21,6 +21,8 @@ Weights are computed without gradient (stop-grad).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
@@ -53,16 +55,24 @@ def _correction_weights(inputs: LossInputs, correction: str, cap: float) -> tupl
 Metrics = tuple[dict[str, Tensor], dict[str, Tensor]]  # metrics and the units of each mean (LossOutput.counts)
 
 
+def normalised_ess(metrics: Mapping[str, float]) -> float:
+    """``(sum w)^2 / (n sum w^2) = mean(w)^2 / mean(w^2)``, from the means of the weights and of their squares (0
+    without weights)."""
+    second = metrics["eapo/is_weight_sq_mean"]
+    return metrics["eapo/is_weight_mean"] ** 2 / second if second > 0 else 0.0
+
+
 def _weight_metrics(weights: Tensor, raw: Tensor, cap: float, units: Tensor) -> Metrics:
-    """Mean, max, normalised ESS ``(sum w)^2 / (n sum w^2)`` and truncated fraction over ``units``."""
-    ess = masked_mean(weights, units).square() / masked_mean(weights.square(), units).clamp(min=1e-30)
-    metrics = {
+    """Mean, mean square, max, normalised ESS ``(sum w)^2 / (n sum w^2)`` and truncated fraction over ``units``."""
+    means = {
         "eapo/is_weight_mean": masked_mean(weights, units),
-        "eapo/is_weight_max": masked_max(weights, units),
-        "eapo/is_ess": ess,
+        "eapo/is_weight_sq_mean": masked_mean(weights.square(), units),
         "eapo/is_trunc_frac": masked_mean((raw > cap).to(units.dtype), units),
     }
-    return metrics, dict.fromkeys(("eapo/is_weight_mean", "eapo/is_ess", "eapo/is_trunc_frac"), units.sum())
+    metrics = {**means, "eapo/is_weight_max": masked_max(weights, units),
+               "eapo/is_ess": means["eapo/is_weight_mean"].square()
+               / means["eapo/is_weight_sq_mean"].clamp(min=1e-30)}
+    return metrics, dict.fromkeys(means, units.sum())
 
 
 def _fraction_metrics(inputs: LossInputs, guided: Tensor) -> Metrics:
@@ -91,8 +101,9 @@ def eapo(inputs: LossInputs, *, agg: str = "token-mean", correction: str = "seq_
         gamma: ``split``'s shaping constant (LUFFY's ``p_div_p_0.1``).
         clip_low, clip_high, dual_clip: as in ``ppo`` (EAPO's values are unknown; PPO's defaults).
 
-    Metrics, besides ``actor/*``: ``eapo/is_weight_{mean,max}``, ``eapo/is_ess`` (normalised effective
-    sample size) and ``eapo/is_trunc_frac`` (weights above ``cap`` before truncation), over sequences
+    Metrics, besides ``actor/*``: ``eapo/is_weight_{mean,sq_mean,max}``, ``eapo/is_ess`` (normalised effective
+    sample size, ``mean(w)^2 / mean(w^2)``: :func:`normalised_ess`, ``LossOutput.derived``) and
+    ``eapo/is_trunc_frac`` (weights above ``cap`` before truncation), over sequences
     for ``seq_gated``, tokens for ``token`` and ``none``, and of ``pi_theta / mu`` over injected tokens
     for ``split`` (never truncated); ``eapo/gated_frac`` and ``eapo/injected_frac`` of response tokens. All of
     them count only the rows the policy sampled (``source`` 0, every row when ``source`` is None): the prior gated
@@ -124,4 +135,6 @@ def eapo(inputs: LossInputs, *, agg: str = "token-mean", correction: str = "seq_
         policy_rows = mask.new_ones(mask.shape[0]) if inputs.source is None else (inputs.source == 0).to(mask.dtype)
         is_metrics, is_counts = _weight_metrics(weights, raw, cap, units * policy_rows[:, None])
         fractions, fraction_counts = _fraction_metrics(inputs, mask * policy_rows[:, None])
-    return LossOutput(loss, {**metrics, **is_metrics, **fractions}, {**is_counts, **fraction_counts})
+    # is_ess is a ratio of two means: the step's is computed once from the step's means, never averaged
+    return LossOutput(loss, {**metrics, **is_metrics, **fractions}, {**is_counts, **fraction_counts},
+                      derived={"eapo/is_ess": normalised_ess})

@@ -8,7 +8,7 @@ per token: ``[B, T]`` over *response* tokens only (prompt positions never appear
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -156,11 +156,16 @@ class LossOutput:
     ``counts[name]`` is how many of them this micro-batch has. The trainer folds each mean over micro-batches, ranks
     and mini-batches weighted by its units, so the logged value is the mean over every unit of the step whatever
     ``optim.micro_batch_size`` (a micro-batch without any counts for nothing; docs/metrics.md).
+
+    A metric that is no mean (a ratio of means, as EAPO's effective sample size ``(sum w)^2 / (n sum w^2)``) is named
+    in ``derived`` with its formula over the folded metrics: its value in ``metrics`` is this call's own, and the
+    trainer computes the step's once, from the step's means, rather than averaging the calls' ratios.
     """
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
     counts: dict[str, Tensor] = field(default_factory=dict)
+    derived: dict[str, Callable[[Mapping[str, float]], float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.metrics, self.counts = _detached(self.metrics), _detached(self.counts)

@@ -118,6 +118,7 @@ class MethodSet:
                 out.loss = out.loss + extra.loss
                 out.metrics.update(extra.metrics)
                 out.counts.update(extra.counts)
+                out.derived.update(extra.derived)
         return out
 
     def after_update(self, ctx: StepContext) -> dict[str, float]:

@@ -152,19 +152,21 @@ class StepPhases:
         mini_batches = update_mini_batches(len(batch), self.seed_for("shuffle"), o.mini_batches)
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
+        derived: dict[str, Callable[[dict[str, float]], float]] = {}  # LossOutput.derived of every micro-batch
         for _ in range(o.ppo_epochs):
             for rows in mini_batches:
                 part = batch.select(rows)
                 mini = MiniBatch(rows=rows, num_tokens=float(part.response_mask.sum()), num_seqs=len(part), batch=part)
-                for key, value in self._mini_batch_step(mini).items():
+                for key, value in self._mini_batch_step(mini, derived).items():
                     pick = extremum(key)  # the step's largest / smallest, not a mean of the mini-batches' ones
                     if pick is not None:
                         sums[key], counts[key] = pick(sums.get(key, value), value), 1
                     else:
                         sums[key], counts[key] = sums.get(key, 0.0) + value, counts.get(key, 0) + 1
-        return {**step_values(sums, counts), "actor/skipped_updates": float(self.skipped_updates)}
+        return {**step_values(sums, counts, derived), "actor/skipped_updates": float(self.skipped_updates)}
 
-    def _mini_batch_step(self, mini: MiniBatch) -> dict[str, float]:
+    def _mini_batch_step(self, mini: MiniBatch,
+                         derived: dict[str, Callable[[dict[str, float]], float]]) -> dict[str, float]:
         o = self.cfg.optim
         lengths = mini.batch.row_lengths()
         metrics: dict[str, torch.Tensor] = {}
@@ -182,7 +184,7 @@ class StepPhases:
             activations.append((gb, layers, keep_head))
             out = self._micro_batch_loss(micro, mini, keep_head_logits=keep_head)
             out.loss.backward()
-            add_micro_metrics(metrics, out, tokens=micro.response_mask.sum())  # no host sync
+            add_micro_metrics(metrics, out, tokens=micro.response_mask.sum(), derived=derived)  # no host sync
         metrics = self.dp.sum_metrics(metrics)  # N processes: partial sums -> the mini-batch's sums
         grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]  # this update's, read before the schedule moves on
@@ -286,18 +288,26 @@ class StepPhases:
             loss = loss + a.kl.coef * kl
             metrics["actor/kl_loss"] = kl.detach()
         extra = self.methods.extra_loss(loss, inputs, micro, self.hook_context(mini))
-        return LossOutput(extra.loss, {**metrics, **extra.metrics}, {**counts, **extra.counts})
+        return LossOutput(extra.loss, {**metrics, **extra.metrics}, {**counts, **extra.counts},
+                          {**out.derived, **extra.derived})
 
 
-def add_micro_metrics(total: dict[str, torch.Tensor], micro: LossOutput, *, tokens: torch.Tensor) -> None:
+def add_micro_metrics(total: dict[str, torch.Tensor], micro: LossOutput, *, tokens: torch.Tensor,
+                      derived: dict[str, Callable[[dict[str, float]], float]] | None = None) -> None:
     """Fold one micro-batch's metrics into its mini-batch's ``total``, in place (see :data:`SUMMED_METRICS`): a mean
     adds its value times its units to ``total[k]``, and its units to ``total[k + UNITS]``.
 
     Args:
         micro: the micro-batch's metrics, and the units of those that are not means over its response tokens.
         tokens: the micro-batch's response tokens, the units of every other mean.
+        derived: collects the formulas of the metrics that are no mean (``LossOutput.derived``); those are not
+            folded, :func:`step_values` computes them.
     """
+    if derived is not None:
+        derived.update(micro.derived)
     for k, v in micro.metrics.items():
+        if k in micro.derived:
+            continue
         v = v.float()
         pick = extremum(k)
         if pick is not None:
@@ -310,16 +320,19 @@ def add_micro_metrics(total: dict[str, torch.Tensor], micro: LossOutput, *, toke
             total[k + UNITS] = total.get(k + UNITS, 0.0) + units
 
 
-def step_values(sums: dict[str, float], counts: dict[str, int]) -> dict[str, float]:
+def step_values(sums: dict[str, float], counts: dict[str, int],
+                derived: dict[str, Callable[[dict[str, float]], float]] | None = None) -> dict[str, float]:
     """The step's metrics from its mini-batches' ``sums`` (each summed over the ``counts[k]`` mini-batches that
     logged it): a mean is its summed value over its summed units (0 where it had none, as ``masked_mean``), any
-    other metric the mean over its mini-batches."""
+    other metric the mean over its mini-batches; then each ``derived`` metric, by its formula over those."""
     out = {}
     for k, v in sums.items():
         if k.endswith(UNITS):
             continue
         units = sums.get(k + UNITS)
         out[k] = v / counts[k] if units is None else v / units if units else 0.0
+    for k, formula in (derived or {}).items():
+        out[k] = formula(out)
     return out
 
 
