@@ -14,7 +14,7 @@ import torch
 
 from tether import algos
 from tether.algos import LossInputs
-from tether.integrations.verl import ADVANTAGES, PREFIX, register_into_verl
+from tether.integrations.verl import ADVANTAGES, PREFIX, exact_metrics, register_into_verl
 
 
 def fake_core_algos() -> types.ModuleType:
@@ -133,3 +133,42 @@ def test_eapo_and_seed_adapters_take_their_tensors(core):
     with pytest.raises(NotImplementedError, match="importance weights"):
         seed(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, rollout_is_weights=torch.ones(6, 5),
              teacher_log_probs=old)
+
+
+def verl_fold(calls: list[dict[str, float]]) -> dict[str, float]:
+    """verl's fold of the loss metrics: each micro-batch's appended to a list per key (``append_to_dict``), then the
+    plain mean of each list, or its max / min where the key holds ``max`` / ``min`` (``reduce_metrics``)."""
+    lists: dict[str, list[float]] = {}
+    for metrics in calls:
+        for k, v in metrics.items():
+            lists.setdefault(k, []).append(v)
+    return {k: float(np.max(v) if "max" in k else np.min(v) if "min" in k else np.mean(v)) for k, v in lists.items()}
+
+
+def test_subset_means_and_ratios_through_verls_fold_are_tethers_over_the_whole_batch(core):
+    """Six one-row micro-batches, two of them ARMOR anchors, folded as verl folds them. ARMOR's kl_on_ref is a mean
+    over anchor tokens and EAPO's is_ess a ratio over the weights: verl's plain mean over micro-batches counted each
+    anchor-free micro-batch's 0 and averaged six one-weight ESS values of 1. Through exact_metrics they must be the
+    loss's values on the whole batch in one call."""
+    register_into_verl(core)
+    _, mask, _, old, g = batch(2)
+    lp = old + 0.05 * torch.randn(6, 5, generator=g)
+    adv = torch.randn(6, 5, generator=g) * mask
+    source, ref = torch.tensor([0, 1, 0, 0, 1, 0]), old - 0.3 * torch.rand(6, 5, generator=g)
+    gate = (torch.rand(6, 5, generator=g) > 0.5).float() * mask
+    behaviour = old - 0.5 * torch.rand(6, 5, generator=g) * gate
+    cases = {"armor": ("armor/loss_kl_on_ref", dict(ref_log_prob=ref, source=source)),
+             "eapo": ("eapo/is_ess", dict(rollout_log_probs=behaviour, gate_mask=gate))}
+    for name, (metric, tensors) in cases.items():
+        fn = core.get_policy_loss_fn(PREFIX + name)
+        cfg = Cfg(dp_size=1, batch_num_tokens=float(mask.sum()), global_batch_size=6)
+        calls = [fn(old_log_prob=old[[i]], log_prob=lp[[i]], advantages=adv[[i]], response_mask=mask[[i]],
+                    config=cfg, **{k: v[[i]] for k, v in tensors.items()})[1] for i in range(6)]
+        whole = fn(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask, config=cfg, **tensors)[1]
+        direct = algos.get_policy_loss(name)(LossInputs(
+            lp, old, adv, mask, ref_log_probs=ref, source=source if name == "armor" else None,
+            behaviour_log_probs=behaviour, tokens={"gate_mask": gate})).metrics[metric].item()
+        key = "actor/" + metric.replace("/", "_")
+        assert direct not in (0.0, 1.0) and whole.get(key, direct) == pytest.approx(direct, rel=1e-6)
+        got = exact_metrics(verl_fold(calls), fn)
+        assert got[key] == pytest.approx(direct, rel=1e-5), name

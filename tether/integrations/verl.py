@@ -17,6 +17,15 @@ Signatures bridged (verl 0.9.1, ``verl/trainer/ppo/core_algos.py``):
   ``loss_scale_factor``) become ``num_tokens`` / ``num_seqs`` / ``max_response_len``, and the loss is
   multiplied by ``dp_size`` because verl's FSDP averages gradients over ranks (as its ``agg_loss`` does).
 
+Metrics. verl appends each micro-batch's loss metrics to a list and logs its plain mean (``reduce_metrics``: the
+largest or smallest where the key holds ``max`` / ``min``), over micro-batches, ranks, mini-batches and epochs alike.
+A tether mean over a subset (``LossOutput.counts``: ARMOR's anchor tokens, EAPO's weights...) is then an average of
+the micro-batches' means, each micro-batch counted once, an empty one with its 0. So the adapter gives verl, for each
+such mean, ``<key>_wsum`` (value x units) and ``<key>_units`` beside ``<key>`` (left out where the micro-batch has
+no units): verl averages the first two over the same micro-batches, so their ratio is the mean over every unit of
+the step, which :func:`exact_metrics` computes from verl's reduced metrics, with the ratios tether computes once per
+step (``LossOutput.derived``: ``eapo/is_ess``; the adapter gives verl no micro-batch value of those).
+
 What runs inside verl as it is, and what needs tether's trainer, is in docs/scaling.md ("verl").
 In short: the advantage estimators run as they are. ``armor``, ``eapo`` and ``seed_opd`` need per-token
 tensors verl's loss call does not pass (``ref_log_prob``, ``source``, ``rollout_log_probs``,
@@ -44,6 +53,8 @@ PREFIX = "tether_"
 EXTRA_TENSORS = {"ref_log_prob": "ref_log_probs", "rollout_log_probs": "behaviour_log_probs", "source": "source"}
 # per-token tensors of tether's methods, passed under their own names into LossInputs.tokens
 METHOD_TENSORS = ("gate_mask", "injected_mask", "teacher_log_probs")
+# suffixes of a subset mean's two parts, which verl's plain mean over micro-batches folds exactly (module docstring)
+WSUM, UNITS = "_wsum", "_units"
 
 
 def group_ids_from_index(index: Any) -> Tensor:
@@ -103,12 +114,48 @@ def make_policy_loss_adapter(name: str, hparams: Mapping[str, Any] | None = None
             raise NotImplementedError(f"{PREFIX}{name}: verl's rollout importance weights are not supported; "
                                       "tether's losses take their own behaviour correction (eapo)")
         out = fn(inputs, agg=loss_agg_mode, **kw)
-        metrics = {f"actor/{k.replace('/', '_')}" if not k.startswith("actor/") else k: v.item()
-                   for k, v in out.metrics.items()}
-        return out.loss * dp_size, metrics
+        adapter.names.update({verl_key(k): k for k in out.metrics})
+        adapter.derived.update(out.derived)
+        return out.loss * dp_size, verl_metrics(out)
 
     adapter.__name__ = f"{PREFIX}{name}_policy_loss"
+    adapter.names, adapter.derived = {}, {}  # verl key -> tether name; tether's ratios (exact_metrics reads both)
     return adapter
+
+
+def verl_key(name: str) -> str:
+    """A tether metric's name in verl's log: under ``actor/``, one level deep (``eapo/is_ess`` ->
+    ``actor/eapo_is_ess``)."""
+    return name if name.startswith("actor/") else f"actor/{name.replace('/', '_')}"
+
+
+def verl_metrics(out: LossOutput) -> dict[str, float]:
+    """One call's metrics as verl folds them (module docstring): each subset mean also as its two parts, and no
+    micro-batch value of a metric tether computes once per step (``LossOutput.derived``)."""
+    metrics = {}
+    for name, value in out.metrics.items():
+        key = verl_key(name)
+        if name in out.derived:
+            continue
+        if name in out.counts:
+            units = float(out.counts[name])
+            metrics[key + WSUM], metrics[key + UNITS] = float(value) * units, units
+            if units == 0:  # an empty micro-batch: verl's mean of <key> would count its 0
+                continue
+        metrics[key] = float(value)
+    return metrics
+
+
+def exact_metrics(reduced: Mapping[str, float], adapter: Callable) -> dict[str, float]:
+    """The step's subset means and ratios from verl's ``reduced`` metrics (after ``reduce_metrics``): each
+    ``<key>_wsum / <key>_units`` (0 without units), then each of ``adapter``'s ratios over those, under verl's keys."""
+    out = {}
+    for key in (k.removesuffix(WSUM) for k in reduced if k.endswith(WSUM)):
+        units = reduced[key + UNITS]
+        out[key] = reduced[key + WSUM] / units if units else 0.0
+    means = {adapter.names[key]: value for key, value in out.items() if key in adapter.names}
+    out.update({verl_key(name): formula(means) for name, formula in adapter.derived.items()})
+    return out
 
 
 def register_into_verl(core_algos: Any = None, *, hparams: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
