@@ -23,7 +23,7 @@ from tests.trainer.helpers import tiny_config
 from tether.config import AlgorithmConfig
 from tether.methods import MiniBatch
 from tether.rollout.batch import RolloutBatch
-from tether.trainer import Trainer
+from tether.trainer import Trainer, step
 from tether.trainer.step import narrowed
 
 LENGTHS = [6, 2, 5, 1, 4, 3, 6, 2]  # response tokens of the 8 rows (2 prompts x 4 samples, max_new_tokens 6)
@@ -137,20 +137,20 @@ def test_kl_penalty_in_the_reward_subtracts_coef_times_the_summed_estimate(tiny_
     assert metrics["reward/kl_penalty"] == pytest.approx(penalty.mean().item(), abs=2e-5)
 
 
-def test_kl_penalty_in_the_reward_scores_each_policy_once(tiny_policy, tmp_path):
+def test_kl_penalty_in_the_reward_scores_each_policy_once(tiny_policy, tmp_path, monkeypatch):
     """With two mini-batches pi_old is scored for the update anyway: the penalty reuses it (a second policy pass over
     the whole batch was computed and thrown away), so each of the policy and the reference is scored once."""
     trainer = trainer_for(tiny_policy, tmp_path, "algorithm.kl.coef=0.05", "algorithm.kl.in_reward=true",
                           "optim.mini_batches=2")
     batch = fixed_batch(trainer)
     scored = []
-    log_probs = trainer.log_probs
+    score_log_probs = step.score_log_probs
 
     def counting(model, *args, **kwargs):
         scored.append("policy" if model is trainer.policy else "reference")
-        return log_probs(model, *args, **kwargs)
+        return score_log_probs(model, *args, **kwargs)
 
-    trainer.log_probs = counting
+    monkeypatch.setattr(step, "score_log_probs", counting)  # what trainer.log_probs binds each time it is read
     trainer.score(batch)
     assert sorted(scored) == ["policy", "reference"]
 
