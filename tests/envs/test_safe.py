@@ -181,3 +181,26 @@ def test_a_gym_style_reset_is_a_fault_not_a_crash_of_the_loop():
     assert reset.info["fault"] == "scripted reset(0) returned tuple, not an EnvReset" and env.faults == 1
     assert env.step("apple").info["fault"] == reset.info["fault"]  # the episode ends as failed
     assert _win(env)  # the next episode gets a fresh env
+
+
+@pytest.mark.parametrize("what, phase, kind", [("constructor", "constructor", "RuntimeError"),
+                                               ("reset_raise", "reset", "RuntimeError"),
+                                               ("parse_raise", "parse_action", "ValueError"),
+                                               ("step_raise", "step", "RuntimeError"),
+                                               ("step_nan", "step", "bad result")])
+def test_a_fault_carries_its_phase_kind_and_traceback_to_the_step_that_ends_the_episode(what, phase, kind):
+    """What the agent loop logs (health/env_faults.jsonl) travels in ``info["fault_report"]``, so it is the same
+    wherever the env ran; the traceback is the env's own (None for a bad result: nothing raised)."""
+    envs = {"constructor": _flaky_make(fail_on=1, how="raise"), "reset_raise": lambda: ScriptedEnv(fault=what),
+            "step_raise": lambda: ScriptedEnv(fault=what)}
+    env = SafeEnv(envs.get(what, lambda: _Broken(what)), timeout_s=5.0)
+    reset = env.reset(0)
+    action, _ = env.parse_action("<action>apple</action>")
+    step = env.step(action)
+    report = step.info["fault_report"]
+    assert (report.phase, report.kind) == (phase, kind) and report.message == step.info["fault"] == env.last_fault
+    assert reset.info.get("fault_report") is (report if phase in ("constructor", "reset") else None)
+    if kind == "bad result":
+        assert report.traceback is None
+    else:
+        assert report.traceback.rstrip().splitlines()[-1] == env.last_fault.split(" raised ", 1)[1]

@@ -15,7 +15,8 @@ from tests.rollout.helpers import ScriptedEngine, agent_config
 from tether.envs import ENVS
 from tether.envs import workers as workers_module
 from tether.envs.workers import LocalEnvPool, RayEnvPool, RemoteEnv
-from tether.rollout.multi_turn import AgentCollector
+from tether.files import read_jsonl
+from tether.rollout.multi_turn import FAULT_LOG, AgentCollector
 
 
 @pytest.fixture
@@ -60,6 +61,22 @@ def test_env_faults_inside_workers_are_contained_and_counted_as_in_process(ray_s
     assert remote.faults == local.faults == len(faulted)
 
 
+@pytest.mark.parametrize("fault, phase, turn", [("reset_raise", "reset", None), ("step_raise", "step", 1)])
+def test_env_faults_inside_workers_are_logged_as_in_process(ray_session, tmp_path, tokenizer, fault, phase, turn):
+    """The fault's report (phase, kind, traceback) comes back from the actor with the step or reset it ended."""
+    kwargs = f"env.kwargs={{turns: 3, fault: {fault}, fault_turn: 2}}"
+    logs = []
+    for workers in (0, 1):
+        played = collector(tmp_path / str(workers), tokenizer, workers, kwargs)
+        with pytest.warns(UserWarning, match=f"^env scripted faulted in {phase} "):
+            play(played, tokenizer)
+        logs.append(read_jsonl(tmp_path / str(workers) / "run" / FAULT_LOG, "env fault log", ("traceback",)))
+    [row] = logs[1]
+    assert logs[0] == logs[1]  # the same row, traceback included
+    assert (row["phase"], row["kind"], row["turn"]) == (phase, "RuntimeError", turn)
+    assert row["traceback"].rstrip().endswith(f"RuntimeError: scripted fault: {phase} raised on purpose")
+
+
 def test_a_crashed_worker_faults_its_episodes_and_is_replaced(ray_session, tmp_path, tokenizer, process_fault_env):
     remote = collector(tmp_path, tokenizer, 1, "env.name=process_fault",
                        f"env.kwargs={{process_fault: exit, safe_pid: {os.getpid()}}}")
@@ -67,6 +84,8 @@ def test_a_crashed_worker_faults_its_episodes_and_is_replaced(ray_session, tmp_p
     _, episodes = play(remote, tokenizer, tasks=1, copies=2)
     assert [(e[2], e[3]) for e in episodes] == [("env worker died: ActorDiedError", [""])] * 2
     assert remote.faults == 2
+    [row] = read_jsonl(tmp_path / "run" / FAULT_LOG, "env fault log", ("traceback",))
+    assert (row["phase"], row["kind"], row["turn"], row["traceback"]) == ("step", "worker died", 0, None)
     assert remote.envs.make().actor is not crashed  # new envs go to the replacement
     assert RemoteEnv(crashed, 0, 1.0).solution() is None  # a dead worker's env has no solution, as a faulted one
     fresh = remote.envs.actors[0]

@@ -145,7 +145,7 @@ def test_build_task_applies_the_config(tmp_path):
     cfg = TaskConfig(name="parity", rewards=[{"fn": f"{M}:length_reward", "weight": 0.0}])
     task = build_task(cfg, tmp_path)
     assert isinstance(task, RewardedTask) and task.name == "parity" and len(task.train) == 12
-    assert task.fault_log == tmp_path / "health" / "reward_faults.jsonl"
+    assert task.fault_log.path == tmp_path / "health" / "reward_faults.jsonl"
     assert build_task(TaskConfig(name="parity")).__class__.__name__ == "ParityTask"
 
 

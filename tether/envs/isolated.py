@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ def serve(conn: Connection, factory: Callable[[], TextEnv]) -> None:
     """A child's loop, until the pipe closes: ``make`` builds an env with ``factory`` (kept for the calls that
     follow), ``call`` calls one of its methods.
 
-    Replies are ``("ok", value)``, ``("raised", "Type: message")`` or ``("over", message)`` for
+    Replies are ``("ok", value)``, ``("raised", ("Type: message", "Type", traceback))`` or ``("over", message)`` for
     :class:`EpisodeOverError` (a caller bug, re-raised in the trainer as in-process).
     """
     env: Any = None
@@ -84,13 +85,14 @@ def serve(conn: Connection, factory: Callable[[], TextEnv]) -> None:
         except EpisodeOverError as e:
             reply = ("over", str(e))
         except BaseException as e:  # anything the env throws is contained, SystemExit too
-            reply = ("raised", f"{type(e).__name__}: {e}")
+            reply = ("raised", (f"{type(e).__name__}: {e}", type(e).__name__, traceback.format_exc()))
         try:
             conn.send(reply)
         except OSError:  # the trainer is gone
             return
         except Exception as e:  # the result did not pickle
-            conn.send(("raised", f"its result could not be sent to the trainer ({type(e).__name__}: {e})"))
+            conn.send(("raised", (f"its result could not be sent to the trainer ({type(e).__name__}: {e})",
+                                  "bad result", None)))
 
 
 def ignore_stop_signals() -> None:
@@ -262,12 +264,13 @@ class Child:
             status, value = self.conn.recv()
         except (EOFError, OSError):
             raise EnvFault(f"{what}: the env's process ended with {exit_description(self.end())}",
-                           timed_out=True) from None
+                           timed_out=True, kind="process ended") from None
         if status == "ok":
             return value
         if status == "over":
             raise EpisodeOverError(value)
-        raise EnvFault(f"{what} raised {value}", timed_out=False)
+        error, kind, trace = value
+        raise EnvFault(f"{what} raised {error}", timed_out=False, kind=kind, traceback=trace)
 
     def end(self) -> int | None:
         """Kill the child (if it still runs) and reap it; its exit code, or None if it was ended before."""

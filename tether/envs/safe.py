@@ -4,9 +4,11 @@
 thread and waits at most ``timeout_s`` (``reset_timeout_s`` for building and resetting). An exception, a timeout or a
 malformed result (a reset that is not an :class:`EnvReset`, a step that is not an :class:`EnvStep` or whose reward is
 not a finite number, a parse that is not ``(action, valid)``) becomes a *fault*: the episode ends as failed
-(``done=True``, ``info["won"]=False``, ``info["fault"]=<message>``), ``faults`` goes up by one, and the env instance
-is discarded; the next ``reset`` builds a new one with the ``make`` factory. The caller never sees the exception and
-never waits longer than the timeout.
+(``done=True``, ``info["won"]=False``, ``info["fault"]=<message>``, ``info["fault_report"]``: a :class:`FaultReport`
+with the phase, the kind of error and its traceback), ``faults`` goes up by one, and the env instance is discarded;
+the next ``reset`` builds a new one with the ``make`` factory. The caller never sees the exception and never waits
+longer than the timeout. The report travels with the result, so the agent loop logs a fault the same way wherever
+the env ran (a thread, a process, a Ray worker).
 
 Why threads: a thread costs ~0.1 ms per call and needs no pickling, so any env works unchanged. The price: Python
 cannot kill a thread, so a hung call keeps running in the background (a daemon thread, so it never blocks interpreter
@@ -24,7 +26,9 @@ import dataclasses
 import functools
 import math
 import numbers
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -38,11 +42,38 @@ class EnvFault(Exception):
 
     Attributes:
         timed_out (bool): True for a timeout (the call may still be running), False for an exception.
+        kind (str): what went wrong, for grouping faults: the exception's type name, ``"timeout"``, ``"bad result"``,
+            ``"process ended"``.
+        traceback (str | None): the env's traceback where it raised; for a thread's timeout, the stack the call
+            hangs in; None where there is none (a bad result, a process killed or gone).
     """
 
-    def __init__(self, message: str, timed_out: bool) -> None:
+    def __init__(self, message: str, timed_out: bool, kind: str | None = None, traceback: str | None = None) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.kind = kind or ("timeout" if timed_out else "error")
+        self.traceback = traceback
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultReport:
+    """One contained fault, as an episode's step or reset carries it (``info["fault_report"]``).
+
+    Attributes:
+        message (str): one line naming the env, the call and the error (also ``info["fault"]``).
+        phase (str): the call that faulted: ``"constructor"``, ``"reset"``, ``"parse_action"`` or ``"step"``.
+        kind (str): :attr:`EnvFault.kind` (``"worker died"`` for a Ray worker that died).
+        traceback (str | None): :attr:`EnvFault.traceback`.
+    """
+
+    message: str
+    phase: str
+    kind: str
+    traceback: str | None = None
+
+    @classmethod
+    def of(cls, fault: EnvFault, phase: str) -> FaultReport:
+        return cls(str(fault), phase, fault.kind, fault.traceback)
 
 
 def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str) -> T:
@@ -68,12 +99,15 @@ def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise EnvFault(f"{what} timed out after {timeout_s:g}s", timed_out=True)
+        frame = sys._current_frames().get(thread.ident)  # where it hangs: the line to look at first
+        stack = None if frame is None else "".join(traceback.format_stack(frame))
+        raise EnvFault(f"{what} timed out after {timeout_s:g}s", timed_out=True, traceback=stack)
     if "error" in box:
         err = box["error"]
         if isinstance(err, EpisodeOverError):
             raise err
-        raise EnvFault(f"{what} raised {type(err).__name__}: {err}", timed_out=False) from err
+        raise EnvFault(f"{what} raised {type(err).__name__}: {err}", timed_out=False, kind=type(err).__name__,
+                       traceback="".join(traceback.format_exception(err))) from err
     return box["value"]
 
 
@@ -106,8 +140,8 @@ class SafeEnv:
         self.name: str = getattr(make, "__name__", "env")
         self.faults = 0
         self.last_fault: str | None = None
-        self._pending_fault: str | None = None  # a reset or parse fault, reported by the next step
-        self._construction_fault: str | None = None  # reported by the first reset
+        self._pending_fault: FaultReport | None = None  # a reset or parse fault, reported by the next step
+        self._construction_fault: FaultReport | None = None  # reported by the first reset
         self._episode_over = False
         self._env: TextEnv | None = None
         self._start()
@@ -117,7 +151,7 @@ class SafeEnv:
         try:
             self._build()
         except EnvFault as fault:
-            self._construction_fault = self._record(fault)
+            self._construction_fault = self._record(fault, "constructor")
 
     def _build(self) -> None:
         """Build a fresh env under the reset limit (raises :class:`EnvFault`)."""
@@ -146,42 +180,43 @@ class SafeEnv:
         """Build the env if needed and reset it; a fault of either is tried again ``reset_retries`` times with a
         fresh env. When every try faulted, the first fault is the episode's (later ones often only echo it)."""
         self._pending_fault, self._episode_over = None, False
-        first: str | None = None
+        first: FaultReport | None = None
         for _ in range(self.reset_retries + 1):
             if self._construction_fault is not None:  # the constructor faulted in __init__: that is this try
-                fault, self._construction_fault = self._construction_fault, None
-                first = first or fault
+                report, self._construction_fault = self._construction_fault, None
+                first = first or report
                 continue
+            phase = "constructor"
             try:
                 if self._env is None:
                     self._build()
-                what = f"{self.name} reset({seed})"
+                phase, what = "reset", f"{self.name} reset({seed})"
                 reset = self._call("reset", seed, timeout_s=self.reset_timeout_s, what=what)
                 if (problem := reset_problem(reset)) is not None:  # gymnasium's tuple would fail the loop later
-                    raise EnvFault(f"{what} {problem}", timed_out=False)
+                    raise EnvFault(f"{what} {problem}", timed_out=False, kind="bad result")
                 return reset
             except EnvFault as fault:
-                message = self._record(fault)  # every try's fault is counted
-                first = first or message
+                report = self._record(fault, phase)  # every try's fault is counted
+                first = first or report
         self._pending_fault = first
         return fault_reset(first)
 
     def step(self, action: str) -> EnvStep:
         if self._pending_fault is not None:
-            message, self._pending_fault = self._pending_fault, None
+            report, self._pending_fault = self._pending_fault, None
             self._episode_over = True
-            return fault_step(message)
+            return fault_step(report)
         if self._episode_over or self._env is None:
             raise EpisodeOverError(f"{self.name}: step() after a faulted episode; call reset(seed) first")
         what = f"{self.name} step({action[:60]!r})"
         try:
             step = self._call("step", action, timeout_s=self.timeout_s, what=what)
             if (problem := step_problem(step)) is not None:
-                raise EnvFault(f"{what} {problem}", timed_out=False)
+                raise EnvFault(f"{what} {problem}", timed_out=False, kind="bad result")
             return dataclasses.replace(step, reward=float(step.reward))  # a numpy scalar (gymnasium's) as a float
         except EnvFault as fault:
             self._episode_over = True
-            return fault_step(self._record(fault))
+            return fault_step(self._record(fault, "step"))
 
     def parse_action(self, response_text: str) -> tuple[str, bool]:
         """The env's parse; one that raises, hangs or returns something else than ``(str, bool)`` is a fault,
@@ -192,10 +227,10 @@ class SafeEnv:
         try:
             parsed = self._call("parse_action", response_text, timeout_s=self.timeout_s, what=what)
             if not (isinstance(parsed, tuple) and len(parsed) == 2 and isinstance(parsed[0], str)):
-                raise EnvFault(f"{what} returned {parsed!r}, not (action, valid)", timed_out=False)
+                raise EnvFault(f"{what} returned {parsed!r}, not (action, valid)", timed_out=False, kind="bad result")
             return parsed[0], bool(parsed[1])
         except EnvFault as fault:
-            self._pending_fault = self._record(fault)
+            self._pending_fault = self._record(fault, "parse_action")
             return "", False
 
     def solution(self) -> list[str] | None:
@@ -216,7 +251,7 @@ class SafeEnv:
         with contextlib.suppress(EnvFault):  # best effort: the env is dropped either way
             self._call("close", timeout_s=self.timeout_s, what=f"{self.name} close()")
 
-    def _record(self, fault: EnvFault) -> str:
+    def _record(self, fault: EnvFault, phase: str) -> FaultReport:
         """Count the fault and drop the env so that a fresh one serves the next episode."""
         self.faults += 1
         self.last_fault = str(fault)
@@ -224,7 +259,7 @@ class SafeEnv:
         if self._env is not None and not fault.timed_out:
             self._close_quietly()
         self._env = None
-        return self.last_fault
+        return FaultReport.of(fault, phase)
 
 
 def reset_problem(reset: Any) -> str | None:
@@ -243,13 +278,15 @@ def step_problem(step: Any) -> str | None:
     return None
 
 
-def fault_reset(message: str) -> EnvReset:
-    """What a faulted ``reset`` returns: no task, ``info["fault"]`` set."""
-    return EnvReset(observation=f"[environment fault] {message}", task="", admissible_actions=None,
-                    info={"fault": message})
+def fault_reset(report: FaultReport) -> EnvReset:
+    """What a faulted ``reset`` returns: no task, ``info["fault"]`` (the message) and ``info["fault_report"]`` set."""
+    return EnvReset(observation=f"[environment fault] {report.message}", task="", admissible_actions=None,
+                    info={"fault": report.message, "fault_report": report})
 
 
-def fault_step(message: str) -> EnvStep:
-    """What a faulted ``step`` returns: the episode ends as failed, ``info["fault"]`` set."""
-    info = {"won": False, "admissible_actions": None, "invalid_action": False, "fault": message}
-    return EnvStep(observation=f"[environment fault] {message}", reward=0.0, done=True, info=info)
+def fault_step(report: FaultReport) -> EnvStep:
+    """What a faulted ``step`` returns: the episode ends as failed, ``info["fault"]`` (the message) and
+    ``info["fault_report"]`` set."""
+    info = {"won": False, "admissible_actions": None, "invalid_action": False, "fault": report.message,
+            "fault_report": report}
+    return EnvStep(observation=f"[environment fault] {report.message}", reward=0.0, done=True, info=info)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tether.envs.base import EnvReset, EnvStep, TextEnv
 from tether.envs.isolated import ChildPool, ProcessEnv
 from tether.envs.registry import check_env_kwargs, env_class
-from tether.envs.safe import SafeEnv, call_with_timeout, fault_reset, fault_step
+from tether.envs.safe import FaultReport, SafeEnv, call_with_timeout, fault_reset, fault_step
 
 if TYPE_CHECKING:
     from tether.config import EnvConfig
@@ -161,11 +161,13 @@ class RayEnvPool:
 
     def reset_all(self, envs: list[RemoteEnv], seeds: list[int]) -> list[EnvReset]:
         calls = [env.actor.reset.remote(env.key, seed) for env, seed in zip(envs, seeds, strict=True)]
-        return self._gather(envs, calls, self.reset_limit_s, fault_reset)
+        return self._gather(envs, calls, self.reset_limit_s,
+                            lambda message, kind: fault_reset(FaultReport(message, "reset", kind)))
 
     def act_all(self, envs: list[RemoteEnv], texts: list[str]) -> list[Outcome]:
         calls = [env.actor.act.remote(env.key, text) for env, text in zip(envs, texts, strict=True)]
-        return self._gather(envs, calls, self.step_limit_s, lambda message: ("", False, fault_step(message)))
+        return self._gather(envs, calls, self.step_limit_s,
+                            lambda message, kind: ("", False, fault_step(FaultReport(message, "step", kind))))
 
     def close_all(self, envs: list[RemoteEnv]) -> None:
         """Close without waiting: a worker closes its envs in call order, before serving later calls."""
@@ -173,8 +175,9 @@ class RayEnvPool:
             env.actor.close.remote(env.key)
 
     def _gather(self, envs: list[RemoteEnv], calls: list[Any], limit_s: float,
-                on_fault: Callable[[str], T]) -> list[T]:
-        """Every call's result; a call on a worker that died or outlived its deadline gets ``on_fault``.
+                on_fault: Callable[[str, str], T]) -> list[T]:
+        """Every call's result; a call on a worker that died or outlived its deadline gets ``on_fault(message,
+        kind)``.
 
         A worker runs its calls one at a time, so the deadline is the longest queue times the per-call limit.
         """
@@ -185,13 +188,13 @@ class RayEnvPool:
         out = []
         for env, call in zip(envs, calls, strict=True):
             if call not in done:
-                out.append(on_fault(f"env worker did not answer within {deadline:g}s"))
+                out.append(on_fault(f"env worker did not answer within {deadline:g}s", "timeout"))
                 self._replace(env.actor)
                 continue
             try:
                 out.append(self._ray.get(call))
             except self._ray.exceptions.RayActorError as err:
-                out.append(on_fault(f"env worker died: {type(err).__name__}"))
+                out.append(on_fault(f"env worker died: {type(err).__name__}", "worker died"))
                 self._replace(env.actor)
         return out
 

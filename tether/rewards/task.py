@@ -10,14 +10,12 @@ raised nothing but returned a bad value), with a warning.
 
 from __future__ import annotations
 
-import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tether.config import Config, TaskConfig
-from tether.files import append_jsonl
+from tether.faults import FaultLog
 from tether.rewards.terms import RewardTerm, TermResult
 from tether.tasks.base import Score, Task, TaskItem, score_batch
 
@@ -52,13 +50,14 @@ class RewardedTask:
         terms: the reward functions.
         keep_score: add the task's reward; False: only the terms count (``correct`` is still the task's verdict where
             an item has a gold answer, else "the reward is positive").
-        fault_log: the JSONL file of each term's first fault (:data:`FAULT_LOG` of the run); None: nowhere.
+        fault_log: the JSONL file of each term's first fault (:data:`FAULT_LOG` of the run); None: nowhere. Held as
+            a :class:`~tether.faults.FaultLog`, the reporting env faults share.
     """
 
     def __init__(self, task: Task, terms: list[RewardTerm], *, keep_score: bool = True,
                  fault_log: Path | None = None) -> None:
-        self.task, self.terms, self.keep_score, self.fault_log = task, terms, keep_score, fault_log
-        self._logged: set[str] = set()
+        self.task, self.terms, self.keep_score = task, terms, keep_score
+        self.fault_log = FaultLog(fault_log)
 
     def __getattr__(self, name: str) -> Any:  # name, train, val, system_prompt, splits, features...
         if name == "task":  # not set yet (copy, pickle): never recurse
@@ -102,15 +101,10 @@ class RewardedTask:
         """The first fault of each term: a warning, and a row of its message and traceback in the run's health
         folder."""
         first = next((fault for fault in result.faults if fault is not None), None)
-        if first is None or term.name in self._logged:
-            return
-        self._logged.add(term.name)
-        where = ""
-        if self.fault_log is not None and os.environ.get("RANK", "0") == "0":
-            append_jsonl(self.fault_log, [{"term": term.name, "error": first, "traceback": result.trace}])
-            where = f"; details in {self.fault_log}"
-        warnings.warn(f"reward function {term.name!r} faulted ({first}): its rows get the fault reward and count in "
-                      f"reward/faults; the run goes on{where}", stacklevel=3)
+        if first is not None:
+            self.fault_log.first(term.name, {"term": term.name, "error": first, "traceback": result.trace},
+                                 f"reward function {term.name!r} faulted ({first}): its rows get the fault reward "
+                                 "and count in reward/faults; the run goes on", stacklevel=3)
 
 
 def build_task(task_cfg: TaskConfig, run_dir: str | Path | None = None) -> Task:

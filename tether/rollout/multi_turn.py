@@ -15,8 +15,9 @@ with ``env.step_gamma``). The trainer makes the advantages from them (:mod:`teth
 Environments run in processes of their own or in threads of this process (``env.isolation``), or in Ray actors
 (``env.workers``, :mod:`tether.envs.workers`); the envs of a batch are reset and stepped with one pool call, so
 env processes and actors step them in parallel. An environment that raises, hangs or ends its process (or a worker
-that dies) ends its episode as failed, the fault is counted in ``env/faults`` and the step goes on. docs/agents.md
-has the whole picture.
+that dies) ends its episode as failed, the fault is counted in ``env/faults`` and the step goes on. The first fault of
+each phase and kind warns and is a row of ``run_dir/health/env_faults.jsonl`` (:data:`FAULT_LOG`, with its
+traceback), and a step or validation with faults warns with their count. docs/agents.md has the whole picture.
 
 Visual envs (observations that are :class:`~tether.envs.Observation`) are prompted the same way: the
 observation's text, with an image placeholder where each image goes, and the prompt is encoded by the
@@ -26,6 +27,7 @@ images are those of the observations it shows (the history's, then the current o
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +43,10 @@ from tether.envs import (
     observation_key,
     observation_text,
 )
-from tether.envs.safe import EnvFault
+from tether.envs.safe import EnvFault, FaultReport
 from tether.envs.workers import make_env_pool, probe_env
 from tether.errors import EnvFaultError
+from tether.faults import FaultLog
 from tether.files import append_jsonl
 from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
     from tether.config import Config, EnvConfig
     from tether.rollout.base import GenerationHooks
     from tether.seeding import StepSeeds
+
+FAULT_LOG = Path("health") / "env_faults.jsonl"  # in the run directory: the first fault of each phase and kind
 
 
 @dataclass
@@ -166,6 +171,7 @@ class AgentCollector:
         self._next_group = 0
         self._next_episode = 0
         self.faults = 0
+        self.fault_log = FaultLog(Path(cfg.run_dir) / FAULT_LOG)
 
     def state_dict(self) -> dict[str, Any]:
         return {"stream": self.stream.state_dict(), "next_group": self._next_group,
@@ -198,7 +204,7 @@ class AgentCollector:
             self._next_episode += 1
             if reset.info.get("fault"):
                 ep.done, ep.fault = True, reset.info["fault"]
-                self.faults += 1
+                self._fault(ep, None, reset.info)
             episodes.append(ep)
         return episodes
 
@@ -254,11 +260,31 @@ class AgentCollector:
         ep.hazards = {k: bool(v) for k, v in step.info.items() if k.startswith("fell_")}
         if step.info.get("fault"):
             ep.fault = step.info["fault"]
-            self.faults += 1
+            self._fault(ep, turn, step.info)
         n = int(gen.response_mask[j].sum())
         return {"episode": ep, "turn": turn, "prompt_ids": prompt, "response_ids": gen.response_ids[j, :n],
                 "sample_log_probs": gen.sample_log_probs[j, :n],
                 "token": {k: v[j, :n] for k, v in gen.token.items()}, "valid": valid, "text": text}
+
+    def _fault(self, ep: Episode, turn: int | None, info: dict[str, Any]) -> None:
+        """Count an episode's fault; the first of its phase and kind warns and is a row of :data:`FAULT_LOG`."""
+        self.faults += 1
+        report = info.get("fault_report") or FaultReport(info["fault"], "step" if turn is not None else "reset",
+                                                         "error")  # an env's own info["fault"]: no report
+        name = self.env_cfg.name
+        row = {"env": name, "phase": report.phase, "kind": report.kind, "seed": ep.seed, "turn": turn,
+               "episode": ep.episode_id, "error": report.message, "traceback": report.traceback}
+        at = f"seed {ep.seed}" + ("" if turn is None else f", turn {turn}")
+        self.fault_log.first((report.phase, report.kind), row,
+                             f"env {name} faulted in {report.phase} ({at}): {report.message}; the episode ends as "
+                             f"failed and counts in env/faults (later {report.phase} faults of this kind are only "
+                             "counted); the run goes on")
+
+    def _warn_faults(self, before: int, episodes: int, when: str, metric: str) -> None:
+        """One warning line for a step's (or a validation's) faults, when it had any."""
+        if self.faults > before:
+            warnings.warn(f"{when}: {self.faults - before} env faults in {episodes} episodes ({metric}; the first of "
+                          f"each kind in {Path(self.cfg.run_dir) / FAULT_LOG})", stacklevel=3)
 
     def to_batch(self, rows: list[dict[str, Any]]) -> RolloutBatch:
         width = max(1, max(len(r["response_ids"]) for r in rows))
@@ -292,8 +318,10 @@ class AgentCollector:
         """``prompts_per_step`` training tasks, ``group_size`` episodes each, sampled from ``seeds("rollout")``."""
         r = self.cfg.rollout
         tasks = [self.train_seeds[i] for i in self.stream.take(r.prompts_per_step)]
+        before = self.faults
         episodes = self._start(tasks, r.group_size)
         rows = self.run_episodes(engine, episodes, self.sampling(), seeds("rollout"), intervention=hooks.intervention())
+        self._warn_faults(before, len(episodes), f"step {seeds.step + 1}", f"env/faults={self.faults} so far")
         if not rows:
             raise no_episode_started(self.env_cfg, episodes, f"step {seeds.step + 1}")
         batch = self.to_batch(rows)
@@ -324,6 +352,7 @@ class AgentCollector:
         params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p)
         with validation_progress(self.cfg, len(episodes), "episodes") as bar:
             rows = self.run_episodes(engine, episodes, params, seed, on_turn=bar.update)
+        self._warn_faults(faults, len(episodes), "validation", "val/faults")
         self._next_group, self._next_episode = saved
         n = len(episodes)
         won = torch.tensor([e.won for e in episodes], dtype=torch.float32).view(len(seeds), k)
