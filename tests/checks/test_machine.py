@@ -299,6 +299,26 @@ def test_a_prompt_that_fills_the_context_stops_before_any_model_loads(tmp_path):
     assert check_config(prompt_config(tmp_path, "char-64x1", ["x" * 1000, "1+1?"], 8)) == []
 
 
+def test_prompt_lengths_are_counted_with_the_configured_chat_template(tmp_path):
+    """With ``model.chat_template`` set, train renders prompts with that file's template (build_collector); the check
+    counted them with the tokenizer's own, so a prompt the configured template pushes past the context passed it."""
+    from tether.models.char import CHAT_TEMPLATE, char_tokenizer
+    from tether.models.chat import encode_chat
+
+    template = tmp_path / "long.jinja"  # the char template behind a 100-character preamble
+    template.write_text("{{ '" + "p" * 100 + "' }}" + CHAT_TEMPLATE)
+    prompt = "x" * 950  # 956 tokens with char-64x1's own template, 1056 with the configured one
+    cfg = prompt_config(tmp_path, "char-64x1", [prompt, "1+1?"], 8)
+    assert check_config(cfg) == []
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"chat_template": str(template)})})
+    rendered = char_tokenizer()
+    rendered.chat_template = template.read_text()
+    tokens = len(encode_chat(rendered, prompt))  # the reference: the ids train gives the engine
+    assert tokens == 1056
+    with pytest.raises(ConfigError, match=rf"^task\.kwargs: the prompt at .*data\.jsonl line 1 is {tokens} tokens "):
+        check_config(cfg)
+
+
 def test_prompts_that_leave_too_little_room_for_the_response_are_a_warning(tmp_path):
     from tether.models.char import char_tokenizer
 

@@ -1,7 +1,9 @@
 """Prompts and responses that do not fit the policy's context, found before its weights load.
 
 The model's ``config.json`` gives the context (``max_position_embeddings``; tether's char and tiny models have a
-known one), and the tokenizer alone counts a prompt's tokens, chat template included. Which prompts: a task class
+known one), and the tokenizer alone counts a prompt's tokens, rendered as train renders them (:func:`policy_tokenizer`:
+``model.chat_template`` set on it when the config names one, then :func:`tether.models.encode_chat`). Which prompts: a
+task class
 may offer ``longest_prompts(limit, **kwargs)``, its longest prompts by characters (the jsonl task reads them from its
 files); only those ``limit`` are tokenised, so the cost is a tokenizer load and a few encodings, not the data set.
 Tasks that generate their prompts and environments, whose observations grow turn by turn, are not checked.
@@ -28,16 +30,15 @@ def warn_context(cfg: Config, found: Findings) -> None:
         ConfigError: a prompt alone fills the context: nothing can be generated after it (vLLM refuses it; the
             HF engine would sample past the positions the model was trained on).
     """
-    known = context_and_tokenizer(cfg.model.name)
-    if known is None:
+    context = model_context(cfg.model.name)
+    if context is None:
         return
-    context, load_tokenizer = known
     new = cfg.rollout.max_new_tokens
     if new >= context:
         found.warn(f"rollout.max_new_tokens={new} is not below the context of {cfg.model.name} ({context} tokens, "
                    "max_position_embeddings): prompt and response do not fit")
         return
-    lengths = prompt_lengths(cfg, load_tokenizer)
+    lengths = prompt_lengths(cfg)
     if not lengths:
         return
     longest, where = max(lengths)
@@ -53,9 +54,10 @@ def warn_context(cfg: Config, found: Findings) -> None:
                    "max_new_tokens, so their responses run past the context")
 
 
-def prompt_lengths(cfg: Config, load_tokenizer: Callable[[], Any]) -> list[tuple[int, str]]:
-    """``(tokens, where)`` of the task's longest prompts; empty where the task offers none, or its data is bad
-    (which :func:`tether.checks.machine.check_workload_inputs` reports)."""
+def prompt_lengths(cfg: Config) -> list[tuple[int, str]]:
+    """``(tokens, where)`` of the task's longest prompts, rendered as train renders them (:func:`policy_tokenizer`);
+    empty where the task offers none, its data is bad (which :func:`tether.checks.machine.check_workload_inputs`
+    reports), or the tokenizer cannot be loaded alone."""
     from tether.models.chat import encode_chat
 
     section, cls = workload_class(cfg)
@@ -68,27 +70,41 @@ def prompt_lengths(cfg: Config, load_tokenizer: Callable[[], Any]) -> list[tuple
         return []
     if not prompts:
         return []
-    tokenizer = load_tokenizer()
+    tokenizer = policy_tokenizer(cfg)
     if tokenizer is None:
         return []
     return [(len(encode_chat(tokenizer, user, system=system)), where) for where, user, system in prompts]
 
 
-def context_and_tokenizer(name: str) -> tuple[int, Callable[[], Any]] | None:
-    """The policy's context and a loader of its tokenizer (:func:`tokenizer_loader`), without its weights; None
-    where the context is not known so."""
+def policy_tokenizer(cfg: Config) -> Any | None:
+    """The tokenizer train encodes prompts with, loaded alone (:func:`tokenizer_loader`): ``model.name``'s, with
+    ``model.chat_template`` set on it by the function train sets it with (``build_collector``), so a check renders
+    a prompt exactly as train does. None where it cannot be loaded alone, or the template file is bad
+    (:func:`tether.checks.machine.check_chat_template` reports that)."""
+    from tether.models.chat_template import apply_chat_template
+
+    load = tokenizer_loader(cfg.model.name)
+    tokenizer = None if load is None else load()
+    if tokenizer is None:
+        return None
+    try:
+        apply_chat_template(tokenizer, cfg.model.chat_template)
+    except ValueError:
+        return None
+    return tokenizer
+
+
+def model_context(name: str) -> int | None:
+    """The policy's context (``max_position_embeddings``), without its weights; None where it is not known so."""
     from tether.models.char import CHAR_CONTEXT, parse_char_alias
     from tether.models.loading import TINY_ALIAS, TINY_CONTEXT, cache_root
 
     if parse_char_alias(name) is not None:
-        context = CHAR_CONTEXT
-    elif TINY_ALIAS.fullmatch(name):
-        context = TINY_CONTEXT
-    else:
-        directory = _model_dir(name, cache_root() / "models" / name)
-        context = None if directory is None else _max_positions(directory / "config.json")
-    load = tokenizer_loader(name)
-    return None if context is None or load is None else (context, load)
+        return CHAR_CONTEXT
+    if TINY_ALIAS.fullmatch(name):
+        return TINY_CONTEXT
+    directory = _model_dir(name, cache_root() / "models" / name)
+    return None if directory is None else _max_positions(directory / "config.json")
 
 
 def tokenizer_loader(name: str) -> Callable[[], Any] | None:
