@@ -160,3 +160,54 @@ def test_an_env_whose_constructor_refuses_its_kwargs_fails_validate_in_one_line(
             "env": {"name": f"{__name__}:SlowToBuildEnv", "timeout_s": 0.2}}
     with pytest.raises(ConfigError, match=r"^env\.kwargs: building env .*:SlowToBuildEnv timed out after 0\.2s$"):
         check_config(load_config(data=slow))
+
+
+def templateless_model(path: Path) -> Path:
+    """A local char model whose tokenizer has no chat template (config and tokenizer; the weights are never read)."""
+    from tether.models.char import char_tokenizer
+
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(path)
+    (path / "model.safetensors").write_text("")
+    (path / "config.json").write_text(json.dumps({"max_position_embeddings": 1024}))
+    return path
+
+
+def workload_section(kind: str, tmp_path: Path) -> dict:
+    """The config sections of a workload ``kind``: a task that generates its prompts, a data set, an env."""
+    if kind == "jsonl":
+        path = tmp_path / "data.jsonl"
+        path.write_text("".join(json.dumps({"prompt": f"{i}+1?", "answer": str(i + 1)}) + "\n" for i in range(3)))
+        return {"task": {"name": "jsonl", "kwargs": {"path": str(path), "val_size": 1}}}
+    if kind == "scripted":
+        return {"task": None, "env": {"name": "scripted", "isolation": "thread"},
+                "train": {"best_metric": "val/success_rate"}}
+    return {"task": {"name": kind}}
+
+
+@pytest.mark.parametrize("kind", ["parity", "addition", "jsonl", "scripted"])
+def test_a_tokenizer_without_a_chat_template_is_a_warning_of_validate_for_every_workload(tmp_path, kind):
+    """A task that generates its prompts (parity, addition) or an env: validate said nothing, and the run warned at
+    its first prompt, after the model had loaded (a data set: a Python warning while validate counted its prompts).
+    Now validate gives the run's warning as one of its lines for every workload, from the tokenizer alone."""
+    import warnings
+
+    from tether.models.chat import encode_chat
+
+    model = templateless_model(tmp_path / "model")
+    data = {"run_dir": str(tmp_path / "run"), "model": {"name": str(model)}, **workload_section(kind, tmp_path)}
+    with pytest.warns(UserWarning) as at_encode:  # the run's own warning, the reference
+        from transformers import AutoTokenizer
+
+        encode_chat(AutoTokenizer.from_pretrained(model), "1+1?")
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
+        found = check_config(load_config(data=data))
+    assert [line for line in found if "chat template" in line] == [
+        f"model.name={model}: {at_encode[0].message}; set model.chat_template to a Jinja template file"]
+    assert not [w for w in raised if "chat template" in str(w.message)]  # once, as a finding, not again at encode
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    data["model"]["chat_template"] = str(template)
+    assert not [line for line in check_config(load_config(data=data)) if "chat template" in line]

@@ -12,6 +12,8 @@ Tasks that generate their prompts and environments, whose observations grow turn
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,7 +60,7 @@ def prompt_lengths(cfg: Config) -> list[tuple[int, str]]:
     """``(tokens, where)`` of the task's longest prompts, rendered as train renders them (:func:`policy_tokenizer`);
     empty where the task offers none, its data is bad (which :func:`tether.checks.machine.check_workload_inputs`
     reports), or the tokenizer cannot be loaded alone."""
-    from tether.models.chat import encode_chat
+    from tether.models.chat import NO_CHAT_TEMPLATE, encode_chat
 
     section, cls = workload_class(cfg)
     hook = getattr(cls, "longest_prompts", None) if section == "task" else None
@@ -73,7 +75,9 @@ def prompt_lengths(cfg: Config) -> list[tuple[int, str]]:
     tokenizer = policy_tokenizer(cfg)
     if tokenizer is None:
         return []
-    return [(len(encode_chat(tokenizer, user, system=system)), where) for where, user, system in prompts]
+    with warnings.catch_warnings():  # a tokenizer without a template is one warning line of its own check
+        warnings.filterwarnings("ignore", message=re.escape(NO_CHAT_TEMPLATE))
+        return [(len(encode_chat(tokenizer, user, system=system)), where) for where, user, system in prompts]
 
 
 def policy_tokenizer(cfg: Config) -> Any | None:
@@ -167,9 +171,10 @@ def _auto_tokenizer(directory: Path) -> Any:
 
 
 def _quietly(load: Callable[[], Any]) -> Any:
-    """The tokenizer, or None when it cannot be loaded here (a directory with weights but no tokenizer files, the
-    SmolLM2 package missing): the check is a courtesy, and the model's own loading reports what is wrong."""
+    """The tokenizer, or None when it cannot be loaded here (a directory with weights but no tokenizer files, a
+    ``tokenizer.json`` transformers cannot read, the SmolLM2 package missing): the checks are a courtesy, and the
+    model's own loading reports what is wrong."""
     try:
         return load()
-    except (OSError, ValueError, RuntimeError):
+    except Exception:  # whatever a broken tokenizer file raises: KeyError, TypeError, JSON errors...
         return None

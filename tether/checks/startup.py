@@ -207,6 +207,22 @@ def policy_reads_images(name: str) -> bool | None:
         return None
 
 
+def warn_no_chat_template(cfg: Config, found: Findings) -> None:
+    """The policy's tokenizer (with ``model.chat_template``, :func:`~tether.checks.context.policy_tokenizer`) has a
+    chat template: without one every prompt, a task's, a data set's or an env's, is encoded as plain text, which
+    :func:`tether.models.encode_chat` warns about at the first prompt, after the model has loaded. A
+    vision-language model's template is its processor's, not its tokenizer's: left to the run."""
+    from tether.checks.context import policy_tokenizer
+    from tether.models.chat import NO_CHAT_TEMPLATE
+
+    if policy_reads_images(cfg.model.name):
+        return
+    tokenizer = policy_tokenizer(cfg)
+    if tokenizer is not None and not getattr(tokenizer, "chat_template", None):
+        found.warn(f"model.name={cfg.model.name}: {NO_CHAT_TEMPLATE}; set model.chat_template to a Jinja template "
+                   "file")
+
+
 def check_env_observations(cfg: Config, found: Findings) -> None:
     """An env that renders images (its ``renders_images``, read off one env built with ``env.kwargs``) needs a
     vision-language policy: the collector refuses a text tokenizer once the model has loaded."""
@@ -267,6 +283,6 @@ def startup_checks(*, policy: bool = True) -> tuple:
     def models(cfg: Config, found: Findings) -> None:
         check_model_dirs(cfg, found, policy=policy)
 
-    observations = (check_env_observations,) if policy else ()
-    return (models, check_task_builds, check_env_builds, *observations, check_device, warn_launch,
+    policy_checks = (check_env_observations, warn_no_chat_template) if policy else ()
+    return (models, check_task_builds, check_env_builds, *policy_checks, check_device, warn_launch,
             warn_batch_arithmetic)

@@ -6,6 +6,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+#: encode_chat's warning for a tokenizer without a chat template (``tether validate`` gives it before a model loads)
+NO_CHAT_TEMPLATE = "the tokenizer has no chat template: encoding the messages as plain text"
+
 
 def encode_chat(tokenizer: Any, messages: str | Sequence[dict[str, str]], *,
                 system: str | None = None) -> list[int]:
@@ -31,7 +34,7 @@ def encode_chat(tokenizer: Any, messages: str | Sequence[dict[str, str]], *,
     # (called on a string, the processor would take it for an image)
     encode = getattr(tokenizer, "tokenizer", None) or tokenizer
     if not getattr(tokenizer, "chat_template", None):
-        warnings.warn("the tokenizer has no chat template: encoding the messages as plain text", stacklevel=2)
+        warnings.warn(NO_CHAT_TEMPLATE, stacklevel=2)
         return encode("\n\n".join(m["content"] for m in msgs) + "\n\n").input_ids
     text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     # The template writes its own special tokens (BOS included, where it has one).
