@@ -48,6 +48,18 @@ def test_batched_reward_model_scores_equal_one_pair_at_a_time_in_float64(reward_
     assert len(set(scores)) == 4  # different pairs, different rewards
 
 
+def test_text_parts_reach_a_reward_model_and_a_judge_as_their_text(reward_model_dir):
+    """A dataset prompt may hold text parts (tether.models.chat): a reward model renders them as its template renders
+    their joined text, a judge's prompt shows the text, never the list's repr."""
+    from tether.rewards.judge import text_of
+
+    rm = RewardModel(str(reward_model_dir), device="cpu")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "2+2?"}]}]
+    joined = [{"role": "user", "content": "What is\n2+2?"}]
+    assert rm.render(parts, "4") == rm.render(joined, "4") and "'type'" not in rm.render(parts, "4")
+    assert text_of(parts) == "user: What is\n2+2?"
+
+
 def test_a_reward_model_term_is_built_once_and_checked_before_it_loads(reward_model_dir, tmp_path):
     spec = RewardTermConfig(fn="tether.rewards:RewardModel", kwargs={"model": str(reward_model_dir), "device": "cpu"})
     term = RewardTerm(spec, "task.rewards[0]")

@@ -98,6 +98,28 @@ def test_a_conversational_column_is_used_as_it_is(saved):
     assert task.train[0].prompt == [{"role": "user", "content": task.train[0].prompt[0]["content"]}]
 
 
+def test_text_parts_are_accepted_and_image_parts_still_refused(tmp_path, tokenizer):
+    """A message content of text parts (the OpenAI / Hugging Face multi-part format) was refused ("has content parts
+    (text)"); it is kept as it is, and encoded as its texts joined by a newline by SmolLM2's template (which raises
+    on a list); an image part is still refused, in the line of test_bad_data_is_one_line_before_any_model_loads."""
+    from tether.models import encode_chat
+
+    def prompt(i: int) -> list[dict]:
+        return [{"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": f"{i}."}]}]
+
+    file = tmp_path / "parts.jsonl"
+    file.write_text("".join(json.dumps({"prompt": prompt(i), "answer": str(i)}) + "\n" for i in range(6)))
+    assert DatasetTask.check_inputs(path=str(file)) == []
+    item = DatasetTask(path=str(file), val_size=2).train[0]
+    assert item.prompt == prompt(int(item.answer))
+    assert encode_chat(tokenizer, item.prompt) == encode_chat(tokenizer, f"Say\n{item.answer}.")
+    rows = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Say 1."}]}],
+             "answer": "1"}] * 3
+    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match=r"message 0 has content parts \(image, text\): a dataset prompt's content"):
+        DatasetTask.check_inputs(path=str(file))
+
+
 def test_the_collector_encodes_conversations_with_the_chat_template(saved, tokenizer):
     from tether.models import encode_chat
 

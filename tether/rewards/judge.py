@@ -33,10 +33,13 @@ PROBE_TIMEOUT_S = 2.0  # tether validate's one look at the endpoint: a local ser
 
 
 def text_of(value: Any) -> str:
-    """A prompt or completion as text: a string as it is, a conversation as ``role: content`` lines."""
+    """A prompt or completion as text: a string as it is, a conversation as ``role: content`` lines (text parts
+    joined, :func:`tether.models.chat.content_text`)."""
+    from tether.models.chat import content_text
+
     if isinstance(value, str):
         return value
-    return "\n".join(f"{m['role']}: {m['content']}" for m in value)
+    return "\n".join(f"{m['role']}: {content_text(m['content'])}" for m in value)
 
 
 class Judge:

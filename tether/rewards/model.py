@@ -84,10 +84,12 @@ class RewardModel:
                              "HF_HUB_OFFLINE is set")
 
     def render(self, prompt: Any, completion: Any) -> str:
+        from tether.models.chat import content_text, template_messages
+
         messages = conversation(prompt, completion)
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tokenize=False)
-        return "\n\n".join(m["content"] for m in messages)
+            return self.tokenizer.apply_chat_template(template_messages(self.tokenizer, messages), tokenize=False)
+        return "\n\n".join(content_text(m["content"]) for m in messages)
 
     @torch.no_grad()
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:

@@ -5,7 +5,9 @@ The source is a Hub id (with ``config`` and ``split``), a directory written by `
 ``DatasetDict.save_to_disk``, or a ``.jsonl``/``.json``/``.parquet``/``.csv`` file. Each row becomes an item through a
 column mapping (``prompt_field``, ``answer_field``) or a ``format_fn: module:function`` that maps a row to
 ``{"prompt": ..., "answer": ...}`` (and any other columns). A prompt is a string, filled into ``prompt_template``, or
-a conversation: a list of ``{"role", "content"}`` messages, used as it is. Every column but the prompt reaches
+a conversation: a list of ``{"role", "content"}`` messages, used as it is (a content may be a list of text parts,
+``[{"type": "text", "text": ...}]``: :mod:`tether.models.chat` says how it is rendered; image parts are refused).
+Every column but the prompt reaches
 reward functions as a keyword list (``meta["columns"]``).
 
 Splits as the built-in tasks: ``report`` (``report_size`` rows, for the final numbers) and ``val`` (``val_size``
@@ -67,7 +69,8 @@ def load_split(path: str, config: str | None, split: str) -> list[dict[str, Any]
 
 
 def check_messages(value: Any, where: str) -> None:
-    """``value`` is a conversation: a non-empty list of ``{"role": str, "content": str}``.
+    """``value`` is a conversation: a non-empty list of ``{"role": str, "content": str or text parts}``, text parts
+    being ``[{"type": "text", "text": str}, ...]`` (rendered by :func:`tether.models.chat.encode_chat`).
 
     Raises:
         ValueError: naming ``where`` and the first bad message.
@@ -77,8 +80,17 @@ def check_messages(value: Any, where: str) -> None:
                          "{role, content} messages")
     for i, message in enumerate(value):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
+                and _is_text(message.get("content"))):
             raise ValueError(f"{where}: message {i} {_message_problem(message)}, not {{'role': str, 'content': str}}")
+
+
+def _is_text(content: Any) -> bool:
+    """A string, or a non-empty list of text parts."""
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and bool(content) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        for part in content)
 
 
 def _message_problem(message: Any) -> str:
@@ -87,8 +99,8 @@ def _message_problem(message: Any) -> str:
     content = message.get("content") if isinstance(message, dict) else None
     if isinstance(content, list):  # TRL's multimodal parts: [{"type": "image"}, {"type": "text", "text": ...}]
         kinds = ", ".join(str(part.get("type")) if isinstance(part, dict) else type(part).__name__ for part in content)
-        return (f"has content parts ({kinds}): a dataset prompt's content is one text (images reach the policy "
-                "through an env's observations, docs/vision.md; join text parts with a format_fn)")
+        return (f"has content parts ({kinds}): a dataset prompt's content is one text or text parts (images reach "
+                "the policy through an env's observations, docs/vision.md)")
     return f"is {reprlib.repr(message)}"
 
 
