@@ -93,6 +93,8 @@ def test_a_yaml_block_that_imports_a_file_loads_with_that_file(page, index, data
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(data), encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
+    for stem in stems:  # a module of that name another test imported (tests/test_user_code.py's capitals) steps aside
+        monkeypatch.delitem(sys.modules, stem, raising=False)
     try:  # each block imports its own my_rewards.py: the loader refuses a second file under a module name it holds
         check_config(load_config(config), machine=False)
     finally:
