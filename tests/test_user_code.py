@@ -249,9 +249,14 @@ def test_the_capitals_example_of_docs_tasks_md_runs_from_its_yaml(tmp_path):
     (tmp_path / "capitals.py").write_text(code)
     data = yaml.safe_load(config)
     (tmp_path / "capitals.yaml").write_text(yaml.safe_dump({**data, "logging": {"tensorboard": False}}))
-    cfg = load_checked_config(tmp_path / "capitals.yaml")
     from tether.tasks import make_task
+    from tether.tasks.registry import unregister_task
 
-    task = make_task(cfg.task.name, **cfg.task.kwargs)
-    assert len(task.val) == 1 and task.score(task.val[0], f"<answer>{task.val[0].answer}</answer>").correct
-    load_checked_config(tmp_path / "capitals.yaml", ["task.name=capitals:CapitalsTask"])
+    try:
+        cfg = load_checked_config(tmp_path / "capitals.yaml")
+        task = make_task(cfg.task.name, **cfg.task.kwargs)
+        assert len(task.val) == 1 and task.score(task.val[0], f"<answer>{task.val[0].answer}</answer>").correct
+        load_checked_config(tmp_path / "capitals.yaml", ["task.name=capitals:CapitalsTask"])
+    finally:  # the page's module and the name it registers go, so a later test may import the page's file again
+        unregister_task("capitals")
+        sys.modules.pop("capitals", None)
