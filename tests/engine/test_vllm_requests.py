@@ -19,6 +19,7 @@ import torch
 from tether.engine.base import SamplingParams
 from tether.engine.vllm import VLLMEngine, vllm_request
 from tether.envs import make_env
+from tether.envs.base import parse_tagged_action
 from tether.models.vision import VisionPrompt, encode_vision_chat, tiny_vlm
 
 
@@ -46,11 +47,21 @@ class FakeSamplingParams:
         self.kwargs = kwargs
 
 
+def vllm_text(text: str, stop: list[str] | None, include_stop_str_in_output: bool) -> str:
+    """A completion's text as vLLM returns it: at a stop string, cut before it, or after it when it is included."""
+    for s in stop or []:
+        if s in text:
+            return text[:text.find(s) + (len(s) if include_stop_str_in_output else 0)]
+    return text
+
+
 class FakeLLM:
-    """Records every ``generate`` call; expands image placeholders as vLLM does, ``expand`` tokens per image."""
+    """Records every ``generate`` call; expands image placeholders as vLLM does, ``expand`` tokens per image; each
+    completion's text is ``text``, cut at a stop string as vLLM cuts it."""
 
     image_token_id = -1
     expand = 1
+    text = "x"
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs, self.calls = kwargs, []
@@ -58,13 +69,15 @@ class FakeLLM:
     def generate(self, prompts: list[dict], params: Any, use_tqdm: bool = False) -> list[FakeOutput]:
         self.calls.append((prompts, params))
         outs = []
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            row = (params[i] if isinstance(params, list) else params).kwargs
+            text = vllm_text(self.text, row.get("stop"), row.get("include_stop_str_in_output", False))
             ids = [t for t in p["prompt_token_ids"]
                    for _ in range(self.expand if t == self.image_token_id and "multi_modal_data" in p else 1)]
             # the prompt log-prob at expanded position j is -j/100: a misread position shows in the value
             prompt_logprobs = [None] + [{t: FakeLogprob(-j / 100)} for j, t in enumerate(ids) if j]
             sampled = [5, 6]
-            outs.append(FakeOutput([FakeCompletion(sampled, [{t: FakeLogprob(-0.25)} for t in sampled])],
+            outs.append(FakeOutput([FakeCompletion(sampled, [{t: FakeLogprob(-0.25)} for t in sampled], text)],
                                    prompt_logprobs))
         return outs
 
@@ -135,6 +148,20 @@ def test_ignore_eos_and_stop_strings_reach_vllm(fake_vllm, qwen):
     (_, (stopping,)), (_, (ignoring,)) = engine.llm.calls
     assert (stopping.kwargs["stop"], stopping.kwargs["ignore_eos"]) == (["</a>"], False)
     assert (ignoring.kwargs["stop"], ignoring.kwargs["ignore_eos"]) == (None, True)
+
+
+def test_a_stop_string_ends_the_text_as_in_the_hf_engine(fake_vllm, qwen):
+    """vLLM drops a stop string from the text unless ``include_stop_str_in_output``; HFEngine keeps it, and an agent's
+    action parser needs it: without it every ``<action>up</action>`` came back as ``<action>up``, an invalid action."""
+    _, processor = qwen
+    engine = VLLMEngine("path/to/checkpoint", processor, enable_sleep_mode=False)
+    engine.llm.text = "<action>up</action> and on"
+    gen = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4, stop=("</action>",)), seed=7)
+    assert gen.texts == ["<action>up</action>"]
+    assert parse_tagged_action(gen.texts[0], ["up", "down"]) == ("up", True)
+    # no stop string: the text as sampled
+    plain = engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4), seed=7)
+    assert plain.texts == ["<action>up</action> and on"]
 
 
 def test_score_reads_the_response_after_vllms_expanded_prompt(fake_vllm, qwen):

@@ -4,7 +4,8 @@ CPU build (``tests/integrations/test_vllm_engine.py``, docs/engine.md).
 * ``generate``: one vLLM seed per row (:func:`row_seeds`); ``SamplingParams(logprobs=0)`` returns the log-prob
   of each sampled token. vLLM reports it under its own ``logprobs_mode``; ``processed_logprobs`` (after
   temperature / top-k / top-p) is the distribution the token was drawn from, which is what tether's
-  ``sample_log_probs`` means.
+  ``sample_log_probs`` means. A stop string stays at the end of the text (``include_stop_str_in_output``), as in
+  :class:`~tether.engine.hf.HFEngine`: vLLM's default cuts it out, and an agent's ``</action>`` with it.
 * ``score``: ``prompt_logprobs=0`` over prompt + response, one generated token, reading the response part.
 * ``load_weights``: the policy's weights go to a safetensors file, and each vLLM worker loads it in place
   (:class:`WeightLoader`, mixed into the workers as vLLM's ``worker_extension_cls``). vLLM's
@@ -122,11 +123,13 @@ class VLLMEngine:
                             worker_extension_cls=f"{__name__}.WeightLoader", **llm_kwargs)
 
     def _params(self, params: SamplingParams, seed: int | None, **extra: Any) -> Any:
+        # vLLM cuts a stop string (and a stop token's text) out of the text by default; tether's texts end with it
+        # (HFEngine), so that a closing tag such as an agent's </action> reaches the parser and the reward
         return self._vllm.SamplingParams(
             max_tokens=params.max_new_tokens, temperature=0.0 if params.greedy else params.temperature,
             top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else -1,
-            stop=None if params.ignore_eos else list(params.stop) or None, ignore_eos=params.ignore_eos,
-            seed=seed, **extra)
+            stop=None if params.ignore_eos else list(params.stop) or None, include_stop_str_in_output=True,
+            ignore_eos=params.ignore_eos, seed=seed, **extra)
 
     def _prompts(self, prompt_ids: list[list[int]], suffixes: list[list[int]] | None = None) -> list[Any]:
         suffixes = suffixes or [[] for _ in prompt_ids]
