@@ -184,6 +184,18 @@ def test_score_reads_the_response_after_vllms_expanded_prompt(fake_vllm, qwen):
     torch.testing.assert_close(scores, want)
 
 
+def test_score_refuses_a_temperature_vllms_prompt_log_probs_ignore(fake_vllm, qwen):
+    """vLLM's prompt log-probs come from the raw logits: at temperature 0.7 ``score`` returned the temperature-1
+    values unchanged (here the stand-in's -0.03, -0.04 where 0.7 would give others)."""
+    _, processor = qwen
+    engine = VLLMEngine("path/to/checkpoint", processor, enable_sleep_mode=False)
+    responses, mask = torch.tensor([[7, 8]]), torch.ones(1, 2)
+    with pytest.raises(ValueError, match="ignore the temperature"):
+        engine.score([[1, 2, 3]], responses, mask, temperature=0.7)
+    assert engine.llm.calls == []
+    torch.testing.assert_close(engine.score([[1, 2, 3]], responses, mask), torch.tensor([[-0.03, -0.04]]))
+
+
 def test_a_visual_prompt_without_its_template_ids_is_refused():
     bare = VisionPrompt([1, 2], {"pixel_values": torch.zeros(1, 3)})
     with pytest.raises(ValueError, match="unexpanded ids and its images"):

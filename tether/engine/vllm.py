@@ -6,7 +6,9 @@ CPU build (``tests/integrations/test_vllm_engine.py``, docs/engine.md).
   temperature / top-k / top-p) is the distribution the token was drawn from, which is what tether's
   ``sample_log_probs`` means. A stop string stays at the end of the text (``include_stop_str_in_output``), as in
   :class:`~tether.engine.hf.HFEngine`: vLLM's default cuts it out, and an agent's ``</action>`` with it.
-* ``score``: ``prompt_logprobs=0`` over prompt + response, one generated token, reading the response part.
+* ``score``: ``prompt_logprobs=0`` over prompt + response, one generated token, reading the response part. vLLM
+  computes prompt log-probs from the raw logits, without the request's temperature, so ``score`` refuses a temperature
+  other than 1 rather than return temperature-1 values.
 * ``load_weights``: the policy's weights go to a safetensors file, and each vLLM worker loads it in place
   (:class:`WeightLoader`, mixed into the workers as vLLM's ``worker_extension_cls``). vLLM's
   ``collective_rpc`` carries only plain values between processes (a function or a tensor in its arguments
@@ -161,7 +163,16 @@ class VLLMEngine:
 
     def score(self, prompt_ids: list[list[int]], response_ids: Tensor, response_mask: Tensor, *,
               temperature: float = 1.0) -> Tensor:
-        """log-probs of the response tokens (0 where masked) via ``prompt_logprobs`` over prompt + response."""
+        """log-probs of the response tokens (0 where masked) via ``prompt_logprobs`` over prompt + response.
+
+        Raises:
+            ValueError: ``temperature`` other than 1. vLLM computes prompt log-probs from the raw logits, whatever
+                the request's temperature, and returns only the scored token's, so they cannot be rescaled here.
+        """
+        if temperature != 1.0:
+            raise ValueError(f"VLLMEngine.score(temperature={temperature}): vLLM's prompt log-probs ignore the "
+                             "temperature (they come from the raw logits), so they would be the temperature-1 "
+                             "values; score with the policy (tether.models.forward.response_log_probs) or HFEngine")
         lengths = response_mask.sum(1).long().tolist()
         responses = [response_ids[i, :lengths[i]].tolist() for i in range(len(prompt_ids))]
         params = self._vllm.SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0)
