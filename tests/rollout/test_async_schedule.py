@@ -85,3 +85,27 @@ def test_each_step_trains_on_the_weights_of_max_step_minus_k_and_the_start(k, fi
     assert [weights for _, weights, *_ in out] == [[v, v] for v in want]
     assert [staleness for _, _, staleness, _ in out] == [float(s - v) for s, v in zip(steps, want, strict=True)]
     assert sorted(step for step, _ in inner.sampled) == list(steps)  # each step once, none past the last
+
+
+def test_a_resume_with_a_lower_max_staleness_samples_again_what_is_too_stale_for_it():
+    """A k = 2 run checkpointed at step 2 holds the batches of steps 2 (weights 0) and 3 (weights 1). Resumed with
+    k = 1, the batch of step 2 would train 2 steps stale: it is sampled again with the weights of step 2."""
+    saved = AsyncCollector(StepCollector(), LockedEngine(WeightsEngine(0), threading.RLock()), 2, 6)
+    try:
+        for step in range(2):
+            saved.collect(saved.engine, StepSeeds(0, step), NoHooks())
+            saved.engine.load_weights({"version": step + 1})
+        saved._finish_job()
+    finally:
+        saved.executor.shutdown(wait=True)
+    assert [(s, b.info[VERSION][0]) for s, b, *_ in saved.pending] == [(2, 0), (3, 1)]
+    inner = StepCollector()
+    resumed = AsyncCollector(inner, LockedEngine(WeightsEngine(2), threading.RLock()), 1, 6)
+    resumed.pending = saved.pending
+    try:
+        batch, metrics = resumed.collect(resumed.engine, StepSeeds(0, 2), NoHooks())
+        resumed._finish_job()
+    finally:
+        resumed.executor.shutdown(wait=True)
+    assert batch.info[VERSION] == batch.info["weights"] == [2, 2] and metrics["rollout/staleness"] == 0.0
+    assert inner.sampled == [(2, 2), (3, 2)]  # step 2 again at the resume, step 3 by the job (its held one dropped)

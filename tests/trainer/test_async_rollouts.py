@@ -133,15 +133,17 @@ def test_a_resume_with_a_batch_in_flight_continues_exactly(tmp_path, tiny_policy
     (("rollout.max_staleness=2", "train.steps=4"), ("rollout.max_staleness=2", "train.steps=6"), [2.0, 1.0, 2.0]),
     # k 1 -> 2, saved at step 2: step 3's batch is sampled at the resume (version 2), then k = 2 holds
     (("rollout.max_staleness=1", "train.steps=6"), ("rollout.max_staleness=2", "train.steps=6"), [1.0, 1.0, 2.0]),
-    # k 2 -> 1, saved at step 2: the checkpointed batch of step 3 (version 1) is dropped, step 2's job resamples it
-    (("rollout.max_staleness=2", "train.steps=6"), ("rollout.max_staleness=1", "train.steps=6"), [2.0, 1.0, 1.0]),
+    # k 2 -> 1, saved at step 2: the checkpointed batch of step 3 (version 1) is dropped, step 2's job resamples it;
+    # the batch of step 2 (version 0) would be 2 steps stale under k = 1: it is sampled again at the resume
+    (("rollout.max_staleness=2", "train.steps=6"), ("rollout.max_staleness=1", "train.steps=6"), [0.0, 1.0, 1.0]),
 ])
 def test_a_resume_with_more_steps_or_another_staleness_fills_the_pipeline(tmp_path, tiny_policy, before, after,
                                                                          stalenesses):
     """A resume may raise train.steps and change max_staleness (neither changes what the run means): the batches in
     flight then do not cover steps s .. s + k - 1. The collector took the head of the queue as it was, so the first
     step past the checkpoint raised 'the batch in hand is for step 5, the trainer is at step 4' (more steps) or
-    trained the wrong step's batch."""
+    trained the wrong step's batch. A lowered max_staleness trained the checkpoint's batch 2 steps stale under
+    max_staleness 1 (rollout/staleness 2.0 at the first step)."""
     common = ("rollout.correction.mode=tis", "optim.lr=0.05", "health.parity.patience=0")
     first = make(tmp_path, tiny_policy, *common, *before)
     saved_at = 3 if "train.steps=4" in before else 2

@@ -89,9 +89,10 @@ class AsyncCollector:
         self._finish_job()
         # the pipeline holds the batches of steps step .. step + k - 1. A start, or a resume that changed
         # train.steps or max_staleness, lacks some (a checkpoint taken within k steps of its run's last step holds
-        # none past it) or holds some beyond: those missing are sampled now with the current weights
+        # none past it), holds some beyond, or holds some staler than a lowered k allows: those missing are
+        # sampled now with the current weights
         wanted = range(step, min(step + self.k, self.last_step))
-        held = {entry[0]: entry for entry in self.pending if entry[0] in wanted}
+        held = {entry[0]: entry for entry in self.pending if entry[0] in wanted and self._within_staleness(entry)}
         self.pending = deque(held[s] if s in held else self._sample(seeds, s, version=step) for s in wanted)
         _, batch, metrics, samples = self.pending.popleft()
         if isinstance(engine, RecordingEngine):  # the health check's round trip reads what was sampled
@@ -100,6 +101,11 @@ class AsyncCollector:
             self._start_job(seeds, step + self.k, version=step)
         staleness = [step - v for v in batch.info[VERSION]]
         return batch, {**metrics, "rollout/staleness": sum(staleness) / max(1, len(staleness))}
+
+    def _within_staleness(self, entry: tuple[int, RolloutBatch, dict[str, float], set]) -> bool:
+        """Whether a batch in flight, trained at its step, is at most ``max_staleness`` steps stale."""
+        step, batch, *_ = entry
+        return all(step - version <= self.k for version in batch.info[VERSION])
 
     def _sample(self, seeds: StepSeeds, step: int, version: int) -> tuple[int, RolloutBatch, dict[str, float], set]:
         """The batch of ``step`` with the engine's current weights, those of step ``version`` (holding the lock)."""
