@@ -180,6 +180,22 @@ def test_sampled_validation_plays_each_seed_val_samples_times(tmp_path, agent_tr
     assert greedy["val/episodes"] == 3.0 and greedy["val/pass@k"] == pytest.approx(2 / 3)
 
 
+def test_validation_samples_with_val_settings_and_no_top_k_as_single_turn_does(tmp_path, agent_trainer):
+    """rollout.top_k is training's: the agent loop's validation sampled with it (top_k 5 here), the single-turn
+    collector's without it, so val/success_rate and val/avg@k meant other distributions on the two."""
+    trainer = agent_trainer(agent_config(tmp_path, "rollout.top_k=5", "rollout.top_p=0.9", "val.greedy=false",
+                                         "val.temperature=0.5", "val.samples=2"))
+    seen, generate = [], trainer.engine.generate
+
+    def recorded(prompt_ids, params, **kwargs):
+        seen.append(params)
+        return generate(prompt_ids, params, **kwargs)
+
+    trainer.engine.generate = recorded
+    trainer.collector.validate(trainer.engine, trainer.seed_for("val"))
+    assert {(p.temperature, p.top_p, p.top_k, p.greedy) for p in seen} == {(0.5, 1.0, 0, False)}
+
+
 def test_trainer_validation_logs_success_rate_and_keeps_the_best(tmp_path, agent_trainer):
     trainer = agent_trainer(agent_config(tmp_path, "val.every=1", "train.steps=1"))
     trainer.fit()

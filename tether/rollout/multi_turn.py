@@ -182,11 +182,13 @@ class AgentCollector:
         self._next_group, self._next_episode, self.faults = (state["next_group"], state["next_episode"],
                                                              state["faults"])
 
-    def sampling(self, *, greedy: bool = False, temperature: float | None = None,
-                 top_p: float | None = None) -> SamplingParams:
+    def sampling(self, *, greedy: bool = False, temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None) -> SamplingParams:
+        """``rollout``'s sampling, with the settings given replacing its own."""
         r = self.cfg.rollout
         return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature or r.temperature,
-                              top_p=top_p or r.top_p, top_k=r.top_k, greedy=greedy, stop=tuple(r.stop))
+                              top_p=top_p or r.top_p, top_k=r.top_k if top_k is None else top_k, greedy=greedy,
+                              stop=tuple(r.stop))
 
     # -- episodes ----------------------------------------------------------------------------
 
@@ -349,7 +351,8 @@ class AgentCollector:
         episodes = self._start(seeds, k)
         if all(ep.fault for ep in episodes):
             raise no_episode_started(self.env_cfg, episodes, "validation")
-        params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p)
+        # val.* alone, no top-k (val has none), as the single-turn collector validates
+        params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p, top_k=0)
         with validation_progress(self.cfg, len(episodes), "episodes") as bar:
             rows = self.run_episodes(engine, episodes, params, seed, on_turn=bar.update)
         self._warn_faults(faults, len(episodes), "validation", "val/faults")
