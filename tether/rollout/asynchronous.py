@@ -42,8 +42,10 @@ VERSION = "policy_version"  # RolloutBatch.info key: the trainer step whose weig
 
 
 class LockedEngine:
-    """An engine whose every call holds one re-entrant lock, and that counts the weights it was given: a job holds
-    the lock for a whole batch, so no weight push lands in the middle of one."""
+    """An engine whose every call holds one re-entrant lock: a job holds the lock for a whole batch, so no weight push
+    lands in the middle of one. It keeps no count of the weights: a batch's version comes from the schedule
+    (:class:`AsyncCollector`), which ``tests/rollout/test_async_schedule.py`` checks against the weights that
+    sampled."""
 
     def __init__(self, engine: Any, lock: threading.RLock) -> None:
         self.engine, self.lock = engine, lock
