@@ -8,6 +8,8 @@ import torch
 from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
 from tether.errors import RefillShortfall
+from tether.methods.base import Method, MethodSettings
+from tether.methods.hooks import MethodSet
 from tether.tasks import Score
 from tether.trainer import Trainer
 
@@ -32,6 +34,18 @@ def test_partial_batches_train_on_what_survived_instead_of_stopping(tmp_path, ti
     assert metrics["rollout/short_batch"] == 1.0 and metrics["rollout/num_gen_batches"] == 2
 
 
+class DropAll(Method):
+    """A method whose filter keeps no row (ARMOR's acceptance, when no group passes)."""
+
+    name = "drop_all"
+
+    def __init__(self) -> None:
+        super().__init__(MethodSettings())
+
+    def on_generation(self, batch, ctx):
+        return batch.select([]), {}
+
+
 def test_a_method_filter_that_keeps_nothing_makes_a_step_that_teaches_nothing(tmp_path, tiny_policy):
     """ARMOR's acceptance can drop every group of every generation batch; the step then trains on the rows as
     generated with their group's mean reward (zero advantages) instead of failing on an empty batch."""
@@ -40,7 +54,7 @@ def test_a_method_filter_that_keeps_nothing_makes_a_step_that_teaches_nothing(tm
                       "rollout.partial_batches=true", "algorithm.advantage=grpo")
     trainer = Trainer(cfg, policy=model, tokenizer=tok)
     trainer.collector.task.score = lambda item, text: Score(reward=float(len(text)), correct=False, extracted=None)
-    trainer.methods.on_generation = lambda batch, ctx: (batch.select([]), {})
+    trainer.methods = MethodSet([DropAll()])
     batch, metrics = trainer.collect()
     assert metrics["rollout/short_batch"] == 1.0 and len(batch) > 0
     lengths = torch.tensor([float(len(text)) for text in batch.info["text"]])

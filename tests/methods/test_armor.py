@@ -26,6 +26,7 @@ from tether.methods.armor import (
     drift_metrics,
     on_policy_verdicts,
 )
+from tether.methods.hooks import MethodSet
 from tether.rollout.batch import RolloutBatch
 
 N_ON = 15  # the paper's on-policy group; the anchor makes 16
@@ -157,15 +158,23 @@ def test_attach_anchors_without_reference_batch():
 
 
 def test_acceptance_metrics_accumulate_over_generation_batches_of_a_step():
-    method, ctx, collector = stub_method({1: [True] * 4, 2: [True] * 4, 3: [True] * 4})
-    _, first = method.on_generation(make_batch({1: [True, False], 2: [True, True]}), ctx)
-    _, second = method.on_generation(make_batch({3: [False, True]}), ctx)
+    method, ctx, collector = stub_method({1: [True] * 4, 2: [False, True, False, True], 3: [True] * 4,
+                                          4: [False] * 4})
+    hooks = MethodSet([method]).generation_hooks(ctx)
+    _, first = hooks.on_generation(make_batch({1: [True, False], 2: [True, True]}))
+    _, second = hooks.on_generation(make_batch({3: [False, True], 4: [True, False]}))
     assert first["armor/acceptance_rate"] == pytest.approx(1 / 2)
-    assert second["armor/acceptance_rate"] == pytest.approx(2 / 3)
+    # the step's, over both batches: 2 of 4 groups accepted (group 4 has no correct reference sample), 12 reference
+    # samples of which 4 + 4 are correct; each batch alone says 1/2 then 1/2, and 4/4 then 4/8 of its samples
+    assert second["armor/acceptance_rate"] == pytest.approx(2 / 4)
+    assert second["armor/drop_all_correct"] == pytest.approx(1 / 4)
+    assert second["armor/drop_no_correct_ref"] == pytest.approx(1 / 4)
+    assert second["armor/ref_samples"] == 12
+    assert second["armor/ref_accuracy"] == pytest.approx(8 / 12)
     seeds = [c["seed"] for c in collector.calls]
     assert seeds[0] != seeds[1]  # each generation batch draws its own reference samples
     ctx = dataclasses.replace(ctx, step=1)
-    _, third = method.on_generation(make_batch({4: [True, True]}), ctx)
+    _, third = MethodSet([method]).generation_hooks(ctx).on_generation(make_batch({5: [True, True]}))
     assert third["armor/acceptance_rate"] == 0.0  # a new step starts new counts
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 
 import pytest
 import torch
@@ -54,11 +54,40 @@ def test_hooks_run_in_config_order_with_the_phase_context():
     calls: list = []
     methods = MethodSet([Recorder("a", calls), Recorder("b", calls)])
     hooks = methods.generation_hooks(CTX)
-    batch, metrics = hooks.on_generation([])
-    assert batch == ["a", "b"] and metrics == {"a/rows": 1.0, "b/rows": 2.0}
+    batch, metrics = hooks.on_generation(["row"])
+    assert batch == ["row", "a", "b"] and metrics == {"a/rows": 2.0, "b/rows": 3.0}
     assert hooks.intervention() is None
     assert calls == [("a", "on_generation", 3), ("b", "on_generation", 3), ("a", "intervention", 3),
                      ("b", "intervention", 3)]
+
+
+class Counting(Method):
+    """Generation metrics of each batch it sees: a mean over rows, one over its hits, a total, a maximum."""
+
+    name = "counting"
+    generation_totals = frozenset({"counting/hits"})
+    generation_units = MappingProxyType({"counting/hit_value": "counting/hits"})
+
+    def __init__(self) -> None:
+        super().__init__(MethodSettings())
+
+    def on_generation(self, batch, ctx):
+        hits = [v for v in batch if v > 0]
+        return batch[:1], {"counting/mean": sum(batch) / len(batch), "counting/value_max": max(batch),
+                           "counting/hits": float(len(hits)), "counting/hit_value": sum(hits) / max(len(hits), 1)}
+
+
+def test_generation_metrics_fold_over_the_step_by_rows_generated_or_their_units():
+    batches = [[3.0, 0.0, 0.0, 1.0], [5.0, 0.0], [0.0, 0.0, 0.0]]  # of 4, 2 and 3 rows: unequal weights
+    hooks = MethodSet([Counting()]).generation_hooks(CTX)
+    for batch in batches:
+        _, metrics = hooks.on_generation(batch)
+    rows = [v for batch in batches for v in batch]
+    hits = [v for v in rows if v > 0]
+    assert metrics == pytest.approx({"counting/mean": sum(rows) / len(rows), "counting/value_max": 5.0,
+                                     "counting/hits": 3.0, "counting/hit_value": sum(hits) / len(hits)})
+    # a new step's hooks start afresh
+    assert MethodSet([Counting()]).generation_hooks(CTX).on_generation([2.0])[1]["counting/mean"] == 2.0
 
 
 def test_at_most_one_method_intervenes():

@@ -7,12 +7,16 @@ back from the text, so every expected value below is written out by hand.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from tests.trainer.helpers import tiny_config
 from tether.engine.base import Generation
 from tether.errors import RefillShortfall
+from tether.methods.base import Method, MethodSettings
+from tether.methods.hooks import MethodSet
 from tether.rollout.base import NoHooks
 from tether.rollout.single_turn import SingleTurnCollector
 from tether.seeding import StepSeeds
@@ -47,11 +51,11 @@ class ReadBackTask(ParityTask):
         return Score(reward=reward, correct=reward == 1.0, extracted=response_text)
 
 
-def collect(tmp_path, tokenizer, plan, *overrides):
+def collect(tmp_path, tokenizer, plan, *overrides, hooks=None):
     cfg = tiny_config(tmp_path, "rollout.max_new_tokens=10", *overrides)
     collector = SingleTurnCollector(ReadBackTask(train_size=12), tokenizer, cfg)
     engine = PlanEngine(plan)
-    batch, metrics = collector.collect(engine, StepSeeds(0, 0), NoHooks())
+    batch, metrics = collector.collect(engine, StepSeeds(0, 0), hooks or NoHooks())
     return batch, metrics, engine.calls
 
 
@@ -126,6 +130,33 @@ def test_a_shortfall_without_partial_batches_names_the_survivors(tmp_path, token
     plan = [groups_of([[1, 1], [0, 1]]), groups_of([[0, 0], [1, 1]])]
     with pytest.raises(RefillShortfall, match=r"only 1 of rollout\.prompts_per_step=2 groups survived"):
         collect(tmp_path, tokenizer, plan, *DAPO, "rollout.max_gen_batches=2")
+
+
+class RewardProbe(Method):
+    """A user method whose generation metrics describe each generation batch it is given, not the step."""
+
+    name = "probe"
+    generation_totals = frozenset({"probe/rows"})
+
+    def __init__(self) -> None:
+        super().__init__(MethodSettings())
+
+    def on_generation(self, batch, ctx):
+        return batch, {"probe/reward_mean": batch.rewards.mean().item(), "probe/reward_max": batch.rewards.max().item(),
+                       "probe/reward_min": batch.rewards.min().item(), "probe/rows": float(len(batch))}
+
+
+def test_generation_metrics_of_a_method_describe_every_generation_batch_of_the_step(tmp_path, tokenizer):
+    # the first generation batch is all zero-variance groups (filtered out), the second fills the step
+    plan = [groups_of([[2.0, 2.0], [0.25, 0.25]]), groups_of([[1.0, 0.0], [0.0, 1.0]])]
+    hooks = MethodSet([RewardProbe()]).generation_hooks(SimpleNamespace(step=0))
+    batch, metrics, calls = collect(tmp_path, tokenizer, plan, *DAPO, "rollout.max_gen_batches=2", hooks=hooks)
+    assert calls == 2 and batch.group_ids.tolist() == [2, 2, 3, 3]
+    generated = torch.tensor([r for rows in plan for _, r in rows], dtype=torch.float64)  # every row, both batches
+    assert metrics["probe/reward_mean"] == pytest.approx(generated.mean().item())  # 0.8125, not the last batch's 0.5
+    assert metrics["probe/reward_max"] == generated.max().item() == 2.0
+    assert metrics["probe/reward_min"] == generated.min().item() == 0.0
+    assert metrics["probe/rows"] == len(generated) == 8  # a declared total sums over the batches
 
 
 # -- prompts ------------------------------------------------------------------------------------------------------

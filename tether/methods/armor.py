@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -153,6 +154,20 @@ def like(ref: RolloutBatch, batch: RolloutBatch) -> RolloutBatch:
     return ref
 
 
+def acceptance_metrics(counts: Counter) -> dict[str, float]:
+    """The acceptance metrics of one generation batch, from its :func:`attach_anchors` counts; the step folds them
+    over its generation batches (``Armor.generation_totals``, ``Armor.generation_units``)."""
+    seen = max(counts["groups"], 1)
+    return {
+        "armor/acceptance_rate": counts["accepted"] / seen,
+        "armor/drop_all_correct": counts["all_correct"] / seen,
+        "armor/drop_all_wrong": counts["all_wrong"] / seen,
+        "armor/drop_no_correct_ref": counts["no_correct_ref"] / seen,
+        "armor/ref_accuracy": counts["ref_correct"] / max(counts["ref_samples"], 1),
+        "armor/ref_samples": float(counts["ref_samples"]),
+    }
+
+
 # -- the plug-in ------------------------------------------------------------------------------
 
 
@@ -163,6 +178,10 @@ class Armor(Method):
     name = "armor"
     Settings = ArmorSettings
     needs_ref = True
+    # per generation batch; the step folds them (tether.methods.hooks.GenerationFold): the acceptance and drop
+    # rates are shares of the batch's groups, all of group_size rows, so weighting them by rows pools the groups
+    generation_totals = frozenset({"armor/ref_samples"})
+    generation_units = MappingProxyType({"armor/ref_accuracy": "armor/ref_samples"})
 
     def __init__(self, settings: ArmorSettings) -> None:
         super().__init__(settings)
@@ -170,7 +189,7 @@ class Armor(Method):
         self.ref_engine: Any = None
         self._ref_policy: Any = None
         self.resets, self.last_reset = 0, 0
-        self._step, self._counts = -1, Counter()  # acceptance counts over the generation batches of a step
+        self._step, self._gen_batches = -1, 0  # generation batches of the step so far: each samples its own seed
         self._update_drift: tuple[str, ...] = ()  # drift metrics the update's pass logs (on_score decides)
 
     @classmethod
@@ -208,32 +227,19 @@ class Armor(Method):
         if not self.settings.anchors or len(batch) == 0:
             return batch, {}
         if ctx.step != self._step:
-            self._step, self._counts = ctx.step, Counter()
+            self._step, self._gen_batches = ctx.step, 0
         verdicts = on_policy_verdicts(batch.correct, batch.group_ids, batch.source)
         passing = [gid for gid, v in verdicts.items() if v == "keep"]
         ref = None
         if passing:  # reference samples only where the on-policy test passed: same outcome, less work
             first = {gid: i for i, gid in reversed(list(enumerate(batch.group_ids.tolist())))}
             items = [batch.info["item"][first[gid]] for gid in passing]
-            seed = ctx.seed_for("armor/ref", self._counts["gen_batches"])
+            seed = ctx.seed_for("armor/ref", self._gen_batches)
             ref = ctx.sample_groups(self.ref_engine, items, self.settings.ref_n, ctx.sampling, seed,
                                     group_ids=passing, source=ANCHOR)
         out, stats = attach_anchors(batch, ref, verdicts)
-        self._counts.update(stats)
-        self._counts["gen_batches"] += 1
-        return out, self._acceptance_metrics()
-
-    def _acceptance_metrics(self) -> dict[str, float]:
-        c = self._counts
-        seen = max(c["groups"], 1)
-        return {
-            "armor/acceptance_rate": c["accepted"] / seen,
-            "armor/drop_all_correct": c["all_correct"] / seen,
-            "armor/drop_all_wrong": c["all_wrong"] / seen,
-            "armor/drop_no_correct_ref": c["no_correct_ref"] / seen,
-            "armor/ref_accuracy": c["ref_correct"] / max(c["ref_samples"], 1),
-            "armor/ref_samples": float(c["ref_samples"]),
-        }
+        self._gen_batches += 1
+        return out, acceptance_metrics(stats)
 
     def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:
         metrics = source_metrics(batch)

@@ -23,7 +23,11 @@ hook                   called
 =====================  ======================================================================
 
 Hooks return metrics (or the object plus metrics), which the trainer logs as given: a method names
-its keys under its own namespace (``armor/``, ``eapo/``, ``seed/``). Several methods may run together;
+its keys under its own namespace (``armor/``, ``eapo/``, ``seed/``). ``on_generation``'s describe the one generation
+batch it was given; a step with several (DAPO's refills) logs them folded over all of them
+(:class:`~tether.methods.hooks.GenerationFold`): a mean weighted by the rows each batch generated, or by the units
+named in ``generation_units``; the sum for a total (``generation_totals``); the largest / smallest for a ``*_max`` /
+``*_min``. Several methods may run together;
 at most one may intervene in sampling. The one write a hook makes to the run is
 :meth:`~tether.methods.context.Reference.reset_to`; everything else it changes is its own state or the batch.
 
@@ -39,7 +43,8 @@ A method that an estimator depends on produces per-row tags instead, and declare
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -72,6 +77,11 @@ class Method:
     advantage_tags: ClassVar[frozenset[str]] = frozenset()
     # Per-token tensors this method adds to the batch (batch.token) for the loss: they reach LossInputs.tokens.
     loss_tokens: ClassVar[frozenset[str]] = frozenset()
+    # on_generation metrics that count something in their generation batch: the step logs their sum.
+    generation_totals: ClassVar[frozenset[str]] = frozenset()
+    # on_generation metrics that are means over other units than the batch's generated rows -> the total (one of
+    # generation_totals) that counts those units, by which the step weights each batch's value.
+    generation_units: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     def __init__(self, settings: MethodSettings) -> None:
         self.settings = settings
@@ -114,6 +124,8 @@ class Method:
         return None
 
     def on_generation(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, Any]]:
+        """One fresh generation batch, rewards known: the batch to keep (rows added, groups dropped) and metrics of
+        this batch alone; the step folds them over its generation batches (see ``generation_totals``)."""
         return batch, {}
 
     def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, Any]:

@@ -8,7 +8,8 @@ The rules (docs in :mod:`tether.methods.base`):
 
 The trainer holds one :class:`MethodSet` and calls it at fixed points of the step, each time with the
 :class:`~tether.methods.context.StepContext` of that point. A collector gets the set bound to the step's context
-(:meth:`MethodSet.generation_hooks`), which is all it sees of the methods.
+(:meth:`MethodSet.generation_hooks`), which is all it sees of the methods; it folds the methods' generation metrics
+over the step's generation batches (:class:`GenerationFold`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tether.algos import LossOutput
+from tether.distributed.data_parallel import extremum
 from tether.methods.base import Method, build_methods
 
 if TYPE_CHECKING:
@@ -70,13 +72,6 @@ class MethodSet:
             raise RuntimeError(f"methods {' and '.join(name for name, _ in hooks)} want to intervene in sampling; "
                                "at most one may")
         return hooks[0][1] if hooks else None
-
-    def on_generation(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, float]]:
-        metrics: dict[str, float] = {}
-        for m in self.methods:
-            batch, extra = m.on_generation(batch, ctx)
-            metrics.update(extra)
-        return batch, metrics
 
     def on_score(self, batch: RolloutBatch, ctx: StepContext) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -143,9 +138,45 @@ class BoundHooks:
 
     def __init__(self, methods: MethodSet, ctx: StepContext) -> None:
         self.methods, self.ctx = methods, ctx
+        self.fold = GenerationFold()  # one collection: the step's generation batches
 
     def intervention(self) -> Intervention | None:
         return self.methods.intervention(self.ctx)
 
     def on_generation(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
-        return self.methods.on_generation(batch, self.ctx)
+        """``batch`` through every method in config order; the methods' metrics over every generation batch of the
+        step so far, this one included."""
+        rows = len(batch)  # what the collector generated, before any method adds or drops rows
+        for m in self.methods:
+            batch, metrics = m.on_generation(batch, self.ctx)
+            self.fold.add(m, metrics, rows)
+        return batch, self.fold.values()
+
+
+class GenerationFold:
+    """Methods' ``on_generation`` metrics folded over a step's generation batches (DAPO refills), each batch's value
+    by its weight: a mean by the rows the batch generated (or by the units ``Method.generation_units`` names), a
+    total (``Method.generation_totals``) summed, a ``*_max`` / ``*_min`` the largest / smallest. A batch filtered out
+    entirely still counts: the metrics describe every generated row, not the kept ones (docs/metrics.md)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.units: dict[str, float] = {}  # of the means only
+
+    def add(self, method: Method, metrics: dict[str, Any], rows: int) -> None:
+        for key, value in metrics.items():
+            value = float(value)
+            pick = extremum(key)
+            if pick is not None:
+                self.sums[key] = pick(self.sums[key], value) if key in self.sums else value
+            elif key in method.generation_totals:
+                self.sums[key] = self.sums.get(key, 0.0) + value
+            else:
+                units = float(metrics[method.generation_units[key]]) if key in method.generation_units else rows
+                self.sums[key] = self.sums.get(key, 0.0) + units * value
+                self.units[key] = self.units.get(key, 0.0) + units
+
+    def values(self) -> dict[str, float]:
+        """The step's values so far; a mean whose batches had no units is 0 (as ``masked_mean``)."""
+        return {k: v if k not in self.units else v / self.units[k] if self.units[k] else 0.0
+                for k, v in self.sums.items()}
