@@ -151,7 +151,8 @@ def rejection_examples(cfg: SFTRunConfig, s: SFTConfig, device: torch.device) ->
     with model_load_errors("sft.sampler", s.sampler):
         sampler, tokenizer = load_policy(s.sampler)
     collector = SingleTurnCollector(task, tokenizer, cfg.rl_config())
-    engine = HFEngine(sampler.to(device), tokenizer, bf16_autocast=cfg.model.bf16_autocast)
+    engine = HFEngine(sampler.to(device), tokenizer, bf16_autocast=cfg.model.bf16_autocast,
+                      logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
     items = task.train[: s.examples] if s.examples else task.train
     batch = collector.generate(engine, items, s.samples_per_prompt, collector.sampling(), seed=s.data_seed)
     kept = [(item, text) for item, text, ok in zip(batch.info["item"], batch.info["text"], batch.correct.tolist(),

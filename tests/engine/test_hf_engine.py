@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from tests.trainer.helpers import tiny_config
 from tether.engine import (
     HFEngine,
     Intervention,
@@ -18,7 +19,8 @@ from tether.engine import (
     sample_tokens,
 )
 from tether.engine import hf as hf_engine
-from tether.models import tiny_model
+from tether.models import response_log_probs, tiny_model
+from tether.trainer import Trainer
 
 PROMPTS = [[1, 4093, 198, 1780, 314, 216, 39], [1, 4093, 198, 57, 2, 198, 1, 520, 9531, 198], [1, 520, 9531]]
 SAMPLE = SamplingParams(max_new_tokens=12, temperature=0.8)
@@ -82,6 +84,22 @@ def test_sample_log_probs_equal_score(tiny_policy):
     torch.testing.assert_close(scored, gen.sample_log_probs, rtol=0, atol=1e-4)
     lp, ent = engine.score(PROMPTS, gen.response_ids, gen.response_mask, temperature=0.8, with_entropy=True)
     assert torch.equal(lp, scored) and (ent > 0).all()
+
+
+def test_score_applies_the_head_in_the_configs_chunks(tiny_policy, tmp_path, monkeypatch):
+    """train.logprob_chunk_tokens bounds the [chunk, vocabulary] logits of the engine's scoring too, as of every
+    trainer forward; it used to score with the default 1,024 tokens whatever the config said."""
+    model, tok = tiny_policy
+    engine = Trainer(tiny_config(tmp_path, "train.logprob_chunk_tokens=5"), policy=model, tokenizer=tok).engine
+    gen = engine.generate(PROMPTS, SAMPLE, seed=1)
+    chunks, real = [], hf_engine.response_log_probs
+    monkeypatch.setattr(hf_engine, "response_log_probs",
+                        lambda *a, **k: chunks.append(k.get("chunk_size", "default")) or real(*a, **k))
+    scored = engine.score(PROMPTS, gen.response_ids, gen.response_mask, temperature=SAMPLE.temperature)
+    assert chunks == [5] and gen.response_mask.sum() > 5  # 36 response tokens: 8 head calls
+    whole = response_log_probs(model, PROMPTS, gen.response_ids, gen.response_mask, temperature=SAMPLE.temperature,
+                               chunk_size=10**6)[0]  # the head in one call
+    torch.testing.assert_close(scored, whole, rtol=0, atol=1e-6)
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy(tiny_policy):

@@ -65,6 +65,8 @@ def test_vllm_is_given_the_dtype(tmp_path, monkeypatch, tiny_policy):
      "dtype: hf, vllm"),
     (("rollout.dtype=bfloat16", "model.lora.rank=4"), "which is not built with model.lora"),
     (("rollout.engine_kwargs.dtype=bfloat16",), "rollout.engine_kwargs.dtype: set rollout.dtype instead"),
+    (("rollout.engine_kwargs.logprob_chunk_tokens=64",),
+     "rollout.engine_kwargs.logprob_chunk_tokens: set train.logprob_chunk_tokens instead"),
     (("rollout.dtype=bf16",), "rollout.dtype"),
 ])
 def test_a_dtype_the_engine_cannot_take_is_refused_before_any_model_loads(tmp_path, overrides, match):

@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
+import tether.models
 from tether.config import ConfigError, load_command_config
 from tether.models import load_policy
-from tether.recipes.sft import run_sft, sft_examples
+from tether.recipes.sft import nll_sum, run_sft, sft_examples
 from tether.sft_data import prompt_key
 from tether.splits import split_train_val
 from tether.tasks import make_task
@@ -44,6 +45,22 @@ def test_task_demonstrations_train_and_save_a_loadable_checkpoint(tmp_path):
     written = [json.loads(line) for line in (tmp_path / "sft" / "data" / "train.jsonl").read_text().splitlines()]
     assert len(written) == 48 and set(written[0]) == {"prompt", "response"}
     assert summary["example"]["response"].endswith("#" + str(eval(summary["example"]["prompt"])))
+
+
+def test_the_sft_loss_applies_the_head_in_the_configs_chunks(tmp_path, monkeypatch):
+    """train.logprob_chunk_tokens bounds the [chunk, vocabulary] logits of the SFT loss and held-out loss, as of
+    every RL forward; they used to take the default 1,024 tokens whatever the config said."""
+    chunks, real = [], tether.models.response_log_probs
+    monkeypatch.setattr(tether.models, "response_log_probs",
+                        lambda *a, **k: chunks.append(k.get("chunk_size", "default")) or real(*a, **k))
+    cfg = sft_config(tmp_path, {"data": "task", "max_steps": 1, "val_fraction": 0.25},
+                     train={"device": "cpu", "logprob_chunk_tokens": 7})
+    run_sft(cfg)
+    assert len(chunks) >= 3 and set(chunks) == {7}  # two micro-batches of the step, then the held-out loss
+    model, tok = load_policy("char-64x1")
+    examples = [(tok.encode("12+34="), tok.encode("#46")), (tok.encode("7+8="), tok.encode("#15 and so on"))]
+    torch.testing.assert_close(nll_sum(model, examples, 0, chunk_tokens=2), nll_sum(model, examples, 0, 10**6),
+                               rtol=1e-6, atol=0)
 
 
 def test_task_examples_come_from_the_sft_split_only(tmp_path):

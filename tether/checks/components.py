@@ -136,6 +136,9 @@ def check_engine(cfg: Config, found: Findings) -> None:
 
     r = cfg.rollout
     entry = _lookup(engine_entry, r.engine, "rollout.engine")
+    if "logprob_chunk_tokens" in r.engine_kwargs:  # the trainer passes train's to the engines that take it
+        raise ConfigError("rollout.engine_kwargs.logprob_chunk_tokens: set train.logprob_chunk_tokens instead (one "
+                          "setting for every forward that scores log-probs)")
     check_kwargs(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
     check_kwarg_types(engine_builder(r.engine), r.engine_kwargs, "rollout.engine_kwargs")
     if r.engine == "hf" and "decode" in r.engine_kwargs:  # the engine refuses a mode only once the model is loaded

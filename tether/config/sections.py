@@ -277,6 +277,12 @@ class SFTTrainConfig(DeviceConfig):
     overwrite: bool = Field(False, description="when the run starts at step 0 over an earlier run in run_dir "
                             "(a finished one included), delete its checkpoint, sft_state, data and metric rows "
                             "instead of refusing to start")
+    logprob_chunk_tokens: int = Field(1024, ge=1, description="response tokens (across the rows of a micro-batch) "
+                                      "per LM-head call in the SFT loss and the held-out loss, as "
+                                      "train.logprob_chunk_tokens of tether train: the float32 logits of one call, "
+                                      "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (the loss "
+                                      "recomputes them in backward); smaller saves memory, larger calls the head "
+                                      "fewer times (docs/engine.md)")
 
 
 class TrainConfig(DeviceConfig):
@@ -310,7 +316,8 @@ class TrainConfig(DeviceConfig):
         "logits for backward (response tokens x vocabulary x 4 bytes, 8 for float64) when both estimates together "
         "fit it")
     logprob_chunk_tokens: int = Field(1024, ge=1, description="response tokens (across the rows of a micro-batch) "
-                                      "per LM-head call in every trainer forward: the float32 logits of one call, "
+                                      "per LM-head call in every trainer forward and in the engine's scoring "
+                                      "(engines hf and ray): the float32 logits of one call, "
                                       "tokens x vocabulary x 4 bytes, are the largest tensor of the pass (201 MB at "
                                       "1,024 tokens and a 49k vocabulary) where the loss pass recomputes them in "
                                       "backward (train.gradient_checkpointing), else every call's are kept; smaller "

@@ -156,6 +156,8 @@ class HFEngine:
             only on CPUs with AMX / AVX512-BF16 (or a GPU); on an AVX2-only CPU it was 4.5x slower.
             Log-probs are still computed in float32 from its logits.
         score_rows: rows per forward pass in :meth:`score`.
+        logprob_chunk_tokens: response tokens per LM-head call in :meth:`score` (``train.logprob_chunk_tokens``, as
+            every trainer forward): bounds its largest tensor, the ``[chunk, vocabulary]`` logits.
         compact_below: once the unfinished rows are at most this fraction of the batch being decoded,
             the finished ones are dropped from it (and from the KV cache); 1 (the default) drops a row as
             soon as it finishes, 0 keeps every row to the end. Results do not depend on it.
@@ -167,12 +169,12 @@ class HFEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, eos_token_ids: Iterable[int] | None = None,
                  bf16_autocast: bool = False, score_rows: int = 32, compact_below: float = 1.0,
-                 decode: str = "dynamic") -> None:
+                 decode: str = "dynamic", logprob_chunk_tokens: int = 1024) -> None:
         check_decode_mode(decode, next(model.parameters()).device)
         self.model, self.tokenizer = model, text_tokenizer(tokenizer)
         tokenizer = self.tokenizer
         self.bf16_autocast, self.score_rows, self.compact_below = bf16_autocast, score_rows, compact_below
-        self.decode = decode
+        self.decode, self.logprob_chunk_tokens = decode, logprob_chunk_tokens
         self.pad_id = pad_token_id(tokenizer)
         if eos_token_ids is None:
             eos_token_ids = default_eos_token_ids(model, tokenizer)
@@ -216,7 +218,8 @@ class HFEngine:
         """log-probs ``[N, T]`` of the given response tokens (0 where masked), without autograd.
 
         The same function as :func:`tether.models.forward.response_log_probs`, in ``score_rows`` rows
-        per pass; with ``with_entropy`` it returns ``(log_probs, entropy)``.
+        per pass and ``logprob_chunk_tokens`` response tokens per LM-head call; with ``with_entropy`` it returns
+        ``(log_probs, entropy)``.
         """
         was_training = self.model.training
         self.model.eval()
@@ -227,7 +230,8 @@ class HFEngine:
                     lp, ent = response_log_probs(self.model, prompt_ids[s:s + self.score_rows],
                                                  response_ids[s:s + self.score_rows],
                                                  response_mask[s:s + self.score_rows],
-                                                 temperature=temperature, with_entropy=with_entropy)
+                                                 temperature=temperature, with_entropy=with_entropy,
+                                                 chunk_size=self.logprob_chunk_tokens)
                     lps.append(lp)
                     ents.append(ent)
         finally:
@@ -361,18 +365,20 @@ def check_decode_mode(decode: str, device: torch.device) -> None:
 
 
 def build_hf_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, compact_below: float = 1.0,
-                    score_rows: int = 32, decode: str = "dynamic", dtype: str | None = None) -> HFEngine:
+                    score_rows: int = 32, decode: str = "dynamic", dtype: str | None = None,
+                    logprob_chunk_tokens: int = 1024) -> HFEngine:
     """``rollout.engine: hf``: the in-process engine over ``model`` itself, so new weights cost nothing to load; or,
     with a ``dtype`` (``rollout.dtype``) other than the model's, over a copy of it in that dtype
     (:func:`rollout_copy`), which :meth:`HFEngine.load_weights` refreshes after every update.
 
-    ``compact_below``, ``score_rows`` and ``decode`` are :class:`HFEngine`'s; bf16 autocast follows
+    ``compact_below``, ``score_rows``, ``decode`` and ``logprob_chunk_tokens`` (``train.logprob_chunk_tokens``,
+    :func:`~tether.engine.registry.build_engine` passes it) are :class:`HFEngine`'s; bf16 autocast follows
     ``model.bf16_autocast``.
     """
     sampler = model if dtype is None or getattr(torch, dtype) == next(model.parameters()).dtype \
         else rollout_copy(model, getattr(torch, dtype))
     return HFEngine(sampler, tokenizer, bf16_autocast=model_cfg.bf16_autocast, compact_below=compact_below,
-                    score_rows=score_rows, decode=decode)
+                    score_rows=score_rows, decode=decode, logprob_chunk_tokens=logprob_chunk_tokens)
 
 
 def rollout_copy(model: Any, dtype: torch.dtype) -> Any:

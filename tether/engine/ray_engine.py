@@ -58,7 +58,7 @@ class EngineWorker:
         weights: the policy's state dict (CPU tensors).
         device: where this actor's model lives (``cuda`` when Ray gave it a GPU).
         threads: torch CPU threads of this actor; 1 keeps N actors from oversubscribing the cores.
-        engine_kwargs: :class:`HFEngine` options (EOS ids, bf16 autocast, compaction, score rows).
+        engine_kwargs: :class:`HFEngine` options (EOS ids, bf16 autocast, compaction, score rows, log-prob chunk).
     """
 
     def __init__(self, model_config: Any, dtype: torch.dtype, tokenizer: Any, weights: dict[str, Tensor], *,
@@ -105,12 +105,13 @@ class RayEngine:
         num_gpus_per_actor: Ray GPUs each actor reserves; > 0 puts its model on ``cuda``.
         threads: torch CPU threads in each actor.
         address: Ray cluster address; None starts (or reuses) a local one.
-        bf16_autocast, compact_below, score_rows: :class:`HFEngine` options of every actor.
+        bf16_autocast, compact_below, score_rows, logprob_chunk_tokens: :class:`HFEngine` options of every actor.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, num_actors: int = 2, num_cpus_per_actor: float = 1.0,
                  num_gpus_per_actor: float = 0.0, threads: int = 1, address: str | None = None,
-                 bf16_autocast: bool = False, compact_below: float = 1.0, score_rows: int = 32) -> None:
+                 bf16_autocast: bool = False, compact_below: float = 1.0, score_rows: int = 32,
+                 logprob_chunk_tokens: int = 1024) -> None:
         if num_actors < 1:
             raise ValueError(f"rollout.engine_kwargs.num_actors must be >= 1, got {num_actors}")
         ray = connect("rollout.engine=ray", address, local_cpus=num_actors * num_cpus_per_actor)
@@ -119,7 +120,8 @@ class RayEngine:
         self.pad_id = pad_token_id(tokenizer)
         self.device = next(model.parameters()).device
         engine_kwargs = {"eos_token_ids": default_eos_token_ids(model, tokenizer), "bf16_autocast": bf16_autocast,
-                         "compact_below": compact_below, "score_rows": score_rows}
+                         "compact_below": compact_below, "score_rows": score_rows,
+                         "logprob_chunk_tokens": logprob_chunk_tokens}
         worker = ray.remote(EngineWorker).options(num_cpus=num_cpus_per_actor, num_gpus=num_gpus_per_actor)
         weights, tok = ray.put(_cpu(serving_state_dict(model))), ray.put(tokenizer)  # plain names, LoRA merged
         dtype = next(model.parameters()).dtype
@@ -166,8 +168,11 @@ class RayEngine:
 
 def build_ray_engine(model: Any, tokenizer: Any, model_cfg: ModelConfig, *, num_actors: int = 2,
                      num_cpus_per_actor: float = 1.0, num_gpus_per_actor: float = 0.0, threads: int = 1,
-                     address: str | None = None, compact_below: float = 1.0, score_rows: int = 32) -> RayEngine:
-    """``rollout.engine: ray``: :class:`RayEngine` with these settings; bf16 autocast follows ``model``."""
+                     address: str | None = None, compact_below: float = 1.0, score_rows: int = 32,
+                     logprob_chunk_tokens: int = 1024) -> RayEngine:
+    """``rollout.engine: ray``: :class:`RayEngine` with these settings; bf16 autocast follows ``model``, and
+    ``logprob_chunk_tokens`` is ``train.logprob_chunk_tokens`` (:func:`~tether.engine.registry.build_engine`)."""
     return RayEngine(model, tokenizer, num_actors=num_actors, num_cpus_per_actor=num_cpus_per_actor,
                      num_gpus_per_actor=num_gpus_per_actor, threads=threads, address=address,
-                     bf16_autocast=model_cfg.bf16_autocast, compact_below=compact_below, score_rows=score_rows)
+                     bf16_autocast=model_cfg.bf16_autocast, compact_below=compact_below, score_rows=score_rows,
+                     logprob_chunk_tokens=logprob_chunk_tokens)

@@ -11,6 +11,7 @@ when chosen. The trainer builds whatever is configured through :func:`build_engi
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,13 @@ def check_engine_available(name: str) -> None:
 
 
 def build_engine(name: str, model: Any, tokenizer: Any, model_cfg: ModelConfig,
-                 settings: dict[str, Any] | None = None) -> RolloutEngine:
-    """Engine ``name`` over ``model`` with ``settings`` (``rollout.engine_kwargs``)."""
-    return engine_builder(name)(model, tokenizer, model_cfg, **(settings or {}))
+                 settings: dict[str, Any] | None = None, *, logprob_chunk_tokens: int | None = None) -> RolloutEngine:
+    """Engine ``name`` over ``model`` with ``settings`` (``rollout.engine_kwargs``); ``logprob_chunk_tokens``
+    (``train.logprob_chunk_tokens``) goes to an engine whose builder takes it, one that scores with tether's own
+    forward (:meth:`HFEngine.score <tether.engine.hf.HFEngine.score>`), so its scoring bounds the LM head's logits as
+    every trainer forward does."""
+    builder = engine_builder(name)
+    settings = dict(settings or {})
+    if logprob_chunk_tokens is not None and "logprob_chunk_tokens" in inspect.signature(builder).parameters:
+        settings["logprob_chunk_tokens"] = logprob_chunk_tokens
+    return builder(model, tokenizer, model_cfg, **settings)

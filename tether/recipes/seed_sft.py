@@ -80,7 +80,8 @@ def rollout_episodes(cfg: Config, policy: Any, tokenizer: Any, s: SkillSFTSettin
     if s.tasks > len(collector.train_seeds):
         raise ConfigError(f"sft.tasks={s.tasks} exceeds env.train_tasks={len(collector.train_seeds)}; "
                           "raise env.train_tasks or lower the SFT tasks")
-    engine = engine or HFEngine(policy, tokenizer, bf16_autocast=cfg.model.bf16_autocast)
+    engine = engine or HFEngine(policy, tokenizer, bf16_autocast=cfg.model.bf16_autocast,
+                                logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
     params = collector.sampling(temperature=s.temperature)
     seeds = collector.train_seeds[:s.tasks]
     episodes = []
@@ -250,6 +251,7 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
         state.extra = {"parse_rate_before": before, "rollout_s": t_rollout}
     with run_tracker(cfg.logging, run_dir, begin.step) as tracker:
         losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast,
+                           logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
                            state=state)  # a resume restores state.extra
     after, answers = parse_rate(policy, tokenizer, probe, **rate_kwargs) if s.eval_examples else (math.nan, [])
     checkpoint = run_dir / "checkpoint"

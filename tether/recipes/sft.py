@@ -46,13 +46,15 @@ def _pad(responses: list[list[int]], pad_id: int, device: torch.device) -> tuple
     return ids.to(device), mask.to(device)
 
 
-def nll_sum(model: Any, examples: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Sum of ``-log p(response token | prompt, earlier response tokens)`` over the examples' response tokens."""
+def nll_sum(model: Any, examples: list[tuple[list[int], list[int]]], pad_id: int,
+            chunk_tokens: int = 1024) -> torch.Tensor:
+    """Sum of ``-log p(response token | prompt, earlier response tokens)`` over the examples' response tokens, the
+    LM head applied to ``chunk_tokens`` response tokens at a time (``train.logprob_chunk_tokens``)."""
     from tether.models import response_log_probs
 
     device = next(model.parameters()).device
     ids, mask = _pad([r for _, r in examples], pad_id, device)
-    log_probs, _ = response_log_probs(model, [p for p, _ in examples], ids, mask)
+    log_probs, _ = response_log_probs(model, [p for p, _ in examples], ids, mask, chunk_size=chunk_tokens)
     return -(log_probs * mask.to(log_probs)).sum()
 
 
@@ -64,12 +66,13 @@ def autocast(model: Any, enabled: bool) -> contextlib.AbstractContextManager:
 
 
 @torch.no_grad()
-def evaluate_nll(model: Any, examples: list, pad_id: int, micro: int, bf16_autocast: bool = False) -> float:
+def evaluate_nll(model: Any, examples: list, pad_id: int, micro: int, bf16_autocast: bool = False,
+                 chunk_tokens: int = 1024) -> float:
     """Token-mean NLL of the responses."""
     total = 0.0
     for i in range(0, len(examples), micro):
         with autocast(model, bf16_autocast):
-            total += nll_sum(model, examples[i:i + micro], pad_id).item()
+            total += nll_sum(model, examples[i:i + micro], pad_id, chunk_tokens).item()
     return total / max(sum(len(r) for _, r in examples), 1)
 
 
@@ -97,7 +100,7 @@ def progress_log(log: Any, total: int, start: int = 0) -> Any:
 
 
 def sft_step(model: Any, batch: list, pad_id: int, optimizer: torch.optim.Optimizer, s: SFTSettings,
-             bf16_autocast: bool) -> tuple[float, float, int]:
+             bf16_autocast: bool, chunk_tokens: int) -> tuple[float, float, int]:
     """One optimiser step on ``batch``: the token-mean NLL over the batch's response tokens, accumulated over
     micro-batches, gradient clipped at ``s.grad_clip``. Returns the loss, the gradient norm before clipping and the
     response tokens."""
@@ -106,7 +109,7 @@ def sft_step(model: Any, batch: list, pad_id: int, optimizer: torch.optim.Optimi
     loss_value = 0.0
     for m in range(0, len(batch), s.micro_batch_size):
         with autocast(model, bf16_autocast):
-            loss = nll_sum(model, batch[m:m + s.micro_batch_size], pad_id) / tokens
+            loss = nll_sum(model, batch[m:m + s.micro_batch_size], pad_id, chunk_tokens) / tokens
         loss.backward()
         loss_value += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
@@ -131,7 +134,8 @@ def batch_order(n_train: int, s: SFTSettings, epoch: int) -> list[int]:
 
 
 def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings, *,
-              log: Any = None, bf16_autocast: bool = False, state: SFTState | None = None) -> dict[str, float]:
+              log: Any = None, bf16_autocast: bool = False, logprob_chunk_tokens: int = 1024,
+              state: SFTState | None = None) -> dict[str, float]:
     """Response-only SFT: AdamW, warm-up then cosine, grad clip; token-mean NLL per optimiser batch.
 
     Args:
@@ -141,6 +145,7 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
         s: hyperparameters (``sft`` of a ``tether sft`` or a ``tether seed-sft`` config).
         log: ``log(metrics, step)``, e.g. a :class:`~tether.track.Tracker`'s ``log``; None for none.
         bf16_autocast: forward passes under bfloat16 autocast.
+        logprob_chunk_tokens: response tokens per LM-head call (``train.logprob_chunk_tokens`` of the config).
         state: where the run's resumable state lives: restored when it exists, saved every ``s.save_every``
             steps and on a stop; None: nothing saved or restored.
 
@@ -183,7 +188,8 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
             for b in range(at.next, len(order), s.batch_size):  # at.next is 0 but in a resumed epoch
                 batch = [train[i] for i in order[b:b + s.batch_size]]
                 lr = schedule.get_last_lr()[0]  # this step's, read before the schedule moves on
-                loss, grad_norm, tokens = sft_step(model, batch, pad, optimizer, s, bf16_autocast)
+                loss, grad_norm, tokens = sft_step(model, batch, pad, optimizer, s, bf16_autocast,
+                                                   logprob_chunk_tokens)
                 schedule.step()
                 at.step, at.train_loss = at.step + 1, loss
                 if log is not None:
@@ -196,7 +202,7 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
                 if at.step == total:
                     break
             if val:
-                at.val_loss = evaluate_nll(model, val, pad, s.micro_batch_size, bf16_autocast)
+                at.val_loss = evaluate_nll(model, val, pad, s.micro_batch_size, bf16_autocast, logprob_chunk_tokens)
                 if log is not None:
                     log({"sft/val_loss": at.val_loss}, at.step)
                 boundary(signals)
@@ -264,7 +270,7 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
         log = progress_log(tracker.log, sft_steps(len(train), s), begin.step) if cfg.logging.progress \
             else tracker.log
         result = train_sft(policy, tokenizer, train, val, s, log=log, bf16_autocast=cfg.model.bf16_autocast,
-                           state=state)
+                           logprob_chunk_tokens=cfg.train.logprob_chunk_tokens, state=state)
         checkpoint = run_dir / "checkpoint"
         policy.save_pretrained(checkpoint)
         tokenizer.save_pretrained(checkpoint)

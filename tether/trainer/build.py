@@ -210,7 +210,8 @@ def rollout_engine(model: Any, *, strategy: Any, tokenizer: Any, cfg: Config) ->
     parallelism each rank samples its share of the prompts."""
     r = cfg.rollout
     settings = r.engine_kwargs if r.dtype is None else {**r.engine_kwargs, "dtype": r.dtype}
-    return strategy.rollout_engine(build_engine(r.engine, model, tokenizer, cfg.model, settings))
+    return strategy.rollout_engine(build_engine(r.engine, model, tokenizer, cfg.model, settings,
+                                                logprob_chunk_tokens=cfg.train.logprob_chunk_tokens))
 
 
 

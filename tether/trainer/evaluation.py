@@ -37,6 +37,7 @@ def evaluate(cfg: Config) -> dict[str, float]:
     policy.to(device).eval()
     status(f"evaluating on split {cfg.val.split!r} ({cfg.val.max_prompts or 'all'} prompts x "
            f"{1 if cfg.val.greedy else cfg.val.samples} samples)")
-    engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs)
+    engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs,
+                          logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
     seed = step_seed(cfg.seed, checkpoint_step(cfg.model.name), "val")  # the run's validation seed at that step
     return build_collector(cfg, tokenizer).validate(engine, seed)
