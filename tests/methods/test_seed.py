@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
 
 from tether.config import ConfigError, load_command_config
 from tether.envs import make_env
+from tether.envs.base import escape_placeholders
 from tether.methods import method_config
 from tether.methods.seed.analyzer import (
     Step,
@@ -25,6 +28,7 @@ from tether.methods.seed.analyzer import (
     success_label,
 )
 from tether.methods.seed.openai_analyzer import OpenAIAnalyzer, repair_prompt
+from tether.methods.seed.plugin import teacher_prompts
 from tether.methods.seed.prompting import augment_with_skill, insert_after_task_line, user_message
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis, solve_from_observation
 
@@ -158,6 +162,52 @@ def test_user_message_round_trips_through_the_chat_template(tokenizer):
     ids = encode_chat(tokenizer, message)
     assert user_message(tokenizer, ids) == message
     assert user_message(tokenizer, tokenizer("plain text, no template").input_ids) is None
+
+
+class CountingTokenizer:
+    """A tokenizer that counts its template renders, encodes and decodes, and otherwise is the tokenizer it wraps."""
+
+    def __init__(self, tokenizer) -> None:
+        self.wrapped, self.calls = tokenizer, Counter()
+
+    def __getattr__(self, name: str):
+        return getattr(self.wrapped, name)
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.calls["apply_chat_template"] += 1
+        return self.wrapped.apply_chat_template(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        self.calls["encode"] += 1
+        return self.wrapped(*args, **kwargs)
+
+    def decode(self, *args, **kwargs):
+        self.calls["decode"] += 1
+        return self.wrapped.decode(*args, **kwargs)
+
+
+def test_teacher_prompts_render_the_frame_once_and_each_shared_prompt_once(tokenizer):
+    from tether.models import encode_chat
+
+    left, right, wait = (f"Your task is to: {goal}.\n\nCurrent observation:\n{obs}\n\nReply with an action."
+                         for goal, obs in (("go left", "P_O"), ("go right", "O_P"), ("wait", "_P_")))
+    plain = tokenizer("plain text, no template").input_ids  # no user message to recover: left out
+    rows = [(left, "H1"), (left, "H1"), (left, "H2 <image>"), (right, "H1"), (wait, None), (wait, "H3"),
+            (None, "H1")]
+    batch = SimpleNamespace(info={}, prompt_ids=[encode_chat(tokenizer, m) if m else plain for m, _ in rows])
+    counting = CountingTokenizer(tokenizer)
+    kept, prompts, lost = teacher_prompts(batch, counting, [c for _, c in rows], insert_after_task_line)
+    want = [i for i, (m, c) in enumerate(rows) if m and c]
+    assert kept == want and lost == 1
+    assert prompts == [encode_chat(tokenizer, insert_after_task_line(rows[i][0], escape_placeholders(rows[i][1])))
+                       for i in want]  # token for token what each row's own rendering gives
+    # 4 distinct prompts among the 6 rows with a context: each decoded once, 3 recovered and checked by one render
+    # and encode each; 4 distinct teacher prompts, one render and encode each; the frame rendered once. Row by row
+    # it was 6 decodes, 16 renders (frame, check, teacher prompt of each row) and 10 encodes.
+    assert counting.calls == {"decode": 4, "apply_chat_template": 1 + 3 + 4, "encode": 3 + 4}
+    counting.calls.clear()
+    assert teacher_prompts(batch, counting, [c for _, c in rows], insert_after_task_line)[1] == prompts
+    assert counting.calls["apply_chat_template"] == 3 + 4  # the next step reuses the tokenizer's frame
 
 
 # -- rule analyzers ----------------------------------------------------------------------------

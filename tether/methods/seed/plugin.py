@@ -43,7 +43,7 @@ from tether.envs import env_class, escape_placeholders
 from tether.files import append_jsonl
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.methods.seed.analyzer import Analysis, episode_analysis_prompt, parse_analysis, success_label
-from tether.methods.seed.prompting import augment_with_skill, user_message
+from tether.methods.seed.prompting import augment_with_skill, user_messages
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
 from tether.models.vision import encode_message, has_images, observation_images
 
@@ -86,23 +86,34 @@ class SeedSettings(MethodSettings):
 
 
 def row_messages(batch: RolloutBatch, tokenizer: Any, rows: list[int]) -> list[str | None]:
-    """Each row's user message: ``batch.info["prompt_text"]`` when the collector records it, else recovered from
-    the prompt ids (None where that fails)."""
+    """Each row's user message: ``batch.info["prompt_text"]`` when the collector records it, else the one a visual
+    prompt carries, else recovered from the prompt ids, once per distinct prompt (None where that fails)."""
     if "prompt_text" in batch.info:
         return [batch.info["prompt_text"][i] for i in rows]
-    return [getattr(batch.prompt_ids[i], "message", None) or user_message(tokenizer, batch.prompt_ids[i])
-            for i in rows]
+    carried = [getattr(batch.prompt_ids[i], "message", None) for i in rows]
+    recover = [i for i, m in zip(rows, carried, strict=True) if not m]
+    recovered = iter(user_messages(tokenizer, [batch.prompt_ids[i] for i in recover]))
+    return [m or next(recovered) for m in carried]
 
 
 def teacher_prompts(batch: RolloutBatch, tokenizer: Any, contexts: list[str | None],
                     insert: Callable[[str, str], str]) -> tuple[list[int], list[list[int]], int]:
     """The rows with a context, their prompt ids with the context inserted (chat template applied), and the
     number of rows whose user message could not be recovered (they are left out). A visual row's prompt is
-    encoded with its own images (the context is model text, escaped so it adds no image slot)."""
+    encoded with its own images (the context is model text, escaped so it adds no image slot); a text prompt is
+    encoded once for the rows that share it (the same message and context: OPSD's hint is the observation's)."""
     wanted = [i for i, c in enumerate(contexts) if c]
     pairs = [(i, m) for i, m in zip(wanted, row_messages(batch, tokenizer, wanted), strict=True) if m is not None]
-    prompts = [encode_message(tokenizer, insert(m, escape_placeholders(contexts[i])),
-                              getattr(batch.prompt_ids[i], "images", ())) for i, m in pairs]
+    encoded: dict[str, list[int]] = {}
+    prompts = []
+    for i, m in pairs:
+        text, images = insert(m, escape_placeholders(contexts[i])), getattr(batch.prompt_ids[i], "images", ())
+        if images:
+            prompts.append(encode_message(tokenizer, text, images))
+            continue
+        if text not in encoded:
+            encoded[text] = encode_message(tokenizer, text)
+        prompts.append(list(encoded[text]))  # a row's own list: a caller may change it
     return [i for i, _ in pairs], prompts, len(wanted) - len(pairs)
 
 

@@ -13,12 +13,15 @@ The authors' ``seed/prompting.py::build_augmented_observation_text`` (seed.md Se
 
 The teacher's prompt is this text re-encoded with the same chat template, and the *same* sampled response ids
 follow it: only prompt tokens differ (seed.md Sec. 6, property 16). :func:`user_message` recovers a row's user
-message from its prompt ids, so the plug-in needs nothing from the collector but ``prompt_ids``.
+message from its prompt ids, so the plug-in needs nothing from the collector but ``prompt_ids``;
+:func:`user_messages` does it for a batch's rows, once per distinct prompt, around the template's frame
+(:func:`chat_frame`) rendered once per tokenizer and template.
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +40,8 @@ TASK_LINE_PATTERNS = (
 TURN_ANCHORS = ("Now it's your turn to", "Now it's your turn")
 
 _SENTINEL = "\x00tether-seed-user-message\x00"
+# tokenizer -> (its chat template, the frame around a user message): a step's rows all share it, and so do its steps
+_FRAMES: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[str, str] | None]] = weakref.WeakKeyDictionary()
 
 
 def skill_section(title: str, instruction: str, body: object) -> str:
@@ -88,20 +93,42 @@ def augment_with_skill(prompt: str, skill: str) -> str:
     return insert_after_task_line(prompt.strip(), section) if section else prompt
 
 
+def chat_frame(tokenizer: Any) -> tuple[str, str] | None:
+    """The text the chat template writes before and after a user message (with the generation prompt), from one
+    render around a sentinel message, kept while the tokenizer and its template live; None when the render does not
+    hold the message exactly once."""
+    template = tokenizer.chat_template
+    cached = _FRAMES.get(tokenizer)
+    if cached is None or cached[0] != template:  # a template set after the first call (model.chat_template)
+        frame = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], add_generation_prompt=True,
+                                              tokenize=False)
+        cached = template, (tuple(frame.split(_SENTINEL)) if frame.count(_SENTINEL) == 1 else None)
+        _FRAMES[tokenizer] = cached
+    return cached[1]
+
+
+def user_messages(tokenizer: Any, prompts: Sequence[Sequence[int]]) -> list[str | None]:
+    """:func:`user_message` of each prompt, computed once for each distinct prompt (a group's rows share theirs)."""
+    found: dict[tuple[int, ...], str | None] = {}
+    for ids in map(tuple, prompts):
+        if ids not in found:
+            found[ids] = user_message(tokenizer, ids)
+    return [found[tuple(ids)] for ids in prompts]
+
+
 def user_message(tokenizer: Any, prompt_ids: Sequence[int]) -> str | None:
     """The user message that :func:`tether.models.encode_chat` turned into ``prompt_ids``, or None.
 
-    The chat template is rendered around a sentinel message to find the text before and after the message;
-    the decoded prompt must start and end with those. The result is checked by re-encoding it: None unless
-    ``encode_chat(tokenizer, message) == prompt_ids`` (a template that edits the message, say).
+    The decoded prompt must start and end with the template's frame around a message (:func:`chat_frame`). The
+    result is checked by re-encoding it: None unless ``encode_chat(tokenizer, message) == prompt_ids`` (a template
+    that edits the message, say).
     """
     text = tokenizer.decode(list(prompt_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
     if getattr(tokenizer, "chat_template", None):
-        frame = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], add_generation_prompt=True,
-                                              tokenize=False)
-        if frame.count(_SENTINEL) != 1:
+        frame = chat_frame(tokenizer)
+        if frame is None:
             return None
-        head, tail = frame.split(_SENTINEL)
+        head, tail = frame
         if not (text.startswith(head) and text.endswith(tail)) or len(text) < len(head) + len(tail):
             return None
         message = text[len(head):len(text) - len(tail)]
