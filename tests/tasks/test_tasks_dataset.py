@@ -242,3 +242,66 @@ def test_verl_train_and_val_files_with_a_format_function(tmp_path):
                                  format_fn=f"{FMT}:verl_row"), policy=False)
     with pytest.raises(ValueError, match="has only 5 rows"):
         DatasetTask(path=str(train), val_path=str(val), val_size=6, format_fn=f"{FMT}:verl_row")
+
+
+def write_rows(path, rows):
+    """``rows`` as ``path``, in the format its suffix names (what a TRL or verl user has on disk)."""
+    data = datasets.Dataset.from_list(rows)
+    {".jsonl": data.to_json, ".csv": data.to_csv, ".parquet": data.to_parquet}[path.suffix](str(path))
+    return path
+
+
+@pytest.mark.parametrize("builder, suffix", [("json", ".jsonl"), ("csv", ".csv"), ("parquet", ".parquet")])
+def test_the_datasets_builder_idiom_reads_data_files_per_split(tmp_path, builder, suffix):
+    """TRL's ``load_dataset("json", data_files={...})`` as task kwargs: ``data_files`` was an unknown argument, and
+    ``path: json`` alone passed validate as a Hub id (then read whatever json files the working directory held)."""
+    rows = qa_rows(14)
+    train = write_rows(tmp_path / f"train{suffix}", rows[:10])
+    test = write_rows(tmp_path / f"test{suffix}", rows[10:])
+    task = DatasetTask(path=builder, data_files={"train": str(train), "test": str(test)}, val_split="test",
+                       val_size=4, prompt_field="question", answer_field="solution")
+    assert sorted(item.answer for item in task.val) == [row["solution"] for row in rows[10:]]
+    assert sorted(item.answer for item in task.train) == sorted(row["solution"] for row in rows[:10])
+    assert task.name == "dataset/train" and task.train[0].meta["columns"]["topic"] == "sum"
+    one_file = DatasetTask(path=builder, data_files=str(train), val_size=3, prompt_field="question",
+                           answer_field="solution")  # a str or list of files is datasets' "train" split
+    assert sorted(item.answer for item in one_file.train + one_file.val) == sorted(r["solution"] for r in rows[:10])
+    cfg = config_with(tmp_path, path=builder, data_files={"train": str(train), "test": str(test)}, val_split="test",
+                      val_size=4, prompt_field="question", answer_field="solution")
+    check_config(cfg, policy=False)
+
+
+def test_the_builder_arguments_reach_load_dataset_as_written(monkeypatch):
+    """``config`` (or datasets' word, ``name``), ``data_files``, ``split`` and ``revision`` are load_dataset's."""
+    calls = []
+
+    def load_dataset(path, name=None, **kwargs):
+        calls.append((path, name, kwargs))
+        return datasets.Dataset.from_list(qa_rows(6))
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    files = {"train": "data/train-*.parquet", "test": "data/test-*.parquet"}
+    DatasetTask(path="org/data", name="main", data_files=files, revision="v1.0", split="train", val_split="test",
+                val_size=2, prompt_field="question", answer_field="solution")
+    assert calls == [("org/data", "main", {"split": split, "data_files": files, "revision": "v1.0"})
+                     for split in ("train", "test")]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"path": "json"}, r"path: 'json' is datasets' json builder: give data_files"),
+    ({"path": "json", "data_files": "none.jsonl"},
+     r"^task.kwargs: data_files: 'none.jsonl' does not exist here \(relative to the working directory .*\)$"),
+    ({"path": "csv", "data_files": {"train": "tr*.csv"}}, r"data_files.train: 'tr\*.csv' matches no file here"),
+    ({"path": "json", "data_files": "{train}", "split": "test"}, r"json \(config=None, split='test'\): Unknown split"),
+    ({"path": "json", "data_files": "{train}", "revision": "main"}, "only a Hub dataset has revisions"),
+    ({"path": "{train}", "data_files": "{train}"}, "give the file as path alone, or path: json with data_files"),
+    ({"path": "org/data", "config": "a", "name": "b"}, "name is datasets' word for config; give one"),
+    ({"path": "{train}", "val_path": "json"}, "val_path: 'json' is a datasets builder"),
+])
+def test_builder_mistakes_are_one_line_before_any_model_loads(tmp_path, kwargs, message):
+    train = write_rows(tmp_path / "train.jsonl", qa_rows(8))
+    kwargs = {key: value.format(train=train) if isinstance(value, str) else value for key, value in kwargs.items()}
+    with pytest.raises(ConfigError, match=message) as err:
+        check_config(config_with(tmp_path, prompt_field="question", answer_field="solution", val_size=2, **kwargs),
+                     policy=False)
+    assert "\n" not in str(err.value)

@@ -2,7 +2,9 @@
 whatever ``task.rewards`` adds.
 
 The source is a Hub id (with ``config`` and ``split``), a directory written by ``Dataset.save_to_disk`` /
-``DatasetDict.save_to_disk``, or a ``.jsonl``/``.json``/``.parquet``/``.csv`` file. Each row becomes an item through a
+``DatasetDict.save_to_disk``, a ``.jsonl``/``.json``/``.parquet``/``.csv`` file, or one of ``datasets``' file builders
+with its ``data_files`` (``path: json, data_files: {train: a.jsonl, test: b.jsonl}``: TRL's
+``load_dataset("json", data_files=...)``). Each row becomes an item through a
 column mapping (``prompt_field``, ``answer_field``) or a ``format_fn: module:function`` that maps a row to
 ``{"prompt": ..., "answer": ...}`` (and any other columns). A prompt is a string, filled into ``prompt_template``, or
 a conversation: a list of ``{"role", "content"}`` messages, used as it is (a content may be a list of text parts,
@@ -17,6 +19,7 @@ dataset (``val_split``); training rows whose prompt is in val or report are drop
 
 from __future__ import annotations
 
+import glob
 import inspect
 import reprlib
 import tempfile
@@ -28,11 +31,13 @@ from tether.files import relative_to_cwd
 from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, prompt_text
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
-from tether.tasks.jsonl_task import _FORMATS, JsonlTask, carve, load_rows
+from tether.tasks.jsonl_task import _FORMATS, JsonlTask, carve, load_rows, no_progress_bars
 from tether.tasks.registry import register_task
 from tether.user_code import resolve_target
 
 ROWS_CHECKED = 100  # rows whose prompt and answer are checked before a run (the whole file is read by the run)
+BUILDERS = frozenset(_FORMATS.values())  # datasets' builders of tether's file formats: path: json, data_files: ...
+DataFiles = str | list[str] | dict[str, str | list[str]]  # datasets' data_files: a file, files, or files per split
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -40,9 +45,11 @@ def is_saved_dataset(path: Path) -> bool:
     return path.is_dir() and any((path / name).is_file() for name in ("state.json", "dataset_dict.json"))
 
 
-def load_split(path: str, config: str | None, split: str) -> list[dict[str, Any]]:
+def load_split(path: str, config: str | None, split: str, data_files: DataFiles | None = None,
+               revision: str | None = None) -> list[dict[str, Any]]:
     """The rows of split ``split`` of ``path``: a ``save_to_disk`` directory, a data file (``split`` ignored: a file
-    is one split), or anything ``datasets.load_dataset`` reads (a Hub id, a directory of data files).
+    is one split), or anything ``datasets.load_dataset(path, config, data_files=..., split=..., revision=...)`` reads
+    (a Hub id, a directory of data files, a builder such as ``json`` with its ``data_files``).
 
     Raises:
         ValueError: no such split (the message lists the ones there are).
@@ -50,22 +57,57 @@ def load_split(path: str, config: str | None, split: str) -> list[dict[str, Any]
     import datasets
 
     local = Path(path).expanduser()
-    if local.is_file():
+    if data_files is None and local.is_file():
         return load_rows(local)
-    if is_saved_dataset(local):
+    if data_files is None and is_saved_dataset(local):
         data = datasets.load_from_disk(str(local))
         if isinstance(data, datasets.DatasetDict):
             if split not in data:
                 raise ValueError(f"split={split!r}: {path} has splits {', '.join(data)}")
             data = data[split]
         return data.to_list()
-    with tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
-        kwargs = {"cache_dir": cache} if local.is_dir() else {}  # a Hub dataset keeps the usual cache
-        try:
-            data = datasets.load_dataset(path, config, split=split, **kwargs)
-        except ValueError as err:  # an unknown split or config: datasets names the ones there are
-            raise ValueError(f"{path} (config={config!r}, split={split!r}): {err}") from None
-        return data.to_list()
+    if path in BUILDERS or local.is_dir():  # local files: no copy kept in ~/.cache/huggingface, no progress bars
+        with no_progress_bars(), tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
+            return _load_dataset(path, config, split, data_files=data_files, revision=revision, cache_dir=cache)
+    return _load_dataset(path, config, split, data_files=data_files, revision=revision)  # the Hub: its usual cache
+
+
+def _load_dataset(path: str, config: str | None, split: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """``datasets.load_dataset(path, config, split=split, **kwargs)`` as rows; an unknown split or config is one
+    line naming the source."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(path, config, split=split, **kwargs).to_list()
+    except ValueError as err:  # datasets names the splits or configs there are
+        raise ValueError(f"{path} (config={config!r}, split={split!r}): {err}") from None
+
+
+def data_file_entries(data_files: DataFiles) -> list[tuple[str, str]]:
+    """``(key, file or pattern)`` for each entry of ``data_files``, keyed as a config names it
+    (``data_files.train``)."""
+    if isinstance(data_files, str):
+        return [("data_files", data_files)]
+    if isinstance(data_files, list):
+        return [("data_files", entry) for entry in data_files]
+    return [(f"data_files.{split}", entry) for split, files in data_files.items()
+            for entry in ([files] if isinstance(files, str) else files)]
+
+
+def check_data_files(data_files: DataFiles) -> None:
+    """Each local file of ``data_files`` is here, and each glob pattern matches a file (a URL is left to the run).
+
+    Raises:
+        FileNotFoundError: naming the first one that is not, and the folder it was looked for in.
+    """
+    for key, entry in data_file_entries(data_files):
+        if "://" in entry:
+            continue
+        pattern = any(char in entry for char in "*?[")  # datasets takes glob patterns: train-*.parquet
+        found = glob.glob(str(Path(entry).expanduser())) if pattern else Path(entry).expanduser().exists()
+        if not found:
+            missing = "matches no file" if pattern else "does not exist"
+            raise FileNotFoundError(f"{key}: {entry!r} {missing} here{relative_to_cwd(entry)}")
 
 
 def check_messages(value: Any, where: str) -> None:
@@ -140,8 +182,13 @@ class DatasetTask(JsonlTask):
     """Rows of a Hugging Face dataset as prompts; math-verify against ``answer_field`` where there is one.
 
     Args:
-        path: a Hub id (``openai/gsm8k``), a ``save_to_disk`` directory, or a data file.
+        path: a Hub id (``openai/gsm8k``), a ``save_to_disk`` directory, a data file, or a ``datasets`` builder of
+            files (``json``, ``csv``, ``parquet``) with ``data_files``.
         config: the dataset's configuration (``main`` for gsm8k), or None.
+        name: ``datasets``' name for ``config`` (``load_dataset(path, name=...)``); give one of the two.
+        data_files: the files a builder (or a Hub or local dataset) reads: a file or glob pattern, a list of them,
+            or a mapping of split names to them (``{train: train.jsonl, test: test.jsonl}``).
+        revision: the Hub dataset's branch, tag or commit.
         split: the split the training rows (and, without ``val_split``, the held-out ones) come from.
         val_split: another split to take val and report rows from (e.g. ``test``), or None.
         val_path: another source to take them from (verl's ``data.val_files``), its split ``val_split`` (default
@@ -159,31 +206,36 @@ class DatasetTask(JsonlTask):
         extract, reward, reward_correct, reward_wrong, timeout_s: as the jsonl task's.
     """
 
-    def __init__(self, *, path: str, config: str | None = None, split: str = "train", val_split: str | None = None,
-                 val_path: str | None = None,
+    def __init__(self, *, path: str, config: str | None = None, name: str | None = None,
+                 data_files: DataFiles | None = None, revision: str | None = None, split: str = "train",
+                 val_split: str | None = None, val_path: str | None = None,
                  val_size: int = 100, report_size: int = 0, train_size: int | None = None, seed: int = 0,
                  prompt_field: str = "prompt", answer_field: str | None = "answer", format_fn: str | None = None,
                  system_prompt: str | None = None, prompt_template: str = "{question}", extract: str = "auto",
                  reward: str = "binary", reward_correct: float = 1.0, reward_wrong: float = 0.0,
                  timeout_s: int = 5) -> None:
-        self.check_config(prompt_template=prompt_template, extract=extract, val_size=val_size,
+        self.check_config(path=path, config=config, name=name, data_files=data_files, revision=revision,
+                          val_path=val_path, prompt_template=prompt_template, extract=extract, val_size=val_size,
                           report_size=report_size, format_fn=format_fn)
+        config = config or name
         self.prompt_field = "prompt" if format_fn else prompt_field
         self.answer_field = "answer" if format_fn else answer_field
         self.extract, self.prompt_template, self.timeout_s = extract, prompt_template, timeout_s
         self._format = load_format_fn(format_fn)
         self._system = system_prompt
         self.reward_map = RewardMap(reward, reward_correct, reward_wrong)
-        rows = [self._formatted(row, i) for i, row in enumerate(load_split(path, config, split))]
+        rows = [self._formatted(row, i) for i, row in enumerate(load_split(path, config, split, data_files, revision))]
         sizes = {"report": report_size, "val": val_size} if report_size else {"val": val_size}
         if val_split is None and val_path is None:
             parts = carve(rows, sizes, seed)
         else:
             held_split = val_split or split
-            held = [self._formatted(row, i) for i, row in enumerate(load_split(val_path or path, config, held_split))]
+            held_source = (val_path, None, None) if val_path else (path, data_files, revision)
+            held = [self._formatted(row, i) for i, row in enumerate(load_split(held_source[0], config, held_split,
+                                                                               *held_source[1:]))]
             parts = take_held_out(held, sizes, seed, f"{val_path or path} split {held_split}")
             parts["train"] = shuffled(rows, seed)
-        source = Path(path).stem if Path(path).expanduser().exists() else path.replace("/", "_")
+        source = source_name(path, data_files)
         self.name = f"dataset/{source}"
         taken = {self._key(row) for name in sizes for row in parts[name]}
         kept = [row for row in parts["train"] if self._key(row) not in taken]
@@ -212,10 +264,12 @@ class DatasetTask(JsonlTask):
         return self.splits["val"]
 
     @staticmethod
-    def check_config(*, path: str | None = None, prompt_template: str = "{question}", extract: str = "auto",
-                     val_size: int = 100, report_size: int = 0, format_fn: str | None = None,
-                     **_: Any) -> None:
-        """The settings, without reading the data: the template, the extraction rule, the sizes, ``format_fn``.
+    def check_config(*, path: str | None = None, config: str | None = None, name: str | None = None,
+                     data_files: DataFiles | None = None, revision: str | None = None, val_path: str | None = None,
+                     prompt_template: str = "{question}", extract: str = "auto", val_size: int = 100,
+                     report_size: int = 0, format_fn: str | None = None, **_: Any) -> None:
+        """The settings, without reading the data: the source, the template, the extraction rule, the sizes,
+        ``format_fn``.
 
         Raises:
             ValueError: the first problem.
@@ -227,34 +281,39 @@ class DatasetTask(JsonlTask):
         fn = load_format_fn(format_fn)
         if fn is not None and not takes_one_argument(fn):
             raise ValueError(f"format_fn: {format_fn!r} must take one argument, the row (a dict)")
-        if path is not None and Path(path).suffix.lower() in (".txt", ".tsv"):
-            raise ValueError(f"path: {path!r} is not one of {', '.join(_FORMATS)}, a save_to_disk directory or a "
-                             "Hub id")
+        if config is not None and name is not None:
+            raise ValueError(f"config={config!r}, name={name!r}: name is datasets' word for config; give one")
+        if path is not None:
+            check_source(path, data_files, revision)
+        if val_path in BUILDERS:
+            raise ValueError(f"val_path: {val_path!r} is a datasets builder, whose data_files belong to path: give "
+                             f"path: {val_path}, data_files: {{train: ..., test: ...}}, val_split: test")
 
     @staticmethod
-    def check_inputs(*, path: str, config: str | None = None, split: str = "train", val_split: str | None = None,
+    def check_inputs(*, path: str, config: str | None = None, name: str | None = None,
+                     data_files: DataFiles | None = None, split: str = "train", val_split: str | None = None,
                      val_path: str | None = None, prompt_field: str = "prompt", answer_field: str | None = "answer",
                      format_fn: str | None = None, **_: Any) -> list[str]:
-        """Before any model loads: a local source is read, and its first rows have the prompt (a string or a list of
-        messages) and answer columns (after ``format_fn``). A Hub id is left to the run (reading it here would
-        download it).
+        """Before any model loads: a local source (a builder's ``data_files`` too) is read, and its first rows have
+        the prompt (a string or a list of messages) and answer columns (after ``format_fn``). A Hub id is left to
+        the run (reading it here would download it).
 
         Raises:
             ValueError: the first problem, naming the column, the row and what was expected.
         """
-        sources = [(path, split)]
+        sources = [(path, split, data_files)]
         if val_path is not None or val_split is not None:
-            sources.append((val_path or path, val_split or split))
+            sources.append((val_path, val_split or split, None) if val_path else (path, val_split, data_files))
         fn = load_format_fn(format_fn)
         prompt_key, answer_key = ("prompt", "answer") if fn else (prompt_field, answer_field)
         kinds: dict[bool, str] = {}  # text prompt or not -> the first row of that kind
         warnings = []
-        for key, (source, name) in zip(("path", "val_path"), dict.fromkeys(sources), strict=False):
-            if not _is_local(source, key):
+        for key, (source, split_name, files) in zip(("path", "val_path"), _unique(sources), strict=False):
+            if not _is_local(source, key, files):
                 continue
-            rows = load_split(source, config, name)
+            rows = load_split(source, config or name, split_name, files)
             if not rows:
-                raise ValueError(f"{source} split {name!r} holds no rows")
+                raise ValueError(f"{source} split {split_name!r} holds no rows")
             answers = []
             for i, row in enumerate(rows[:ROWS_CHECKED]):
                 formatted = _apply(fn, format_fn, row, i) if fn else row
@@ -328,19 +387,54 @@ def _gold_gaps(column: str, source: str, answers: list[Any]) -> list[str]:
             "give them an answer, or set answer_field: null when only task.rewards score"]
 
 
-def _is_local(source: str, key: str) -> bool:
+def _unique(sources: list[tuple[str, str, DataFiles | None]]) -> list[tuple[str, str, DataFiles | None]]:
+    """``sources`` without repeats (a held-out split that is the training one is read once)."""
+    return [source for i, source in enumerate(sources) if source not in sources[:i]]
+
+
+def _is_local(source: str, key: str, data_files: DataFiles | None = None) -> bool:
     """Whether ``source`` is here (then it is checked); a Hub id is not (it is read by the run).
 
     Raises:
         ValueError: ``source`` looks like a local path (a data-file suffix, ``./``, more than one ``/``) that is not
             here.
+        FileNotFoundError: a builder's data file that is not here.
     """
+    if source in BUILDERS:
+        check_data_files(data_files)
+        return True
     if Path(source).expanduser().exists():
         return True
     if Path(source).suffix.lower() in _FORMATS or source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise ValueError(f"{key}: {source!r} does not exist here{relative_to_cwd(source)}, and is not a Hub id "
                          "(org/name)")
     return False
+
+
+def check_source(path: str, data_files: DataFiles | None, revision: str | None) -> None:
+    """``path`` with ``data_files`` and ``revision`` names one source, without reading it: a builder has its files
+    and no revision; a data file is the whole source.
+
+    Raises:
+        ValueError: the first problem.
+    """
+    if path in BUILDERS and data_files is None:
+        raise ValueError(f"path: {path!r} is datasets' {path} builder: give data_files, the file(s) it reads "
+                         f"(load_dataset({path!r}, data_files=...)), or give the file itself as path")
+    file_suffix = Path(path).suffix.lower() in _FORMATS
+    if revision is not None and (path in BUILDERS or file_suffix):
+        raise ValueError(f"revision: {revision!r}: only a Hub dataset has revisions, not the local data of {path!r}")
+    if data_files is not None and file_suffix:
+        raise ValueError(f"data_files with path: {path!r}, a data file: give the file as path alone, or path: "
+                         f"{_FORMATS[Path(path).suffix.lower()]} with data_files")
+
+
+def source_name(path: str, data_files: DataFiles | None) -> str:
+    """The source's name in the task's name and item ids: a local source's file stem (a builder's first data file),
+    a Hub id with ``_`` for ``/``."""
+    if path in BUILDERS and data_files is not None:
+        return Path(data_file_entries(data_files)[0][1]).stem
+    return Path(path).stem if Path(path).expanduser().exists() else path.replace("/", "_")
 
 
 def _apply(fn: Callable, name: str | None, row: dict[str, Any], index: int) -> dict[str, Any]:

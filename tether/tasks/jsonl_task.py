@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +41,23 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     import datasets
 
     # A throwaway cache: the default one would keep a copy of every file ever loaded.
-    quiet = datasets.is_progress_bar_enabled()
+    with no_progress_bars(), tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
+        table = datasets.load_dataset(fmt, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True)
+        return table.to_list()
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """``datasets``' progress bars off inside the block (a local file loads in no time; its bars are noise on the
+    command's output), as they were after it."""
+    import datasets
+
+    shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
-        with tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
-            table = datasets.load_dataset(fmt, data_files=str(path), split="train", cache_dir=cache,
-                                          keep_in_memory=True)
-            return table.to_list()
+        yield
     finally:
-        if quiet:
+        if shown:
             datasets.enable_progress_bars()
 
 
