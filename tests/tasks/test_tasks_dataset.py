@@ -9,7 +9,7 @@ import datasets
 import pytest
 
 from tests.trainer.helpers import tiny_config
-from tether.checks import check_config
+from tether.checks import check_config, load_checked_config
 from tether.config import ConfigError
 from tether.tasks import make_task
 from tether.tasks.dataset_task import DatasetTask
@@ -305,3 +305,42 @@ def test_builder_mistakes_are_one_line_before_any_model_loads(tmp_path, kwargs, 
         check_config(config_with(tmp_path, prompt_field="question", answer_field="solution", val_size=2, **kwargs),
                      policy=False)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("task, kwargs", [
+    ("dataset", {"path": "qa.jsonl"}),
+    ("dataset", {"path": "json", "data_files": {"train": "qa.jsonl"}}),
+    ("jsonl", {"path": "qa.jsonl"}),
+])
+def test_a_data_path_beside_the_config_but_not_here_names_the_path_to_write(tmp_path, monkeypatch, task, kwargs):
+    """Data paths are read from the working directory (imports: from the config's folder): run from elsewhere, the
+    error said only "does not exist here"; now it names the path to write, and the folder to run from instead."""
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    write_rows(folder / "qa.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(8)])
+    config = folder / "run.yaml"
+    config.write_text(json.dumps({"task": {"name": task, "kwargs": {**kwargs, "val_size": 2}},
+                                  "logging": {"tensorboard": False}}))
+    monkeypatch.chdir(tmp_path)
+    key = "task.kwargs.data_files.train" if "data_files" in kwargs else "task.kwargs.path"
+    with pytest.raises(ConfigError, match=rf"does not exist.*; the config file's folder {folder} has it: write "
+                                          rf"{key}: proj/qa.jsonl, or run from {folder}$") as err:
+        check_config(load_checked_config(config), policy=False)
+    assert "\n" not in str(err.value)
+    monkeypatch.chdir(folder)  # from the config's folder the same config reads its file
+    check_config(load_checked_config(config), policy=False)
+
+
+def test_a_data_path_in_the_working_directory_wins_over_one_beside_the_config(tmp_path, monkeypatch):
+    """The base stays the working directory, so no existing config changes meaning; both there: this one is read."""
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    write_rows(folder / "qa.jsonl", [{"prompt": f"beside {i}", "answer": str(i)} for i in range(8)])
+    write_rows(tmp_path / "qa.jsonl", [{"prompt": f"here {i}", "answer": str(i)} for i in range(8)])
+    config = folder / "run.yaml"
+    config.write_text(json.dumps({"task": {"name": "dataset", "kwargs": {"path": "qa.jsonl", "val_size": 2}}}))
+    monkeypatch.chdir(tmp_path)
+    check_config(load_checked_config(config), policy=False)
+    cfg = load_checked_config(config)
+    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    assert sorted(item.prompt for item in task.train + task.val) == [f"here {i}" for i in range(8)]

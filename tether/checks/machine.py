@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tether.checks.context import hub_file, warn_context
 from tether.checks.findings import Findings
-from tether.checks.workload import workload_class
+from tether.checks.workload import beside_the_config, workload_class
 from tether.config import Config, ConfigError, SFTConfig, SkillSFTSettings
 
 HUB_ID_PARTS = 2  # "org/name"
@@ -135,7 +135,7 @@ def check_workload_inputs(cfg: Config, found: Findings) -> None:
         for line in hook(**getattr(cfg, section).kwargs) or []:
             found.warn(f"{section}.kwargs: {line}")
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{section}.kwargs: {err}") from None
+        raise ConfigError(f"{section}.kwargs: {err}{beside_the_config(cfg, section, str(err))}") from None
 
 
 def check_chat_template(cfg: Config, found: Findings) -> None:

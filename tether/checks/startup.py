@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.checks.findings import Findings
+from tether.checks.workload import beside_the_config
 from tether.config import Config, ConfigError, SFTConfig
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.gguf")
@@ -125,8 +126,8 @@ def check_task_builds(cfg: Config, found: Findings) -> None:
         task = make_task(cfg.task.name, **cfg.task.kwargs)
         held_out = task_split(task, cfg.val.split) if cfg.val.every else task.val
     except (ValueError, TypeError, KeyError, OSError) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        raise ConfigError(f"task.kwargs: {message}") from None
+        message = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
+        raise ConfigError(f"task.kwargs: {message}{beside_the_config(cfg, 'task', message)}") from None
     if not task.train:
         raise ConfigError(f"task.kwargs: the task {cfg.task.name!r} has no training prompts")
     if cfg.val.every and not held_out:

@@ -3,15 +3,23 @@
 A task or environment class may define ``check_config(**kwargs)``, which raises ``ValueError`` (or ``TypeError``)
 for settings it cannot run with, cheaply, without generating data; and ``check_inputs(**kwargs)``, which checks
 that what the settings name is on this machine (data files, an optional package), run by :mod:`tether.checks.machine`.
+
+A relative data path in ``task.kwargs`` or ``env.kwargs`` is read from the working directory, as verl and TRL read
+theirs (``imports:`` and ``model.chat_template`` are read from the config file's folder). When such a file is missing
+there but is in the config file's folder, the error says so and names the path to write: :func:`beside_the_config`.
 """
 
 from __future__ import annotations
 
+import glob
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types
-from tether.config import Config, ConfigError
+from tether.config import Config, ConfigError, RunConfig
 from tether.user_code import is_target, resolve_target
 
 
@@ -69,3 +77,33 @@ def check_workload(cfg: Config, found: Findings) -> None:
         hook(**kwargs)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{section}.kwargs: {err}") from None
+
+
+def _path_values(kwargs: dict[str, Any], prefix: str) -> Iterator[tuple[str, str]]:
+    """``(key, value)`` for each string among ``kwargs``, and among its lists and mappings (``data_files``), keyed as
+    a config names it (``task.kwargs.data_files.train``)."""
+    for key, value in kwargs.items():
+        if isinstance(value, str):
+            yield f"{prefix}.{key}", value
+        elif isinstance(value, list):
+            yield from ((f"{prefix}.{key}", entry) for entry in value if isinstance(entry, str))
+        elif isinstance(value, dict):
+            yield from _path_values(value, f"{prefix}.{key}")
+
+
+def beside_the_config(cfg: RunConfig, section: str, error: str) -> str:
+    """What the error about the workload's inputs adds when a relative path it names is not in the working directory
+    but is in the config file's folder: the key, the path to write from here, and the folder to run from instead.
+
+    Data paths keep the working directory as their base (a shipped config's paths are from the repository root, and
+    a run directory's copy of a config is elsewhere), so this names the fix instead of guessing the other base.
+    """
+    here = cfg.config_dir
+    if here is None or here == Path.cwd().resolve():
+        return ""
+    for key, value in _path_values(getattr(cfg, section).kwargs, f"{section}.kwargs"):
+        relative = value and not Path(value).is_absolute() and not value.startswith("~") and "://" not in value
+        if relative and value in error and not glob.glob(value) and glob.glob(str(here / value)):
+            return f"; the config file's folder {here} has it: write {key}: {os.path.relpath(here / value)}, or run " \
+                f"from {here}"
+    return ""

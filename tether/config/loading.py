@@ -361,6 +361,7 @@ def load_command_config(command: str, path: str | Path | None = None, overrides:
     if moved:
         raise _invalid_config(command, moved)
     cfg._written_by = written_by_lines(text) if text is not None else []
+    cfg._config_dir = path.parent.resolve() if path is not None else None
     return cfg
 
 

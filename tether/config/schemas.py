@@ -3,6 +3,7 @@ schemas of ``tether sft`` and ``tether seed-sft``, which share its top-level key
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, PrivateAttr, model_validator
@@ -42,11 +43,19 @@ class RunConfig(Section):
     env: EnvConfig | None = Field(None, description="multi-turn agent workload (set this or task)")
     # the commands that write this config's inputs, from its "# written by: COMMAND" lines (tether.checks.startup)
     _written_by: list[str] = PrivateAttr(default_factory=list)
+    # the folder of the config file it was read from (None: built from data), for the message about a data path
+    # that is beside the config file but not in the working directory (tether.checks.workload)
+    _config_dir: Path | None = PrivateAttr(None)
 
     @property
     def written_by(self) -> list[str]:
         """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
         return list(self._written_by)
+
+    @property
+    def config_dir(self) -> Path | None:
+        """The absolute folder of the config file this was read from, or None (built from a dict)."""
+        return self._config_dir
 
     @model_validator(mode="after")
     def _one_workload(self) -> RunConfig:
@@ -84,7 +93,7 @@ class SupervisedRunConfig(RunConfig):
         """This config's sections in an RL :class:`Config`, every other section at its default: the collectors
         that roll the policy out and the checks of :mod:`tether.checks` read that."""
         cfg = Config.model_validate(self.model_dump(exclude={"sft"}))
-        cfg._written_by = self.written_by
+        cfg._written_by, cfg._config_dir = self.written_by, self.config_dir
         return cfg
 
 
