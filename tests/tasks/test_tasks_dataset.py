@@ -344,3 +344,46 @@ def test_a_data_path_in_the_working_directory_wins_over_one_beside_the_config(tm
     cfg = load_checked_config(config)
     task = make_task(cfg.task.name, **cfg.task.kwargs)
     assert sorted(item.prompt for item in task.train + task.val) == [f"here {i}" for i in range(8)]
+
+
+VERL_SCORE = '''
+CALLS = []
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    CALLS.append({"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth,
+                  "extra_info": extra_info})
+    answers = ground_truth if isinstance(ground_truth, list) else [ground_truth]
+    return float(solution_str.strip() in [str(answer) for answer in answers])
+'''
+
+
+@pytest.mark.parametrize("ground_truth", [lambda i: str(i + 1)], ids=["str"])
+def test_a_verl_parquet_reaches_compute_score_as_verl_passes_it(tmp_path, ground_truth):
+    """verl's RL parquet (written with pandas, as verl's data preprocessing scripts write it) through the documented
+    mapping: the chat prompt as it is, reward_model.ground_truth the gold, and data_source, ground_truth and
+    extra_info reaching compute_score as verl passes them: the values of the row, in their own types."""
+    import pandas as pd
+
+    from tether.config import TaskConfig
+    from tether.rewards.task import build_task
+
+    rows = [{"data_source": "toy", "prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": ground_truth(i)},
+             "extra_info": {"split": "train", "index": i}} for i in range(10)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "train.parquet")
+    (tmp_path / "score.py").write_text(VERL_SCORE)
+    task_cfg = {"name": "dataset", "kwargs": {"path": str(tmp_path / "train.parquet"), "val_size": 2,
+                                             "format_fn": f"{FMT}:verl_row"},
+                "score": False, "rewards": [{"fn": "tether.rewards:VerlScore",
+                                             "kwargs": {"path": str(tmp_path / "score.py")}}]}
+    check_config(tiny_config(tmp_path, task=task_cfg), policy=False)
+    task = build_task(TaskConfig.model_validate(task_cfg))
+    items = sorted(task.train + task.val, key=lambda item: item.meta["columns"]["extra_info"]["index"])
+    assert [item.prompt for item in items] == [row["prompt"] for row in rows]
+    scores = task.score_batch(items, [str(i + 1) if i % 2 else "0" for i in range(10)])
+    assert [score.reward for score in scores] == [float(i % 2) for i in range(10)]
+    calls = task.terms[0].fn.compute_score.__globals__["CALLS"]
+    assert calls == [{"data_source": "toy", "solution_str": str(i + 1) if i % 2 else "0",
+                      "ground_truth": ground_truth(i), "extra_info": {"split": "train", "index": i}}
+                     for i in range(10)]

@@ -3,8 +3,9 @@
 verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` once per response and takes a
 number (a float, a numpy scalar, a 0-d tensor), or a dict whose ``"score"`` is the reward. :class:`VerlScore` loads
 that function from the same file (``path``, ``name``) and calls it the same way: ``solution_str`` is the response
-text, ``ground_truth`` the row's gold answer, ``data_source`` and ``extra_info`` the row's columns of those names
-(``None`` where absent). A row whose call raises or returns no number is a fault of that row alone.
+text alone (verl decodes the response tokens; a conversational completion gives its content, not ``assistant: ...``),
+``ground_truth`` the row's gold answer, ``data_source`` and ``extra_info`` the row's columns of those names (``None``
+where absent). A row whose call raises or returns no number is a fault of that row alone.
 """
 
 from __future__ import annotations
@@ -16,8 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from tether.files import relative_to_cwd
-from tether.rewards.judge import text_of
 from tether.rewards.terms import as_real
+
+
+def solution_str(completion: str | Sequence[dict[str, Any]]) -> str:
+    """The response as verl's ``solution_str``: the text, or the content of a conversational completion's messages
+    (TRL's ``[{"role": "assistant", "content": ...}]``), which verl never wraps in a role."""
+    return completion if isinstance(completion, str) else "".join(message["content"] for message in completion)
 
 
 def load_compute_score(path: str, name: str) -> Callable[..., Any]:
@@ -60,7 +66,7 @@ class VerlScore:
 
     def _one(self, completion: Any, row: dict[str, Any]) -> tuple[float, str | None]:
         try:
-            out = self.compute_score(data_source=row.get("data_source"), solution_str=text_of(completion),
+            out = self.compute_score(data_source=row.get("data_source"), solution_str=solution_str(completion),
                                      ground_truth=row.get("answer"), extra_info=row.get("extra_info"),
                                      **self.reward_kwargs)
         except Exception as error:  # one row's failure is that row's fault
