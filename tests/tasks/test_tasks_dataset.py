@@ -358,7 +358,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-@pytest.mark.parametrize("ground_truth", [lambda i: str(i + 1)], ids=["str"])
+@pytest.mark.parametrize("ground_truth", [lambda i: str(i + 1), lambda i: i + 1, lambda i: [str(i + 1), f"n{i + 1}"]],
+                         ids=["str", "int", "list"])
 def test_a_verl_parquet_reaches_compute_score_as_verl_passes_it(tmp_path, ground_truth):
     """verl's RL parquet (written with pandas, as verl's data preprocessing scripts write it) through the documented
     mapping: the chat prompt as it is, reward_model.ground_truth the gold, and data_source, ground_truth and

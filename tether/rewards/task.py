@@ -24,14 +24,15 @@ FAULT_LOG = Path("health") / "reward_faults.jsonl"
 
 def item_columns(items: Sequence[TaskItem]) -> dict[str, list]:
     """The dataset columns of a batch as keyword lists (TRL's ``**kwargs``): each item's ``meta["columns"]`` (what a
-    data-backed task keeps of its row), and always ``answer``: the gold answer where the item has one, else the
-    row's own ``answer`` column, else ``None``."""
+    data-backed task keeps of its row), and always ``answer``: the gold answer where the item has one, as the data
+    holds it (``meta["gold"]``: a list or a number stays one, as verl passes ``ground_truth``) or else as its text;
+    else the row's own ``answer`` column, else ``None``."""
     rows = [dict(item.meta.get("columns") or {}) for item in items]
     for row, item in zip(rows, items, strict=True):
         # the gold wins over a column of that name: with answer_field: final, GSM8K's "answer" column holds the
         # worked solution, and verl's ground_truth and the docs' `answer` are the gold
         if item.answer is not None or "answer" not in row:
-            row["answer"] = item.answer
+            row["answer"] = item.meta.get("gold", item.answer)
     names = list(dict.fromkeys(name for row in rows for name in row))
     return {name: [row.get(name) for row in rows] for name in names}
 

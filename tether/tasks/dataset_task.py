@@ -365,8 +365,10 @@ class DatasetTask(JsonlTask):
                            "answer_field=... (or answer_field: null when the rewards need no gold answer)")
         answer = row.get(self.answer_field) if self.answer_field is not None else None
         columns = {k: v for k, v in row.items() if k != self.prompt_field}
+        # the verifier reads the gold as text; reward functions get it as the data holds it (verl's ground_truth
+        # may be a list of accepted answers or a number)
         return TaskItem(prompt=text, answer=None if answer is None else str(answer),
-                        meta={"question": prompt, "columns": columns}, id=f"{source}/{split}/{index}")
+                        meta={"question": prompt, "columns": columns, "gold": answer}, id=f"{source}/{split}/{index}")
 
     def score(self, item: TaskItem, response_text: str) -> Score:
         """math-verify against the gold answer; without one (``answer_field: null``), the wrong-answer reward and the
