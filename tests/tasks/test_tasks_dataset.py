@@ -388,3 +388,40 @@ def test_a_verl_parquet_reaches_compute_score_as_verl_passes_it(tmp_path, ground
     assert calls == [{"data_source": "toy", "solution_str": str(i + 1) if i % 2 else "0",
                       "ground_truth": ground_truth(i), "extra_info": {"split": "train", "index": i}}
                      for i in range(10)]
+
+
+@pytest.mark.parametrize("conversational", [False, True], ids=["standard", "conversational"])
+def test_trl_prompt_only_datasets_validate_and_train_a_step(tmp_path, monkeypatch, conversational):
+    """TRL's prompt-only formats, standard (a prompt string) and conversational (a list of messages), with the
+    columns TRL passes its reward functions (solution, a reference completion), through `tether validate` and one
+    step of `tether train` on a tiny model: each reward reads its column, and only the functions score (TRL)."""
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    def prompt(i):
+        text = f"What is {i} + 2?"
+        return [{"role": "user", "content": text}] if conversational else text
+
+    write_rows(tmp_path / "data.jsonl", [{"prompt": prompt(i), "solution": "2", "completion": "abc"} for i in range(8)])
+    config = tmp_path / "trl.yaml"
+    config.write_text(json.dumps({
+        "model": {"name": "tiny-64x2"}, "run_dir": str(tmp_path / "run"),
+        "task": {"name": "dataset", "kwargs": {"path": "data.jsonl", "answer_field": None, "val_size": 2},
+                 "score": False, "rewards": [{"fn": f"{FMT}:solution_reward"},
+                                             {"fn": f"{FMT}:completion_reward", "weight": 0.1}]},
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        "val": {"every": 0}, "train": {"steps": 1, "save_every_s": 0},
+        "logging": {"tensorboard": False, "progress": False}}))
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    validated = runner.invoke(app, ["validate", str(config)])
+    assert validated.exit_code == 0 and validated.output.startswith("ok: "), validated.output
+    trained = runner.invoke(app, ["train", str(config), "train.steps=1"])
+    assert trained.exit_code == 0, trained.output
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [row for row in rows if "actor/pg_loss" in row]
+    solution = 2.0 + 0.5 * conversational  # solution_reward: the column's 2, +0.5 for a conversational completion
+    assert step["reward/faults"] == 0.0
+    assert step["train/reward_mean"] == pytest.approx(solution + 0.1 * len("abc"), rel=1e-6)
+    assert step["reward/component/solution_reward"] == pytest.approx(solution / (solution + 0.3), rel=1e-6)
