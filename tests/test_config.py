@@ -140,6 +140,15 @@ def test_every_shipped_config_validates(path):
     load_checked_config(path, command=config_command(path))
 
 
+@pytest.mark.parametrize("name", ["quickstart.yaml", "armor/stage1_dapo.yaml", "agents/frozenlake_grpo.yaml"])
+def test_shipped_configs_validate_with_overlong_filtering(name):
+    """algorithm.mask_truncated on a single-turn run, beside DAPO's soft punishment, and on an agent run (per turn)."""
+    path = ROOT / "configs" / name
+    assert not load_checked_config(path, command=config_command(path)).algorithm.mask_truncated  # off as shipped
+    cfg = load_checked_config(path, overrides=["algorithm.mask_truncated=true"], command=config_command(path))
+    assert cfg.algorithm.mask_truncated
+
+
 def test_no_two_shipped_configs_share_a_run_dir():
     """Run one after the other as shipped, two configs writing one run_dir would have the second refuse to resume
     the first's run (different settings): found by scripts/run_all_configs.sh (issue #43)."""

@@ -6,6 +6,7 @@ Trainer on a tiny random model, so the rows that reach the update are the ones c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -259,3 +260,19 @@ def test_gigpo_trains_end_to_end(tmp_path, tiny_policy):
         metrics = trainer.train_step()
         assert metrics["train/step_group_size"] == pytest.approx(2.0)
         assert metrics["train/step_adv_abs_mean"] > 0
+
+
+def test_each_turn_records_whether_the_engine_cut_it(tmp_path, agent_trainer):
+    """``info["truncated"]`` is per turn, the unit ``rollout.max_new_tokens`` cuts: with ``algorithm.mask_truncated``
+    only the cut turns leave the loss, and the episode's other turns train on its return."""
+    trainer = agent_trainer(agent_config(tmp_path, "algorithm.mask_truncated=true"))
+    generate = trainer.engine.generate
+
+    def cut_invalid(prompt_ids, params, **kwargs):  # the invalid clone's first answer hit the limit
+        gen = generate(prompt_ids, params, **kwargs)
+        return dataclasses.replace(gen, truncated=torch.tensor([INVALID in t for t in gen.texts]))
+
+    trainer.engine.generate = cut_invalid
+    batch, _ = collect(trainer)
+    assert batch.info["truncated"] == [not v for v in VALID]
+    assert trainer.train_step()["train/masked_truncated_frac"] == pytest.approx(2 / 12)

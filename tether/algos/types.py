@@ -86,12 +86,13 @@ class LossInputs:
         log_probs: log pi_theta(y_t), with gradient. [B, T]
         old_log_probs: log pi_theta_old(y_t), the policy that the update starts from. [B, T]
         advantages: advantage broadcast to tokens. [B, T]
-        response_mask: 1.0 on real response tokens, 0.0 on padding. [B, T]
+        response_mask: 1.0 on the response tokens the loss counts, 0.0 on padding (and on the rows the trainer
+            leaves out of the loss: ``algorithm.mask_truncated``). [B, T]
         ref_log_probs: log pi_ref(y_t) (KL terms, ARMOR's mixture). [B, T]
         behaviour_log_probs: log mu(y_t), the distribution the token was actually sampled from (EAPO). [B, T]
         source: per-row origin, 0 = on-policy, 1 = anchor (ARMOR). [B]
-        num_tokens: number of response tokens in the whole mini-batch (token-mean normaliser).
-        num_seqs: number of sequences in the whole mini-batch (seq-mean normaliser).
+        num_tokens: number of response tokens the loss counts in the whole mini-batch (token-mean normaliser).
+        num_seqs: number of sequences the loss counts in the whole mini-batch (seq-mean normaliser).
         max_response_len: the constant of seq-mean-token-sum-norm (Dr.GRPO), usually the generation limit.
         tokens: the per-token tensors that methods add, by name, each [B, T]: ``gate_mask`` (1.0 where EAPO's gate
             fired) and ``injected_mask`` (1.0 where the token came from EAPO's prior), ``teacher_log_probs`` (the same

@@ -239,6 +239,14 @@ def check_ignore_eos(cfg: Config, found: Findings) -> None:
                           "(anchors, injections, analyses) would still end at EOS; allowed with methods: false")
 
 
+def check_mask_truncated(cfg: Config, found: Findings) -> None:
+    """``algorithm.mask_truncated``: some rows must be able to end before ``rollout.max_new_tokens``."""
+    if cfg.algorithm.mask_truncated and cfg.rollout.ignore_eos:
+        raise ConfigError("algorithm.mask_truncated=true with rollout.ignore_eos=true: every row samples "
+                          "rollout.max_new_tokens, so every row would leave the loss and nothing would train; "
+                          "set one of them to false")
+
+
 def check_overlong(cfg: Config, found: Findings) -> None:
     """``rollout.overlong``: DAPO's length penalty, on single-turn rows, its buffer inside the generation budget."""
     o, budget = cfg.rollout.overlong, cfg.rollout.max_new_tokens
@@ -335,5 +343,5 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
 
 
 CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype,
-                 check_ignore_eos, check_overlong, check_rollout_staleness, check_engine, check_refill, check_methods,
-                 check_saving, warn_suspicious)
+                 check_ignore_eos, check_mask_truncated, check_overlong, check_rollout_staleness, check_engine,
+                 check_refill, check_methods, check_saving, warn_suspicious)

@@ -208,6 +208,10 @@ class AlgorithmConfig(Section):
     kl: KLConfig = Field(default_factory=KLConfig, description="KL to the reference model")
     entropy_coef: float = Field(0.0, description="weight of an entropy bonus subtracted from the loss (0: none)")
     use_ref: bool = Field(False, description="load a frozen reference model even when no KL term needs it")
+    mask_truncated: bool = Field(False, description="DAPO's overlong filtering (TRL's mask_truncated_completions): "
+                                 "a row that hit rollout.max_new_tokens (a response, or one turn of an episode) "
+                                 "leaves the loss and its normalisers; its group's advantage baseline still counts "
+                                 "it (docs/algorithms.md)")
 
 
 class OptimConfig(Section):

@@ -81,9 +81,11 @@ class MiniBatch:
 
     Attributes:
         rows: its rows, as indices into the RL step's batch, in the order the trainer took them. [M] long
-        num_tokens: response tokens of the whole mini-batch (``LossInputs.num_tokens``).
-        num_seqs: rows of the whole mini-batch (``LossInputs.num_seqs``).
-        batch: the mini-batch itself, every row; for totals of a method's own per-token tensors.
+        num_tokens: response tokens the loss counts in the whole mini-batch (``LossInputs.num_tokens``): all of
+            them, or with ``algorithm.mask_truncated`` those of the rows that did not hit ``rollout.max_new_tokens``.
+        num_seqs: rows the loss counts in the whole mini-batch (``LossInputs.num_seqs``), likewise.
+        batch: the mini-batch itself, every row (``len(batch)`` of them); for totals of a method's own per-token
+            tensors.
     """
 
     rows: torch.Tensor

@@ -266,7 +266,8 @@ class AgentCollector:
         n = int(gen.response_mask[j].sum())
         return {"episode": ep, "turn": turn, "prompt_ids": prompt, "response_ids": gen.response_ids[j, :n],
                 "sample_log_probs": gen.sample_log_probs[j, :n],
-                "token": {k: v[j, :n] for k, v in gen.token.items()}, "valid": valid, "text": text}
+                "token": {k: v[j, :n] for k, v in gen.token.items()}, "valid": valid, "text": text,
+                "truncated": bool(gen.truncated[j])}
 
     def _fault(self, ep: Episode, turn: int | None, info: dict[str, Any]) -> None:
         """Count an episode's fault; the first of its phase and kind warns and is a row of :data:`FAULT_LOG`."""
@@ -310,6 +311,8 @@ class AgentCollector:
             correct=torch.tensor([e.won for e in eps]), source=torch.zeros(n, dtype=torch.long), token=token,
             info={"episode_id": [e.episode_id for e in eps], "turn": [r["turn"] for r in rows],
                   "valid": [r["valid"] for r in rows], "text": [r["text"] for r in rows], "episode": eps,
+                  # per turn: the engine cuts a turn at rollout.max_new_tokens, never an episode
+                  "truncated": [r["truncated"] for r in rows],
                   "obs_key": [state_key(e, r["turn"]) for e, r in zip(eps, rows, strict=True)],
                   "step_return": [returns[id(e)][r["turn"]] for e, r in zip(eps, rows, strict=True)]},
         )

@@ -12,6 +12,8 @@ METRICS: dict[str, str] = {
     "train/reward_mean": "mean reward of the step's on-policy rollout rows, shaping included",
     "train/accuracy": "fraction of the step's on-policy rollout rows the verifier judged correct",
     "train/response_length": "mean number of response tokens per rollout row",
+    "train/masked_truncated_frac": "algorithm.mask_truncated: share of the step's rows left out of the loss for "
+                                   "hitting rollout.max_new_tokens",
     "actor/pg_loss": "policy-gradient loss, as minimised (aggregated like the loss)",
     "actor/pg_clipfrac": "fraction of response tokens whose gradient the clip removes",
     "actor/ppo_kl": "mean of log pi_old - log pi_theta over response tokens (k1 estimate of KL(old||new))",

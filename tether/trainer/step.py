@@ -47,6 +47,7 @@ SUMMED_METRICS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy"})
 # micro-batch of short responses counted as much as one of long ones; weighted by response tokens, one without a
 # corrected token pulled rollout_corr/weight_mean toward 0; either way the value moved with optim.micro_batch_size.
 UNITS = "#units"  # the key suffix under which the fold keeps a mean's units (no metric name holds a '#')
+LOSS_MASK = "loss_mask"  # the mini-batch's per-token tensor of the tokens its loss counts (loss_mini_batch)
 
 
 class StepPhases:
@@ -155,15 +156,17 @@ class StepPhases:
         derived: dict[str, Callable[[dict[str, float]], float]] = {}  # LossOutput.derived of every micro-batch
         for _ in range(o.ppo_epochs):
             for rows in mini_batches:
-                part = batch.select(rows)
-                mini = MiniBatch(rows=rows, num_tokens=float(part.response_mask.sum()), num_seqs=len(part), batch=part)
+                mini = loss_mini_batch(batch, rows, mask_truncated=self.cfg.algorithm.mask_truncated)
                 for key, value in self._mini_batch_step(mini, derived).items():
                     pick = extremum(key)  # the step's largest / smallest, not a mean of the mini-batches' ones
                     if pick is not None:
                         sums[key], counts[key] = pick(sums.get(key, value), value), 1
                     else:
                         sums[key], counts[key] = sums.get(key, 0.0) + value, counts.get(key, 0) + 1
-        return {**step_values(sums, counts, derived), "actor/skipped_updates": float(self.skipped_updates)}
+        metrics = {**step_values(sums, counts, derived), "actor/skipped_updates": float(self.skipped_updates)}
+        if self.cfg.algorithm.mask_truncated:
+            metrics["train/masked_truncated_frac"] = sum(map(bool, batch.info["truncated"])) / len(batch)
+        return metrics
 
     def _mini_batch_step(self, mini: MiniBatch,
                          derived: dict[str, Callable[[dict[str, float]], float]]) -> dict[str, float]:
@@ -184,7 +187,7 @@ class StepPhases:
             activations.append((gb, layers, keep_head))
             out = self._micro_batch_loss(micro, mini, keep_head_logits=keep_head)
             out.loss.backward()
-            add_micro_metrics(metrics, out, tokens=micro.response_mask.sum(), derived=derived)  # no host sync
+            add_micro_metrics(metrics, out, tokens=loss_mask(micro).sum(), derived=derived)  # no host sync
         metrics = self.dp.sum_metrics(metrics)  # N processes: partial sums -> the mini-batch's sums
         grad_norm = self.strategy.clip_grad_norm(self.policy, o.grad_clip)  # of the gradient summed over ranks
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]  # this update's, read before the schedule moves on
@@ -252,6 +255,7 @@ class StepPhases:
         :meth:`_choose_checkpointing` chose for it."""
         a = self.cfg.algorithm
         num_tokens, num_seqs = mini.num_tokens, mini.num_seqs
+        mask = loss_mask(micro)
         with self.autocast():
             log_probs, entropy = response_log_probs(
                 self.policy, micro.prompt_ids, micro.response_ids, micro.response_mask,
@@ -264,7 +268,7 @@ class StepPhases:
         self.health.observe(micro, old, corr)  # pi_old under the weights the engine sampled with: parity, free
         inputs = LossInputs(
             log_probs=log_probs, old_log_probs=old, advantages=micro.token["advantages"],
-            response_mask=micro.response_mask, behaviour_log_probs=micro.sample_log_probs, source=micro.source,
+            response_mask=mask, behaviour_log_probs=micro.sample_log_probs, source=micro.source,
             ref_log_probs=micro.token.get("ref_log_probs"), num_tokens=num_tokens, num_seqs=num_seqs,
             max_response_len=self.cfg.rollout.max_new_tokens,
             tokens=self.methods.loss_token_inputs(micro),
@@ -274,17 +278,17 @@ class StepPhases:
         metrics = {**out.metrics, **({} if corr is None else corr.metrics), "actor/pg_loss": out.loss.detach()}
         counts = {**out.counts, **({} if corr is None else corr.counts)}
         if corr is not None:  # health.no_signal: a correction that drops every token trains nothing, whatever the A
-            kept = (corr.weights > 0).to(micro.response_mask.dtype) * micro.response_mask
+            kept = (corr.weights > 0).to(mask.dtype) * mask
             metrics["rollout_corr/kept_advantage_abs_mean"] = algos.masked_mean(
-                micro.token["advantages"].abs() * kept, micro.response_mask)
+                micro.token["advantages"].abs() * kept, mask)
         agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=self.cfg.rollout.max_new_tokens)
-        ent = algos.aggregate(entropy, micro.response_mask, "token-mean", num_tokens=num_tokens)
+        ent = algos.aggregate(entropy, mask, "token-mean", num_tokens=num_tokens)
         metrics["actor/entropy"] = ent.detach()
         if a.entropy_coef:
-            loss = loss - a.entropy_coef * algos.aggregate(entropy, micro.response_mask, a.loss_agg, **agg)
+            loss = loss - a.entropy_coef * algos.aggregate(entropy, mask, a.loss_agg, **agg)
         if a.kl.coef > 0 and not a.kl.in_reward:
             kl = algos.aggregate(algos.kl_estimate(log_probs, inputs.require("ref_log_probs", "kl"), a.kl.estimator),
-                                 micro.response_mask, a.loss_agg, **agg)
+                                 mask, a.loss_agg, **agg)
             loss = loss + a.kl.coef * kl
             metrics["actor/kl_loss"] = kl.detach()
         extra = self.methods.extra_loss(loss, inputs, micro, self.hook_context(mini))
@@ -342,6 +346,33 @@ def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextMan
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
+
+
+def loss_mini_batch(batch: RolloutBatch, rows: torch.Tensor, *, mask_truncated: bool) -> MiniBatch:
+    """The mini-batch of ``batch``'s ``rows`` and the normalisers of its loss.
+
+    With ``algorithm.mask_truncated`` (DAPO's overlong filtering, arXiv:2503.14476 Sec. 3.4) a row that hit
+    ``rollout.max_new_tokens`` (``info["truncated"]``: a single-turn response, or one turn of an episode) leaves the
+    loss: its tokens leave the loss mask (``token[LOSS_MASK]``, which the policy loss, the entropy bonus and the KL
+    term count) and the normalisers, so every aggregation mode gives the loss of the mini-batch without it. Its
+    advantage, made before, kept it in its group's mean and std, as TRL's ``mask_truncated_completions`` does. The
+    forward passes and scoring still see every row, so pi_old stays the update's first pass bit for bit.
+    """
+    part = batch.select(rows)
+    if not mask_truncated:
+        return MiniBatch(rows=rows, num_tokens=float(part.response_mask.sum()), num_seqs=len(part), batch=part)
+    if "truncated" not in part.info:
+        raise ValueError("algorithm.mask_truncated=true needs info['truncated'] on the batch's rows, and this "
+                         "collector records none")
+    kept = [not truncated for truncated in part.info["truncated"]]
+    part.token[LOSS_MASK] = part.response_mask * torch.tensor(kept, dtype=part.response_mask.dtype,
+                                                              device=part.response_mask.device)[:, None]
+    return MiniBatch(rows=rows, num_tokens=float(part.token[LOSS_MASK].sum()), num_seqs=sum(kept), batch=part)
+
+
+def loss_mask(batch: RolloutBatch) -> torch.Tensor:
+    """The response tokens the loss counts: the mask :func:`loss_mini_batch` set, else every response token. [N, T]"""
+    return batch.token.get(LOSS_MASK, batch.response_mask)
 
 
 def update_mini_batches(n_rows: int, seed: int, mini_batches: int) -> tuple[torch.Tensor, ...]:

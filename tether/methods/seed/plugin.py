@@ -349,5 +349,5 @@ class Seed(Method):
             raised_frac=m["seed/opd_gate_active_ratio"])
         # per micro-batch counts (the SEED code): verl scales each micro-batch's loss by micro / mini rows (1 over the
         # accumulation count), which the trainer's global normalisers do not; without it L_opd grew with the count
-        scale = 1.0 if total is not None else len(micro) / ctx.mini_batch.num_seqs
+        scale = 1.0 if total is not None else len(micro) / len(ctx.mini_batch.batch)
         return LossOutput(self.settings.opd_coef * scale * out.loss, metrics, counts)
