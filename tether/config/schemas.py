@@ -47,6 +47,16 @@ class RunConfig(Section):
     # that is beside the config file but not in the working directory (tether.checks.workload)
     _config_dir: Path | None = PrivateAttr(None)
 
+    def __eq__(self, other: object) -> bool:
+        """Configs are equal when their settings are: the file one was read from (its private attributes, its
+        ``# written by:`` lines and folder) is not a setting, so a run's ``config.yaml`` read back equals the config
+        that wrote it."""
+        if not isinstance(other, RunConfig):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # mutable, as pydantic models are
+
     @property
     def written_by(self) -> list[str]:
         """Commands that write the checkpoints or data this config reads, as its ``# written by:`` lines say."""
