@@ -405,3 +405,47 @@ def test_a_config_yaml_written_before_the_core_schema_reads_as_it_did(tmp_path):
     config.write_text("run_dir: runs/x\ntask: {name: reasoning_gym, kwargs: {dataset: chain_sum, octal: 0123}}\n")
     with pytest.raises(RunDirError, match=r"^task\.kwargs\.octal: 123 differs from 83 in the run being resumed"):
         check_resume_settings(load_config(config), old_run(octal=83))
+
+
+def test_an_older_tethers_config_yaml_resumes_with_missing_keys_at_their_defaults_and_moved_keys_moved(tmp_path):
+    """A run's config.yaml from a tether older than a setting lacks its key. It read as None, so every resume after
+    an upgrade was refused ("algorithm.loss_kwargs: {} differs from None"); it now stands for the schema's default
+    (a method's setting for the method's), which is what the older tether ran with, and only another value is
+    refused. A key that moved since (env.step_grouping: algorithm.advantage=gigpo) is read at its new place,
+    without the deprecation warning meant for the user's own config."""
+    import warnings
+
+    import yaml
+
+    from tether.config import dump_config, load_config
+    from tether.start import RunDirError
+    from tether.trainer.rundir import check_resume_settings
+
+    saved = tmp_path / "config.yaml"
+    data = {**BASE, "run_dir": "runs/x", "methods": {"armor": {"ref_n": 4}}}
+    old = yaml.safe_load(dump_config(load_config(data=data)))
+    del old["algorithm"]["loss_kwargs"], old["algorithm"]["kl"], old["rollout"]["top_k"]
+    old["methods"]["armor"] = {}  # written before ref_n was a setting
+    saved.write_text(yaml.safe_dump(old))
+    check_resume_settings(load_config(data=data), saved)
+    for override, refusal in [("algorithm.kl.coef=0.1", r"algorithm\.kl\.coef: 0\.1 differs from 0\.0 "),
+                              ("rollout.top_k=5", r"rollout\.top_k: 5 differs from 0 "),
+                              ("methods.armor.ref_n=8", r"methods\.armor\.ref_n: 8 differs from 4 "),
+                              ("algorithm.loss_kwargs={clip_ratio: 0.3}",
+                               r"algorithm\.loss_kwargs\.clip_ratio: 0\.3 differs from None ")]:
+        with pytest.raises(RunDirError, match="^" + refusal + "in the run being resumed"):
+            check_resume_settings(load_config(data=data, overrides=[override]), saved)
+
+    gigpo = {"run_dir": "runs/x", "env": {"name": "frozenlake"},
+             "algorithm": {"advantage": "gigpo", "advantage_kwargs": {"step_weight": 0.5}}}
+    old = yaml.safe_load(dump_config(load_config(data=gigpo)))
+    old["algorithm"].update(advantage="episode", advantage_kwargs={})
+    old["env"].update(step_grouping=True, step_advantage_w=0.5)  # the keys before one estimator per run
+    saved.write_text(yaml.safe_dump(old))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_resume_settings(load_config(data=gigpo), saved)
+    assert yaml.safe_load(saved.read_text()) == old  # read, not rewritten
+    with pytest.raises(RunDirError, match=r"^algorithm\.advantage_kwargs\.step_weight: 0\.25 differs from 0\.5 "):
+        check_resume_settings(load_config(data=gigpo, overrides=["algorithm.advantage_kwargs.step_weight=0.25"]),
+                              saved)

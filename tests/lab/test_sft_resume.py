@@ -257,6 +257,60 @@ def test_a_finished_run_is_left_as_it_is_unless_overwrite(tmp_path, monkeypatch,
     assert checkpoint.stat().st_mtime_ns == before[0]
 
 
+def test_an_older_tethers_state_and_finished_run_lack_a_later_setting_which_reads_as_its_default(tmp_path,
+                                                                                                 monkeypatch,
+                                                                                                 reference):
+    """``sft_state.json``'s fingerprint and a finished run's ``config.yaml`` written before a setting existed lack
+    its key: it read as None, so every resume after an upgrade was refused ("sft.grad_clip: 1.0 differs from None");
+    it now stands for the default, and another value is still refused."""
+    import yaml
+
+    run_dir = tmp_path / "run"
+    stopped_run(monkeypatch, run_dir, 2)
+    state = run_dir / "sft_state" / "sft_state.json"
+    saved = json.loads(state.read_text())
+    del saved["fingerprint"]["settings"]["sft.grad_clip"], saved["fingerprint"]["settings"]["rollout.top_k"]
+    state.write_text(json.dumps(saved, indent=1))
+    (run_dir / "sft_state" / "manifest.json").unlink()  # an older state: the manifest would name the edit
+    with monkeypatch.context() as patch:
+        no_model_loads(patch)
+        with pytest.raises(RunDirError, match=r"^sft\.grad_clip: 0\.5 differs from 1\.0 in the run being resumed"):
+            run_sft(sft_config(run_dir, "sft.grad_clip=0.5"))
+    run_sft(sft_config(run_dir))
+    assert_same_run(run_dir, reference)
+
+    config = reference / "config.yaml"
+    old = yaml.safe_load(config.read_text())
+    del old["sft"]["grad_clip"], old["rollout"]
+    config.write_text(yaml.safe_dump(old))
+    summary = json.loads((reference / "sft_summary.json").read_text())
+    with monkeypatch.context() as patch:
+        no_model_loads(patch)
+        assert run_sft(sft_config(reference)) == summary
+        with pytest.raises(RunDirError, match=r"^sft\.grad_clip: 0\.5 differs from 1\.0 in the finished run in "):
+            run_sft(sft_config(reference, "sft.grad_clip=0.5"))
+
+
+def test_a_finished_seed_sft_run_whose_config_yaml_has_stage_ones_settings_under_methods_seed_sft_is_finished(
+        tmp_path):
+    """``tether seed-sft``'s settings were ``methods.seed.sft`` before they became the top-level ``sft`` section
+    (MOVED_KEYS): a finished run's ``config.yaml`` of that time is read with them at their new place; it read as
+    "sft.epochs: 2 differs from None"."""
+    import yaml
+
+    from tests.rollout.helpers import seed_sft_config
+    from tether.recipes.sft_state import check_finished_settings
+
+    cfg = seed_sft_config(tmp_path, sft={"tasks": 2, "epochs": 2})
+    old = yaml.safe_load(dump_config(cfg))
+    old.setdefault("methods", {}).setdefault("seed", {})["sft"] = old.pop("sft")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    check_finished_settings(cfg, tmp_path)
+    changed = seed_sft_config(tmp_path, sft={"tasks": 2, "epochs": 3})
+    with pytest.raises(RunDirError, match=r"^sft\.epochs: 3 differs from 2 in the finished run in "):
+        check_finished_settings(changed, tmp_path)
+
+
 def test_an_earlier_run_with_nothing_to_resume_needs_overwrite(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from tether.config.base import ConfigError
 from tether.config.schemas import SCHEMAS, Config, RunConfig
@@ -191,6 +192,52 @@ def pop_moved_keys(data: dict[str, Any]) -> list[MovedKey]:
             del node[key]
             moved.append(m)
     return moved
+
+
+def move_saved_keys(data: dict[str, Any], command: str) -> dict[str, Any]:
+    """A run's saved settings (its ``config.yaml``, written by an older tether) as this tether names them: the keys
+    of :func:`migrate_advantage_keys` rewritten and each of :data:`MOVED_KEYS` moved to its new place (dropped from
+    another command's config), quietly, since nobody is to edit that file. A section the move leaves empty goes
+    (``methods.seed`` that held only ``sft``). A copy; ``data`` is left as it is."""
+    data = copy.deepcopy(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        migrate_advantage_keys(data)
+    for m in MOVED_KEYS:
+        *parents, key = m.old.split(".")
+        path: list[tuple[dict[str, Any], str]] = []
+        node: Any = data
+        for part in parents:
+            path.append((node, part))
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or key not in node:
+            continue
+        value = node.pop(key)
+        for parent, part in reversed(path):
+            if parent[part] == {}:
+                del parent[part]
+        if m.command != command:
+            continue
+        *new_parents, new_key = m.new.split(".")
+        target = data
+        for part in new_parents:
+            target = target.setdefault(part, {})
+        target.setdefault(new_key, value)
+    return data
+
+
+def schema_defaults(schema: type[BaseModel]) -> dict[str, Any]:
+    """What a config of ``schema`` holds where it does not write a key, as JSON values: each field's default, and
+    for a section that has none (a required one), its own fields' defaults. A setting added to the schema after a
+    run started is absent from its ``config.yaml``; its default is what the older tether did without it."""
+    out: dict[str, Any] = {}
+    for name, field in schema.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if default is not PydanticUndefined:
+            out[name] = to_jsonable_python(default)
+        elif (section := _section_class(schema, (name,))) is not None:
+            out[name] = schema_defaults(section)
+    return out
 
 
 def _invalid_config(command: str, moved: list[MovedKey], err: ValidationError | None = None) -> ConfigError:

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from tether.config import read_yaml
+from tether.config import SCHEMAS, move_saved_keys, read_yaml
 from tether.distributed import DataParallel
 from tether.start import RunDirError, claim_run_dir
 from tether.track import TENSORBOARD_DIR, finite_or_none, write_json_atomic
 from tether.trainer.checkpoint import checkpoint_problem, publish_dir, rng_state, set_rng_state, settle_old
-from tether.trainer.rundir import flat, truncate_metrics
+from tether.trainer.rundir import SettingDefaults, changed_setting, flat, setting_defaults, truncate_metrics
 
 if TYPE_CHECKING:
     from tether.config import SeedSFTRunConfig, SFTRunConfig
@@ -69,17 +69,21 @@ def fingerprint(cfg: SFTRunConfig | SeedSFTRunConfig, files: dict[str, Path]) ->
             "files": {name: file_sha256(path) for name, path in files.items()}}
 
 
-def settings_change(old: dict[str, Any], new: dict[str, Any], run: str) -> str | None:
-    """The first setting that differs, as one line with the ways out, or None."""
-    for key in sorted(set(old) | set(new)):
-        if old.get(key) != new.get(key):
-            return f"{key}: {new.get(key)!r} differs from {old.get(key)!r} in {run}; set it back, or {WAY_OUT}"
-    return None
+def settings_change(old: dict[str, Any], new: dict[str, Any], run: str, defaults: SettingDefaults) -> str | None:
+    """The first setting that differs, as one line with the ways out, or None. A key one side lacks (a setting added
+    since the old run was saved) stands for its default (``defaults``: :func:`tether.trainer.rundir.setting_defaults`).
+    """
+    if (change := changed_setting(old, new, defaults)) is None:
+        return None
+    key, now, was = change
+    return f"{key}: {now!r} differs from {was!r} in {run}; set it back, or {WAY_OUT}"
 
 
-def fingerprint_change(saved: dict[str, Any], current: dict[str, Any], where: Path) -> str | None:
+def fingerprint_change(saved: dict[str, Any], current: dict[str, Any], where: Path,
+                       defaults: SettingDefaults) -> str | None:
     """The first difference between two fingerprints as one line with the ways out, or None."""
-    if (change := settings_change(saved["settings"], current["settings"], f"the run being resumed ({where})")):
+    if (change := settings_change(saved["settings"], current["settings"], f"the run being resumed ({where})",
+                                  defaults)):
         return change
     old, new = saved["files"], current["files"]
     for name in sorted(set(old) | set(new)):
@@ -109,11 +113,14 @@ class SFTState:
     Args:
         path: the directory.
         fingerprint: the run's (:func:`fingerprint`); a saved state with another one is not restored.
+        defaults: what a setting the saved fingerprint lacks stands for (:func:`tether.trainer.rundir.setting_defaults`:
+            one added since the state was saved).
         extra: the caller's numbers kept across a resume (``tether seed-sft``'s rollout time and parse rate).
     """
 
     path: Path
     fingerprint: dict[str, Any]
+    defaults: SettingDefaults
     extra: dict[str, Any] = field(default_factory=dict)
 
     def exists(self) -> bool:
@@ -147,7 +154,7 @@ class SFTState:
         if (problem := checkpoint_problem(self.path)) is not None:
             raise RunDirError(f"{self.path} is damaged ({problem}); {WAY_OUT}")
         saved = self.saved()
-        if (change := fingerprint_change(saved["fingerprint"], self.fingerprint, self.path)) is not None:
+        if (change := fingerprint_change(saved["fingerprint"], self.fingerprint, self.path, self.defaults)) is not None:
             raise RunDirError(change)
         model.load_state_dict(torch.load(self.path / "model.pt", map_location="cpu", weights_only=True))
         optimizer.load_state_dict(torch.load(self.path / "optimizer.pt", map_location="cpu", weights_only=True))
@@ -223,9 +230,10 @@ def check_finished_settings(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return
-    old = fingerprint_settings(read_yaml(saved.read_text()) or {})
+    command = next(name for name, schema in SCHEMAS.items() if type(cfg) is schema)
+    old = fingerprint_settings(move_saved_keys(read_yaml(saved.read_text()) or {}, command))
     if (change := settings_change(old, fingerprint_settings(cfg.model_dump(mode="json")),
-                                  f"the finished run in {run_dir}")):
+                                  f"the finished run in {run_dir}", setting_defaults(cfg))):
         raise RunDirError(change)
 
 
@@ -248,7 +256,7 @@ def plan_sft_start(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path) -> SFTSt
     if policy != "never" and not finished(run_dir) and state.is_dir() and checkpoint_problem(state) is None:
         saved = json.loads((state / STATE_FILE).read_text())
         current = fingerprint(cfg, {**data_files(run_dir), **state_files(cfg)})
-        if (change := fingerprint_change(saved["fingerprint"], current, state)) is not None:
+        if (change := fingerprint_change(saved["fingerprint"], current, state, setting_defaults(cfg))) is not None:
             raise RunDirError(change)
         return SFTStart("resume", saved=saved)
     if finished(run_dir) and (policy == "must" or (policy == "auto" and not overwrite)):

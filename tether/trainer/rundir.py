@@ -17,13 +17,15 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
-from tether.config import Config, dump_config, read_yaml
+from tether.config import Config, RunConfig, dump_config, move_saved_keys, read_yaml, schema_defaults
 from tether.distributed import DataParallel
+from tether.methods import METHODS
 from tether.start import RunDirError, lock_run_dir
 from tether.track import TENSORBOARD_DIR, write_text_atomic
 from tether.track.progress import status
@@ -48,23 +50,89 @@ def flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+class SettingDefaults(NamedTuple):
+    """What a config holds where it does not write a key (:func:`setting_defaults`): ``schema``, its command's
+    defaults (nested, JSON values), and ``methods``, the defaults of each method's settings by its name (a config's
+    ``methods.<name>`` holds only what it writes)."""
+
+    schema: dict[str, Any]
+    methods: dict[str, dict[str, Any]]
+
+
+def setting_defaults(cfg: RunConfig) -> SettingDefaults:
+    """The defaults of ``cfg``'s command and of the methods it names."""
+    methods = getattr(cfg, "methods", {})
+    return SettingDefaults(schema_defaults(type(cfg)),
+                           {name: schema_defaults(METHODS[name].Settings) for name in methods if name in METHODS})
+
+
+def _fill(data: dict[str, Any], defaults: dict[str, Any]) -> None:
+    for key, default in defaults.items():
+        if key not in data:
+            data[key] = default
+        elif isinstance(data[key], dict) and isinstance(default, dict):
+            _fill(data[key], default)
+
+
+def with_defaults(settings: dict[str, Any], defaults: SettingDefaults) -> dict[str, Any]:
+    """Flat ``settings`` with each key they lack at its default, and a method's at the method's: a setting added
+    after a run started is absent from its ``config.yaml``, and the older tether ran as its default does."""
+    nested: dict[str, Any] = {}
+    for key, value in settings.items():
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    _fill(nested, defaults.schema)
+    methods = nested.get("methods")
+    for name, method in (methods.items() if isinstance(methods, dict) else ()):
+        if isinstance(method, dict):
+            _fill(method, defaults.methods.get(name, {}))
+    return flat(nested)
+
+
+def changed_setting(old: dict[str, Any], new: dict[str, Any], defaults: SettingDefaults,
+                    compared: Callable[[str], bool] = lambda key: True) -> tuple[str, Any, Any] | None:
+    """The first of the ``compared`` flat keys whose value differs between ``old`` and ``new``, each read with its
+    missing keys at their defaults (:func:`with_defaults`), as (key, new value, old value); or None."""
+    old, new = with_defaults(old, defaults), with_defaults(new, defaults)
+    for key in sorted(set(old) | set(new)):
+        if compared(key) and old.get(key) != new.get(key) and not _emptied(key, old, new):
+            return key, new.get(key), old.get(key)
+    return None
+
+
+def _emptied(key: str, old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """``key`` is an empty mapping on one side (a leaf of :func:`flat`) and a mapping with keys on the other: its
+    keys are compared one by one, which names the one that changed."""
+    def keys_under(side: dict[str, Any]) -> bool:
+        return any(k.startswith(key + ".") for k in side)
+
+    return (old.get(key) == {} and keys_under(new)) or (new.get(key) == {} and keys_under(old))
+
+
+def is_meaning_key(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in MEANING_KEYS)
+
+
 def check_resume_settings(cfg: Config, saved_config: Path) -> None:
-    """Refuse to resume with a setting of :data:`MEANING_KEYS` changed from the run's ``config.yaml``.
+    """Refuse to resume with a setting of :data:`MEANING_KEYS` changed from the run's ``config.yaml``. That file may
+    be an older tether's: its moved keys are read at their new places, its missing ones as their defaults.
 
     Raises:
         RunDirError: the first changed setting, its two values and the ways out.
     """
     if not saved_config.is_file():
         return
-    old = flat(_saved_settings(saved_config))
+    old = flat(move_saved_keys(_saved_settings(saved_config), "train"))
     new = flat(cfg.model_dump(mode="json"))
-    for key in sorted(set(old) | set(new)):
-        if not any(key == k or key.startswith(k + ".") for k in MEANING_KEYS):
-            continue
-        if old.get(key) != new.get(key):
-            raise RunDirError(f"{key}: {new.get(key)!r} differs from {old.get(key)!r} in the run being resumed "
-                              f"({saved_config}); set it back, or set another run_dir (or start afresh over this "
-                              "one: train.resume=never train.overwrite=true deletes it)")
+    change = changed_setting(old, new, setting_defaults(cfg), is_meaning_key)
+    if change is not None:
+        key, now, was = change
+        raise RunDirError(f"{key}: {now!r} differs from {was!r} in the run being resumed ({saved_config}); set it "
+                          "back, or set another run_dir (or start afresh over this one: train.resume=never "
+                          "train.overwrite=true deletes it)")
 
 
 def _saved_settings(saved_config: Path) -> dict[str, Any]:
