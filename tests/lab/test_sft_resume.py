@@ -291,6 +291,27 @@ def test_an_older_tethers_state_and_finished_run_lack_a_later_setting_which_read
             run_sft(sft_config(reference, "sft.grad_clip=0.5"))
 
 
+def test_an_older_tethers_state_without_a_global_generator_resumes_and_says_so_in_one_line(tmp_path, monkeypatch,
+                                                                                           reference):
+    """``trainer_state.pt`` of an ``sft_state`` without NumPy's generator (a KeyError traceback): the resume goes on,
+    one warning line names it, and the run ends as the uninterrupted one (the SFT loop does not draw from it)."""
+    import warnings
+
+    run_dir = tmp_path / "run"
+    stopped_run(monkeypatch, run_dir, 2)
+    path = run_dir / "sft_state" / "trainer_state.pt"
+    state = torch.load(path, weights_only=False)
+    del state["rng"]["numpy"]
+    torch.save(state, path)
+    (run_dir / "sft_state" / "manifest.json").unlink()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_sft(sft_config(run_dir))
+    lines = [str(w.message) for w in caught if "older tether" in str(w.message)]
+    assert len(lines) == 1 and "the global numpy generator" in lines[0] and "python" not in lines[0], lines
+    assert_same_run(run_dir, reference)
+
+
 def test_a_finished_seed_sft_run_whose_config_yaml_has_stage_ones_settings_under_methods_seed_sft_is_finished(
         tmp_path):
     """``tether seed-sft``'s settings were ``methods.seed.sft`` before they became the top-level ``sft`` section

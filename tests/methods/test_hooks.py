@@ -143,3 +143,16 @@ def test_state_round_trips_by_method_name():
     assert state == {"a": {"tag": "a"}, "b": {"tag": "b"}}
     methods.load_state_dict({"a": {"tag": "a"}})  # a checkpoint from before "b" was configured
     assert methods[0].restored == {"tag": "a"} and methods[1].restored == {}
+
+
+def test_the_state_keys_a_checkpoint_of_an_older_tether_lacks_are_named_and_the_rest_restored():
+    """A method's state key added after a checkpoint was written: the method supplies it (the resume warns with these
+    names, RunState.resume), and every key the checkpoint has is restored."""
+    from tether.methods import build_methods
+
+    methods = MethodSet(build_methods({"eapo": {"threshold_mode": "quantile", "prior": "x", "gate": "entropy"},
+                                       "armor": {}}))
+    assert methods.load_state_dict({"eapo": {}, "armor": {"resets": 2}}) == ["methods.eapo.threshold",
+                                                                             "methods.armor.last_reset"]
+    assert methods.state_dict()["armor"] == {"resets": 2, "last_reset": 0}
+    assert methods.load_state_dict(methods.state_dict()) == []

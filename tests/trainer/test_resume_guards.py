@@ -365,3 +365,74 @@ def test_a_best_of_steps_the_resumed_run_replays_is_removed(tmp_path, tiny_polic
     # the best of the resumed run's own steps (its value at step 1, 0.2, went with the removed peak's record)
     assert (run / "best.txt").read_text() == "val/avg@k=0.15 step=2\n"
     assert torch.load(run / "checkpoints" / "best" / "trainer_state.pt")["step"] == 2
+
+
+def older_checkpoint(step_dir: Path, *fields: str) -> None:
+    """``step_dir`` as a tether that did not write ``fields`` (dotted paths into ``trainer_state.pt``) left it, and
+    without a manifest (the oldest checkpoints had none; ours would name the edit)."""
+    state = torch.load(step_dir / "trainer_state.pt", weights_only=False)
+    for field in fields:
+        *parents, key = field.split(".")
+        node = state
+        for part in parents:
+            node = node[part]
+        del node[key]
+    torch.save(state, step_dir / "trainer_state.pt")
+    (step_dir / "manifest.json").unlink()
+
+
+def test_a_checkpoint_of_an_older_tether_resumes_without_what_it_lacks_and_says_so_in_one_line(
+        tmp_path, tiny_policy, monkeypatch):
+    """A checkpoint written before a field existed made the resume a KeyError traceback ('rng' parts, the step, the
+    validation history, the best value). The step comes from the directory's name and the best value from
+    checkpoints/best; the global generators and the validation history are named in one warning line, and the run
+    goes on to the uninterrupted run's weights (tether's sampling does not draw from the global generators)."""
+    import copy
+    import warnings
+
+    from tether.rollout.single_turn import SingleTurnCollector
+    from tether.trainer import Trainer
+
+    model, tok = tiny_policy
+    monkeypatch.setattr(SingleTurnCollector, "validate", lambda self, engine, seed: {"val/avg@k": 0.5})
+
+    def run(name: str, steps: int, policy) -> Trainer:
+        trainer = Trainer(tiny_config(tmp_path / name, f"train.steps={steps}", "val.every=1"), policy=policy,
+                          tokenizer=tok)
+        trainer.fit()
+        return trainer
+
+    straight = run("straight", 2, copy.deepcopy(model))
+    run("run", 1, copy.deepcopy(model))
+    older_checkpoint(tmp_path / "run" / "run" / "checkpoints" / "step_000001", "step", "best_value", "val_history",
+                     "rng.python", "rng.numpy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = Trainer(tiny_config(tmp_path / "run", "train.steps=2", "val.every=1"), policy=copy.deepcopy(model),
+                          tokenizer=tok)
+    lines = [str(w.message) for w in caught if "older tether" in str(w.message)]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "the global python generator" in lines[0] and "the global numpy generator" in lines[0]
+    assert "torch generator" not in lines[0] and "the validations before it" in lines[0]
+    assert (resumed.step, resumed.best_value, resumed.val_history) == (1, 0.5, [])
+    resumed.fit()
+    got, want = resumed.policy.state_dict(), straight.policy.state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("field,named", [("scheduler", "scheduler"), ("collector.stream", "stream"),
+                                         ("optimizer", "optimizer")])
+def test_a_checkpoint_lacking_what_the_run_cannot_continue_without_is_one_line(tmp_path, tiny_policy, field, named):
+    """Without the optimiser's state, the schedule or the data position the run cannot continue as it would have: the
+    resume stops with one line naming the file and the field (it was a KeyError traceback)."""
+    import copy
+
+    from tether.config import ConfigError
+    from tether.trainer import Trainer
+
+    model, tok = tiny_policy
+    Trainer(tiny_config(tmp_path, "train.steps=1"), policy=copy.deepcopy(model), tokenizer=tok).fit()
+    older_checkpoint(tmp_path / "run" / "checkpoints" / "step_000001", field)
+    with pytest.raises(ConfigError, match=rf"^\S+step_000001/trainer_state\.pt lacks '{named}', which this tether "
+                                          r"needs to continue the run \(a checkpoint of another tether version\?\)"):
+        Trainer(tiny_config(tmp_path, "train.steps=2"), policy=copy.deepcopy(model), tokenizer=tok)

@@ -127,9 +127,19 @@ class MethodSet:
     def state_dict(self) -> dict[str, dict[str, Any]]:
         return {m.name: m.state_dict() for m in self.methods}
 
-    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
+    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> list[str]:
+        """Restore each method's state.
+
+        Returns:
+            The keys (``methods.<name>.<key>``) a method's state now has that ``state`` lacks (a checkpoint of an
+            older tether): the method's ``load_state_dict`` supplies them.
+        """
+        lost = []
         for m in self.methods:
-            m.load_state_dict(state.get(m.name, {}))
+            saved = state.get(m.name, {})
+            lost += [f"methods.{m.name}.{key}" for key in m.state_dict() if key not in saved]
+            m.load_state_dict(saved)
+        return lost
 
 
 class BoundHooks:

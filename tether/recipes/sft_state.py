@@ -31,7 +31,14 @@ from tether.config import SCHEMAS, move_saved_keys, read_yaml
 from tether.distributed import DataParallel
 from tether.start import RunDirError, claim_run_dir
 from tether.track import TENSORBOARD_DIR, finite_or_none, write_json_atomic
-from tether.trainer.checkpoint import checkpoint_problem, publish_dir, rng_state, set_rng_state, settle_old
+from tether.trainer.checkpoint import (
+    checkpoint_problem,
+    publish_dir,
+    restore_rng_state,
+    rng_state,
+    say_not_restored,
+    settle_old,
+)
 from tether.trainer.rundir import SettingDefaults, changed_setting, flat, setting_defaults, truncate_metrics
 
 if TYPE_CHECKING:
@@ -160,7 +167,7 @@ class SFTState:
         optimizer.load_state_dict(torch.load(self.path / "optimizer.pt", map_location="cpu", weights_only=True))
         rest = torch.load(self.path / "trainer_state.pt", map_location="cpu", weights_only=False)
         schedule.load_state_dict(rest["schedule"])
-        set_rng_state(rest["rng"])
+        say_not_restored(self.path, restore_rng_state(rest.get("rng", {})))
         self.extra = saved["extra"]
         return Progress(**saved["progress"])
 

@@ -103,13 +103,35 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+def set_rng_state(state: dict[str, Any]) -> list[str]:
+    """Restore the global RNGs :func:`rng_state` saved.
+
+    Returns:
+        The names of those ``state`` lacks (python, numpy, torch), which go on as they are: a checkpoint of an older
+        tether, or a part of ours that another wrote. The caller says so.
+    """
+    setters = {"python": random.setstate, "numpy": np.random.set_state, "torch": torch.set_rng_state}
+    for name, setter in setters.items():
+        if name in state:
+            setter(state[name])
     # A checkpoint written on a GPU machine may be resumed on a CPU one, and the reverse.
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    return [name for name in setters if name not in state]
+
+
+def restore_rng_state(state: dict[str, Any]) -> list[str]:
+    """:func:`set_rng_state`, and what it could not restore in the words of a warning line: one phrase per generator
+    a checkpoint of an older tether lacks."""
+    return [f"the global {name} generator (it goes on from this start's seeding: user code that draws from it "
+            "differs from the uninterrupted run; tether's sampling has its own seeded generators)"
+            for name in set_rng_state(state)]
+
+
+def say_not_restored(path: Path, lost: list[str]) -> None:
+    """One warning line for what a checkpoint (or SFT state) of an older tether lacks and the run goes on without."""
+    if lost:
+        warnings.warn(f"{path} (an older tether's) does not restore " + "; nor ".join(lost), stacklevel=3)
 
 
 def publish_dir(target: Path, write: Callable[[Path], None], dp: DataParallel) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from tether.config import ConfigError
-from tether.trainer.checkpoint import load_state, rng_state, set_rng_state
+from tether.trainer.checkpoint import dir_step, load_state, restore_rng_state, rng_state, say_not_restored
 
 
 class RunState:
@@ -45,25 +45,56 @@ class RunState:
         return self.checkpoints.save(self.step, write)
 
     def resume(self, path: Path) -> None:
-        """Continue exactly where the checkpoint left off: weights, optimiser, schedule, data, RNG."""
+        """Continue exactly where the checkpoint left off: weights, optimiser, schedule, data, RNG.
+
+        A checkpoint of an older tether may lack a field added since: one that can be derived is (the step from the
+        directory's name, the best value from ``checkpoints/best``); the run goes on without the global generators,
+        the validation history or a method's state, each at its default, said in one warning line
+        (:func:`~tether.trainer.checkpoint.say_not_restored`); without the optimiser, the schedule or the data
+        position it cannot continue, and the resume stops with one line.
+
+        Raises:
+            ConfigError: another distributed strategy wrote it, or it lacks what the run cannot continue without.
+        """
         state = load_state(path)
         written_by = state.get("strategy", "replicate")  # checkpoints before sharding existed were replicated
         if written_by != self.strategy.name:
             raise ConfigError(f"{path} was written with distributed.strategy={written_by}; resume with that "
                               "strategy, or another run_dir (or train.resume=never train.overwrite=true: deletes this "
                               "run)")
-        moved = self.strategy.load_training_state(path, state, self.policy, self.optimizer, self.ref_policy)
+        try:
+            moved = self.strategy.load_training_state(path, state, self.policy, self.optimizer, self.ref_policy)
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.collector.load_state_dict(state["collector"])
+        except KeyError as err:  # a field this tether reads and the one that wrote the checkpoint did not write
+            raise ConfigError(f"{path / 'trainer_state.pt'} lacks {err.args[0]!r}, which this tether needs to "
+                              "continue the run (a checkpoint of another tether version?): resume with the version "
+                              "that wrote it, or set another run_dir (or train.resume=never train.overwrite=true: "
+                              "deletes this run)") from None
         if self.reference is not None:
             self.reference.moved = moved
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.collector.load_state_dict(state["collector"])
-        self.methods.load_state_dict(state["methods"])
-        set_rng_state(state["rng"])
+        methods_lost = self.methods.load_state_dict(state.get("methods", {}))
         self.health.load_state_dict(state.get("health", {}))  # checkpoints from before the checks have none
-        self.step, self.best_value, self.val_history = state["step"], state["best_value"], state["val_history"]
+        self.step = state.get("step", dir_step(path))
+        self.best_value = state["best_value"] if "best_value" in state else self._saved_best()
+        self.val_history = state.get("val_history", [])
         self.skipped_updates = state.get("skipped_updates", 0)  # absent from checkpoints before it was counted
+        lost = restore_rng_state(state.get("rng", {}))
+        if "val_history" not in state:
+            lost.append("the validations before it (summary.json's first_val is the first after this resume)")
+        if methods_lost:
+            lost.append(f"{', '.join(methods_lost)} (each at the method's value for a checkpoint without it)")
+        say_not_restored(path, lost)
         self.drop_best_of_lost_steps()
         self.push_weights()
+
+    def _saved_best(self) -> float:
+        """The value ``checkpoints/best`` was saved with, or -inf without one: the best value of a checkpoint that
+        lacks it."""
+        best = self.checkpoints.root / "best"
+        if not (best / "trainer_state.pt").is_file():
+            return float("-inf")
+        return float(load_state(best).get("metric", float("-inf")))
 
     def drop_best_of_lost_steps(self) -> None:
         """``checkpoints/best`` written after the checkpoint resumed from (a validation saved it, then the run died
