@@ -314,10 +314,13 @@ def test_opsd_refuses_envs_it_cannot_hint_before_and_during_a_run(tiny_policy, t
 
 
 
+@pytest.mark.parametrize("older", [False, True], ids=["this_tethers_checkpoint", "an_older_tethers"])
 def test_a_resumed_opsd_run_keeps_going_on_a_batch_without_hints_as_the_uninterrupted_run_does(
-        tiny_policy, tmp_path, monkeypatch):
+        tiny_policy, tmp_path, monkeypatch, older):
     """The no-hint stop is for a run none of whose rows ever had a hint. Whether one had was not checkpointed, so a
-    resumed run stopped at its first batch without a hint, where the same run uninterrupted went on."""
+    resumed run stopped at its first batch without a hint, where the same run uninterrupted went on. A checkpoint
+    written before it was (``older``: no ``hinted``) did the same after the fix: its step passed the check, so the run
+    had had a hint."""
     def trainer(*overrides: str) -> Trainer:
         cfg = agent_config(tmp_path, "env.name=frozenlake", "env.kwargs={size: 3}", "env.max_turns=2",
                            "rollout.max_new_tokens=6", "train.steps=3", *overrides, methods={"opsd": {"coef": 0.1}})
@@ -325,7 +328,12 @@ def test_a_resumed_opsd_run_keeps_going_on_a_batch_without_hints_as_the_uninterr
 
     straight = trainer()
     assert straight.train_step()["seed/opsd_hint_rows_frac"] > 0
-    straight.save()
+    path = straight.save()
+    if older:
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        del state["methods"]["opsd"]["hinted"]
+        torch.save(state, path / "trainer_state.pt")
+        (path / "manifest.json").unlink()
     resumed = trainer("train.resume=true")
     assert resumed.step == 1
     monkeypatch.setattr("tether.methods.seed.opsd.solve_from_observation", lambda *args: None)  # no state solvable

@@ -102,7 +102,9 @@ class Opsd(Method):
         return {"hinted": self.hinted}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.hinted = state.get("hinted", False)
+        # A checkpoint is written after a step whose on_score passed the no-hint check, so a run with one has had a
+        # hint: one written before `hinted` was checkpointed must not restart the check (it stopped such a run).
+        self.hinted = state.get("hinted", True)
 
 
 def hint_section(plan: list[str]) -> str:
