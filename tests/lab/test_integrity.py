@@ -375,3 +375,31 @@ def test_no_comparison_is_labelled_on_its_data_before_the_calibration_passed():
         report.label_family(comparisons, 0.1, {"status": status})
         labels[status] = comparisons["high"]["label"]
     assert labels == {"passed": stats.BETTER, "incomplete": stats.INCONCLUSIVE, "failed": stats.NOT_TESTABLE}
+
+
+def test_a_study_locked_by_an_older_tether_resumes_and_reports(tmp_path, monkeypatch, fake_runner):
+    """A lock written before ``design_sha256`` and the arms' ``files`` existed, by a tether whose schema lacked a
+    setting added since (each arm's resolved config now holds its default): the study resumes its missing run and
+    reports. The added key read as a changed arm ("algorithm.loss_kwargs: '(absent)' -> {}"), which stopped every
+    resumed study after an upgrade. A real change to an arm is still refused."""
+    import shutil
+
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    path = three_arms(tmp_path)
+    run_experiment(path)
+    lock_path = tmp_path / "study" / "protocol.lock.json"
+    lock = json.loads(lock_path.read_text())
+    del lock["protocol"]["design_sha256"]
+    for entry in lock["arms"].values():
+        del entry["files"], entry["config"]["algorithm"]["loss_kwargs"], entry["config"]["rollout"]["top_k"]
+    lock_path.write_text(json.dumps(lock, indent=2))
+    shutil.rmtree(tmp_path / "study" / "mid" / "seed1")  # the run the upgrade interrupted
+    fake_runner.trained.clear()
+    data = run_experiment(path)
+    assert ("mid", 1) in fake_runner.trained and (tmp_path / "study" / "mid" / "seed1" / "endpoint.json").is_file()
+    assert data["registration"]["arms_changed"] == [] and not data["registration"]["design_changed"]
+    assert data["summary"]["val/avg@k"]["arms"]["mid"]["n"] == 2
+    assert "arm configs changed: **none**" in (tmp_path / "study" / "report.md").read_text()
+    path.write_text(path.read_text().replace("optim.lr=3e-3", "optim.lr=4e-3"))
+    with pytest.raises(ConfigError, match=r"arm 'mid': optim.lr: 0.003 -> 0.004\. Runs "):
+        run_experiment(path)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import tether
-from tether.config import ConfigError
+from tether.config import Config, ConfigError, move_saved_keys
 from tether.files import append_jsonl, write_text_atomic
 from tether.lab.calibration import FAILED, PASSED, endpoint_step, measure, trained
 from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
@@ -47,6 +47,7 @@ from tether.lab.protocol_checks import check_protocol, endpoint_split_overrides
 from tether.lab.report import unfinished, write_report
 from tether.processes import starter_env
 from tether.track.progress import StepLines, status
+from tether.trainer.rundir import fill_defaults, setting_defaults
 
 # -- the code a run imports ------------------------------------------------------------------------
 
@@ -272,14 +273,18 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
 
 def arm_changes(locked: dict[str, Any] | None, config: dict[str, Any]) -> list[str]:
     """What differs between an arm's lock entry and its resolved config now: each changed key, each named file
-    whose content changed (a lock without ``files`` predates their hashes: not compared)."""
+    whose content changed (a lock without ``files`` predates their hashes: not compared). A lock written by an
+    older tether is read as this one reads a config: its moved keys at their new places, a setting added since at
+    its default (what the older tether ran), so an upgrade alone changes no arm."""
     if locked is None:
         return ["not in the lock"]
     files = named_files(config)
     then = locked.get("files", files)
     changed_files = [f"file {name} changed" for name in sorted(set(then) | set(files))
                      if then.get(name) != files.get(name)]
-    return [*config_changes(locked["config"], config), *changed_files]
+    defaults = setting_defaults(Config, config.get("methods") or {})
+    old = fill_defaults(move_saved_keys(locked["config"], "train"), defaults)
+    return [*config_changes(old, fill_defaults(config, defaults)), *changed_files]
 
 
 def refuse_changed_design(reg: dict[str, Any], protocol: Protocol, path: Path) -> None:

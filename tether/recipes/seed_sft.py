@@ -65,7 +65,7 @@ from tether.seeding import step_seed
 from tether.sft_data import Example, encode_examples, row_example, write_examples
 from tether.splits import split_train_val
 from tether.start import run_tracker, start_run
-from tether.trainer.rundir import setting_defaults
+from tether.trainer.rundir import config_defaults
 
 # -- 1. rollouts -----------------------------------------------------------------------------------
 
@@ -247,7 +247,7 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
                        include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
     state = SFTState(run_dir / STATE, fingerprint(cfg, {**data_files(run_dir), **state_files(cfg)}),
-                     setting_defaults(cfg))
+                     config_defaults(cfg))
     if begin.action == "fresh":  # measured once, on the base policy; a resume keeps the numbers
         before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
         state.extra = {"parse_rate_before": before, "rollout_s": t_rollout}

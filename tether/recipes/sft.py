@@ -30,7 +30,7 @@ from tether.errors import TrainingStopped
 from tether.recipes.sft_state import STATE, Progress, SFTState, data_files, fingerprint, open_sft_run, write_summary
 from tether.sft_data import Example, encode_examples, prompt_key, row_example, sft_examples, write_examples
 from tether.start import StopSignals
-from tether.trainer.rundir import setting_defaults
+from tether.trainer.rundir import config_defaults
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -253,7 +253,7 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
         for name, part in (("train", train_ex), ("val", val_ex)):  # the exact pairs, e.g. to replay them later
             write_examples(run_dir / "data" / f"{name}.jsonl", part)
     train_ex, val_ex = written_examples(run_dir)
-    state = SFTState(run_dir / STATE, fingerprint(cfg, data_files(run_dir)), setting_defaults(cfg))
+    state = SFTState(run_dir / STATE, fingerprint(cfg, data_files(run_dir)), config_defaults(cfg))
     start = time.perf_counter()
     if policy is None:
         status(f"loading the policy {cfg.model.name}")

@@ -39,7 +39,7 @@ from tether.trainer.checkpoint import (
     say_not_restored,
     settle_old,
 )
-from tether.trainer.rundir import SettingDefaults, changed_setting, flat, setting_defaults, truncate_metrics
+from tether.trainer.rundir import SettingDefaults, changed_setting, config_defaults, flat, truncate_metrics
 
 if TYPE_CHECKING:
     from tether.config import SeedSFTRunConfig, SFTRunConfig
@@ -78,7 +78,7 @@ def fingerprint(cfg: SFTRunConfig | SeedSFTRunConfig, files: dict[str, Path]) ->
 
 def settings_change(old: dict[str, Any], new: dict[str, Any], run: str, defaults: SettingDefaults) -> str | None:
     """The first setting that differs, as one line with the ways out, or None. A key one side lacks (a setting added
-    since the old run was saved) stands for its default (``defaults``: :func:`tether.trainer.rundir.setting_defaults`).
+    since the old run was saved) stands for its default (``defaults``: :func:`tether.trainer.rundir.config_defaults`).
     """
     if (change := changed_setting(old, new, defaults)) is None:
         return None
@@ -120,7 +120,7 @@ class SFTState:
     Args:
         path: the directory.
         fingerprint: the run's (:func:`fingerprint`); a saved state with another one is not restored.
-        defaults: what a setting the saved fingerprint lacks stands for (:func:`tether.trainer.rundir.setting_defaults`:
+        defaults: what a setting the saved fingerprint lacks stands for (:func:`tether.trainer.rundir.config_defaults`:
             one added since the state was saved).
         extra: the caller's numbers kept across a resume (``tether seed-sft``'s rollout time and parse rate).
     """
@@ -240,7 +240,7 @@ def check_finished_settings(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path)
     command = next(name for name, schema in SCHEMAS.items() if type(cfg) is schema)
     old = fingerprint_settings(move_saved_keys(read_yaml(saved.read_text()) or {}, command))
     if (change := settings_change(old, fingerprint_settings(cfg.model_dump(mode="json")),
-                                  f"the finished run in {run_dir}", setting_defaults(cfg))):
+                                  f"the finished run in {run_dir}", config_defaults(cfg))):
         raise RunDirError(change)
 
 
@@ -263,7 +263,7 @@ def plan_sft_start(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path) -> SFTSt
     if policy != "never" and not finished(run_dir) and state.is_dir() and checkpoint_problem(state) is None:
         saved = json.loads((state / STATE_FILE).read_text())
         current = fingerprint(cfg, {**data_files(run_dir), **state_files(cfg)})
-        if (change := fingerprint_change(saved["fingerprint"], current, state, setting_defaults(cfg))) is not None:
+        if (change := fingerprint_change(saved["fingerprint"], current, state, config_defaults(cfg))) is not None:
             raise RunDirError(change)
         return SFTStart("resume", saved=saved)
     if finished(run_dir) and (policy == "must" or (policy == "auto" and not overwrite)):

@@ -13,11 +13,12 @@ step are dropped, so a resumed run's ``metrics.jsonl`` reads as if it had never 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -59,24 +60,39 @@ class SettingDefaults(NamedTuple):
     methods: dict[str, dict[str, Any]]
 
 
-def setting_defaults(cfg: RunConfig) -> SettingDefaults:
-    """The defaults of ``cfg``'s command and of the methods it names."""
-    methods = getattr(cfg, "methods", {})
-    return SettingDefaults(schema_defaults(type(cfg)),
+def setting_defaults(schema: type[RunConfig], methods: Iterable[str] = ()) -> SettingDefaults:
+    """The defaults of a command's ``schema`` and of the ``methods`` a config of it names."""
+    return SettingDefaults(schema_defaults(schema),
                            {name: schema_defaults(METHODS[name].Settings) for name in methods if name in METHODS})
+
+
+def config_defaults(cfg: RunConfig) -> SettingDefaults:
+    """:func:`setting_defaults` of ``cfg``'s command and methods."""
+    return setting_defaults(type(cfg), getattr(cfg, "methods", {}))
 
 
 def _fill(data: dict[str, Any], defaults: dict[str, Any]) -> None:
     for key, default in defaults.items():
         if key not in data:
-            data[key] = default
+            data[key] = copy.deepcopy(default)
         elif isinstance(data[key], dict) and isinstance(default, dict):
             _fill(data[key], default)
 
 
+def fill_defaults(config: dict[str, Any], defaults: SettingDefaults) -> dict[str, Any]:
+    """A copy of a config (as JSON) with each key it lacks at its default, and a method's at the method's: a setting
+    added after a run started is absent from its ``config.yaml``, and the older tether ran as its default does."""
+    config = copy.deepcopy(config)
+    _fill(config, defaults.schema)
+    methods = config.get("methods")
+    for name, method in (methods.items() if isinstance(methods, dict) else ()):
+        if isinstance(method, dict):
+            _fill(method, defaults.methods.get(name, {}))
+    return config
+
+
 def with_defaults(settings: dict[str, Any], defaults: SettingDefaults) -> dict[str, Any]:
-    """Flat ``settings`` with each key they lack at its default, and a method's at the method's: a setting added
-    after a run started is absent from its ``config.yaml``, and the older tether ran as its default does."""
+    """:func:`fill_defaults` of flat ``settings`` (:func:`flat`), flat."""
     nested: dict[str, Any] = {}
     for key, value in settings.items():
         *parents, last = key.split(".")
@@ -84,12 +100,7 @@ def with_defaults(settings: dict[str, Any], defaults: SettingDefaults) -> dict[s
         for part in parents:
             node = node.setdefault(part, {})
         node[last] = value
-    _fill(nested, defaults.schema)
-    methods = nested.get("methods")
-    for name, method in (methods.items() if isinstance(methods, dict) else ()):
-        if isinstance(method, dict):
-            _fill(method, defaults.methods.get(name, {}))
-    return flat(nested)
+    return flat(fill_defaults(nested, defaults))
 
 
 def changed_setting(old: dict[str, Any], new: dict[str, Any], defaults: SettingDefaults,
@@ -127,7 +138,7 @@ def check_resume_settings(cfg: Config, saved_config: Path) -> None:
         return
     old = flat(move_saved_keys(_saved_settings(saved_config), "train"))
     new = flat(cfg.model_dump(mode="json"))
-    change = changed_setting(old, new, setting_defaults(cfg), is_meaning_key)
+    change = changed_setting(old, new, config_defaults(cfg), is_meaning_key)
     if change is not None:
         key, now, was = change
         raise RunDirError(f"{key}: {now!r} differs from {was!r} in the run being resumed ({saved_config}); set it "
