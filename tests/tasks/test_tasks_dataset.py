@@ -4,6 +4,7 @@ conversational prompts, splits that never overlap, and one-line errors before an
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import datasets
 import pytest
@@ -425,3 +426,28 @@ def test_trl_prompt_only_datasets_validate_and_train_a_step(tmp_path, monkeypatc
     assert step["reward/faults"] == 0.0
     assert step["train/reward_mean"] == pytest.approx(solution + 0.1 * len("abc"), rel=1e-6)
     assert step["reward/component/solution_reward"] == pytest.approx(solution / (solution + 0.3), rel=1e-6)
+
+
+def test_a_list_gold_accepts_any_of_its_answers(tmp_path):
+    """A list of accepted answers (verl's ground_truth, TRL data with several correct forms) was compared as its
+    text, "['3', '53']", which math-verify found equal to neither 3 nor 53: every row was incorrect. A string that
+    reads like a list (an interval) stays one answer."""
+    rows = [{"prompt": f"Name {i}.", "answer": [str(i), str(i + 50), "}{"]} for i in range(3, 9)]
+    listed = DatasetTask(path=str(write_rows(tmp_path / "lists.jsonl", rows)), val_size=2)
+    for item in listed.train + listed.val:
+        first, second, unread = item.meta["gold"]  # "}{": math-verify cannot read it, so it is passed over
+        verdicts = [listed.score(item, f"\\boxed{{{text}}}") for text in (first, second, "99", unread)]
+        assert [(score.correct, score.reward, score.fault) for score in verdicts] == \
+            [(True, 1.0, False), (True, 1.0, False), (False, 0.0, False), (False, 0.0, False)]
+    item = listed.val[0]
+    assert listed.score(replace(item, meta={**item.meta, "gold": ("4", "5")}), "\\boxed{5}").correct
+    for gold, error in ((["}{"], "cannot be parsed"), ([], "list of accepted answers is empty")):
+        score = listed.score(replace(item, meta={**item.meta, "gold": gold}), "\\boxed{5}")
+        assert (score.correct, score.fault) == (False, True) and error in score.error
+    texts = [{"prompt": f"Solve {i}.", "answer": gold} for i, gold in enumerate(["[3, 4]", "['3', '4']"] * 2)]
+    whole = DatasetTask(path=str(write_rows(tmp_path / "texts.jsonl", texts)), val_size=1)
+    for item in whole.train + whole.val:
+        assert item.meta["gold"] == item.answer
+        assert [whole.score(item, f"\\boxed{{{text}}}").correct for text in ("3", "4")] == [False, False]
+    interval = next(item for item in whole.train + whole.val if item.answer == "[3, 4]")
+    assert whole.score(interval, "\\boxed{[3,4]}").correct

@@ -7,7 +7,7 @@ import heapq
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,32 @@ def math_equal(gold: str, predicted: str, timeout_s: int | None = 5) -> bool:
         raise ValueError(f"gold answer {gold!r} cannot be parsed by math-verify")
     predicted_parsed = parse(_math_text(predicted), parsing_timeout=timeout_s, raise_on_error=True)
     return bool(verify(gold_parsed, predicted_parsed, timeout_seconds=timeout_s, raise_on_error=True))
+
+
+def math_equal_any(golds: Sequence[str], predicted: str, timeout_s: int | None = 5) -> bool:
+    """Whether ``predicted`` equals any of the accepted answers ``golds`` (:func:`math_equal` each, in order).
+
+    A gold that math-verify cannot compare is passed over while another one can be (a list may hold a form it does
+    not read, e.g. ``["2", "two"]``); when none can, that is the data's fault, not the response's.
+
+    Raises:
+        ValueError: ``golds`` is empty.
+        Exception, math_verify.errors.TimeoutException: the first gold's failure, when every gold failed.
+    """
+    if not golds:
+        raise ValueError("no gold answer: the list of accepted answers is empty")
+    from math_verify.errors import TimeoutException
+
+    errors: list[BaseException] = []
+    for gold in golds:
+        try:
+            if math_equal(gold, predicted, timeout_s):
+                return True
+        except (Exception, TimeoutException) as error:  # TimeoutException derives from BaseException
+            errors.append(error)
+    if len(errors) == len(golds):
+        raise errors[0]
+    return False
 
 
 def parses(answer: str, timeout_s: int | None) -> bool:
@@ -324,10 +350,18 @@ class JsonlTask:
         from math_verify.errors import TimeoutException
 
         try:
-            if item.answer is None:
-                raise ValueError(f"item {item.id} has no gold answer")
-            correct = math_equal(item.answer, extracted, self.timeout_s)
+            correct = math_equal_any(self.golds(item), extracted, self.timeout_s)
         # math-verify's TimeoutException derives from BaseException, so Exception alone misses it.
         except (Exception, TimeoutException) as error:
             return fault_score(error, extracted, reward=self.reward_map.wrong)
         return Score(self.reward_map(float(correct), correct), correct, extracted)
+
+    def golds(self, item: TaskItem) -> list[str]:
+        """The accepted answers of ``item``, as text: its one gold answer.
+
+        Raises:
+            ValueError: the item has none.
+        """
+        if item.answer is None:
+            raise ValueError(f"item {item.id} has no gold answer")
+        return [item.answer]
