@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from tests.engine.test_rollout_dtype import cast_equal
 from tests.rollout.helpers import agent_config
 from tests.trainer.helpers import tiny_config
+from tether.engine import registry
 from tether.seeding import step_seed
 from tether.trainer import Trainer, evaluate
 from tether.trainer.evaluation import checkpoint_step
@@ -43,3 +47,30 @@ def test_eval_of_each_checkpoint_reproduces_the_logged_validation(tmp_path, tiny
 def test_a_model_no_run_saved_is_evaluated_as_at_step_0(tmp_path):
     assert checkpoint_step(tmp_path) == 0
     assert step_seed(0, 0, "val") != step_seed(0, 1, "val")  # so the step decides which samples eval draws
+
+
+def test_eval_samples_in_the_runs_rollout_dtype(tmp_path, tiny_policy, monkeypatch):
+    """The run validates with its engine, which samples in rollout.dtype; eval built its engine without it, so it
+    sampled in the checkpoint's float32: measured, a run with rollout.dtype=bfloat16 logged val/avg@k 0.5 (pass@k
+    0.75) at step 1 and eval of checkpoints/step_000001 gave 0.625 (1.0)."""
+    model, tok = tiny_policy
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    built = []
+    real = registry.engine_builder
+
+    def recording(name):
+        builder = real(name)
+
+        @functools.wraps(builder)  # its signature still says which settings it takes
+        def build(*args, **settings):
+            built.append((settings.get("dtype"), builder(*args, **settings)))
+            return built[-1][1]
+        return build
+
+    monkeypatch.setattr(registry, "engine_builder", recording)
+    evaluate(tiny_config(tmp_path, "rollout.dtype=bfloat16", "rollout.correction.mode=tis",
+                         f"model.name={tmp_path / 'model'}", "val.samples=2"))
+    [(dtype, engine)] = built
+    assert dtype == "bfloat16"
+    assert cast_equal(engine.model, model, torch.bfloat16)  # it samples from the checkpoint cast to bfloat16

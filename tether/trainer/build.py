@@ -206,12 +206,18 @@ class TrainerBuild:
 
 
 def rollout_engine(model: Any, *, strategy: Any, tokenizer: Any, cfg: Config) -> Any:
-    """The configured engine (``rollout.engine``) over ``model``, sampling in ``rollout.dtype`` when set; under data
-    parallelism each rank samples its share of the prompts."""
+    """The configured engine over ``model`` (:func:`configured_engine`); under data parallelism each rank samples its
+    share of the prompts."""
+    return strategy.rollout_engine(configured_engine(model, tokenizer, cfg))
+
+
+def configured_engine(model: Any, tokenizer: Any, cfg: Config) -> Any:
+    """The engine ``rollout.engine`` over ``model``, sampling in ``rollout.dtype`` when set: the trainer's and
+    ``tether eval``'s alike, so that eval samples as the run's validation did."""
     r = cfg.rollout
     settings = r.engine_kwargs if r.dtype is None else {**r.engine_kwargs, "dtype": r.dtype}
-    return strategy.rollout_engine(build_engine(r.engine, model, tokenizer, cfg.model, settings,
-                                                logprob_chunk_tokens=cfg.train.logprob_chunk_tokens))
+    return build_engine(r.engine, model, tokenizer, cfg.model, settings,
+                        logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
 
 
 

@@ -1,7 +1,8 @@
 """``tether eval``: the validation of a checkpoint, exactly as the run validated at the checkpoint's step.
 
-The same collector call as the trainer's validation (:meth:`~tether.rollout.base.Collector.validate`), with the
-seed the run used at that step (:mod:`tether.seeding`): evaluating ``checkpoints/step_N`` (or ``checkpoints/best``)
+The same collector call as the trainer's validation (:meth:`~tether.rollout.base.Collector.validate`), on the same
+engine (:func:`~tether.trainer.build.configured_engine`: ``rollout.dtype`` included), with the seed the run used at
+that step (:mod:`tether.seeding`): evaluating ``checkpoints/step_N`` (or ``checkpoints/best``)
 of a run reproduces the validation metrics its ``metrics.jsonl`` logged at step ``N``. A model that no run saved
 (no ``trainer_state.pt``) is evaluated as at step 0.
 """
@@ -11,13 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tether.config import Config
-from tether.engine.registry import build_engine
 from tether.models import load_policy
 from tether.models.policy import model_load_errors
 from tether.seeding import step_seed
 from tether.start import start_run
 from tether.track.progress import status
-from tether.trainer.build import build_collector
+from tether.trainer.build import build_collector, configured_engine
 from tether.trainer.checkpoint import load_state
 
 
@@ -37,7 +37,6 @@ def evaluate(cfg: Config) -> dict[str, float]:
     policy.to(device).eval()
     status(f"evaluating on split {cfg.val.split!r} ({cfg.val.max_prompts or 'all'} prompts x "
            f"{1 if cfg.val.greedy else cfg.val.samples} samples)")
-    engine = build_engine(cfg.rollout.engine, policy, tokenizer, cfg.model, cfg.rollout.engine_kwargs,
-                          logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
+    engine = configured_engine(policy, tokenizer, cfg)  # rollout.dtype too: the run validated in it
     seed = step_seed(cfg.seed, checkpoint_step(cfg.model.name), "val")  # the run's validation seed at that step
     return build_collector(cfg, tokenizer).validate(engine, seed)
