@@ -95,11 +95,11 @@ def test_a_run_whose_rollout_correction_drops_every_token_stops(tmp_path, tiny_p
     assert torch.equal(torch.cat([p.detach().flatten() for p in trainer.policy.parameters()]), before)
     for metrics in logged:
         assert metrics["train/advantage_abs_mean"] > 0 and metrics["rollout_corr/masked_frac"] == 1.0
-        assert metrics["rollout_corr/kept_advantage_abs_mean"] == 0.0
+        assert metrics["actor/kept_advantage_abs_mean"] == 0.0
 
 
 def test_a_correction_that_keeps_some_token_is_signal():
     check = NoSignalCheck(NoSignalConfig(patience=1))
-    dropped = {**SOME, "rollout_corr/kept_advantage_abs_mean": 0.0}
-    assert counts(check, [{**SOME, "rollout_corr/kept_advantage_abs_mean": 0.01}, dropped]) == [0, 1]
+    dropped = {**SOME, "actor/kept_advantage_abs_mean": 0.0}
+    assert counts(check, [{**SOME, "actor/kept_advantage_abs_mean": 0.01}, dropped]) == [0, 1]
     assert "the rollout correction dropped every token" in check.failure

@@ -213,7 +213,7 @@ def test_the_correction_weights_pi_old_over_mu_reach_the_loss(tiny_policy, tmp_p
     assert metrics["rollout_corr/weight_mean"].item() == pytest.approx(((weights * m).sum() / m.sum()).item(),
                                                                        abs=1e-5)
     kept_abs_advantage = (batch.token["advantages"].double()[MICRO_ROWS, :micro.width].abs() * (weights > 0) * m)
-    assert metrics["rollout_corr/kept_advantage_abs_mean"].item() == pytest.approx(
+    assert metrics["actor/kept_advantage_abs_mean"].item() == pytest.approx(
         (kept_abs_advantage.sum() / m.sum()).item(), abs=1e-6)
 
 

@@ -17,7 +17,8 @@ import torch
 from tests.distributed.helpers import fixed_batch
 from tests.trainer.helpers import tiny_config
 from tether.algos import AGG_MODES
-from tether.config import ConfigError
+from tether.config import ConfigError, NoSignalConfig
+from tether.health.no_signal import NoSignalCheck
 from tether.models import forward
 from tether.rollout.batch import RolloutBatch
 from tether.trainer import Trainer
@@ -104,10 +105,42 @@ def test_off_changes_nothing_and_on_without_truncated_rows_neither(tiny_policy, 
     trainer = float64_trainer(tiny_policy, tmp_path / "c", ON)
     got, metrics = gradient(trainer, scored(trainer, none_cut))
     assert torch.equal(got, want)
-    assert metrics.pop("train/masked_truncated_frac") == 0.0 and metrics == want_metrics
+    assert metrics.pop("train/masked_truncated_frac") == 0.0
+    # every row kept: the loss keeps every advantage
+    every = (none_cut.token["advantages"].double().abs() * none_cut.response_mask).sum() / none_cut.response_mask.sum()
+    assert metrics.pop("actor/kept_advantage_abs_mean") == pytest.approx(every.item(), rel=1e-6)  # float32 advantages
+    assert metrics == want_metrics
 
 
 def test_the_key_validates_and_is_refused_where_every_row_is_truncated(tmp_path):
     assert tiny_config(tmp_path, ON, "algorithm.loss_agg=token-mean").algorithm.mask_truncated
     with pytest.raises(ConfigError, match=r"algorithm\.mask_truncated=true with rollout\.ignore_eos=true"):
         tiny_config(tmp_path, ON, "rollout.ignore_eos=true")
+
+
+def test_a_step_whose_every_row_is_truncated_is_a_step_without_signal(tiny_policy, tmp_path):
+    """Every row truncated, the loss keeps nothing: the gradient is 0 though train/advantage_abs_mean is not, and
+    health.no_signal counts the step (it counted it as signal, reading only the advantages). With some rows kept,
+    actor/kept_advantage_abs_mean is the mean |A| over their response tokens."""
+    trainer = float64_trainer(tiny_policy, tmp_path, ON)
+    batch = fixed_batch()
+    batch.info["truncated"] = [True] * len(batch)
+    trainer.score(batch)
+    metrics = trainer.compute_advantages(batch)
+    got, update = gradient(trainer, batch)
+    metrics.update(update)
+    assert metrics["train/advantage_abs_mean"] > 0.1 and metrics["train/masked_truncated_frac"] == 1.0
+    assert torch.count_nonzero(got) == 0 and metrics["actor/kept_advantage_abs_mean"] == 0.0
+    check = NoSignalCheck(NoSignalConfig(patience=1))
+    assert check.observe(1, metrics) == {"health/no_signal_steps": 1.0}
+    assert "algorithm.mask_truncated left every row out of the loss" in check.failure
+
+    trainer = float64_trainer(tiny_policy, tmp_path / "some", ON)
+    batch = truncated_batch()
+    trainer.score(batch)
+    metrics = {**trainer.compute_advantages(batch), **gradient(trainer, batch)[1]}
+    kept = batch.response_mask.double() * torch.tensor([not cut for cut in batch.info["truncated"]],
+                                                        dtype=torch.float64)[:, None]
+    want = (batch.token["advantages"].double().abs() * kept).sum() / kept.sum()
+    assert metrics["actor/kept_advantage_abs_mean"] == pytest.approx(want.item(), rel=1e-6)  # float32 advantages
+    assert NoSignalCheck(NoSignalConfig(patience=1)).observe(1, metrics) == {"health/no_signal_steps": 0.0}

@@ -1,9 +1,11 @@
 """A run in which nothing trains: step after step, every advantage is 0, so the policy gradient is 0.
 
 That happens when every group's rewards are equal (all wrong, all right), when every reward was non-finite (each is
-replaced by its group's lowest finite one, or 0), or when every row is masked. A run like that spends its budget
-standing still and would end with exit code 0; ``health.no_signal`` stops it (or warns) after
-``patience`` such steps in a row, with the reason in one line.
+replaced by its group's lowest finite one, or 0), or when every row is masked. So does a step whose loss keeps no
+token with an advantage (``actor/kept_advantage_abs_mean`` is 0): the rollout correction dropped them all, or
+``algorithm.mask_truncated`` left every row out for hitting ``rollout.max_new_tokens``. A run like that spends its
+budget standing still and would end with exit code 0; ``health.no_signal`` stops it (or warns) after ``patience``
+such steps in a row, with the reason in one line.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class NoSignalCheck:
         if self.cfg.action == "off":
             return {}
         advantage = metrics.get("train/advantage_abs_mean", math.nan)
-        # with a rollout correction, only the advantages of the tokens it kept reach the gradient
-        kept = metrics.get("rollout_corr/kept_advantage_abs_mean", advantage)
+        # with a rollout correction or algorithm.mask_truncated, only the advantages of the tokens the loss keeps
+        # reach the gradient
+        kept = metrics.get("actor/kept_advantage_abs_mean", advantage)
         signal = math.isfinite(advantage) and advantage > 0 and kept > 0
         self.in_a_row = 0 if signal else self.in_a_row + 1
         if self.in_a_row >= self.cfg.patience:
@@ -44,10 +47,8 @@ class NoSignalCheck:
 
     def _message(self, step: int, metrics: dict[str, float]) -> str:
         faults = metrics.get("reward/faults", 0.0)
-        if metrics.get("rollout_corr/kept_advantage_abs_mean") == 0.0 < metrics.get("train/advantage_abs_mean", 0.0):
-            what = ("the rollout correction dropped every token (rollout_corr/masked_frac="
-                    f"{metrics.get('rollout_corr/masked_frac', math.nan):.3g}): the engine's log-probs are far from "
-                    "the trainer's (health.parity's metrics) or rollout.correction's bounds are too tight")
+        if metrics.get("actor/kept_advantage_abs_mean") == 0.0 < metrics.get("train/advantage_abs_mean", 0.0):
+            what = self._what_the_loss_dropped(metrics)
             return (f"nothing trained for {self.in_a_row} steps in a row (steps {step - self.in_a_row + 1}-{step}): "
                     f"{what}; raise health.no_signal.patience={self.cfg.patience} or set "
                     "health.no_signal.action=warn (docs/health.md)")
@@ -58,6 +59,16 @@ class NoSignalCheck:
                 f"advantage was 0 ({why}); check the task's rewards and the model's answers (tether show RUN_DIR), or "
                 f"raise health.no_signal.patience={self.cfg.patience} or set health.no_signal.action=warn "
                 "(docs/health.md)")
+
+    @staticmethod
+    def _what_the_loss_dropped(metrics: dict[str, float]) -> str:
+        """Why the loss kept no token with an advantage, though the batch had some."""
+        if metrics.get("train/masked_truncated_frac") == 1.0:
+            return ("algorithm.mask_truncated left every row out of the loss (train/masked_truncated_frac=1): every "
+                    "response hit rollout.max_new_tokens; raise it, or set algorithm.mask_truncated=false")
+        return ("the rollout correction dropped every token (rollout_corr/masked_frac="
+                f"{metrics.get('rollout_corr/masked_frac', math.nan):.3g}): the engine's log-probs are far from the "
+                "trainer's (health.parity's metrics) or rollout.correction's bounds are too tight")
 
     def state_dict(self) -> dict[str, Any]:
         return {"in_a_row": self.in_a_row, "warned": self._warned}

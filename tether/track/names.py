@@ -17,6 +17,8 @@ METRICS: dict[str, str] = {
     "actor/pg_loss": "policy-gradient loss, as minimised (aggregated like the loss)",
     "actor/pg_clipfrac": "fraction of response tokens whose gradient the clip removes",
     "actor/ppo_kl": "mean of log pi_old - log pi_theta over response tokens (k1 estimate of KL(old||new))",
+    "actor/kept_advantage_abs_mean": "with a rollout correction or algorithm.mask_truncated: mean |advantage| over "
+                                     "the response tokens the loss keeps (what reaches the gradient)",
     "actor/entropy": "mean per-token entropy of pi_theta over response tokens",
     "actor/grad_norm": "global L2 norm of the gradient before clipping",
     "actor/skipped_updates": "optimiser steps skipped for a non-finite loss or gradient, counted since the run "
@@ -50,7 +52,7 @@ METRICS: dict[str, str] = {
     "health/logprob_diff_max": "largest such difference",
     "health/logprob_mismatch_frac": "share of compared tokens outside what the sampling settings explain, by tolerance",
     "health/val_peak": "highest train.best_metric so far",
-    "health/no_signal_steps": "steps in a row whose every advantage was 0 (health.no_signal)",
+    "health/no_signal_steps": "steps in a row whose every advantage was 0, or whose loss kept none (health.no_signal)",
     "health/val_below_peak": "the peak minus the current validation value",
     "health/val_drops": "validations in a row more than health.collapse.drop below the peak",
     "health/degenerate_steps": "steps since the start whose policy looked collapsed (health.degenerate)",

@@ -277,10 +277,11 @@ class StepPhases:
         loss = out.loss
         metrics = {**out.metrics, **({} if corr is None else corr.metrics), "actor/pg_loss": out.loss.detach()}
         counts = {**out.counts, **({} if corr is None else corr.counts)}
-        if corr is not None:  # health.no_signal: a correction that drops every token trains nothing, whatever the A
-            kept = (corr.weights > 0).to(mask.dtype) * mask
-            metrics["rollout_corr/kept_advantage_abs_mean"] = algos.masked_mean(
-                micro.token["advantages"].abs() * kept, mask)
+        if corr is not None or LOSS_MASK in micro.token:
+            # health.no_signal: a correction that drops every token, or a loss mask without a row (every row
+            # truncated), trains nothing whatever the advantages; this is the advantage that reaches the gradient
+            kept = mask if corr is None else (corr.weights > 0).to(mask.dtype) * mask
+            metrics["actor/kept_advantage_abs_mean"] = algos.masked_mean(micro.token["advantages"].abs() * kept, mask)
         agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=self.cfg.rollout.max_new_tokens)
         ent = algos.aggregate(entropy, mask, "token-mean", num_tokens=num_tokens)
         metrics["actor/entropy"] = ent.detach()
