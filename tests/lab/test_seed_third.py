@@ -3,6 +3,7 @@ metric never passes; the pilot fixes the stage-2 length, GRPO's value, the test 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -123,14 +124,21 @@ def curve_of(value) -> dict[int, float]:
 
 
 def test_the_curve_is_the_mean_over_runs_of_the_steps_every_run_validated(tmp_path):
-    import json
-
     logs = {"a": [(0, 0.5), (4, 0.6), (4, 0.7), (8, 0.9)], "b": [(0, 0.3), (4, 0.5)]}  # a logs step 4 twice
     for run, rows in logs.items():
         (tmp_path / run).mkdir()
         lines = [json.dumps({"step": s, "val/success_rate": v}) for s, v in rows]
         (tmp_path / run / "metrics.jsonl").write_text("\n".join([*lines, json.dumps({"step": 9, "loss": 1})]))
     assert pilot_curve([tmp_path / "a", tmp_path / "b"]) == {0: pytest.approx(0.4), 4: pytest.approx(0.6)}
+
+
+def test_the_curve_skips_a_line_a_kill_tore(tmp_path):
+    """A run killed mid-write leaves a torn last line (and a hand edit may leave a line that is no object): the curve
+    is that of the whole rows, as tether's other metrics readers take it; it raised JSONDecodeError."""
+    (tmp_path / "a").mkdir()
+    whole = [json.dumps({"step": s, "val/success_rate": v}) for s, v in [(0, 0.5), (4, 0.75)]]
+    (tmp_path / "a" / "metrics.jsonl").write_text("\n".join([*whole, "[1, 2]", '{"step": 8, "val/succ']))
+    assert pilot_curve([tmp_path / "a"]) == {0: 0.5, 4: 0.75}
 
 
 def test_the_stage2_length_is_the_first_step_after_which_grpo_never_rises_by_more_than_eps():

@@ -37,13 +37,13 @@ With no L by H = 96, L = 96 and the docs say GRPO had not flattened (a deviation
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
 from tether.lab.stats import mde
+from tether.track import read_metrics
 
 FORK_SAFE_MOVE_MIN = 1.0  # nats: the skill at least e-folds the safe move's probability at a fork
 NON_ICE_MIN = -0.10  # nats: on moves not onto ~ the teacher may be at most ~10% less sure than the student
@@ -122,12 +122,12 @@ def training_gate(means: dict[str, float]) -> dict[str, Any]:
 
 def pilot_curve(runs: list[Path], metric: str = "val/success_rate") -> dict[int, float]:
     """step -> the mean over ``runs`` of ``metric`` on the selection split (steps every run validated; a later
-    row of a step wins, as a resumed run logs it again)."""
+    row of a step wins, as a resumed run logs it again; a line that is not a JSON object, as a kill mid-write
+    leaves, is skipped)."""
     per_run = []
     for run in runs:
         values: dict[int, float] = {}
-        for line in (run / "metrics.jsonl").read_text().splitlines():
-            row = json.loads(line)
+        for row in read_metrics(run / "metrics.jsonl"):
             if metric in row:
                 values[int(row["step"])] = float(row[metric])
         per_run.append(values)
