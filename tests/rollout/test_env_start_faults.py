@@ -109,3 +109,22 @@ def test_a_constructor_that_fails_from_the_collectors_probe_on_stops_before_any_
             agent_trainer(agent_config(tmp_path, f"env.name={name}"))
     finally:
         BrokenConstructorEnv.builds_before_broken = None
+
+
+class MakeInItsResetErrorEnv(ScriptedEnv):
+    """A reset whose own error text says make(): the fault is still the reset's."""
+
+    def reset(self, seed: int):
+        raise OSError("level make() found no map file")
+
+
+def test_the_phase_is_the_recorded_one_not_a_guess_from_the_message(tmp_path, agent_trainer, registered):
+    """The stop named "constructor" for any first error whose text held "make()"; the env wrapper records the phase
+    (FaultReport.phase), and the stop names that one."""
+    name = registered("make_in_reset", MakeInItsResetErrorEnv)
+    trainer = agent_trainer(agent_config(tmp_path, f"env.name={name}", "env.reset_retries=0"))
+    with pytest.raises(EnvFaultError) as stop:
+        trainer.train_step()
+    assert str(stop.value) == (
+        f"env {name} (reset), step 1: none of 6 episodes could start, each after env.reset_retries=0 retries; the "
+        "first error: scripted reset(4) raised OSError: level make() found no map file")

@@ -74,6 +74,7 @@ class Episode:
     won: bool = False
     ret: float = 0.0
     fault: str | None = None
+    fault_phase: str | None = None  # the call that faulted (FaultReport.phase): constructor, reset, parse_action, step
     available: list[str] | None = None  # page actions of open action spaces (WebShop), for the prompt
     seen: list[str | Observation] = field(default_factory=list)  # each turn's observation, images included
     hazards: dict[str, bool] = field(default_factory=dict)  # the ``fell_*`` flags of the env's last step info
@@ -205,7 +206,7 @@ class AgentCollector:
                          available=reset.info.get("available_actions"), infos=[reset.info])
             self._next_episode += 1
             if reset.info.get("fault"):
-                ep.done, ep.fault = True, reset.info["fault"]
+                ep.done = True
                 self._fault(ep, None, reset.info)
             episodes.append(ep)
         return episodes
@@ -261,7 +262,6 @@ class AgentCollector:
         ep.done, ep.won = step.done, bool(step.info.get("won", False))
         ep.hazards = {k: bool(v) for k, v in step.info.items() if k.startswith("fell_")}
         if step.info.get("fault"):
-            ep.fault = step.info["fault"]
             self._fault(ep, turn, step.info)
         n = int(gen.response_mask[j].sum())
         return {"episode": ep, "turn": turn, "prompt_ids": prompt, "response_ids": gen.response_ids[j, :n],
@@ -270,10 +270,12 @@ class AgentCollector:
                 "truncated": bool(gen.truncated[j])}
 
     def _fault(self, ep: Episode, turn: int | None, info: dict[str, Any]) -> None:
-        """Count an episode's fault; the first of its phase and kind warns and is a row of :data:`FAULT_LOG`."""
+        """Record and count an episode's fault; the first of its phase and kind warns and is a row of
+        :data:`FAULT_LOG`."""
         self.faults += 1
         report = info.get("fault_report") or FaultReport(info["fault"], "step" if turn is not None else "reset",
                                                          "error")  # an env's own info["fault"]: no report
+        ep.fault, ep.fault_phase = info["fault"], report.phase
         name = self.env_cfg.name
         row = {"env": name, "phase": report.phase, "kind": report.kind, "seed": ep.seed, "turn": turn,
                "episode": ep.episode_id, "error": report.message, "traceback": report.traceback}
@@ -385,13 +387,15 @@ class AgentCollector:
 def no_episode_started(env: EnvConfig, episodes: list[Episode], when: str) -> EnvFaultError:
     """The stop when not one episode of a batch could start: the env, the phase (constructor or reset) and the
     first error, in one line."""
-    faults = [ep.fault for ep in episodes if ep.fault]
-    if not faults:
+    first = next((ep for ep in episodes if ep.fault), None)
+    if first is None:
         return EnvFaultError(f"env {env.name}, {when}: no episode produced a turn ({len(episodes)} started, none "
                              "faulted: every episode ended at its reset)")
-    phase = "constructor" if "make()" in faults[0] else "reset"
-    return EnvFaultError(f"env {env.name} ({phase}), {when}: none of {len(episodes)} episodes could start, each after "
-                         f"env.reset_retries={env.reset_retries} retries; the first error: {faults[0]}")
+    # the phase the env wrapper recorded (FaultReport.phase), not a guess from the message: an error's own text
+    # may say "make()"
+    return EnvFaultError(f"env {env.name} ({first.fault_phase}), {when}: none of {len(episodes)} episodes could "
+                         f"start, each after env.reset_retries={env.reset_retries} retries; the first error: "
+                         f"{first.fault}")
 
 
 def save_frames(run_dir: Path, ep: Episode, step: int) -> list[dict[str, Any]]:
