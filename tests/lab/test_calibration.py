@@ -227,3 +227,9 @@ def test_a_real_rise_passes_read_at_the_last_step(tmp_path):
     result = measure(protocol, locate(protocol))
     assert result["mean"] == pytest.approx(np.mean([v[-1] - v[0] for v in curves.values()]), abs=1e-12)
     assert result["mean"] == pytest.approx(0.2, abs=3 * 0.06 * math.sqrt(2 / 20)) and result["status"] == "passed"
+
+
+def test_selection_values_skip_a_torn_line_and_a_line_that_is_no_row(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "val/avg@k": 0.25}\n3\n{"step": 4, "val/avg@k": 0.5}\n'
+                                            '{"step": 8, "val/av')
+    assert selection_values(tmp_path, "val/avg@k") == {0: 0.25, 4: 0.5}

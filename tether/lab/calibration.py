@@ -19,7 +19,6 @@ has not finished training, or lacks a validation it reads, or that validation is
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any
 
 from tether.lab import stats
 from tether.lab.protocol import Protocol
+from tether.track import read_metrics
 
 BEST_STEP = re.compile(r"step=(\d+)")
 PASSED, FAILED, INCOMPLETE = "passed", "failed", "incomplete"
@@ -40,12 +40,8 @@ def selection_values(directory: Path, metric: str) -> dict[int, float]:
     values: dict[int, float] = {}
     if not path.is_file():
         return values
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-        if metric in row:
+    for row in read_metrics(path):  # a line cut by a kill, or not an object, is skipped
+        if metric in row and "step" in row:
             values[int(row["step"])] = float(row[metric])
     return values
 
