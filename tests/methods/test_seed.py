@@ -148,6 +148,17 @@ def test_insertion_fallbacks(prompt, expected):
     assert augment_with_skill(prompt, "Push right first.") == expected
 
 
+@pytest.mark.parametrize(("prompt", "expected"), [
+    # no ":" or space after "is": not a task line (code 2cf2fad), so the block goes before the turn anchor
+    ("Your goal is.\nBoard.\nNow it's your turn to act.",
+     f"Your goal is.\nBoard.\n\n{BLOCK}\n\nNow it's your turn to act."),
+    # a line break after "is" is the pattern's whitespace: the task line is the next one, the block follows it
+    ("Your goal is\nreach G.\nBoard.", f"Your goal is\nreach G.\n\n{BLOCK}\n\nBoard."),
+])
+def test_goal_line_matches_the_authors_pattern(prompt, expected):
+    assert augment_with_skill(prompt, "Push right first.") == expected
+
+
 @pytest.mark.parametrize("skill", ["", "  \n "])
 def test_empty_skill_returns_the_prompt_unchanged(skill):
     prompt = "  Your task is to: go.\n\nState.  "

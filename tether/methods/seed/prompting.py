@@ -6,8 +6,8 @@ The authors' ``seed/prompting.py::build_augmented_observation_text`` (seed.md Se
 * the block is ``**Episode-Level Skill**\\nRefer to this episode-level skill when deciding what action to take
   in the current episode:\\n[<skill>]``;
 * it goes in its own paragraph right after the first line matching "Your task is to:", "Your current task is:",
-  "Your task is:", "Your question:" or "Your goal is" (tether's agent loop starts every prompt with
-  "Your task is to: ...");
+  "Your task is:", "Your question:" or "Your goal is" / "Your goal is to" followed by ":" or whitespace (the
+  code's patterns at ``2cf2fad``; tether's agent loop starts every prompt with "Your task is to: ...");
 * else before "Now it's your turn to" / "Now it's your turn"; else at the end;
 * an empty skill returns the prompt unchanged.
 
@@ -35,7 +35,8 @@ TASK_LINE_PATTERNS = (
     r"^.*\bYour current task is:\s*.*(?:\n|$)",
     r"^.*\bYour task is:\s*.*(?:\n|$)",
     r"^.*\bYour question:\s*.*(?:\n|$)",
-    r"^.*\bYour goal is\b.*(?:\n|$)",
+    # "Your goal is" or "Your goal is to", then ":" or whitespace (a line break too, so the next line is the task)
+    r"^.*\bYour goal is(?: to)?\b[:\s].*(?:\n|$)",
 )
 TURN_ANCHORS = ("Now it's your turn to", "Now it's your turn")
 
