@@ -1,4 +1,4 @@
-"""The one seed formula of tether: every sampling seed is a function of (run seed, step, purpose, k).
+"""The one seed formula of tether: every sampling seed is a hash of (run seed, step, purpose, k, ...).
 
 Training rollouts, validation, ``tether eval``, the shuffles of the update and the methods' own sampling all draw
 their seeds here, so a resumed run replays exactly and ``tether eval`` of the checkpoint of step ``s`` samples with
@@ -11,10 +11,17 @@ purpose             used by
 ``val``             validation inside the run, and ``tether eval`` of a checkpoint of that step
 ``shuffle``         the order of the rows over the update's mini-batches
 ``armor/ref``       ARMOR's reference samples (``k``: the generation batch)
-``eapo``            EAPO's prior injections (``k``: 1,000 x the generation batch)
+``eapo``            EAPO's prior injections (``k``: the generation batch)
 ``seed/analysis``   SEED's self-analyses (``k``: the analysis batch)
 ``""`` (none)       ``tether seed-sft``'s rollouts, at step 0 (``k``: the first task of the batch)
 ==================  ==================================================================================
+
+Each engine call of a collector samples from :func:`derive_seed` of its caller's seed and its place in it (the
+row offset of its chunk; in an agent, the turn too), as EAPO's injection does per engine call. The seeds are
+hashes, not linear offsets: with ``seed + turn * 1009 + start`` and ``run_seed * 1_000_003 + step * 10_007 + ...``
+two calls got the same seed where the offsets added up alike (``tether seed-sft`` with 16 tasks x 8 rollouts per
+batch: the rows 64-127 of the batch of task 0 and the rows 0-63 of the batch of task 64, in every turn), and the
+same seed gives the same samples to the same prompt.
 
 ``tether sft`` draws its split, its batch order and its rejection samples from ``sft.data_seed``: a seed of the
 data, the same whatever the run's ``seed``.
@@ -26,23 +33,34 @@ training checkpoint saves their state for its resume (``tether.trainer.checkpoin
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+SEED_BITS = 62  # every engine takes it: torch.Generator.manual_seed (64 bits), vLLM's per-request seed, Random
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A ``SEED_BITS``-bit seed that is a hash (BLAKE2b) of ``parts``: a pure function of them, so resumes replay,
+    and two different tuples collide with probability ``2**-62``, whatever their values.
+
+    >>> derive_seed(0, 0, "rollout", 1) == derive_seed(0, 0, "rollout", 1) != derive_seed(0, 0, "rollout", 2)
+    True
+    """
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()  # repr tells 1 from "1"
+    return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
+
 
 def step_seed(run_seed: int, step: int, purpose: str, k: int = 0) -> int:
     """A sampling seed that depends only on (run seed, step, purpose, k): resumes replay exactly.
 
-    >>> step_seed(0, 0, "", 5)  # no step, no purpose: the run seed's block, offset by k
-    5
-    >>> step_seed(1, 2, "val") == step_seed(1, 2, "val")
+    >>> step_seed(1, 2, "val") == step_seed(1, 2, "val") != step_seed(1, 3, "val")
     True
     """
-    salt = sum(ord(c) * 31**i for i, c in enumerate(purpose)) % 100_003
-    return (run_seed * 1_000_003 + step * 10_007 + salt * 101 + k) % 2**62
+    return derive_seed(run_seed, step, purpose, k)
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,8 @@ def test_with_lora_anchors_come_from_the_base_with_the_adapters_off(tiny, tmp_pa
     mask = batch.response_mask
     ref, old = batch.token["ref_log_probs"], batch.token["old_log_probs"]
     want, _ = response_log_probs(base, batch.prompt_ids, batch.response_ids, mask)
-    torch.testing.assert_close(ref, want * mask, atol=1e-6, rtol=0)  # the reference is the base
+    # the reference is the base, to float32 rounding (the two passes batch the rows differently)
+    torch.testing.assert_close(ref, want * mask, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close((batch.sample_log_probs * mask)[anchor], ref[anchor], atol=1e-4, rtol=0)
     assert (old[anchor] - ref[anchor]).abs().max() > 1e-2  # scored by the policy, adapters on
     assert trainer.train_step()["armor/anchor_rows"] == 2

@@ -36,6 +36,7 @@ from tether.engine.hf import KVDecoder
 from tether.files import append_jsonl
 from tether.methods.base import Method, MethodSettings, register_method
 from tether.models.vision import has_images, later_positions, prompt_positions, uses_multimodal_rope
+from tether.seeding import derive_seed
 
 if TYPE_CHECKING:
     from tether.config import Config
@@ -70,7 +71,8 @@ class PriorInjection:
         mix_lambda: ``lambda``, probability of drawing a gated token from the prior.
         budget: most injected tokens per sequence.
         params: how the prior's logits are processed (temperature, top-k, top-p) into ``q``.
-        seed: seeds this object's own ``torch.Generator``; call ``k`` of :meth:`start` uses ``seed + k``.
+        seed: seeds this object's own ``torch.Generator``; call ``k`` of :meth:`start` uses
+            ``derive_seed(seed, k)`` (:mod:`tether.seeding`).
         pad_id: the prompt padding token (never attended to).
         bf16_autocast: run the prior's forwards under bfloat16 autocast (as the engine may).
     """
@@ -95,7 +97,7 @@ class PriorInjection:
         self._cols: dict[str, list[Tensor]] = {k: [] for k in TOKEN_KEYS}
         self._n_injected = torch.zeros(self._n, dtype=torch.long, device=device)
         self._from_prior = torch.zeros(self._n, dtype=torch.bool, device=device)
-        self._generator = torch.Generator(device=device).manual_seed(self.seed + self.calls)
+        self._generator = torch.Generator(device=device).manual_seed(derive_seed(self.seed, self.calls))
         self.calls += 1
         self._pending: Tensor | None = None
         if self.passive:
@@ -284,7 +286,7 @@ class EAPO(Method):
         s, r = self.settings, ctx.cfg.rollout
         if self._calls_step != ctx.step:
             self._calls_step, self._calls = ctx.step, 0
-        seed = ctx.seed_for("eapo", self._calls * 1_000)
+        seed = ctx.seed_for("eapo", self._calls)
         self._calls += 1
         lam = self.current_lambda(ctx.step)
         params = SamplingParams(temperature=s.prior_temperature or r.temperature, top_p=r.top_p,

@@ -51,6 +51,7 @@ from tether.files import append_jsonl
 from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.single_turn import GENERATE_ROWS, PromptStream, validation_progress
+from tether.seeding import derive_seed
 
 if TYPE_CHECKING:
     from tether.config import Config, EnvConfig
@@ -227,7 +228,7 @@ class AgentCollector:
                     chunk = live[start:start + GENERATE_ROWS]
                     # on the CPU: rows are cut from it one by one, and the batch is built there
                     gen = engine.generate(prompts[start:start + GENERATE_ROWS], params,
-                                          seed=seed + turn * 1009 + start, intervention=intervention).to("cpu")
+                                          seed=derive_seed(seed, turn, start), intervention=intervention).to("cpu")
                     # parse (against admissible actions) and step every env of the chunk in one pool call
                     outcomes = self.envs.act_all([ep.env for ep in chunk], gen.texts)
                     for j, (ep, outcome) in enumerate(zip(chunk, outcomes, strict=True)):

@@ -17,6 +17,7 @@ from tether.files import append_jsonl
 from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
+from tether.seeding import derive_seed
 from tether.tasks import metrics as task_metrics
 from tether.tasks.base import prompt_text, score_batch, task_split
 from tether.track.progress import CountProgress
@@ -144,7 +145,7 @@ class SingleTurnCollector:
         for start in range(0, len(rows), GENERATE_ROWS):
             chunk = rows[start:start + GENERATE_ROWS]
             prompts = [self.prompt_ids(item) for item, _ in chunk]
-            gen = engine.generate(prompts, params, seed=seed + start, intervention=intervention)
+            gen = engine.generate(prompts, params, seed=derive_seed(seed, start), intervention=intervention)
             parts.append(self._score(chunk, prompts, gen, source))
             if on_rows is not None:
                 on_rows(start + len(chunk), len(rows))
