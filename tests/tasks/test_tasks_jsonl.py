@@ -109,3 +109,31 @@ def test_bad_configuration_is_explained(tmp_path, data_file):
         make_task("jsonl", path=str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="val_size=50"):
         make_task("jsonl", path=data_file, val_size=50, prompt_field="question", answer_field="solution")
+
+
+def test_a_list_gold_accepts_any_of_its_answers_and_is_checked_per_answer(tmp_path):
+    """A JSONL row's list gold was kept as its text, "['5', '55', '}{']", which math-verify found equal to neither
+    5 nor 55: every such row was incorrect. The gold-parse check read that text too, so a list none of whose answers
+    parses, or an empty list, passed without a warning."""
+    rows = [{"prompt": f"Name {i}.", "answer": [str(i), str(i + 50), "}{"]} for i in range(3, 7)]
+    rows.append({"prompt": "Count.", "answer": 4})  # a number stays one: reward functions get it as the data has it
+    listed = JsonlTask(path=write_jsonl(tmp_path / "lists.jsonl", rows), val_size=1)
+    golds = {row["prompt"]: row["answer"] for row in rows}
+    for item in listed.train + listed.val:
+        gold = golds[item.meta["question"]]
+        if gold == 4:
+            assert listed.score(item, "\\boxed{4}").correct
+            continue
+        first, second, unread = gold  # "}{": math-verify cannot read it, so it is passed over
+        verdicts = [listed.score(item, f"\\boxed{{{text}}}") for text in (first, second, "99", unread)]
+        assert [(score.correct, score.reward, score.fault) for score in verdicts] == \
+            [(True, 1.0, False), (True, 1.0, False), (False, 0.0, False), (False, 0.0, False)]
+    assert sorted(map(str, golds.values())) == sorted(str(item.meta["gold"]) for item in listed.train + listed.val)
+    assert {type(item.meta["gold"]) for item in listed.train + listed.val} == {list, int}
+    unreadable = [{"prompt": "a", "answer": ["}{", "}"]}, {"prompt": "b", "answer": []},
+                  {"prompt": "c", "answer": ["}{", "1/2"]}]
+    file = tmp_path / "unreadable.jsonl"
+    assert JsonlTask.check_inputs(path=write_jsonl(file, unreadable)) == [
+        f"path: 1 of 3 rows of {file} have an empty 'answer' (the first: row 2); they are never scored correct",
+        f"path: 1 of 2 gold answers sampled from {file} cannot be parsed by math-verify (the first: line 1, "
+        "answer=['}{', '}']); such rows are scored as faults (reward/faults), never correct"]

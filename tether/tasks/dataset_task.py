@@ -377,15 +377,6 @@ class DatasetTask(JsonlTask):
             return Score(self.reward_map.wrong, False, response_text)
         return super().score(item, response_text)
 
-    def golds(self, item: TaskItem) -> list[str]:
-        """The accepted answers of ``item``: each element of a list (or tuple) gold, as verl's and TRL's data give
-        several correct forms of one answer; else its one gold (a string stays whole, even ``"[1, 2]"``, an
-        interval)."""
-        gold = item.meta.get("gold")
-        if isinstance(gold, list | tuple):
-            return [str(answer) for answer in gold]
-        return super().golds(item)
-
 
 def _gold_gaps(column: str, source: str, answers: list[Any]) -> list[str]:
     """A warning line when some checked rows have no gold answer (a null, what ``datasets`` gives a JSON row without

@@ -114,6 +114,20 @@ def math_equal_any(golds: Sequence[str], predicted: str, timeout_s: int | None =
     return False
 
 
+def accepted_answers(gold: Any) -> list[str]:
+    """The answers a gold answer accepts, as text: each element of a list (or tuple), as verl's ``ground_truth`` and
+    TRL's data give several correct forms of one answer; else the gold itself (a string stays whole, even
+    ``"[1, 2]"``, an interval)."""
+    if isinstance(gold, list | tuple):
+        return [str(answer) for answer in gold]
+    return [str(gold)]
+
+
+def is_empty_gold(gold: Any) -> bool:
+    """Whether a row's gold answer accepts nothing: missing, an empty string, or an empty list (a 0 is an answer)."""
+    return gold is None or (isinstance(gold, str | list | tuple) and len(gold) == 0)
+
+
 def parses(answer: str, timeout_s: int | None) -> bool:
     """Whether math-verify reads ``answer`` as a gold answer (:func:`math_equal` refuses one it does not)."""
     from math_verify import parse
@@ -130,20 +144,21 @@ def parses(answer: str, timeout_s: int | None) -> bool:
 def unparsable_answers(rows: list[tuple[int, dict[str, Any]]], answer_field: str, timeout_s: int | None,
                        sample: int = GOLD_SAMPLE, budget_s: float = GOLD_BUDGET_S) -> tuple[list[tuple[int, str]], int]:
     """The gold answers math-verify cannot parse among an even sample of the non-empty ones (empty ones are
-    warned about apart), within ``budget_s`` seconds: a parse takes about 6 ms, and a file may hold 100k rows.
+    warned about apart), within ``budget_s`` seconds: a parse takes about 6 ms, and a file may hold 100k rows. A list
+    gold is unparsable when none of its answers parses (scoring passes over the ones it cannot read).
 
     Returns:
-        ((line, answer) of each unparsable one, in file order; how many were checked).
+        ((line, gold as the row holds it) of each unparsable one, in file order; how many were checked).
     """
-    answered = [(line, str(row[answer_field])) for line, row in rows if row[answer_field] not in (None, "")]
+    answered = [(line, row[answer_field]) for line, row in rows if not is_empty_gold(row[answer_field])]
     stride = max(1, -(-len(answered) // sample))  # ceil: at most ``sample`` answers, spread over the whole file
     bad, checked, deadline = [], 0, time.monotonic() + budget_s
-    for line, answer in answered[::stride]:
+    for line, gold in answered[::stride]:
         if time.monotonic() > deadline:
             break
         checked += 1
-        if not parses(answer, timeout_s):
-            bad.append((line, answer))
+        if not any(parses(answer, timeout_s) for answer in accepted_answers(gold)):
+            bad.append((line, gold))
     return bad, checked
 
 
@@ -152,7 +167,7 @@ def answer_warnings(key: str, file: Path, rows: list[tuple[int, dict[str, Any]]]
     """One warning line for rows with an empty answer and one for gold answers math-verify cannot parse: both
     rows are never scored correct, whatever the model answers."""
     warnings = []
-    empty = [i for i, (_, row) in enumerate(rows, 1) if row[answer_field] in (None, "")]
+    empty = [i for i, (_, row) in enumerate(rows, 1) if is_empty_gold(row[answer_field])]
     if empty:
         warnings.append(f"{key}: {len(empty)} of {len(rows)} rows of {file} have an empty {answer_field!r} (the "
                         f"first: row {empty[0]}); they are never scored correct")
@@ -339,7 +354,7 @@ class JsonlTask:
         answer = row[self.answer_field]
         return TaskItem(prompt=format_prompt(self.prompt_template, self._prompt(row)),
                         answer=None if answer is None else str(answer),
-                        meta={"question": self._prompt(row)},
+                        meta={"question": self._prompt(row), "gold": answer},
                         id=f"{source}/{split}/{index}")
 
     def score(self, item: TaskItem, response_text: str) -> Score:
@@ -357,11 +372,13 @@ class JsonlTask:
         return Score(self.reward_map(float(correct), correct), correct, extracted)
 
     def golds(self, item: TaskItem) -> list[str]:
-        """The accepted answers of ``item``, as text: its one gold answer.
+        """The accepted answers of ``item``'s gold, as the data holds it (``meta["gold"]``, else its text):
+        :func:`accepted_answers`.
 
         Raises:
             ValueError: the item has none.
         """
-        if item.answer is None:
+        gold = item.meta.get("gold", item.answer)
+        if gold is None:
             raise ValueError(f"item {item.id} has no gold answer")
-        return [item.answer]
+        return accepted_answers(gold)
