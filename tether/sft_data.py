@@ -4,7 +4,8 @@ Warm starts before RL come from four kinds of data, chosen by ``sft.data``:
 
 * ``task``: a task's demonstrations. A task with an ``sft`` split and a ``demonstration(item)`` method (the
   lab's :class:`~tether.tasks.addition.AdditionTask`) gives its own; any other task (reasoning-gym) gives
-  questions outside all its splits (report included), answered by ``sft.response`` with ``{answer}`` filled in.
+  questions outside all its splits (report included), answered by ``sft.response`` with ``{answer}`` filled in
+  (the first accepted answer of a list gold: :func:`demonstration_answer`).
 * ``jsonl``: ``{"prompt", "response"}`` lines of ``sft.path`` (optionally ``"system"``, and ``"images"``: PNG paths
   relative to the file, one per ``<image>`` placeholder of the prompt), e.g. replayed pairs.
 * ``solver``: an agent environment's scripted solver, played on training seeds; every state becomes the
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tether.tasks.base import prompt_text
+from tether.tasks.base import TaskItem, prompt_text
 
 if TYPE_CHECKING:
     from tether.config import SFTConfig, SFTRunConfig
@@ -69,13 +70,24 @@ def task_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
     seed = cfg.task.kwargs.get("seed", 0) + SFT_SEED_OFFSET
     # Twice the questions asked for, so that dropping the ones the splits hold still leaves enough.
     pool = make_task(cfg.task.name, **{**cfg.task.kwargs, "seed": seed, "train_size": 2 * want}).train
-    items = [item for item in pool if prompt_text(item.prompt) not in taken and item.answer is not None][:want]
+    answered = [(item, demonstration_answer(task, item)) for item in pool if prompt_text(item.prompt) not in taken]
+    items = [(item, answer) for item, answer in answered if answer is not None][:want]
     if len(items) < want:
         from tether.config import ConfigError
 
         raise ConfigError(f"sft.examples={want}: task {cfg.task.name!r} has only {len(items)} questions outside its "
                           "splits; lower sft.examples")
-    return [Example(item.prompt, s.response.replace("{answer}", item.answer), system) for item in items]
+    return [Example(item.prompt, s.response.replace("{answer}", answer), system) for item, answer in items]
+
+
+def demonstration_answer(task: Any, item: TaskItem) -> str | None:
+    """The answer a demonstration of ``item`` writes for ``{answer}``: the first accepted answer where the task keeps
+    a set of them (``task.golds``: jsonl, dataset), since ``item.answer`` is a list gold's Python repr
+    (``"['2', 'two']"``); else ``item.answer``. None when the item has no answer (an empty list has none)."""
+    if item.answer is None or not hasattr(task, "golds"):
+        return item.answer
+    accepted = task.golds(item)
+    return accepted[0] if accepted else None
 
 
 def jsonl_examples(s: SFTConfig) -> list[Example]:

@@ -202,6 +202,23 @@ def test_task_examples_never_come_from_any_split_of_the_task(tmp_path, conversat
     assert len(train) + len(val) == 100
 
 
+@pytest.mark.parametrize("task_name", ["jsonl", "dataset"])
+def test_task_examples_write_the_first_accepted_answer_of_a_list_gold(tmp_path, task_name):
+    """A list gold is a set of accepted answers: a demonstration answers with the first (it wrote the list's Python
+    repr, ``<answer>['2', 'n2']</answer>``); a number gold is its text, and an empty list gives no demonstration."""
+    path = tmp_path / "data.jsonl"
+    golds = {f"{i}+1": [str(i + 1), f"n{i + 1}"] if i % 3 == 0 else [] if i % 3 == 1 else i + 1 for i in range(300)}
+    path.write_text("".join(json.dumps({"prompt": prompt, "answer": gold}) + "\n" for prompt, gold in golds.items()))
+    cfg = sft_config(tmp_path, {"data": "task", "examples": 40, "response": "<answer>{answer}</answer>"},
+                     task={"name": task_name, "kwargs": {"path": str(path), "val_size": 20, "train_size": 50}})
+    examples = sft_examples(cfg)
+    questions = [e.prompt.split("\n", 1)[0] for e in examples]  # the jsonl template puts the question first
+    assert len(examples) == 40 and all(golds[q] != [] for q in questions)
+    want = [f"<answer>{golds[q][0] if isinstance(golds[q], list) else golds[q]}</answer>" for q in questions]
+    assert [e.response for e in examples] == want
+    assert {isinstance(golds[q], list) for q in questions} == {True, False}  # both kinds of gold were written
+
+
 def test_rejection_keeps_only_the_samplers_correct_answers(tmp_path):
     cfg = sft_config(tmp_path, {"data": "rejection", "sampler": "char-64x1", "samples_per_prompt": 4},
                      task={"name": "parity", "kwargs": {"train_size": 6}}, rollout={"max_new_tokens": 5})

@@ -405,7 +405,7 @@ class SFTConfig(SFTSettings):
     examples: int | None = Field(None, ge=1, description="task: demonstrations used (default: the whole sft split); "
                                  "solver: episodes played; jsonl: lines drawn (default: all)")
     response: str = Field("{answer}", description="data=task without task demonstrations: the response, "
-                          "{answer} replaced by the gold answer")
+                          "{answer} replaced by the gold answer (a list gold's first accepted answer)")
     explore: float = Field(0.3, ge=0, le=1, description="data=solver: chance of a random admissible action, so the "
                            "data covers states off the solver's path (the label is always the solver's action)")
     sampler: str | None = Field(None, description="data=rejection: the model that samples (name or checkpoint)")
