@@ -222,8 +222,8 @@ def test_validate_and_train_end_with_one_line_and_exit_code_2(tmp_path):
 def test_rows_with_an_empty_answer_are_one_warning(tmp_path):
     lines = [GOOD, json.dumps({"prompt": "2+2?", "answer": ""}), json.dumps({"prompt": "3+3?", "answer": None})]
     warnings = check_config(jsonl_config(tmp_path, lines), policy=False)
-    assert warnings == [f"task.kwargs: path: 2 of 3 rows of {tmp_path / 'data.jsonl'} have an empty 'answer' (the "
-                        "first: row 2); they are never scored correct"]
+    assert warnings == [f"task.kwargs: path: 2 of 3 rows checked in {tmp_path / 'data.jsonl'} have an empty 'answer' "
+                        "(the first: line 2); they are never scored correct"]
 
 
 def test_gold_answers_math_verify_cannot_parse_are_one_warning(tmp_path):

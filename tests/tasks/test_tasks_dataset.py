@@ -168,15 +168,34 @@ def test_rows_without_a_gold_answer_are_a_warning_before_any_model_loads(tmp_pat
     file.write_text("".join(json.dumps(row) + "\n" for row in rows))
     warnings = check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False)
     assert [w for w in warnings if "answer_field" in w] == [
-        f"task.kwargs: answer_field 'answer' is null in 2 of the first 8 rows of {file} (first: row 2): each is a "
-        "fault (the wrong-answer reward, reward/faults) whenever it is sampled; give them an answer, or set "
-        "answer_field: null when only task.rewards score"]
+        f"task.kwargs: path: 2 of 8 rows checked in {file} have an empty 'answer' (the first: row 2); they are never "
+        "scored correct: give them an answer, or set answer_field: null when only task.rewards score"]
     task = DatasetTask(path=str(file), val_size=2)
     assert sum(task.score(item, "1").fault for item in task.train + task.val) == 2  # what the warning foretells
     rows[2]["answer"] = rows[5]["answer"] = "x"
     file.write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert not [w for w in check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False)
                 if "answer_field" in w]
+
+
+def test_gold_answers_math_verify_cannot_parse_are_the_jsonl_warning_before_any_model_loads(tmp_path):
+    """The dataset task's check reported only null golds: a source whose golds math-verify cannot read passed
+    silently and each such row faulted whenever sampled. A list gold warns only when none of its answers parses; rows
+    past the first 100 are left to the run (tether validate stays fast)."""
+    file = tmp_path / "golds.jsonl"
+
+    def gold(i: int) -> str | list[str]:  # i % 4: parses; a list none of whose answers parses; one that does; not
+        return [str(i), ["}{", "}"], ["}{", str(i)], "}"][i % 4] if i < 100 else "}"
+
+    rows = [{"prompt": f"p{i}", "answer": gold(i)} for i in range(140)]
+    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    warnings = check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False)
+    assert [w for w in warnings if "math-verify" in w] == [
+        f"task.kwargs: path: 50 of 100 gold answers sampled from {file} cannot be parsed by math-verify (the first: "
+        "row 1, answer=['}{', '}']); such rows are scored as faults (reward/faults), never correct"]
+    task = DatasetTask(path=str(file), val_size=2)
+    faults = {item.meta["question"] for item in task.train + task.val if task.score(item, "\\boxed{1}").fault}
+    assert faults == {f"p{i}" for i in range(140) if i >= 100 or i % 4 in (1, 3)}  # what the warning foretells
 
 
 def test_a_missing_local_file_is_one_line(tmp_path):

@@ -134,6 +134,7 @@ def test_a_list_gold_accepts_any_of_its_answers_and_is_checked_per_answer(tmp_pa
                   {"prompt": "c", "answer": ["}{", "1/2"]}]
     file = tmp_path / "unreadable.jsonl"
     assert JsonlTask.check_inputs(path=write_jsonl(file, unreadable)) == [
-        f"path: 1 of 3 rows of {file} have an empty 'answer' (the first: row 2); they are never scored correct",
+        f"path: 1 of 3 rows checked in {file} have an empty 'answer' (the first: line 2); they are never scored "
+        "correct",
         f"path: 1 of 2 gold answers sampled from {file} cannot be parsed by math-verify (the first: line 1, "
         "answer=['}{', '}']); such rows are scored as faults (reward/faults), never correct"]

@@ -31,12 +31,14 @@ from tether.files import relative_to_cwd
 from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, prompt_text
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
-from tether.tasks.jsonl_task import _FORMATS, JsonlTask, carve, load_rows, no_progress_bars
+from tether.tasks.jsonl_task import _FORMATS, JsonlTask, answer_warnings, carve, load_rows, no_progress_bars
 from tether.tasks.registry import register_task
 from tether.user_code import resolve_target
 
 ROWS_CHECKED = 100  # rows whose prompt and answer are checked before a run (the whole file is read by the run)
 BUILDERS = frozenset(_FORMATS.values())  # datasets' builders of tether's file formats: path: json, data_files: ...
+# a null gold is most often a column the rewards do not need (a JSON row without the key reads as null)
+NO_GOLD_HINT = ": give them an answer, or set answer_field: null when only task.rewards score"
 DataFiles = str | list[str] | dict[str, str | list[str]]  # datasets' data_files: a file, files, or files per split
 
 
@@ -293,10 +295,14 @@ class DatasetTask(JsonlTask):
     def check_inputs(*, path: str, config: str | None = None, name: str | None = None,
                      data_files: DataFiles | None = None, split: str = "train", val_split: str | None = None,
                      val_path: str | None = None, prompt_field: str = "prompt", answer_field: str | None = "answer",
-                     format_fn: str | None = None, **_: Any) -> list[str]:
+                     format_fn: str | None = None, timeout_s: int = 5, **_: Any) -> list[str]:
         """Before any model loads: a local source (a builder's ``data_files`` too) is read, and its first rows have
         the prompt (a string or a list of messages) and answer columns (after ``format_fn``). A Hub id is left to
         the run (reading it here would download it).
+
+        Returns:
+            Warning lines: the jsonl task's (:func:`~tether.tasks.jsonl_task.answer_warnings`), on those first rows:
+            empty gold answers, and ones math-verify cannot parse; such rows are never scored correct.
 
         Raises:
             ValueError: the first problem, naming the column, the row and what was expected.
@@ -314,21 +320,21 @@ class DatasetTask(JsonlTask):
             rows = load_split(source, config or name, split_name, files)
             if not rows:
                 raise ValueError(f"{source} split {split_name!r} holds no rows")
-            answers = []
+            checked = []
             for i, row in enumerate(rows[:ROWS_CHECKED]):
                 formatted = _apply(fn, format_fn, row, i) if fn else row
-                answers.append(formatted.get(answer_key))
-                for key, column in (("prompt_field", prompt_key), ("answer_field", answer_key)):
+                checked.append((i, formatted))
+                for setting, column in (("prompt_field", prompt_key), ("answer_field", answer_key)):
                     if column is not None and column not in formatted:
                         what = f"format_fn {format_fn!r} returned no {column!r}" if fn else \
-                            f"{key}: no column {column!r}"
+                            f"{setting}: no column {column!r}"
                         raise ValueError(f"{what} in row {i} of {source} (columns: {', '.join(formatted)})")
                 prompt = formatted[prompt_key]
                 if not isinstance(prompt, str):
                     check_messages(prompt, f"column {prompt_key!r} of row {i} of {source}")
                 kinds.setdefault(isinstance(prompt, str), f"row {i} of {source}")
             if answer_key is not None:
-                warnings += _gold_gaps(answer_key, source, answers)
+                warnings += answer_warnings(key, source, checked, answer_key, timeout_s, at="row", hint=NO_GOLD_HINT)
         if len(kinds) > 1:
             raise ValueError(f"column {prompt_key!r} mixes texts ({kinds[True]}) and conversations ({kinds[False]}): "
                              "make the prompts one kind")
@@ -376,17 +382,6 @@ class DatasetTask(JsonlTask):
         if item.answer is None and self.answer_field is None:
             return Score(self.reward_map.wrong, False, response_text)
         return super().score(item, response_text)
-
-
-def _gold_gaps(column: str, source: str, answers: list[Any]) -> list[str]:
-    """A warning line when some checked rows have no gold answer (a null, what ``datasets`` gives a JSON row without
-    the key): the run scores each of them as a fault whenever it is sampled."""
-    missing = [i for i, answer in enumerate(answers) if answer is None]
-    if not missing:
-        return []
-    return [f"answer_field {column!r} is null in {len(missing)} of the first {len(answers)} rows of {source} (first: "
-            f"row {missing[0]}): each is a fault (the wrong-answer reward, reward/faults) whenever it is sampled; "
-            "give them an answer, or set answer_field: null when only task.rewards score"]
 
 
 def _unique(sources: list[tuple[str, str, DataFiles | None]]) -> list[tuple[str, str, DataFiles | None]]:

@@ -162,20 +162,26 @@ def unparsable_answers(rows: list[tuple[int, dict[str, Any]]], answer_field: str
     return bad, checked
 
 
-def answer_warnings(key: str, file: Path, rows: list[tuple[int, dict[str, Any]]], answer_field: str,
-                    timeout_s: int | None) -> list[str]:
+def answer_warnings(key: str, source: str | Path, rows: list[tuple[int, dict[str, Any]]], answer_field: str,
+                    timeout_s: int | None, at: str = "line", hint: str = "") -> list[str]:
     """One warning line for rows with an empty answer and one for gold answers math-verify cannot parse: both
-    rows are never scored correct, whatever the model answers."""
+    rows are never scored correct, whatever the model answers. The jsonl and dataset tasks' one check.
+
+    Args:
+        rows: ``(number, row)`` of each row checked; ``at`` names the numbers (a file's ``line``, a dataset's
+            ``row``).
+        hint: what to do about empty answers, ending that line.
+    """
     warnings = []
-    empty = [i for i, (_, row) in enumerate(rows, 1) if is_empty_gold(row[answer_field])]
+    empty = [number for number, row in rows if is_empty_gold(row[answer_field])]
     if empty:
-        warnings.append(f"{key}: {len(empty)} of {len(rows)} rows of {file} have an empty {answer_field!r} (the "
-                        f"first: row {empty[0]}); they are never scored correct")
+        warnings.append(f"{key}: {len(empty)} of {len(rows)} rows checked in {source} have an empty "
+                        f"{answer_field!r} (the first: {at} {empty[0]}); they are never scored correct{hint}")
     bad, checked = unparsable_answers(rows, answer_field, timeout_s)
     if bad:
-        line, answer = bad[0]
-        warnings.append(f"{key}: {len(bad)} of {checked} gold answers sampled from {file} cannot be parsed by "
-                        f"math-verify (the first: line {line}, {answer_field}={answer!r}); such rows are scored as "
+        number, answer = bad[0]
+        warnings.append(f"{key}: {len(bad)} of {checked} gold answers sampled from {source} cannot be parsed by "
+                        f"math-verify (the first: {at} {number}, {answer_field}={answer!r}); such rows are scored as "
                         "faults (reward/faults), never correct")
     return warnings
 
