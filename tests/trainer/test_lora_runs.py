@@ -115,7 +115,9 @@ def test_armor_resets_move_the_lora_reference_into_its_own_adapter_and_resume_ex
 
     straight.train_step()
     ref, base_lp, policy = reference_base_policy(straight)  # no reset yet: base + a zero adapter is the base
-    torch.testing.assert_close(ref, base_lp, rtol=0, atol=1e-6)
+    # base_lp is one forward over the batch, ref the trainer's in the update's micro-batches: float32 rounding of
+    # log-probs near -10 differs in the last bits (1.9e-6 seen), hence the relative tolerance
+    torch.testing.assert_close(ref, base_lp, rtol=1e-6, atol=1e-6)
     assert (policy - ref).abs().max() > 1e-4
     straight.train_step()  # the reset after step 2
     assert straight.ref_modified

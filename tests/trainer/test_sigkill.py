@@ -92,11 +92,21 @@ def reached(phase):
 
 
 validate = single_turn.SingleTurnCollector.validate
-# the validation seed grows with the step (tether.seeding), so this value does too
+done = {"step": 0}  # the trainer's step after its last train_step: a resumed process knows it as well
+# every validation is a new best: its value is the step it follows (sampling seeds are hashes, not growing)
 single_turn.SingleTurnCollector.validate = lambda self, engine, seed: {**validate(self, engine, seed),
-                                                                       "val/avg@k": float(seed)}
+                                                                       "val/avg@k": float(done["step"])}
 train_step = trainer.Trainer.train_step
-trainer.Trainer.train_step = lambda self: (reached("start_of_a_step"), train_step(self))[1]
+
+
+def counted_step(self):
+    reached("start_of_a_step")
+    metrics = train_step(self)
+    done["step"] = self.step
+    return metrics
+
+
+trainer.Trainer.train_step = counted_step
 replace = os.replace
 
 
