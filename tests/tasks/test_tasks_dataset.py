@@ -35,6 +35,10 @@ def saved(tmp_path):
     return path
 
 
+def write_jsonl(file, rows: list[dict]) -> None:
+    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
 def ids(items):
     return [item.id for item in items]
 
@@ -116,7 +120,7 @@ def test_text_parts_are_accepted_and_image_parts_still_refused(tmp_path, tokeniz
     assert encode_chat(tokenizer, item.prompt) == encode_chat(tokenizer, f"Say\n{item.answer}.")
     rows = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Say 1."}]}],
              "answer": "1"}] * 3
-    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_jsonl(file, rows)
     with pytest.raises(ValueError, match=r"message 0 has content parts \(image, text\): a dataset prompt's content"):
         DatasetTask.check_inputs(path=str(file))
 
@@ -161,21 +165,24 @@ def test_bad_data_is_one_line_before_any_model_loads(tmp_path, saved, kwargs, me
     assert "\n" not in str(err.value) and str(err.value).startswith("task.kwargs")
 
 
+def warnings_naming(tmp_path, file, word: str) -> list[str]:
+    """The warnings of the config checks of a dataset task on ``file`` that contain ``word``."""
+    return [w for w in check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False) if word in w]
+
+
 def test_rows_without_a_gold_answer_are_a_warning_before_any_model_loads(tmp_path):
     """A JSON row without the answer key (datasets reads it as null) passed silently and faulted whenever sampled."""
     file = tmp_path / "gaps.jsonl"
     rows = [{"prompt": f"p{i}", **({} if i in (2, 5) else {"answer": str(i)})} for i in range(8)]
-    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    warnings = check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False)
-    assert [w for w in warnings if "answer_field" in w] == [
+    write_jsonl(file, rows)
+    assert warnings_naming(tmp_path, file, "answer_field") == [
         f"task.kwargs: path: 2 of 8 rows checked in {file} have an empty 'answer' (the first: row 2); they are never "
         "scored correct: give them an answer, or set answer_field: null when only task.rewards score"]
     task = DatasetTask(path=str(file), val_size=2)
     assert sum(task.score(item, "1").fault for item in task.train + task.val) == 2  # what the warning foretells
     rows[2]["answer"] = rows[5]["answer"] = "x"
-    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert not [w for w in check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False)
-                if "answer_field" in w]
+    write_jsonl(file, rows)
+    assert not warnings_naming(tmp_path, file, "answer_field")
 
 
 def test_gold_answers_math_verify_cannot_parse_are_the_jsonl_warning_before_any_model_loads(tmp_path):
@@ -188,9 +195,8 @@ def test_gold_answers_math_verify_cannot_parse_are_the_jsonl_warning_before_any_
         return [str(i), ["}{", "}"], ["}{", str(i)], "}"][i % 4] if i < 100 else "}"
 
     rows = [{"prompt": f"p{i}", "answer": gold(i)} for i in range(140)]
-    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    warnings = check_config(config_with(tmp_path, path=str(file), val_size=2), policy=False)
-    assert [w for w in warnings if "math-verify" in w] == [
+    write_jsonl(file, rows)
+    assert warnings_naming(tmp_path, file, "math-verify") == [
         f"task.kwargs: path: 50 of 100 gold answers sampled from {file} cannot be parsed by math-verify (the first: "
         "row 1, answer=['}{', '}']); such rows are scored as faults (reward/faults), never correct"]
     task = DatasetTask(path=str(file), val_size=2)
