@@ -135,29 +135,43 @@ def check_task_builds(cfg: Config, found: Findings) -> None:
                           "or give it held-out data")
 
 
-def check_env_builds(cfg: Config, found: Findings) -> None:
-    """Build one env with ``env.kwargs``, as the run builds its first, and play an env of the user's own once.
+def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:
+    """One env built with ``env.kwargs``, as the run builds its first, for what validate must know of it; built
+    once, only when one of these needs it:
 
-    A class without a ``check_config`` of its settings (an env of your own, TextWorld) is built: a constructor that
-    refuses them fails here as one line, not after the policy loads ("no episode can start"). A tether class with a
-    ``check_config`` has had it called, cheaply, and is not built: ALFWorld's and WebShop's constructors load their
-    data. An env of the user's own (its class outside tether) then answers one ``reset`` and one ``step``
-    (:func:`play_once`). The build runs under the run's reset limit (``env.reset_timeout_s``, else
-    ``env.timeout_s``), so a constructor that hangs stops validate as it would stop the run."""
+    * its settings: a class without a ``check_config`` of them (an env of your own, TextWorld) is built, so a
+      constructor that refuses them fails here as one line, not after the policy loads ("no episode can start"). A
+      tether class with a ``check_config`` has had it called, cheaply, and is not built for this: ALFWorld's and
+      WebShop's constructors load their data.
+    * its answers: an env of the user's own (its class outside tether) answers one ``reset`` and one ``step``
+      (:func:`play_once`).
+    * its observations (``policy``: the run loads its policy): an env that renders images (its ``renders_images``)
+      needs a vision-language policy; the collector refuses a text tokenizer once the model has loaded.
+
+    The build runs under the run's reset limit (``env.reset_timeout_s``, else ``env.timeout_s``), so a constructor
+    that hangs stops validate as it would stop the run; one that fails is this check's to report only when its
+    settings are checked here, else the run's."""
     from tether.checks.workload import workload_class
     from tether.envs.safe import EnvFault, call_with_timeout
 
     cls = workload_class(cfg)[1] if cfg.env is not None else None
-    users_own = cls is not None and cls.__module__.partition(".")[0] != "tether"
-    if cls is None or (hasattr(cls, "check_config") and not users_own):
+    if cls is None:
+        return
+    users_own = cls.__module__.partition(".")[0] != "tether"
+    settings = users_own or not hasattr(cls, "check_config")
+    observations = policy and hasattr(cls, "renders_images") and policy_reads_images(cfg.model.name) is False
+    if not (settings or observations):
         return
     try:
         env = call_with_timeout(functools.partial(cls, **cfg.env.kwargs), cfg.env.reset_timeout_s or cfg.env.timeout_s,
                                 f"building env {cfg.env.name}")
     except EnvFault as fault:
-        raise ConfigError(f"env.kwargs: {fault}") from None
+        if settings:
+            raise ConfigError(f"env.kwargs: {fault}") from None
+        return
     try:
         problem = play_once(cfg, env) if users_own else None
+        images = observations and bool(env.renders_images)
     finally:
         if callable(close := getattr(env, "close", None)):
             with contextlib.suppress(Exception):  # best effort: a probe's env is dropped either way
@@ -166,13 +180,16 @@ def check_env_builds(cfg: Config, found: Findings) -> None:
         raise ConfigError(f"env.name={cfg.env.name}: {problem}; reset returns tether.envs.EnvReset(observation, task, "
                           "admissible_actions, info) and step tether.envs.EnvStep(observation, reward, done, info) "
                           "(docs/environments.md)")
+    if images:
+        raise ConfigError(f"env.name={cfg.env.name} observes images (env.kwargs), but model.name={cfg.model.name} is a "
+                          "text model (no vision_config): use a vision-language model, or env.kwargs.observation: "
+                          "text")
 
 
 def play_once(cfg: Config, env: Any) -> str | None:
     """What is wrong with the types of ``env``'s answers to one ``reset`` (its first training seed) and one ``step``
     (the first admissible action, else ``""``), or None: one that returns gymnasium's tuples would fault every episode
-    once the model has loaded. A call that raises or hangs is the run's to report, with its retries (as
-    :func:`check_env_observations` leaves it)."""
+    once the model has loaded. A call that raises or hangs is the run's to report, with its retries."""
     from tether.envs.safe import EnvFault, call_with_timeout, reset_problem, step_problem
 
     seeds = getattr(env, "train_seeds", None)
@@ -224,31 +241,6 @@ def warn_no_chat_template(cfg: Config, found: Findings) -> None:
                    "file")
 
 
-def check_env_observations(cfg: Config, found: Findings) -> None:
-    """An env that renders images (its ``renders_images``, read off one env built with ``env.kwargs``) needs a
-    vision-language policy: the collector refuses a text tokenizer once the model has loaded."""
-    from tether.checks.workload import workload_class
-
-    if cfg.env is None or policy_reads_images(cfg.model.name) is not False:
-        return
-    cls = workload_class(cfg)[1]
-    if cls is None or not hasattr(cls, "renders_images"):  # an env that never renders images is not built here
-        return
-    try:
-        env = cls(**cfg.env.kwargs)
-    except Exception:  # a fault building it is the run's to report, under its reset limit
-        return
-    try:
-        images = bool(env.renders_images)
-    finally:
-        if callable(close := getattr(env, "close", None)):
-            close()
-    if images:
-        raise ConfigError(f"env.name={cfg.env.name} observes images (env.kwargs), but model.name={cfg.model.name} is a "
-                          "text model (no vision_config): use a vision-language model, or env.kwargs.observation: "
-                          "text")
-
-
 def check_device(cfg: Config, found: Findings) -> None:
     """``train.device`` exists on this machine (a CPU-only torch and ``cuda`` fail here)."""
     from tether.distributed import resolve_device
@@ -284,6 +276,8 @@ def startup_checks(*, policy: bool = True) -> tuple:
     def models(cfg: Config, found: Findings) -> None:
         check_model_dirs(cfg, found, policy=policy)
 
-    policy_checks = (check_env_observations, warn_no_chat_template) if policy else ()
-    return (models, check_task_builds, check_env_builds, *policy_checks, check_device, warn_launch,
-            warn_batch_arithmetic)
+    def env(cfg: Config, found: Findings) -> None:
+        check_env(cfg, found, policy=policy)
+
+    policy_checks = (warn_no_chat_template,) if policy else ()
+    return (models, check_task_builds, env, *policy_checks, check_device, warn_launch, warn_batch_arithmetic)
