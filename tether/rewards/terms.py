@@ -110,7 +110,7 @@ class RewardTerm:
         if inspect.isclass(target):
             if not any("__call__" in vars(base) for base in target.__mro__[:-1]):
                 raise ConfigError(f"{key}.fn: {spec.fn!r} is a class without __call__; a reward class is built once "
-                                  "with kwargs and called as instance(prompts, completions, **columns)")
+                                  "with kwargs and called as instance(prompts=..., completions=..., **columns)")
             check_class_kwargs(target, spec.kwargs, f"{key}.kwargs")
             if settings:
                 check_settings(target, spec.kwargs, f"{key}.kwargs")
@@ -126,11 +126,18 @@ class RewardTerm:
         """The call's keywords: everything for a function taking ``**kwargs`` (TRL passes it all), else what it
         names (a column named ``prompts`` or ``completions`` loses to the batch's own, as in TRL)."""
         given = {**columns, **self.kwargs, "prompts": list(prompts), "completions": list(completions)}
-        try:
-            var_kw, names = _accepts(self.fn)
-        except (TypeError, ValueError):  # a builtin without a signature: it gets everything
+        if self._takes is None:  # a builtin without a signature: it gets everything
             return given
+        var_kw, names = self._takes
         return given if var_kw else {k: v for k, v in given.items() if k in names}
+
+    @functools.cached_property
+    def _takes(self) -> tuple[bool, set[str]] | None:
+        """What :func:`_accepts` reads of the function, once (not per batch); None when it has no signature."""
+        try:
+            return _accepts(self.fn)
+        except (TypeError, ValueError):
+            return None
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list]) -> TermResult:
         """The function's values for one batch, faults contained (never raises)."""
