@@ -85,7 +85,8 @@ def test_a_run_not_yet_trained_leaves_the_calibration_incomplete(tmp_path):
 
 class FakeRunner:
     """Stands in for ``tether train`` and ``tether eval``: writes what they would, from a table of selection
-    values (seed -> (start, end) per arm) and endpoint values, and records every call."""
+    values (seed -> (start, end) per arm) and endpoint values (per arm: a value, plus 0.01 x seed, or a function of
+    the seed), and records every call."""
 
     def __init__(self, selection, endpoint):
         self.selection, self.endpoint, self.trained, self.evaluated = selection, endpoint, [], []
@@ -99,8 +100,9 @@ class FakeRunner:
         if (arm, seed) not in self.trained:
             self.train_one(protocol, arm, seed)
         self.evaluated.append((arm, seed))
+        endpoint = self.endpoint[arm]
         fake_run(protocol, arm, seed, start=self.selection[arm][0], end=self.selection[arm][1],
-                 value=self.endpoint[arm] + 0.01 * seed)
+                 value=endpoint(seed) if callable(endpoint) else endpoint + 0.01 * seed)
 
 
 def three_arms(tmp_path, **changes):
@@ -136,7 +138,20 @@ def test_a_passed_calibration_runs_every_arm_and_labels_them(tmp_path, monkeypat
     assert data["calibration"]["status"] == "passed"
     json.loads((tmp_path / "study" / "report.json").read_text())  # all of it serialisable
     labels = {arm: c["label"] for arm, c in data["summary"]["val/avg@k"]["versus_baseline"].items()}
-    assert labels == {"high": stats.BETTER, "mid": stats.NO_EFFECT}  # +0.2 on both seeds; 0 on both
+    # +0.2 on every seed, 0 on every seed: no spread, so neither a test nor an interval (p was 0 and 1)
+    assert labels == {"high": stats.SPREAD_NOT_ESTIMABLE, "mid": stats.SPREAD_NOT_ESTIMABLE}
+    assert "**spread not estimable**" in (tmp_path / "study" / "report.md").read_text()
+
+
+def test_a_passed_calibration_labels_comparisons_with_a_spread(tmp_path, monkeypatch):
+    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, 0.45), "mid": (0.2, 0.3)},
+                        endpoint={"low": 0.3, "high": lambda seed: 0.5 + 0.01 * seed + 0.005 * (seed % 2),
+                                  "mid": lambda seed: 0.3 + 0.01 * seed + 0.001 * (seed % 2)})
+    monkeypatch.setattr(experiment, "train_one", runner.train_one)
+    monkeypatch.setattr(experiment, "run_one", runner.run_one)
+    data = run_experiment(three_arms(tmp_path))
+    labels = {arm: c["label"] for arm, c in data["summary"]["val/avg@k"]["versus_baseline"].items()}
+    assert labels == {"high": stats.BETTER, "mid": stats.NO_EFFECT}  # +0.2 or +0.205 a seed; 0 or +0.001
 
 
 def write_curve(protocol, arm, seed, rows, best_step, latest_step):

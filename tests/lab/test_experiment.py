@@ -187,7 +187,9 @@ def test_runs_arms_by_seeds_resumes_and_reports(tmp_path, monkeypatch):
     diffs = [data["summary"]["val/avg@k"]["arms"]["high"]["per_seed"][s]
              - data["summary"]["val/avg@k"]["arms"]["low"]["per_seed"][s] for s in (0, 1)]
     assert comparison["mean"] == pytest.approx(sum(diffs) / 2)
-    assert comparison["label"] in ("better", "worse", "no effect of size delta", "inconclusive")
+    # two steps rarely move 6 one-sample answers: equal differences on both seeds (0 and 0) have no spread
+    assert comparison["label"] in ("better", "worse", "no effect of size delta", "inconclusive",
+                                   "spread not estimable")
     assert comparison["p_holm"] == comparison["p"] or math.isnan(comparison["p"])  # a family of one
     assert data["answers_per_run"] == 6
     assert not data["registration"]["protocol_changed"] and not data["registration"]["arms_changed"]

@@ -87,8 +87,42 @@ def test_paired_p_value_is_the_two_sided_t_test():
     # p < 0.05 exactly when the 95% interval excludes 0: the interval's low end at p = 0.05 is 0
     assert (p < 0.05) == (diff.low > 0)
     assert math.isnan(stats.paired_p_value(stats.mean_ci([0.1])))
-    assert stats.paired_p_value(stats.mean_ci([0.0, 0.0, 0.0])) == 1.0  # identical arms: nothing to detect
-    assert stats.paired_p_value(stats.mean_ci([0.25, 0.25, 0.25])) == 0.0
+    # equal differences: no spread to test against (spread not estimable), whatever their mean
+    assert math.isnan(stats.paired_p_value(stats.mean_ci([0.0, 0.0, 0.0])))
+    assert math.isnan(stats.paired_p_value(stats.mean_ci([0.25, 0.25, 0.25])))
+
+
+@pytest.mark.parametrize(("arm", "base"), [
+    ({0: 0.5, 1: 0.6}, {0: 0.4, 1: 0.5}),                  # 2 seeds, +0.1 each: scipy's t test gives p = 0
+    ({0: 0.7, 1: 0.3, 2: 0.2}, {0: 0.6, 1: 0.2, 2: 0.1}),  # +0.1 each but for the last bit: sd 2e-17, p 1e-32
+    ({0: 0.4, 1: 0.4, 2: 0.4}, {0: 0.4, 1: 0.4, 2: 0.4}),  # identical arms: was p = 1 and "no effect"
+])
+def test_equal_paired_differences_get_no_p_value_interval_or_label(arm, base):
+    """A t test on differences with no spread rests on a spread of 0 that a few seeds cannot show: scipy's paired
+    test reads them as certain (p ~ 0) or as nothing (NaN), and the lab labelled them better or no effect."""
+    seeds = sorted(arm)
+    direct = [arm[s] - base[s] for s in seeds]
+    diff = stats.paired_difference(arm, base)
+    assert diff.n == len(seeds) and diff.mean == pytest.approx(sum(direct) / len(direct), abs=1e-15)
+    assert diff.sd == 0 and math.isnan(diff.low) and math.isnan(diff.high)
+    assert math.isnan(stats.paired_p_value(diff)) and math.isnan(stats.mde(diff.sd, diff.n))
+    assert stats.spread_not_estimable(diff)
+    # Holm counts the missing p as 1, and no p-value or interval decides the label
+    p_holm = stats.holm([stats.paired_p_value(diff), 0.001])[0]
+    assert p_holm == 1.0
+    assert stats.label(diff, p_holm, delta=0.5) == stats.SPREAD_NOT_ESTIMABLE
+    if diff.mean != 0:
+        assert scipy_stats.ttest_rel([arm[s] for s in seeds], [base[s] for s in seeds]).pvalue < 1e-30
+
+
+def test_a_small_real_spread_is_still_tested():
+    """Differences that vary by a step of an evaluation mean (1/1024) are a spread: tested as before."""
+    arm, base = {0: 0.5 + 1 / 1024, 1: 0.5, 2: 0.5 + 2 / 1024}, {0: 0.4, 1: 0.4, 2: 0.4}
+    diff = stats.paired_difference(arm, base)
+    x = [arm[s] for s in range(3)]
+    y = [base[s] for s in range(3)]
+    assert diff.sd > 0 and not stats.spread_not_estimable(diff)
+    assert stats.paired_p_value(diff) == pytest.approx(scipy_stats.ttest_rel(x, y).pvalue, rel=1e-9)
 
 
 def holm_by_definition(p):

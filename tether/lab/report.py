@@ -248,8 +248,9 @@ def markdown(protocol: Protocol, data: dict[str, Any]) -> str:
     lines += [f"Labels (primary endpoint; Holm's correction over the {len(protocol.compared())} comparisons, "
               f"α = {stats.ALPHA}): *better* / *worse*: the Holm-adjusted p-value of the paired t test is below α "
               "(the sign of the difference gives which); *no effect of size delta*: the whole 95% interval lies "
-              f"inside ±{protocol.test_size.delta:g}; *inconclusive*: neither (or no paired seed); *not testable in "
-              "this setting*: the calibration failed, so nothing is labelled on its data.", ""]
+              f"inside ±{protocol.test_size.delta:g}; *inconclusive*: neither (or no paired seed); *spread not "
+              "estimable*: the paired differences are all equal, so no p-value or interval can be computed from "
+              "them; *not testable in this setting*: the calibration failed, so nothing is labelled on its data.", ""]
     return "\n".join(lines)
 
 

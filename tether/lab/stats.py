@@ -3,6 +3,11 @@ with Holm's correction over a protocol's comparisons, and labels with a sign.
 
 Seeds are the unit of replication: each run (arm, seed) gives one endpoint value, and two arms run with the same
 seed share their prompt order and sampling seeds, so differences are paired by seed.
+
+Paired differences that are all equal have no sample spread: the t statistic is infinite (or 0/0), so the t test's
+p-value is 0 (scipy agrees) and the interval has zero width, yet equal differences over a few seeds say nothing
+about the seed-to-seed spread. Such a comparison is *spread not estimable*: no p-value, no interval, no MDE, and no
+better/worse/no-effect label (:func:`paired_difference`, :func:`label`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ from scipy import integrate, optimize, stats
 
 POWER = 0.8  # the conventional power of a minimum detectable effect
 ALPHA = 0.05
+# A spread of the paired differences at most this fraction of the largest value they come from is float rounding,
+# not seed-to-seed variation: 0.7 - 0.6 and 0.2 - 0.1 differ in the last bit, so three "equal" differences of 0.1
+# had a spread of 2e-17 and p = 1e-32. Rounding leaves ~1e-16 of the values; an evaluation mean over fewer than a
+# million answers moves in steps of at least 1e-6, far above this floor.
+SPREAD_FLOOR = 1e-9
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,8 @@ def unpaired_seeds(arm: dict[int, float], baseline: dict[int, float]) -> tuple[l
 
 def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> Interval:
     """Mean and interval of ``arm[seed] - baseline[seed]`` over the seeds both have (:func:`unpaired_seeds` names
-    the others).
+    the others). Two or more differences equal up to float rounding (:data:`SPREAD_FLOOR`) have ``sd`` 0 and NaN
+    ends: the spread, and so the interval, is not estimable (:func:`spread_not_estimable`).
 
     Raises:
         ValueError: no seed in common.
@@ -59,7 +70,16 @@ def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> Inte
     seeds = sorted(set(arm) & set(baseline))
     if not seeds:
         raise ValueError("no seed in common between the arm and its baseline")
-    return mean_ci([arm[s] - baseline[s] for s in seeds])
+    diff = mean_ci([arm[s] - baseline[s] for s in seeds])
+    scale = max(abs(v) for s in seeds for v in (arm[s], baseline[s]))
+    if diff.n >= 2 and diff.sd <= SPREAD_FLOOR * scale:
+        return Interval(diff.n, diff.mean, 0.0, math.nan, math.nan)
+    return diff
+
+
+def spread_not_estimable(diff: Interval) -> bool:
+    """Two or more paired differences with no spread (:func:`paired_difference`): nothing to test them against."""
+    return diff.n >= 2 and diff.sd == 0
 
 
 def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -67,8 +87,9 @@ def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     of standard deviation ``sd`` over ``n`` seeds (NaN below two seeds): ``lambda * sd / sqrt(n)``, where the
     noncentrality ``lambda`` gives the test that power exactly (:func:`t_test_power`). The textbook shortcut
     ``(t_{1-alpha/2} + t_{power}) * sd / sqrt(n)`` leaves out the far tail and the noncentral t's extra spread: it
-    is 14% too small with 2 seeds (power 0.73, not 0.8) and 5% with 3; from about 16 seeds the two agree."""
-    if n < 2 or math.isnan(sd):
+    is 14% too small with 2 seeds (power 0.73, not 0.8) and 5% with 3; from about 16 seeds the two agree. NaN
+    with no spread: an MDE of 0 would claim any effect is detectable."""
+    if n < 2 or math.isnan(sd) or sd == 0:
         return math.nan
     df = n - 1
     shortcut = stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)  # within a few % of the answer
@@ -97,12 +118,11 @@ def t_test_power(noncentrality: float, df: int, alpha: float = ALPHA) -> float:
 
 
 def paired_p_value(diff: Interval) -> float:
-    """Two-sided p-value of the paired t test that the mean difference is 0 (NaN below two seeds). With no spread
-    the differences are all equal: p is 1 when they are 0 and 0 otherwise."""
-    if diff.n < 2 or math.isnan(diff.sd):
+    """Two-sided p-value of the paired t test that the mean difference is 0: NaN below two seeds and with no spread
+    (:func:`spread_not_estimable`; the t test's own answer there, p = 0 for equal nonzero differences, rests on a
+    spread of 0 that a few seeds cannot show). Holm counts a NaN as 1."""
+    if diff.n < 2 or math.isnan(diff.sd) or spread_not_estimable(diff):
         return math.nan
-    if diff.sd == 0:
-        return 1.0 if diff.mean == 0 else 0.0
     t = diff.mean / (diff.sd / math.sqrt(diff.n))
     return float(2 * stats.t.sf(abs(t), diff.n - 1))
 
@@ -127,12 +147,16 @@ WORSE = "worse"
 NO_EFFECT = "no effect of size delta"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable in this setting"
+SPREAD_NOT_ESTIMABLE = "spread not estimable"
 
 
 def label(diff: Interval, p_adjusted: float, delta: float, alpha: float = ALPHA) -> str:
-    """``better``/``worse`` when the Holm-adjusted p-value is below ``alpha`` (the sign of the mean difference
-    gives which); ``no effect of size delta`` when the whole 95% interval lies inside ``(-delta, delta)``;
-    otherwise ``inconclusive``."""
+    """``spread not estimable`` when the paired differences are all equal (:func:`spread_not_estimable`);
+    ``better``/``worse`` when the Holm-adjusted p-value is below ``alpha`` (the sign of the mean difference gives
+    which); ``no effect of size delta`` when the whole 95% interval lies inside ``(-delta, delta)``; otherwise
+    ``inconclusive``."""
+    if spread_not_estimable(diff):
+        return SPREAD_NOT_ESTIMABLE
     if p_adjusted < alpha:
         return BETTER if diff.mean > 0 else WORSE
     if -delta < diff.low and diff.high < delta:
