@@ -209,6 +209,20 @@ def test_holm_over_the_comparisons_decides_the_labels(tmp_path, monkeypatch):
     assert "| 0.0300 | 0.0600 | **no effect of size delta** |" in report
 
 
+def test_no_effect_is_read_on_the_interval_adjusted_for_the_family(tmp_path, monkeypatch):
+    """Two comparisons: "no effect" needs the 97.5% interval (Bonferroni over 2) inside +-delta, as Holm adjusts
+    the tests; 0 +- 0.040 over 5 seeds lies inside +-0.055 at 95% (+-0.050) but not at 97.5% (+-0.063)."""
+    values = {"low": dict(zip(SEEDS, BASE, strict=True)), "high": shifted(0.0, 0.04), "mid": shifted(0.0, 0.01)}
+    data = report_of(tmp_path, monkeypatch, values, seeds=SEEDS, test_size={"delta": 0.055, "derivation": "d"})
+    primary = data["summary"]["val/avg@k"]["versus_baseline"]
+    high = primary["high"]
+    want = scipy_stats.t.interval(1 - 0.05 / 2, 4, loc=0.0, scale=0.04 / math.sqrt(5))
+    assert (high["equivalence_low"], high["equivalence_high"]) == pytest.approx(want, abs=1e-12)
+    assert high["ci_low"] > -0.055 and high["ci_high"] < 0.055  # the unadjusted reading said no effect
+    assert high["label"] == stats.INCONCLUSIVE and primary["mid"]["label"] == stats.NO_EFFECT
+    assert "97.5% CI (equivalence)" in (tmp_path / "study" / "report.md").read_text()
+
+
 def test_a_nan_endpoint_is_a_failed_run_not_a_nan_arm(tmp_path, monkeypatch):
     """One NaN endpoint made its arm's mean, interval and comparison NaN (labelled inconclusive), and the study
     counted as finished; it is a failed run, left out of the statistics, and the study cannot be published."""

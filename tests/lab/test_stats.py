@@ -110,7 +110,7 @@ def test_equal_paired_differences_get_no_p_value_interval_or_label(arm, base):
     # Holm counts the missing p as 1, and no p-value or interval decides the label
     p_holm = stats.holm([stats.paired_p_value(diff), 0.001])[0]
     assert p_holm == 1.0
-    assert stats.label(diff, p_holm, delta=0.5) == stats.SPREAD_NOT_ESTIMABLE
+    assert stats.label(diff, p_holm, delta=0.5, family=2) == stats.SPREAD_NOT_ESTIMABLE
     if diff.mean != 0:
         assert scipy_stats.ttest_rel([arm[s] for s in seeds], [base[s] for s in seeds]).pvalue < 1e-30
 
@@ -149,6 +149,12 @@ def test_holm_counts_a_missing_comparison_as_p_one():
     assert stats.holm([0.01, math.nan]) == pytest.approx([0.02, 1.0])
 
 
+def interval(low, high, n=5):
+    """The paired difference over ``n`` seeds whose 95% t interval is ``[low, high]``."""
+    half = (high - low) / 2
+    return stats.Interval(n, (low + high) / 2, half * math.sqrt(n) / scipy_stats.t.ppf(0.975, n - 1), low, high)
+
+
 @pytest.mark.parametrize(("low", "high", "p_holm", "delta", "want"), [
     (0.01, 0.05, 0.01, 0.1, stats.BETTER),
     (-0.05, -0.01, 0.01, 0.1, stats.WORSE),           # a detected harm is labelled as one
@@ -159,8 +165,26 @@ def test_holm_counts_a_missing_comparison_as_p_one():
     (-0.024, 0.079, 0.3, 0.034, stats.INCONCLUSIVE),  # ARMOR's interval against half its fall
 ])
 def test_labels(low, high, p_holm, delta, want):
-    diff = stats.Interval(n=5, mean=(low + high) / 2, sd=0.1, low=low, high=high)
-    assert stats.label(diff, p_holm, delta) == want
+    assert stats.label(interval(low, high), p_holm, delta, family=1) == want
+
+
+def test_no_effect_reads_the_bonferroni_interval_of_the_family():
+    """Holm keeps the family's chance of a false better/worse at 5%; "no effect" must keep its own error (calling a
+    true effect of size delta none) to the family's rate too: the 1 - 0.05/m interval, each side at 2.5%/m. Against
+    scipy's t quantiles in float64."""
+    diff = stats.mean_ci([0.031, -0.012, 0.054, 0.008, 0.027])
+    sem = diff.sd / math.sqrt(5)
+    for m in (1, 2, 4):
+        low, high = stats.equivalence_interval(diff, m)
+        want = scipy_stats.t.interval(1 - 0.05 / m, 4, loc=diff.mean, scale=sem)
+        assert (low, high) == pytest.approx(want, rel=1e-12)
+    assert stats.equivalence_interval(diff, 1) == pytest.approx((diff.low, diff.high), rel=1e-12)
+    # delta between the 95% interval's high end (+0.0525) and the 98.75% one's (+0.0697): inside at m = 1 only
+    delta = 0.06
+    assert diff.high < delta < scipy_stats.t.interval(1 - 0.05 / 4, 4, loc=diff.mean, scale=sem)[1]
+    assert stats.label(diff, 0.3, delta, family=1) == stats.NO_EFFECT
+    assert stats.label(diff, 0.3, delta, family=4) == stats.INCONCLUSIVE
+    assert stats.equivalence_interval(stats.mean_ci([0.1]), 3) == (-math.inf, math.inf)
 
 
 def test_unpaired_seeds_are_named():
@@ -169,17 +193,18 @@ def test_unpaired_seeds_are_named():
 
 def test_label_thresholds_are_strict_at_their_boundaries():
     """``better``/``worse`` need p *below* alpha, and ``no effect`` an interval strictly inside (-delta, delta): a
-    Holm-adjusted p of exactly 0.05, or an interval end exactly at +-delta, decides neither (the values are exact in
-    binary, so the boundary is hit exactly)."""
-    clear = stats.Interval(n=5, mean=0.0625, sd=0.1, low=-0.125, high=0.25)
-    assert stats.label(clear, 0.05, 0.5) == stats.NO_EFFECT  # p at alpha: not detected; inside +-0.5
-    assert stats.label(clear, 0.05 - 1e-12, 0.5) == stats.BETTER
-    assert stats.label(clear, 0.3, 0.25) == stats.INCONCLUSIVE  # high end exactly at delta
-    assert stats.label(clear, 0.3, 0.25 + 2**-20) == stats.NO_EFFECT
-    mirrored = stats.Interval(n=5, mean=-0.0625, sd=0.1, low=-0.25, high=0.125)
-    assert stats.label(mirrored, 0.3, 0.25) == stats.INCONCLUSIVE  # low end exactly at -delta
-    assert stats.label(mirrored, 0.05, 0.5) == stats.NO_EFFECT
-    assert stats.label(mirrored, 0.01, 0.5) == stats.WORSE
+    Holm-adjusted p of exactly 0.05, or an interval end exactly at +-delta, decides neither."""
+    clear = interval(-0.125, 0.25)
+    low, high = stats.equivalence_interval(clear, 1)
+    assert stats.label(clear, 0.05, 0.5, 1) == stats.NO_EFFECT  # p at alpha: not detected; inside +-0.5
+    assert stats.label(clear, 0.05 - 1e-12, 0.5, 1) == stats.BETTER
+    assert stats.label(clear, 0.3, high, 1) == stats.INCONCLUSIVE  # high end exactly at delta
+    assert stats.label(clear, 0.3, high + 2**-20, 1) == stats.NO_EFFECT
+    mirrored = interval(-0.25, 0.125)
+    low, high = stats.equivalence_interval(mirrored, 1)
+    assert stats.label(mirrored, 0.3, -low, 1) == stats.INCONCLUSIVE  # low end exactly at -delta
+    assert stats.label(mirrored, 0.05, 0.5, 1) == stats.NO_EFFECT
+    assert stats.label(mirrored, 0.01, 0.5, 1) == stats.WORSE
 
 
 def test_interval_p_value_and_mde_agree_with_scipy_for_several_seed_counts():

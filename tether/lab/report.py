@@ -84,15 +84,17 @@ def label_family(comparisons: dict[str, dict[str, Any]], delta: float, calibrati
     """Holm over the protocol's comparisons, then each one's label; none is labelled on its data unless the
     calibration passed: a failed one makes every comparison *not testable in this setting*."""
     adjusted = stats.holm([c["p"] for c in comparisons.values()])
+    family = len(comparisons)
     for c, p_holm in zip(comparisons.values(), adjusted, strict=True):
         c["p_holm"] = p_holm
+        diff = stats.Interval(c["n"], c["mean"], c["sd"], c["ci_low"], c["ci_high"])
+        c["equivalence_low"], c["equivalence_high"] = stats.equivalence_interval(diff, family)
         if calibration["status"] == FAILED:
             c["label"] = stats.NOT_TESTABLE
         elif calibration["status"] != PASSED or c["n"] == 0:
             c["label"] = stats.INCONCLUSIVE
         else:
-            diff = stats.Interval(c["n"], c["mean"], c["sd"], c["ci_low"], c["ci_high"])
-            c["label"] = stats.label(diff, p_holm, delta)
+            c["label"] = stats.label(diff, p_holm, delta, family)
 
 
 def endpoint_steps(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -225,14 +227,17 @@ def markdown(protocol: Protocol, data: dict[str, Any]) -> str:
             lines.append(f"| {arm} | {a['n']} | {_fmt(a['mean'])} | [{_fmt(a['ci_low'])}, {_fmt(a['ci_high'])}] "
                          f"| {seeds} |")
         if part["versus_baseline"]:
-            head = "| arm | n | difference | 95% CI | MDE (80% power) | p | " + ("p (Holm) | label | " * primary)
+            level = f"{100 * (1 - stats.ALPHA / len(part['versus_baseline'])):.4g}% CI"
+            head = ("| arm | n | difference | 95% CI | MDE (80% power) | p | "
+                    + f"p (Holm) | label | {level} (equivalence) | " * primary)
             lines += ["", f"Paired differences against `{protocol.baseline}` (same seeds):", "",
                       head + "unpaired seeds |", "|---" * head.count("|") + "|"]
             for arm, c in part["versus_baseline"].items():
                 row = (f"| {arm} | {c['n']} | {_fmt(c['mean'])} | [{_fmt(c['ci_low'])}, {_fmt(c['ci_high'])}] "
                        f"| {_fmt(c['mde'])} | {_p(c['p'])} | ")
                 if primary:
-                    row += f"{_p(c['p_holm'])} | **{c['label']}** | "
+                    row += (f"{_p(c['p_holm'])} | **{c['label']}** | [{_fmt(c['equivalence_low'])}, "
+                            f"{_fmt(c['equivalence_high'])}] | ")
                 lines.append(row + f"{_seeds(c['unpaired'], protocol.baseline)} |")
         lines.append("")
     if data["endpoint_steps"]:
@@ -247,8 +252,9 @@ def markdown(protocol: Protocol, data: dict[str, Any]) -> str:
         lines += ["## Failed or missing runs", "", *[f"- {f}" for f in data["failures"]], ""]
     lines += [f"Labels (primary endpoint; Holm's correction over the {len(protocol.compared())} comparisons, "
               f"α = {stats.ALPHA}): *better* / *worse*: the Holm-adjusted p-value of the paired t test is below α "
-              "(the sign of the difference gives which); *no effect of size delta*: the whole 95% interval lies "
-              f"inside ±{protocol.test_size.delta:g}; *inconclusive*: neither (or no paired seed); *spread not "
+              "(the sign of the difference gives which); *no effect of size delta*: the whole equivalence interval "
+              f"(the 1 − α/{len(protocol.compared())} interval: Bonferroni over the comparisons) lies inside "
+              f"±{protocol.test_size.delta:g}; *inconclusive*: neither (or no paired seed); *spread not "
               "estimable*: the paired differences are all equal, so no p-value or interval can be computed from "
               "them; *not testable in this setting*: the calibration failed, so nothing is labelled on its data.", ""]
     return "\n".join(lines)

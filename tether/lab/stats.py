@@ -150,15 +150,28 @@ NOT_TESTABLE = "not testable in this setting"
 SPREAD_NOT_ESTIMABLE = "spread not estimable"
 
 
-def label(diff: Interval, p_adjusted: float, delta: float, alpha: float = ALPHA) -> str:
+def equivalence_interval(diff: Interval, family: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """The ``1 - alpha / family`` t interval of the mean difference: Bonferroni's adjustment of the 95% interval
+    over the ``family`` comparisons Holm corrects. "No effect of size delta" holds when it lies inside ``+-delta``
+    (two one-sided tests, each at ``alpha / (2 family)``), so the chance of calling any true effect of size delta
+    "no effect" stays within the family's rate, as Holm keeps that of a false better/worse; the unadjusted 95%
+    interval let each comparison of a family make that error at the full rate. Infinite ends below two seeds."""
+    if diff.n < 2 or math.isnan(diff.sd):
+        return -math.inf, math.inf
+    half = stats.t.ppf(1 - alpha / (2 * family), diff.n - 1) * diff.sd / math.sqrt(diff.n)
+    return diff.mean - half, diff.mean + half
+
+
+def label(diff: Interval, p_adjusted: float, delta: float, family: int, alpha: float = ALPHA) -> str:
     """``spread not estimable`` when the paired differences are all equal (:func:`spread_not_estimable`);
-    ``better``/``worse`` when the Holm-adjusted p-value is below ``alpha`` (the sign of the mean difference gives
-    which); ``no effect of size delta`` when the whole 95% interval lies inside ``(-delta, delta)``; otherwise
-    ``inconclusive``."""
+    ``better``/``worse`` when the Holm-adjusted p-value (over ``family`` comparisons) is below ``alpha`` (the sign
+    of the mean difference gives which); ``no effect of size delta`` when the whole Bonferroni-adjusted interval
+    (:func:`equivalence_interval`) lies inside ``(-delta, delta)``; otherwise ``inconclusive``."""
     if spread_not_estimable(diff):
         return SPREAD_NOT_ESTIMABLE
     if p_adjusted < alpha:
         return BETTER if diff.mean > 0 else WORSE
-    if -delta < diff.low and diff.high < delta:
+    low, high = equivalence_interval(diff, family, alpha)
+    if -delta < low and high < delta:
         return NO_EFFECT
     return INCONCLUSIVE
