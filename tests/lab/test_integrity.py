@@ -144,6 +144,38 @@ def test_a_file_an_arm_names_is_locked_by_its_content(tmp_path, monkeypatch, fak
     assert run_experiment(path, report_only=True)["registration"]["arms_changed"] == ["high", "low", "mid"]
 
 
+def test_a_checkpoint_directory_an_arm_names_is_locked_by_its_files(tmp_path, monkeypatch, fake_runner):
+    """``model.name`` (or an EAPO prior) naming a checkpoint directory put only its path in the lock: new weights
+    under the same path were run as the registered arm. Its files are hashed, and one changed file is refused."""
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    checkpoint = tmp_path / "warm" / "checkpoint"
+    (checkpoint / "tokenizer").mkdir(parents=True)
+    (checkpoint / "config.json").write_text('{"hidden_size": 64}')
+    (checkpoint / "model.safetensors").write_bytes(b"weights one")
+    (checkpoint / "tokenizer" / "vocab.json").write_text("{}")
+    path = three_arms(tmp_path)
+    path.write_text(path.read_text().replace("optim.lr=1e-2", f"optim.lr=1e-2\n    - model.name={checkpoint}"))
+    run_experiment(path)
+    lock = json.loads((tmp_path / "study" / "protocol.lock.json").read_text())
+
+    def sha(data):
+        return hashlib.sha256(data).hexdigest()
+
+    files = [("config.json", b'{"hidden_size": 64}'), ("model.safetensors", b"weights one"),
+             ("tokenizer/vocab.json", b"{}")]  # sorted by relative path
+    listing = "".join(f"{name}\0{sha(data)}\n" for name, data in files)
+    assert lock["arms"]["high"]["directories"] == {str(checkpoint): sha(listing.encode())}
+    assert lock["arms"]["low"]["directories"] == {}
+    fake_runner.trained.clear()
+    (checkpoint / "model.safetensors").write_bytes(b"weights two")
+    with pytest.raises(ConfigError, match=f"since then arm 'high': directory {checkpoint} changed\\. Runs"):
+        run_experiment(path)
+    assert fake_runner.trained == []
+    assert run_experiment(path, report_only=True)["registration"]["arms_changed"] == ["high"]
+    (checkpoint / "model.safetensors").write_bytes(b"weights one")
+    assert run_experiment(path, report_only=True)["registration"]["arms_changed"] == []
+
+
 def test_a_run_on_another_commit_or_an_unclean_tree_is_flagged(tmp_path, monkeypatch, fake_runner):
     monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
     path = three_arms(tmp_path)

@@ -16,8 +16,9 @@ metrics and the comparisons. The runner
 4. writes ``report.md``, ``report.json``, ``per_seed.csv`` and ``curves.png`` under ``run_root`` (:mod:`.report`).
 
 At the first run it writes ``run_root/protocol.lock.json``: hashes of the protocol, of every arm's resolved config
-and of the code (commit, clean tree). It refuses a tree with uncommitted changes unless told (``allow_dirty``),
-and each run records in ``code.jsonl`` the commit each of its processes imported.
+(with the files and checkpoint directories it names) and of the code (commit, clean tree). It refuses a tree with
+uncommitted changes unless told (``allow_dirty``), and each run records in ``code.jsonl`` the commit each of its
+processes imported.
 
 :func:`pool_experiments` reports several finished protocols that differ only in their seeds (a replication
 registered after the first) as one, over all their seeds.
@@ -228,7 +229,7 @@ def protocol_committed(path: Path) -> bool:
 def named_files(config: Any) -> dict[str, str]:
     """path -> sha256 of each file a resolved config names by a path (``imports``' .py files, a chat template,
     a task's or SFT's data): their text is not in the config, and outside the checkout no commit covers it.
-    Directories (a checkpoint's weights) are left out."""
+    Directories are :func:`named_directories`."""
     if isinstance(config, dict):
         return {k: v for value in config.values() for k, v in named_files(value).items()}
     if isinstance(config, list):
@@ -238,18 +239,43 @@ def named_files(config: Any) -> dict[str, str]:
     return {}
 
 
+def named_directories(config: Any) -> dict[str, str]:
+    """path -> :func:`directory_sha256` of each directory a resolved config names by a path: a checkpoint as
+    ``model.name``, an EAPO prior, an SFT sampler, a task's data folder. The config holds only the path, so new
+    weights under the same path were another arm that the lock did not see. A directory holding the working
+    directory (``.``, ``..``) is the checkout, which the commit covers."""
+    if isinstance(config, dict):
+        return {k: v for value in config.values() for k, v in named_directories(value).items()}
+    if isinstance(config, list):
+        return {k: v for value in config for k, v in named_directories(value).items()}
+    if isinstance(config, str) and "/" in config and Path(config).is_dir() \
+            and not Path.cwd().resolve().is_relative_to(Path(config).resolve()):
+        return {config: directory_sha256(Path(config))}
+    return {}
+
+
+def directory_sha256(directory: Path) -> str:
+    """One sha256 over every file under ``directory`` (sorted relative paths and each file's sha256), skipping
+    none: which files a loader reads (weights, config, tokenizer, an adapter) depends on the loader."""
+    lines = []
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        with path.open("rb") as f:
+            lines.append(f"{path.relative_to(directory).as_posix()}\0{hashlib.file_digest(f, 'sha256').hexdigest()}\n")
+    return _sha256("".join(lines))
+
+
 def lock_content(protocol: Protocol, path: Path, code: dict[str, Any]) -> dict[str, Any]:
     """What the lock covers: the protocol file, every arm's resolved config (its overrides and the runner's,
-    without seed and run directory) with the files it names (:func:`named_files`), and the code (commit, clean
-    tree); ``sha256`` hashes protocol, configs and code."""
+    without seed and run directory) with the files and directories it names (:func:`named_files`,
+    :func:`named_directories`), and the code (commit, clean tree); ``sha256`` hashes protocol, configs and code."""
     arms = {arm: resolved_arm_config(protocol, arm) for arm in protocol.arms}
     hashes = {arm: _sha256(json.dumps(cfg, sort_keys=True)) for arm, cfg in arms.items()}
     protocol_sha = hashlib.sha256(path.read_bytes()).hexdigest()
     covered = {"protocol": protocol_sha, "arms": hashes, "code": {"commit": code["commit"], "clean": code["clean"]}}
     return {"sha256": _sha256(json.dumps(covered, sort_keys=True)),
             "protocol": {"path": str(path), "sha256": protocol_sha, "design_sha256": design_sha256(protocol)},
-            "arms": {arm: {"sha256": hashes[arm], "config": arms[arm], "files": named_files(arms[arm])}
-                     for arm in arms},
+            "arms": {arm: {"sha256": hashes[arm], "config": arms[arm], "files": named_files(arms[arm]),
+                           "directories": named_directories(arms[arm])} for arm in arms},
             "code": covered["code"]}
 
 
@@ -272,19 +298,24 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
 
 
 def arm_changes(locked: dict[str, Any] | None, config: dict[str, Any]) -> list[str]:
-    """What differs between an arm's lock entry and its resolved config now: each changed key, each named file
-    whose content changed (a lock without ``files`` predates their hashes: not compared). A lock written by an
-    older tether is read as this one reads a config: its moved keys at their new places, a setting added since at
-    its default (what the older tether ran), so an upgrade alone changes no arm."""
+    """What differs between an arm's lock entry and its resolved config now: each changed key, each named file or
+    directory whose content changed (a lock without ``files`` or ``directories`` predates those hashes: not
+    compared). A lock written by an older tether is read as this one reads a config: its moved keys at their new
+    places, a setting added since at its default (what the older tether ran), so an upgrade alone changes no arm."""
     if locked is None:
         return ["not in the lock"]
-    files = named_files(config)
-    then = locked.get("files", files)
-    changed_files = [f"file {name} changed" for name in sorted(set(then) | set(files))
-                     if then.get(name) != files.get(name)]
+    changed = [*_changed_hashes("file", locked.get("files"), named_files(config)),
+               *_changed_hashes("directory", locked.get("directories"), named_directories(config))]
     defaults = setting_defaults(Config, config.get("methods") or {})
     old = fill_defaults(move_saved_keys(locked["config"], "train"), defaults)
-    return [*config_changes(old, fill_defaults(config, defaults)), *changed_files]
+    return [*config_changes(old, fill_defaults(config, defaults)), *changed]
+
+
+def _changed_hashes(kind: str, then: dict[str, str] | None, now: dict[str, str]) -> list[str]:
+    """``{kind} PATH changed`` for each path whose hash differs; nothing when the lock has no such hashes."""
+    if then is None:
+        return []
+    return [f"{kind} {name} changed" for name in sorted(set(then) | set(now)) if then.get(name) != now.get(name)]
 
 
 def refuse_changed_design(reg: dict[str, Any], protocol: Protocol, path: Path) -> None:
