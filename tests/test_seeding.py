@@ -13,7 +13,7 @@ from tether.engine.hf import HFEngine
 from tether.recipes.seed_sft import rollout_episodes
 from tether.rollout import single_turn
 from tether.rollout.single_turn import GENERATE_ROWS
-from tether.seeding import SEED_BITS, derive_seed, step_seed
+from tether.seeding import SEED_BITS, derive_seed, rank_seed, step_seed
 from tether.trainer.build import build_collector
 
 
@@ -65,6 +65,16 @@ def test_the_old_linear_offsets_collisions_now_differ():
     assert derive_seed(step_seed(0, 3, "rollout", 0), 64) != derive_seed(step_seed(0, 3, "rollout", 64), 0)
     # the parts' types count: (1, 2) and ("1", 2) are different tuples
     assert derive_seed(1, 2) != derive_seed("1", 2)
+
+
+def test_a_ranks_seed_is_a_hash_of_the_calls_seed_and_the_rank():
+    # seed + rank * 1_000_000_007: rank 1 of the call seeded s had the seed of rank 0 of the call seeded s + that
+    s = step_seed(0, 3, "rollout")
+    assert rank_seed(s + 1_000_000_007, 0) == s + 1_000_000_007 != rank_seed(s, 1)
+    assert rank_seed(s, 0) == s  # one rank, or one Ray actor, samples what the unsharded engine samples
+    assert [rank_seed(s, r) for r in (1, 2, 3)] == [derive_seed(s, "rank", r) for r in (1, 2, 3)]
+    seeds = {rank_seed(step_seed(run, step, "rollout"), r) for run in range(3) for step in range(50) for r in range(8)}
+    assert len(seeds) == 3 * 50 * 8 and max(seeds) < 2**SEED_BITS
 
 
 class SeedRecorder(ScriptedEngine):

@@ -16,6 +16,9 @@ purpose             used by
 ``""`` (none)       ``tether seed-sft``'s rollouts, at step 0 (``k``: the first task of the batch)
 ==================  ==================================================================================
 
+Under ``torchrun`` and with the Ray engine's actors, an engine call seeded ``s`` is split by rank: rank ``r`` samples
+its share with :func:`rank_seed` of ``(s, r)``, ``s`` itself on rank 0, a hash of ``(s, "rank", r)`` on the others.
+
 Each engine call of a collector samples from :func:`derive_seed` of its caller's seed and its place in it (the
 row offset of its chunk; in an agent, the turn too), as EAPO's injection does per engine call. The seeds are
 hashes, not linear offsets: with ``seed + turn * 1009 + start`` and ``run_seed * 1_000_003 + step * 10_007 + ...``
@@ -52,6 +55,18 @@ def derive_seed(*parts: int | str) -> int:
     """
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()  # repr tells 1 from "1"
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The sampling seed of data-parallel ``rank`` (or Ray engine actor) for an engine call seeded ``seed``: rank 0
+    keeps ``seed`` itself, so one rank or one actor samples what the unsharded engine samples; rank ``r > 0`` takes
+    ``derive_seed(seed, "rank", r)``. It was ``seed + r * 1_000_000_007``, a linear offset: the call seeded ``s``
+    gave rank 1 the seed of rank 0 of a call seeded ``s + 1_000_000_007``.
+
+    >>> rank_seed(5, 0), rank_seed(5, 1) == derive_seed(5, "rank", 1)
+    (5, True)
+    """
+    return seed if rank == 0 else derive_seed(seed, "rank", rank)
 
 
 def step_seed(run_seed: int, step: int, purpose: str, k: int = 0) -> int:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tether.distributed.data_parallel import DataParallel, ShardedEngine, concat_generations, rank_seed, split_evenly
+from tether.distributed.data_parallel import DataParallel, ShardedEngine, concat_generations, split_evenly
 from tether.distributed.device import resolve_device
 from tether.distributed.strategy import MicroBatch, Replicate, Strategy
+from tether.seeding import rank_seed
 
 if TYPE_CHECKING:
     from tether.config import DistributedConfig

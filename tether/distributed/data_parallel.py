@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tether.engine.base import Generation, Intervention, SamplingParams
+from tether.seeding import rank_seed
 
 
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
@@ -102,11 +103,6 @@ def extremum(key: str) -> Callable[[Any, Any], Any] | None:
     if key.endswith("_min"):
         return lambda a, b: torch.minimum(a, b) if isinstance(a, Tensor) else min(a, b)
     return None
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """The sampling seed of ``rank`` for a call seeded ``seed``: rank 0 keeps ``seed`` itself."""
-    return (seed + rank * 1_000_000_007) % 2**62
 
 
 class DataParallel:

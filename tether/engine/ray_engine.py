@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from tether.distributed.data_parallel import concat_generations, rank_seed, split_evenly
+from tether.distributed.data_parallel import concat_generations, split_evenly
 from tether.distributed.ray_cluster import check_ray_available, connect
 from tether.engine.base import (
     Generation,
@@ -33,6 +33,7 @@ from tether.engine.base import (
 )
 from tether.engine.hf import HFEngine, default_eos_token_ids, pad_token_id
 from tether.models.lora import serving_state_dict
+from tether.seeding import rank_seed
 
 if TYPE_CHECKING:
     from tether.config import ModelConfig
