@@ -137,6 +137,30 @@ def test_kl_penalty_in_the_reward_subtracts_coef_times_the_summed_estimate(tiny_
     assert metrics["reward/kl_penalty"] == pytest.approx(penalty.mean().item(), abs=2e-5)
 
 
+def test_kl_penalty_in_the_reward_leaves_anchor_rows_out(tiny_policy, tmp_path):
+    """An anchor (source 1, ARMOR's: sampled by the reference) is no sample of pi, so k1/k3 do not estimate
+    KL(pi || ref) on it: its reward is left as it was, and the metric is the on-policy rows' mean."""
+    coef = 0.05
+    trainer = trainer_for(tiny_policy, tmp_path, f"algorithm.kl.coef={coef}", "algorithm.kl.in_reward=true",
+                          "algorithm.kl.estimator=k1")
+    batch = fixed_batch(trainer)
+    anchors = torch.tensor([2, 5])
+    batch.source[anchors] = 1
+    before = batch.rewards.clone().double()
+    metrics = trainer.score(batch)
+
+    temperature = trainer.cfg.rollout.temperature
+    old, _ = direct_log_probs(trainer.policy, batch, temperature)
+    ref, _ = direct_log_probs(trainer.ref_policy, batch, temperature)
+    penalty = (kl_reference(old - ref, "k1") * batch.response_mask.double()).sum(1)
+    on_policy = torch.ones(len(batch), dtype=torch.bool)
+    on_policy[anchors] = False
+    assert (coef * penalty[anchors]).abs().min() > 1e-3  # counted, the anchors' rewards would move
+    expected = before - coef * penalty * on_policy
+    torch.testing.assert_close(batch.rewards.double(), expected, atol=2e-5, rtol=0)
+    assert metrics["reward/kl_penalty"] == pytest.approx(penalty[on_policy].mean().item(), abs=2e-5)
+
+
 def test_kl_penalty_in_the_reward_scores_each_policy_once(tiny_policy, tmp_path, monkeypatch):
     """With two mini-batches pi_old is scored for the update anyway: the penalty reuses it (a second policy pass over
     the whole batch was computed and thrown away), so each of the policy and the reference is scored once."""

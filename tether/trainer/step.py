@@ -127,9 +127,12 @@ class StepPhases:
             if "old_log_probs" not in batch.token:  # not setdefault: its argument, a whole policy pass, always runs
                 batch.token["old_log_probs"] = self.log_probs(self.policy, batch)
             per_token = algos.kl_estimate(batch.token["old_log_probs"], batch.token["ref_log_probs"], kl.estimator)
-            penalty = (per_token * batch.response_mask).sum(1)
+            # k1/k3 estimate KL(pi || ref) only on samples of pi: an anchor (ARMOR, sampled by the reference) would
+            # get minus an estimate of KL(ref || pi), a bonus, so it keeps its reward and leaves the metric
+            on_policy = batch.source == 0
+            penalty = (per_token * batch.response_mask).sum(1) * on_policy
             batch.rewards = batch.rewards - kl.coef * penalty
-            metrics["reward/kl_penalty"] = penalty.mean().item()
+            metrics["reward/kl_penalty"] = penalty[on_policy].mean().item()
         return metrics
 
     # -- 4. advantages -----------------------------------------------------------------------
