@@ -283,3 +283,38 @@ def test_total_loss_is_ppo_minus_entropy_plus_kl_under_every_aggregation(tiny_po
     if loss_agg != "token-mean":  # each term under token-mean would be off by far more than the tolerance
         assert (entropy_coef * (entropy - agg(ent_m, "token-mean"))).abs() > 1e-3
         assert (kl_coef * (kl - agg(kl_tok, "token-mean"))).abs() > 1e-4
+
+
+# -- 6. a row without response tokens ------------------------------------------------------------------------------
+
+
+SEQUENCE_MEANS = [("ppo", "seq-mean-token-mean"), ("ppo", "seq-mean-token-sum"), ("ppo", "seq-mean-token-sum-norm"),
+                  ("gspo", "seq-mean-token-mean")]  # GRPO's, verl's, Dr.GRPO's; GSPO's sequence-level ratio
+
+
+@pytest.mark.parametrize(("policy_loss", "loss_agg"), SEQUENCE_MEANS)
+def test_a_row_without_response_tokens_changes_no_sequence_mean(tiny_policy, tmp_path, policy_loss, loss_agg):
+    """An empty response (an agent turn or a user engine's row with no token) adds nothing to any term, so the loss
+    of the mini-batch with it is the loss of the mini-batch without it: it is no sequence of the sequence means."""
+    trainer = trainer_for(tiny_policy, tmp_path, f"algorithm.policy_loss={policy_loss}",
+                          f"algorithm.loss_agg={loss_agg}", "algorithm.entropy_coef=0.01", "algorithm.kl.coef=0.5")
+    batch = fixed_batch(trainer)
+    batch.response_mask[3] = 0
+    temperature = trainer.cfg.rollout.temperature
+    lp, _ = direct_log_probs(trainer.policy, batch, temperature)
+    ref, _ = direct_log_probs(trainer.ref_policy, batch, temperature)
+    mask = batch.response_mask.double()
+    batch.token["old_log_probs"] = old_log_probs_off_the_policy(lp, mask)
+    batch.token["advantages"] = fixed_advantages(batch)
+    batch.token["ref_log_probs"] = (ref * mask).float()
+
+    def mini_batch_loss(part: RolloutBatch) -> tuple[torch.Tensor, MiniBatch]:
+        rows = torch.arange(len(part))
+        mini = step.loss_mini_batch(part, rows, mask_truncated=False)
+        return trainer._micro_batch_loss(narrowed(part, rows.tolist(), part.row_lengths()), mini).loss, mini
+
+    loss, mini = mini_batch_loss(batch)
+    without, _ = mini_batch_loss(batch.select(torch.tensor([0, 1, 2, 4, 5, 6, 7])))
+    assert without.abs() > 1e-2  # 1/8 of it would be far outside the tolerance
+    torch.testing.assert_close(loss.double(), without.double(), atol=1e-6, rtol=0)
+    assert mini.num_seqs == 7 and mini.num_tokens == sum(LENGTHS) - LENGTHS[3]

@@ -83,7 +83,8 @@ class MiniBatch:
         rows: its rows, as indices into the RL step's batch, in the order the trainer took them. [M] long
         num_tokens: response tokens the loss counts in the whole mini-batch (``LossInputs.num_tokens``): all of
             them, or with ``algorithm.mask_truncated`` those of the rows that did not hit ``rollout.max_new_tokens``.
-        num_seqs: rows the loss counts in the whole mini-batch (``LossInputs.num_seqs``), likewise.
+        num_seqs: rows the loss counts in the whole mini-batch (``LossInputs.num_seqs``), likewise: those with at
+            least one token in the loss.
         batch: the mini-batch itself, every row (``len(batch)`` of them); for totals of a method's own per-token
             tensors.
     """

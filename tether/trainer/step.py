@@ -361,17 +361,21 @@ def loss_mini_batch(batch: RolloutBatch, rows: torch.Tensor, *, mask_truncated: 
     term count) and the normalisers, so every aggregation mode gives the loss of the mini-batch without it. Its
     advantage, made before, kept it in its group's mean and std, as TRL's ``mask_truncated_completions`` does. The
     forward passes and scoring still see every row, so pi_old stays the update's first pass bit for bit.
+
+    The sequence count is the rows with at least one token in the loss, as :func:`tether.algos.aggregate` counts
+    them: a row without response tokens (an agent turn or a user engine's empty response, a truncated row) adds
+    nothing to a sequence mean's numerator and nothing to its denominator.
     """
     part = batch.select(rows)
-    if not mask_truncated:
-        return MiniBatch(rows=rows, num_tokens=float(part.response_mask.sum()), num_seqs=len(part), batch=part)
-    if "truncated" not in part.info:
-        raise ValueError("algorithm.mask_truncated=true needs info['truncated'] on the batch's rows, and this "
-                         "collector records none")
-    kept = [not truncated for truncated in part.info["truncated"]]
-    part.token[LOSS_MASK] = part.response_mask * torch.tensor(kept, dtype=part.response_mask.dtype,
-                                                              device=part.response_mask.device)[:, None]
-    return MiniBatch(rows=rows, num_tokens=float(part.token[LOSS_MASK].sum()), num_seqs=sum(kept), batch=part)
+    if mask_truncated:
+        if "truncated" not in part.info:
+            raise ValueError("algorithm.mask_truncated=true needs info['truncated'] on the batch's rows, and this "
+                             "collector records none")
+        kept = torch.tensor([not truncated for truncated in part.info["truncated"]], dtype=part.response_mask.dtype,
+                            device=part.response_mask.device)
+        part.token[LOSS_MASK] = part.response_mask * kept[:, None]
+    mask = loss_mask(part)
+    return MiniBatch(rows=rows, num_tokens=float(mask.sum()), num_seqs=int((mask.sum(1) > 0).sum()), batch=part)
 
 
 def loss_mask(batch: RolloutBatch) -> torch.Tensor:
