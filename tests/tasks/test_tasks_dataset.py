@@ -297,6 +297,19 @@ def test_the_datasets_builder_idiom_reads_data_files_per_split(tmp_path, builder
     check_config(cfg, policy=False)
 
 
+def test_a_held_out_split_of_the_same_path_is_named_val_split_in_its_warnings(tmp_path):
+    """A warning about ``val_split`` of ``path`` named the setting ``val_path``, which the config does not have."""
+    rows = qa_rows(14)
+    rows[11]["solution"] = ""
+    train = write_rows(tmp_path / "train.jsonl", rows[:10])
+    test = write_rows(tmp_path / "test.jsonl", rows[10:])
+    cfg = config_with(tmp_path, path="json", data_files={"train": str(train), "test": str(test)}, val_split="test",
+                      val_size=4, prompt_field="question", answer_field="solution")
+    assert [w for w in check_config(cfg, policy=False) if "empty" in w] == [
+        "task.kwargs: val_split 'test': 1 of 4 rows checked in json have an empty 'solution' (the first: row 1); "
+        "they are never scored correct: give them an answer, or set answer_field: null when only task.rewards score"]
+
+
 def test_the_builder_arguments_reach_load_dataset_as_written(monkeypatch):
     """``config`` (or datasets' word, ``name``), ``data_files``, ``split`` and ``revision`` are load_dataset's."""
     calls = []

@@ -40,6 +40,7 @@ BUILDERS = frozenset(_FORMATS.values())  # datasets' builders of tether's file f
 # a null gold is most often a column the rewards do not need (a JSON row without the key reads as null)
 NO_GOLD_HINT = ": give them an answer, or set answer_field: null when only task.rewards score"
 DataFiles = str | list[str] | dict[str, str | list[str]]  # datasets' data_files: a file, files, or files per split
+Source = tuple[str, str, DataFiles | None]  # (path, split, data_files): one split the task reads
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -307,14 +308,17 @@ class DatasetTask(JsonlTask):
         Raises:
             ValueError: the first problem, naming the column, the row and what was expected.
         """
-        sources = [(path, split, data_files)]
-        if val_path is not None or val_split is not None:
-            sources.append((val_path, val_split or split, None) if val_path else (path, val_split, data_files))
+        # (the setting a warning names, what it reads): the held-out split is val_path's, or val_split of path
+        sources = [("path", (path, split, data_files))]
+        if val_path is not None:
+            sources.append(("val_path", (val_path, val_split or split, None)))
+        elif val_split is not None:
+            sources.append((f"val_split {val_split!r}", (path, val_split, data_files)))
         fn = load_format_fn(format_fn)
         prompt_key, answer_key = ("prompt", "answer") if fn else (prompt_field, answer_field)
         kinds: dict[bool, str] = {}  # text prompt or not -> the first row of that kind
         warnings = []
-        for key, (source, split_name, files) in zip(("path", "val_path"), _unique(sources), strict=False):
+        for key, (source, split_name, files) in _unique(sources):
             if not _is_local(source, key, files):
                 continue
             rows = load_split(source, config or name, split_name, files)
@@ -384,9 +388,10 @@ class DatasetTask(JsonlTask):
         return super().score(item, response_text)
 
 
-def _unique(sources: list[tuple[str, str, DataFiles | None]]) -> list[tuple[str, str, DataFiles | None]]:
-    """``sources`` without repeats (a held-out split that is the training one is read once)."""
-    return [source for i, source in enumerate(sources) if source not in sources[:i]]
+def _unique(sources: list[tuple[str, Source]]) -> list[tuple[str, Source]]:
+    """``(setting, source)`` pairs without a repeated source (a held-out split that is the training one is read
+    once, under the first setting)."""
+    return [(key, source) for i, (key, source) in enumerate(sources) if source not in [s for _, s in sources[:i]]]
 
 
 def _is_local(source: str, key: str, data_files: DataFiles | None = None) -> bool:
