@@ -21,6 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+# The data files a task reads (the jsonl and dataset tasks), by suffix, each with the ``datasets`` builder that reads
+# it (``load_dataset(builder, data_files=...)``).
+DATA_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
 
 def relative_to_cwd(path: str | Path) -> str:
     """What a message about a file that is not there adds after ``path``: `` (relative to the working directory

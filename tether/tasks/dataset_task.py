@@ -27,16 +27,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tether.files import relative_to_cwd
+from tether.files import DATA_FORMATS, relative_to_cwd
 from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, prompt_text
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
-from tether.tasks.jsonl_task import _FORMATS, JsonlTask, answer_warnings, carve, load_rows, no_progress_bars
+from tether.tasks.jsonl_task import JsonlTask, answer_warnings, carve, load_rows, no_progress_bars
 from tether.tasks.registry import register_task
 from tether.user_code import resolve_target
 
 ROWS_CHECKED = 100  # rows whose prompt and answer are checked before a run (the whole file is read by the run)
-BUILDERS = frozenset(_FORMATS.values())  # datasets' builders of tether's file formats: path: json, data_files: ...
+BUILDERS = frozenset(DATA_FORMATS.values())  # datasets' builders of tether's file formats: path: json, data_files: ...
 # a null gold is most often a column the rewards do not need (a JSON row without the key reads as null)
 NO_GOLD_HINT = ": give them an answer, or set answer_field: null when only task.rewards score"
 DataFiles = str | list[str] | dict[str, str | list[str]]  # datasets' data_files: a file, files, or files per split
@@ -407,7 +407,7 @@ def _is_local(source: str, key: str, data_files: DataFiles | None = None) -> boo
         return True
     if Path(source).expanduser().exists():
         return True
-    if Path(source).suffix.lower() in _FORMATS or source.startswith((".", "/", "~")) or source.count("/") > 1:
+    if Path(source).suffix.lower() in DATA_FORMATS or source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise ValueError(f"{key}: {source!r} does not exist here{relative_to_cwd(source)}, and is not a Hub id "
                          "(org/name)")
     return False
@@ -423,12 +423,12 @@ def check_source(path: str, data_files: DataFiles | None, revision: str | None) 
     if path in BUILDERS and data_files is None:
         raise ValueError(f"path: {path!r} is datasets' {path} builder: give data_files, the file(s) it reads "
                          f"(load_dataset({path!r}, data_files=...)), or give the file itself as path")
-    file_suffix = Path(path).suffix.lower() in _FORMATS
+    file_suffix = Path(path).suffix.lower() in DATA_FORMATS
     if revision is not None and (path in BUILDERS or file_suffix):
         raise ValueError(f"revision: {revision!r}: only a Hub dataset has revisions, not the local data of {path!r}")
     if data_files is not None and file_suffix:
         raise ValueError(f"data_files with path: {path!r}, a data file: give the file as path alone, or path: "
-                         f"{_FORMATS[Path(path).suffix.lower()]} with data_files")
+                         f"{DATA_FORMATS[Path(path).suffix.lower()]} with data_files")
 
 
 def source_name(path: str, data_files: DataFiles | None) -> str:

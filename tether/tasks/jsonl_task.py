@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tether.files import numbered_jsonl, relative_to_cwd
+from tether.files import DATA_FORMATS, numbered_jsonl, relative_to_cwd
 from tether.splits import seeded_order, shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, fault_score
 from tether.tasks.extract import (
@@ -23,7 +23,6 @@ from tether.tasks.extract import (
 )
 from tether.tasks.registry import register_task
 
-_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 # Gold answers parsed per file before a run, and the time that may take: an even sample finds a file whose answers
 # are mostly unparsable (the wrong field, prose answers) without parsing 100k rows.
 GOLD_SAMPLE = 100
@@ -35,9 +34,9 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task data file not found: {path}{relative_to_cwd(path)}")
-    fmt = _FORMATS.get(path.suffix.lower())
+    fmt = DATA_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise ValueError(f"unsupported data file {path.name}; expected one of {', '.join(_FORMATS)}")
+        raise ValueError(f"unsupported data file {path.name}; expected one of {', '.join(DATA_FORMATS)}")
     import datasets
 
     # A throwaway cache: the default one would keep a copy of every file ever loaded.
@@ -282,8 +281,8 @@ class JsonlTask:
             raise ValueError("the jsonl task needs either path=... (split into train/val) or both train_path=... "
                              "and val_path=...")
         for key, file in (("path", path), ("train_path", train_path), ("val_path", val_path)):
-            if file is not None and Path(file).suffix.lower() not in _FORMATS:
-                raise ValueError(f"{key}: {file!r} is not one of {', '.join(_FORMATS)}")
+            if file is not None and Path(file).suffix.lower() not in DATA_FORMATS:
+                raise ValueError(f"{key}: {file!r} is not one of {', '.join(DATA_FORMATS)}")
         check_extract_mode(extract)
         check_template(prompt_template)
 
