@@ -319,6 +319,28 @@ def test_prompt_lengths_are_counted_with_the_configured_chat_template(tmp_path):
         check_config(cfg)
 
 
+def test_the_checks_of_one_config_load_each_tokenizer_once(tmp_path, monkeypatch):
+    """The prompt lengths, the reference's tokenizer comparison and the chat template check each loaded the policy's
+    tokenizer: 3 loads of it (about 0.1 s each for SmolLM2's) where one serves them all."""
+    import tether.models.char as char
+
+    loads = []
+
+    def counting():
+        loads.append(1)
+        return tokenizer()
+
+    tokenizer = char.char_tokenizer
+    monkeypatch.setattr(char, "char_tokenizer", counting)
+    cfg = prompt_config(tmp_path, "char-64x1", ["x" * 40, "1+1?"], 8)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"ref_name": "char-128x4"}),
+                                 "algorithm": cfg.algorithm.model_copy(update={"use_ref": True})})
+    assert check_config(cfg) == []
+    assert len(loads) == 2  # the policy's and the reference's
+    check_config(cfg)
+    assert len(loads) == 4  # each config's checks read the files again: no process-wide cache
+
+
 def test_prompts_that_leave_too_little_room_for_the_response_are_a_warning(tmp_path):
     from tether.models.char import char_tokenizer
 

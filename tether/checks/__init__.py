@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.checks.components import CONFIG_CHECKS
+from tether.checks.context import shared_tokenizers
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types, check_kwargs
 from tether.checks.machine import check_model, machine_checks
@@ -86,12 +87,13 @@ def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True) -
     resolve_method_targets(cfg.methods)  # methods: {"my_module:MyMethod": {...}}
     found = Findings()
     errors = _run((*CONFIG_CHECKS, check_workload), cfg, found)
-    if machine and not errors:
-        # a missing input an earlier command writes is named with that command, instead of what is missing
-        errors = _run((prerequisites(policy, sft),), cfg, found) or \
-            _run(machine_checks(policy=policy, sft=sft, skills=skills), cfg, found)
-    if machine and not errors:  # what train would otherwise find after its model loads (tether.checks.startup)
-        errors = _run(startup_checks(policy=policy), cfg, found)
+    with shared_tokenizers():  # the machine and startup checks read the policy's tokenizer up to three times
+        if machine and not errors:
+            # a missing input an earlier command writes is named with that command, instead of what is missing
+            errors = _run((prerequisites(policy, sft),), cfg, found) or \
+                _run(machine_checks(policy=policy, sft=sft, skills=skills), cfg, found)
+        if machine and not errors:  # what train would otherwise find after its model loads (tether.checks.startup)
+            errors = _run(startup_checks(policy=policy), cfg, found)
     if errors:
         raise ConfigError("\n".join(errors))
     return found.warnings

@@ -11,10 +11,12 @@ Tasks that generate their prompts and environments, whose observations grow turn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ from tether.checks.workload import workload_class
 from tether.config import Config, ConfigError
 
 LONGEST_PROMPTS = 16  # prompts tokenised per run check: the longest by characters are the longest by tokens, nearly
+# name -> its tokenizer (None: it cannot be loaded alone), inside shared_tokenizers(); None outside
+_LOADED: ContextVar[dict[str, Any] | None] = ContextVar("tether_checks_tokenizers", default=None)
 
 
 def warn_context(cfg: Config, found: Findings) -> None:
@@ -87,11 +91,10 @@ def policy_tokenizer(cfg: Config) -> Any | None:
     (:func:`tether.checks.machine.check_chat_template` reports that)."""
     from tether.models.chat_template import apply_chat_template
 
-    load = tokenizer_loader(cfg.model.name)
-    tokenizer = None if load is None else load()
+    tokenizer = load_tokenizer(cfg.model.name)
     if tokenizer is None:
         return None
-    try:
+    try:  # on the shared tokenizer too: within one config's checks it is always this config's template
         apply_chat_template(tokenizer, cfg.model.chat_template)
     except ValueError:
         return None
@@ -109,6 +112,33 @@ def model_context(name: str) -> int | None:
         return TINY_CONTEXT
     directory = _model_dir(name, cache_root() / "models" / name)
     return None if directory is None else _max_positions(directory / "config.json")
+
+
+@contextlib.contextmanager
+def shared_tokenizers() -> Iterator[None]:
+    """Within it, :func:`load_tokenizer` loads each name's tokenizer once: one config's checks ask for the policy's
+    up to three times (its prompts' lengths, the comparison with the reference's, its chat template), ~0.1 s each.
+    The name is the whole key: the tokenizer is read from this machine's files only (no revision, no remote code).
+    Scoped, not a process-wide cache, so a later check (a test, another command in the process) reads the files
+    again."""
+    token = _LOADED.set({})
+    try:
+        yield
+    finally:
+        _LOADED.reset(token)
+
+
+def load_tokenizer(name: str) -> Any | None:
+    """The tokenizer model ``name`` loads with, loaded alone (:func:`tokenizer_loader`); None where it cannot be.
+    Inside :func:`shared_tokenizers`, the one loaded first for ``name``."""
+    loaded = _LOADED.get()
+    if loaded is not None and name in loaded:
+        return loaded[name]
+    load = tokenizer_loader(name)
+    tokenizer = None if load is None else load()
+    if loaded is not None:
+        loaded[name] = tokenizer
+    return tokenizer
 
 
 def tokenizer_loader(name: str) -> Callable[[], Any] | None:

@@ -74,7 +74,7 @@ def check_tokenizers(cfg: Config, found: Findings) -> None:
     ``Method.policy_tokenizer_models``) use the policy's tokenizer, compared from the tokenizers alone (no weights
     load): where the model loads, the same comparison (``models.policy.check_vocabulary``) stopped the run after the
     policy had loaded. A name whose tokenizer cannot be loaded alone here is left to that check."""
-    from tether.checks.context import tokenizer_loader
+    from tether.checks.context import load_tokenizer
     from tether.methods import METHODS, method_config
     from tether.models.policy import REFERENCE_TOKENIZER_WHY, check_tokenizer
 
@@ -84,13 +84,11 @@ def check_tokenizers(cfg: Config, found: Findings) -> None:
         names, bound = METHODS[method].named_models(settings), METHODS[method].policy_tokenizer_models(settings)
         others.update({key: (names[key], why) for key, why in bound.items()})
     others = {key: (name, why) for key, (name, why) in others.items() if name != cfg.model.name}
-    load_mine = tokenizer_loader(cfg.model.name) if others else None
-    mine = load_mine() if load_mine is not None else None
+    mine = load_tokenizer(cfg.model.name) if others else None
     if mine is None:
         return
     for key, (name, why) in others.items():
-        load_theirs = tokenizer_loader(name)
-        theirs = load_theirs() if load_theirs is not None else None
+        theirs = load_tokenizer(name)
         if theirs is not None:
             check_tokenizer(mine, theirs, key, name, why)
 
