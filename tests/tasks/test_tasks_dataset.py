@@ -103,10 +103,10 @@ def test_a_conversational_column_is_used_as_it_is(saved):
     assert task.train[0].prompt == [{"role": "user", "content": task.train[0].prompt[0]["content"]}]
 
 
-def test_text_parts_are_accepted_and_image_parts_still_refused(tmp_path, tokenizer):
+def test_text_parts_are_accepted(tmp_path, tokenizer):
     """A message content of text parts (the OpenAI / Hugging Face multi-part format) was refused ("has content parts
     (text)"); it is kept as it is, and encoded as its texts joined by a newline by SmolLM2's template (which raises
-    on a list); an image part is still refused, in the line of test_bad_data_is_one_line_before_any_model_loads."""
+    on a list). Image parts: tests/tasks/test_dataset_images.py."""
     from tether.models import encode_chat
 
     def prompt(i: int) -> list[dict]:
@@ -116,12 +116,12 @@ def test_text_parts_are_accepted_and_image_parts_still_refused(tmp_path, tokeniz
     file.write_text("".join(json.dumps({"prompt": prompt(i), "answer": str(i)}) + "\n" for i in range(6)))
     assert DatasetTask.check_inputs(path=str(file)) == []
     item = DatasetTask(path=str(file), val_size=2).train[0]
-    assert item.prompt == prompt(int(item.answer))
+    assert item.prompt == prompt(int(item.answer)) and item.images == ()
     assert encode_chat(tokenizer, item.prompt) == encode_chat(tokenizer, f"Say\n{item.answer}.")
-    rows = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Say 1."}]}],
+    rows = [{"prompt": [{"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "Say 1."}]}],
              "answer": "1"}] * 3
     write_jsonl(file, rows)
-    with pytest.raises(ValueError, match=r"message 0 has content parts \(image, text\): a dataset prompt's content"):
+    with pytest.raises(ValueError, match=r"message 0 has content parts \(audio, text\): a dataset prompt's content"):
         DatasetTask.check_inputs(path=str(file))
 
 
@@ -152,8 +152,7 @@ def config_with(tmp_path, **kwargs):
     ({"prompt_field": "target", "answer_field": "target", "format_fn": f"{FMT}:bad_messages"},
      "message 0 is 'hello', not"),
     ({"format_fn": f"{FMT}:with_image"},  # the line held the image's 50 KB of bytes
-     r"^task.kwargs: column .prompt. of row 0 .*: message 0 has content parts \(image, text\): a dataset prompt's "
-     r"content is one text .{0,160}$"),
+     r"^task.kwargs: row 0 of .*: content parts: image 0: its 'bytes' holds str, not bytes$"),
     ({"format_fn": f"{FMT}:to_chta"}, "did you mean 'to_chat'"),
     ({"format_fn": f"{FMT}:no_args"}, "must take one argument"),
     ({"format_fn": f"{FMT}:not_a_dict"}, "returned list for row 0"),

@@ -109,9 +109,11 @@ def _offline_hub_dataset(cfg: Config) -> str | None:
     return path if constants.HF_HUB_OFFLINE else None
 
 
-def check_task_builds(cfg: Config, found: Findings) -> None:
+def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> None:
     """Build the task as the trainer will (reading, splitting and typing its data): a 50-row file with
-    ``val_size=100``, or a prompt field holding a list, fails here as one line."""
+    ``val_size=100``, or a prompt field holding a list, fails here as one line. A task whose prompts carry images
+    (its ``image_column``: a data set's ``image`` column, say) needs a vision-language policy (``policy``: the run
+    loads it), as an env that renders images does."""
     if cfg.task is None:
         return
     hub_id = _offline_hub_dataset(cfg)
@@ -133,6 +135,15 @@ def check_task_builds(cfg: Config, found: Findings) -> None:
     if cfg.val.every and not held_out:
         raise ConfigError(f"val.split={cfg.val.split!r}: the task has no held-out prompts there; set val.every=0 "
                           "or give it held-out data")
+    images = getattr(task, "image_column", None)
+    if policy and images is not None and policy_reads_images(cfg.model.name) is False:
+        from tether.tasks.images import CONTENT_PARTS
+
+        where = "the image parts of its messages" if images == CONTENT_PARTS else f"column {images!r}"
+        raise ConfigError(f"task.kwargs: the data's prompts carry images ({where}), but model.name={cfg.model.name} "
+                          "is a text model (no vision_config): use a vision-language model (e.g. "
+                          "Qwen/Qwen2.5-VL-3B-Instruct; tiny-qwen2.5-vl for a smoke run), or a format_fn that "
+                          "returns no images")
 
 
 def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:
@@ -279,5 +290,8 @@ def startup_checks(*, policy: bool = True) -> tuple:
     def env(cfg: Config, found: Findings) -> None:
         check_env(cfg, found, policy=policy)
 
+    def task(cfg: Config, found: Findings) -> None:
+        check_task_builds(cfg, found, policy=policy)
+
     policy_checks = (warn_no_chat_template,) if policy else ()
-    return (models, check_task_builds, env, *policy_checks, check_device, warn_launch, warn_batch_arithmetic)
+    return (models, task, env, *policy_checks, check_device, warn_launch, warn_batch_arithmetic)

@@ -125,14 +125,44 @@ def encode_vision_chat(processor: Any, text: str, images: Sequence[Any]) -> Visi
     """
     if text.count(IMAGE_PLACEHOLDER) != len(images):
         raise ValueError(f"{text.count(IMAGE_PLACEHOLDER)} image placeholders for {len(images)} images")
-    messages = [{"role": "user", "content": chat_content(text)}]
-    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = encode_vision_messages(processor, [{"role": "user", "content": chat_content(text)}], images)
+    prompt.message = text
+    return prompt
+
+
+def image_parts(messages: Sequence[dict[str, Any]]) -> int:
+    """How many image parts (``{"type": "image"}``) the messages' contents hold."""
+    return sum(isinstance(part, dict) and part.get("type") == "image" for m in messages
+               if isinstance(m["content"], list) for part in m["content"])
+
+
+def encode_vision_messages(processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[Any]) -> VisionPrompt:
+    """A chat prompt whose contents hold image parts (``{"type": "image"}``), through the model's own processor and
+    chat template: the rendering of :func:`encode_vision_chat`, for a whole conversation.
+
+    Args:
+        processor: a transformers multimodal processor (``AutoProcessor``) with a chat template.
+        messages: ``{"role", "content"}`` dicts; a content is a string or parts (text and image). A string becomes
+            one text part: multimodal templates loop over the parts (SmolVLM's would loop over a string's letters).
+        images: PIL images, one per image part, in order.
+
+    Returns:
+        As :func:`encode_vision_chat` (``message`` None).
+
+    Raises:
+        ValueError: image parts and images differ in number.
+    """
+    if image_parts(messages) != len(images):
+        raise ValueError(f"{image_parts(messages)} image parts for {len(images)} images")
+    parts = [{**m, "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str)
+              else [{"type": "image"} if p.get("type") == "image" else p for p in m["content"]]} for m in messages]
+    rendered = processor.apply_chat_template(parts, add_generation_prompt=True, tokenize=False)
     # The template writes its own special tokens; images go as one sample's list, as every processor takes them.
     out = processor(text=[rendered], images=[list(images)] if images else None, add_special_tokens=False,
                     return_tensors="pt")
     pixels = {k: v for k, v in out.items() if k not in _TEXT_KEYS and isinstance(v, Tensor)}
     unexpanded = text_tokenizer(processor)(rendered, add_special_tokens=False).input_ids
-    return VisionPrompt(out["input_ids"][0].tolist(), pixels, message=text, images=images, template_ids=unexpanded)
+    return VisionPrompt(out["input_ids"][0].tolist(), pixels, images=images, template_ids=unexpanded)
 
 
 def pixel_inputs(prompts: Sequence[Sequence[int]], device: torch.device | str,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -16,10 +17,12 @@ from tether.errors import RefillShortfall
 from tether.files import append_jsonl
 from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
+from tether.models.vision import encode_vision_messages, is_processor
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.seeding import derive_seed
 from tether.tasks import metrics as task_metrics
 from tether.tasks.base import prompt_text, score_batch, task_split
+from tether.tasks.images import image_key, open_image, with_image_parts
 from tether.track.progress import CountProgress
 
 if TYPE_CHECKING:
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from tether.tasks import Task, TaskItem
 
 GENERATE_ROWS = 64  # rows per engine call: bounds KV-cache memory on CPU
+VISUAL_PROMPTS_KEPT = 256  # encoded prompts with images kept: each holds its pixels (~1 MB), a text one a few ids
 
 
 class PromptStream:
@@ -104,8 +108,13 @@ class SingleTurnCollector:
 
     def __init__(self, task: Task, tokenizer: Any, cfg: Config) -> None:
         self.task, self.tokenizer, self.cfg = task, tokenizer, cfg
+        images = getattr(task, "image_column", None)
+        if images is not None and not is_processor(tokenizer):
+            raise ValueError(f"the task's prompts carry images ({images}), but the policy {cfg.model.name!r} came "
+                             "with a text tokenizer: use a vision-language model (docs/vision.md)")
         self.stream = PromptStream(len(task.train), cfg.seed)
         self._prompt_cache: dict[str, list[int]] = {}
+        self._visual_cache: OrderedDict[str, list[int]] = OrderedDict()  # least recently used first
         self._next_group = 0
         self.reward_faults = 0
 
@@ -121,10 +130,28 @@ class SingleTurnCollector:
     def prompt_ids(self, item: TaskItem) -> list[int]:
         # Cached by the prompt itself, not item.id: an id is optional (TaskItem's default is "") and a user task's
         # ids need not differ across splits, and keyed by id every such item got the first one's tokens.
+        if item.images:
+            return self._visual_prompt_ids(item)
         key = prompt_text(item.prompt)
         if key not in self._prompt_cache:
             self._prompt_cache[key] = encode_chat(self.tokenizer, item.prompt, system=self.task.system_prompt)
         return self._prompt_cache[key]
+
+    def _visual_prompt_ids(self, item: TaskItem) -> list[int]:
+        """A :class:`~tether.models.vision.VisionPrompt` of the item's messages and images, by the policy's processor;
+        kept for the last :data:`VISUAL_PROMPTS_KEPT` prompts (a group's copies and a val set's reuse it)."""
+        key = f"{prompt_text(item.prompt)}\n{image_key(item.images)}"
+        if key in self._visual_cache:
+            self._visual_cache.move_to_end(key)
+            return self._visual_cache[key]
+        messages = with_image_parts(item.prompt, len(item.images))
+        if self.task.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": self.task.system_prompt})
+        ids = encode_vision_messages(self.tokenizer, messages, [open_image(image) for image in item.images])
+        self._visual_cache[key] = ids
+        if len(self._visual_cache) > VISUAL_PROMPTS_KEPT:
+            self._visual_cache.popitem(last=False)
+        return ids
 
     def sampling(self) -> SamplingParams:
         r = self.cfg.rollout

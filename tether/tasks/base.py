@@ -18,12 +18,16 @@ class TaskItem:
         answer: the gold answer as text, or ``None`` when the scorer needs no gold answer.
         meta: anything the scorer needs (for reasoning-gym: the generator's ``entry``).
         id: stable identifier, ``"<source>/<split>/<index>"`` for the built-in tasks.
+        images: the prompt's images (a vision-language policy's), in the order of its image parts (a prompt without
+            any gets them before its first user message's text): sources of :mod:`tether.tasks.images` (a PIL image,
+            bytes, an absolute file path).
     """
 
     prompt: str | list[dict[str, str]]
     answer: str | None
     meta: dict[str, Any] = field(default_factory=dict)
     id: str = ""
+    images: tuple[Any, ...] = ()
 
 
 def prompt_text(prompt: str | list[dict[str, str]]) -> str:

@@ -8,9 +8,12 @@ with its ``data_files`` (``path: json, data_files: {train: a.jsonl, test: b.json
 column mapping (``prompt_field``, ``answer_field``) or a ``format_fn: module:function`` that maps a row to
 ``{"prompt": ..., "answer": ...}`` (and any other columns). A prompt is a string, filled into ``prompt_template``, or
 a conversation: a list of ``{"role", "content"}`` messages, used as it is (a content may be a list of text parts,
-``[{"type": "text", "text": ...}]``: :mod:`tether.models.chat` says how it is rendered; image parts are refused).
-Every column but the prompt reaches
-reward functions as a keyword list (``meta["columns"]``).
+``[{"type": "text", "text": ...}]``: :mod:`tether.models.chat` says how it is rendered).
+
+A row with images (an ``images`` or ``image`` column, or image parts, ``{"type": "image"}``, in its messages: TRL's
+vision-language format, :mod:`tether.tasks.images`) is a prompt with images for a vision-language policy, encoded by
+its processor and chat template as a visual env's observation is (docs/vision.md). Every column but the prompt
+reaches reward functions as a keyword list (``meta["columns"]``), an image column as the data holds it.
 
 Splits as the built-in tasks: ``report`` (``report_size`` rows, for the final numbers) and ``val`` (``val_size``
 rows, the selection split) are carved from a seeded shuffle of ``split``, or taken from another split of the
@@ -24,6 +27,7 @@ import inspect
 import reprlib
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,15 @@ from tether.files import DATA_FORMATS, relative_to_cwd
 from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, prompt_text
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
+from tether.tasks.images import (
+    CONTENT_PARTS,
+    column_images,
+    image_column,
+    image_key,
+    part_images,
+    resolve_image,
+    without_image_data,
+)
 from tether.tasks.jsonl_task import JsonlTask, answer_warnings, carve, load_rows, no_progress_bars
 from tether.tasks.registry import register_task
 from tether.user_code import resolve_target
@@ -114,8 +127,9 @@ def check_data_files(data_files: DataFiles) -> None:
 
 
 def check_messages(value: Any, where: str) -> None:
-    """``value`` is a conversation: a non-empty list of ``{"role": str, "content": str or text parts}``, text parts
-    being ``[{"type": "text", "text": str}, ...]`` (rendered by :func:`tether.models.chat.encode_chat`).
+    """``value`` is a conversation: a non-empty list of ``{"role": str, "content": str or parts}``, parts being text
+    (``{"type": "text", "text": str}``, rendered by :func:`tether.models.chat.encode_chat`) and images
+    (``{"type": "image"}``, with the image itself under ``image`` or ``path`` or in the row's image column).
 
     Raises:
         ValueError: naming ``where`` and the first bad message.
@@ -125,16 +139,17 @@ def check_messages(value: Any, where: str) -> None:
                          "{role, content} messages")
     for i, message in enumerate(value):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and _is_text(message.get("content"))):
+                and _is_content(message.get("content"))):
             raise ValueError(f"{where}: message {i} {_message_problem(message)}, not {{'role': str, 'content': str}}")
 
 
-def _is_text(content: Any) -> bool:
-    """A string, or a non-empty list of text parts."""
+def _is_content(content: Any) -> bool:
+    """A string, or a non-empty list of text and image parts."""
     if isinstance(content, str):
         return True
     return isinstance(content, list) and bool(content) and all(
-        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        isinstance(part, dict) and (part.get("type") == "image" or
+                                    (part.get("type") == "text" and isinstance(part.get("text"), str)))
         for part in content)
 
 
@@ -142,10 +157,10 @@ def _message_problem(message: Any) -> str:
     """What is wrong with a message, in a few words: a message may hold an image's bytes, which the error line must
     not print."""
     content = message.get("content") if isinstance(message, dict) else None
-    if isinstance(content, list):  # TRL's multimodal parts: [{"type": "image"}, {"type": "text", "text": ...}]
+    if isinstance(content, list):  # e.g. an audio part beside TRL's image and text parts
         kinds = ", ".join(str(part.get("type")) if isinstance(part, dict) else type(part).__name__ for part in content)
-        return (f"has content parts ({kinds}): a dataset prompt's content is one text or text parts (images reach "
-                "the policy through an env's observations, docs/vision.md)")
+        return (f"has content parts ({kinds}): a dataset prompt's content is one text, or text and image parts "
+                "({'type': 'text', 'text': ...}, {'type': 'image'})")
     return f"is {reprlib.repr(message)}"
 
 
@@ -174,6 +189,60 @@ def take_held_out(rows: list[Any], sizes: dict[str, int], seed: int, split: str)
     for name, size in sizes.items():
         out[name], start = order[start:start + size], start + size
     return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row as the task reads it: its columns (after ``format_fn``), its images' sources (:mod:`tether.tasks.images`)
+    and where they came from (the column, or :data:`~tether.tasks.images.CONTENT_PARTS`; None without images)."""
+
+    values: dict[str, Any]
+    images: tuple[Any, ...] = ()
+    image_source: str | None = None
+
+
+def data_folder(path: str, data_files: DataFiles | None, split: str) -> Path:
+    """The folder a row's relative image paths are read from: a data file's (a builder's: the first file of
+    ``split``, else its first), a local directory itself, else the working directory (a Hub dataset's rows hold
+    their images' bytes)."""
+    if data_files is not None:
+        entries = data_file_entries(data_files)
+        first = next((entry for key, entry in entries if key == f"data_files.{split}"), entries[0][1])
+        return Path(first).expanduser().absolute().parent
+    local = Path(path).expanduser()
+    if local.is_file():
+        return local.absolute().parent
+    return local.absolute() if local.is_dir() else Path.cwd()
+
+
+def row_images(row: dict[str, Any], prompt_field: str, base: Path) -> tuple[tuple[Any, ...], str | None]:
+    """A row's images and their origin (:class:`Row`): those its messages' image parts carry, else those of its
+    ``images``/``image`` column; each resolved against ``base`` and checked
+    (:func:`~tether.tasks.images.resolve_image`).
+
+    Raises:
+        ValueError: images in both places, an unreadable one, or image parts and images that differ in number.
+    """
+    from tether.models.vision import image_parts
+
+    prompt = row.get(prompt_field)
+    messages = prompt if isinstance(prompt, list) else []
+    carried, column = part_images(messages), image_column(row)
+    if carried and column is not None:
+        raise ValueError(f"images both in the messages' image parts and in column {column!r}: keep one")
+    origin = CONTENT_PARTS if carried else column
+    values = carried or (column_images(row[column]) if column is not None else [])
+    images = []
+    for k, value in enumerate(values):
+        try:
+            images.append(resolve_image(value, base))
+        except ValueError as err:
+            raise ValueError(f"{origin}: image {k}: {err}") from None
+    parts = image_parts(messages)
+    if parts and parts != len(images):
+        raise ValueError(f"{parts} image parts in the messages, {len(images)} images "
+                         f"({origin or 'no images, images or image column'})")
+    return tuple(images), origin
 
 
 def load_format_fn(format_fn: str | None) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
@@ -227,15 +296,16 @@ class DatasetTask(JsonlTask):
         self._format = load_format_fn(format_fn)
         self._system = system_prompt
         self.reward_map = RewardMap(reward, reward_correct, reward_wrong)
-        rows = [self._formatted(row, i) for i, row in enumerate(load_split(path, config, split, data_files, revision))]
+        rows = self._read(load_split(path, config, split, data_files, revision), path,
+                          data_folder(path, data_files, split))
         sizes = {"report": report_size, "val": val_size} if report_size else {"val": val_size}
         if val_split is None and val_path is None:
             parts = carve(rows, sizes, seed)
         else:
             held_split = val_split or split
             held_source = (val_path, None, None) if val_path else (path, data_files, revision)
-            held = [self._formatted(row, i) for i, row in enumerate(load_split(held_source[0], config, held_split,
-                                                                               *held_source[1:]))]
+            held = self._read(load_split(held_source[0], config, held_split, *held_source[1:]), held_source[0],
+                              data_folder(held_source[0], held_source[1], held_split))
             parts = take_held_out(held, sizes, seed, f"{val_path or path} split {held_split}")
             parts["train"] = shuffled(rows, seed)
         source = source_name(path, data_files)
@@ -255,6 +325,8 @@ class DatasetTask(JsonlTask):
                              f"one kind, e.g. with a format_fn that returns {{'prompt': [{{'role': 'user', "
                              f"'content': ...}}], ...}} for every row")
         self.system_prompt = None if True in conversational else system_prompt  # a conversation carries its own
+        # where the images come from, for the check that the policy reads them (None: a text task)
+        self.image_column = next((row.image_source for rows in parts.values() for row in rows if row.images), None)
 
     longest_prompts = None  # the context check reads jsonl files by column; a dataset's rows are read by the run
 
@@ -344,14 +416,24 @@ class DatasetTask(JsonlTask):
                              "make the prompts one kind")
         return warnings
 
-    def _formatted(self, row: dict[str, Any], index: int) -> dict[str, Any]:
-        return _apply(self._format, None, row, index) if self._format else row
+    def _read(self, rows: list[dict[str, Any]], source: str, base: Path) -> list[Row]:
+        """``rows`` of ``source`` formatted, with their images (relative paths read from ``base``)."""
+        read = []
+        for i, row in enumerate(rows):
+            values = _apply(self._format, None, row, i) if self._format else row
+            try:
+                images, origin = row_images(values, self.prompt_field, base)
+            except ValueError as err:
+                raise ValueError(f"row {i} of {source}: {err}") from None
+            read.append(Row(values, images, origin))
+        return read
 
-    def _key(self, row: dict[str, Any]) -> str:
+    def _key(self, row: Row) -> str:
         """A prompt as one string, for the overlap check: a text stripped, as the template gets it, a conversation
-        as its JSON."""
-        prompt = self._prompt_value(row)
-        return prompt_text(prompt.strip() if isinstance(prompt, str) else prompt)
+        as its JSON; with a digest of its images."""
+        prompt = self._prompt_value(row.values)
+        text = prompt_text(prompt.strip() if isinstance(prompt, str) else prompt)
+        return f"{text}\n{image_key(row.images)}" if row.images else text
 
     def _prompt_value(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
         if self.prompt_field not in row:
@@ -362,8 +444,11 @@ class DatasetTask(JsonlTask):
             check_messages(prompt, f"column {self.prompt_field!r}")
         return prompt
 
-    def _row_item(self, row: dict[str, Any], source: str, split: str, index: int) -> TaskItem:
+    def _row_item(self, read: Row, source: str, split: str, index: int) -> TaskItem:
+        row = read.values
         prompt = self._prompt_value(row)
+        if read.images and not isinstance(prompt, str):
+            prompt = without_image_data(prompt)
         if isinstance(prompt, str):
             text = format_prompt(self.prompt_template, prompt)
         else:
@@ -378,7 +463,8 @@ class DatasetTask(JsonlTask):
         # the verifier reads the gold as text; reward functions get it as the data holds it (verl's ground_truth
         # may be a list of accepted answers or a number)
         return TaskItem(prompt=text, answer=None if answer is None else str(answer),
-                        meta={"question": prompt, "columns": columns, "gold": answer}, id=f"{source}/{split}/{index}")
+                        meta={"question": prompt, "columns": columns, "gold": answer}, id=f"{source}/{split}/{index}",
+                        images=read.images)
 
     def score(self, item: TaskItem, response_text: str) -> Score:
         """math-verify against the gold answer; without one (``answer_field: null``), the wrong-answer reward and the
