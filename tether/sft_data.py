@@ -59,6 +59,7 @@ def task_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
     from tether.tasks import make_task
 
     task = make_task(cfg.task.name, **cfg.task.kwargs)
+    refuse_images(task, s)
     system = task.system_prompt
     if hasattr(task, "demonstration") and getattr(task, "splits", {}).get("sft"):
         items = task.sft_items(s.examples) if hasattr(task, "sft_items") else task.splits["sft"][: s.examples]
@@ -78,6 +79,22 @@ def task_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
         raise ConfigError(f"sft.examples={want}: task {cfg.task.name!r} has only {len(items)} questions outside its "
                           "splits; lower sft.examples")
     return [Example(item.prompt, s.response.replace("{answer}", answer), system) for item, answer in items]
+
+
+def refuse_images(task: Any, s: SFTConfig) -> None:
+    """A task whose prompts carry images (a data set's ``image`` column) cannot be demonstrated yet: its examples
+    would be the prompts' texts alone, without the images the task is about.
+
+    Raises:
+        ConfigError: naming where the images are.
+    """
+    images = getattr(task, "image_column", None)
+    if images is not None:
+        from tether.config import ConfigError
+
+        raise ConfigError(f"sft.data={s.data}: the task's prompts carry images ({images}), which tether sft does not "
+                          "take from a task yet (only sft.data: solver of a visual env, or tether seed-sft); train "
+                          "on them with tether train")
 
 
 def demonstration_answer(task: Any, item: TaskItem) -> str | None:
@@ -160,6 +177,7 @@ def rejection_examples(cfg: SFTRunConfig, s: SFTConfig, device: torch.device) ->
     from tether.tasks import make_task
 
     task = make_task(cfg.task.name, **cfg.task.kwargs)
+    refuse_images(task, s)
     with model_load_errors("sft.sampler", s.sampler):
         sampler, tokenizer = load_policy(s.sampler)
     collector = SingleTurnCollector(task, tokenizer, cfg.rl_config())

@@ -167,3 +167,18 @@ def test_a_missing_or_unreadable_image_is_one_line_naming_the_row(tmp_path):
     with pytest.raises(ValueError, match=r"^row 3 of .*: image: image 0: image file .{200}\.\.\. "
                                          r"\(50[0-9]{3} characters\) does not exist$"):
         DatasetTask(path=str(jsonl(tmp_path, rows)), val_size=2)
+
+
+@pytest.mark.parametrize("data", ["task", "rejection"])
+def test_sft_from_an_image_data_set_is_refused_not_trained_on_its_texts_alone(tmp_path, data):
+    """tether sft's examples of a task are its prompts' texts: the images were dropped silently."""
+    from tether.config import load_command_config
+    from tether.sft_data import sft_examples
+
+    path = jsonl(tmp_path, image_rows(tmp_path))
+    sft = {"data": data, **({"sampler": "tiny-qwen2.5-vl"} if data == "rejection" else {})}
+    cfg = load_command_config("sft", data={"run_dir": str(tmp_path / "sft"), "model": {"name": "tiny-qwen2.5-vl"},
+                                           "task": {"name": "dataset", "kwargs": {"path": str(path), "val_size": 2}},
+                                           "sft": sft})
+    with pytest.raises(ConfigError, match=rf"^sft\.data={data}: the task's prompts carry images \(image\), which "):
+        sft_examples(cfg)
