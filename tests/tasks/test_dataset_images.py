@@ -62,13 +62,20 @@ def opened(path: Path) -> Image.Image:
         return image.convert("RGB")
 
 
-def test_image_paths_relative_to_the_data_file_place_each_image_before_the_text(tmp_path):
+@pytest.mark.parametrize("conversational", [False, True])
+def test_image_paths_relative_to_the_data_file_place_each_image_before_the_text(tmp_path, conversational):
     """A jsonl row's ``image`` (a path relative to the file, read from another working directory) becomes the user
-    message [image, text], encoded exactly as the processor encodes it; rows with the same text and other images are
-    other prompts (neither dropped as overlapping nor sharing one encoding), and rewards keep the column as it is."""
+    message [image, text] (a text prompt's, or a conversation's first user message without image parts), encoded
+    exactly as the processor encodes it; rows with the same text and other images are other prompts (neither dropped
+    as overlapping nor sharing one encoding), and rewards keep the column as it is."""
     data = tmp_path / "data"
-    path = jsonl(data, image_rows(data))
-    task = DatasetTask(path=str(path), val_size=2, system_prompt="Answer in one word.")
+    rows = image_rows(data)
+    if conversational:
+        rows = [{**row, "prompt": [{"role": "system", "content": "Answer in one word."},
+                                   {"role": "user", "content": row["prompt"]}]} for row in rows]
+    path = jsonl(data, rows)
+    system = None if conversational else "Answer in one word."
+    task = DatasetTask(path=str(path), val_size=2, system_prompt=system)
     assert task.image_column == "image" and task.num_overlap_dropped == 0 and len(task.train) == 4
     _, processor = load_policy("tiny-qwen2.5-vl")
     rollouts = collector(task, processor, tmp_path)
@@ -182,3 +189,11 @@ def test_sft_from_an_image_data_set_is_refused_not_trained_on_its_texts_alone(tm
                                            "sft": sft})
     with pytest.raises(ConfigError, match=rf"^sft\.data={data}: the task's prompts carry images \(image\), which "):
         sft_examples(cfg)
+
+
+def test_the_collector_refuses_a_text_tokenizer_for_image_rows(tmp_path, tokenizer):
+    """Where the policy is brought (tether eval, a script), the collector names the images, not a failure later."""
+    task = DatasetTask(path=str(jsonl(tmp_path, image_rows(tmp_path))), val_size=2)
+    with pytest.raises(ValueError, match=r"^the task's prompts carry images \(image\), but the policy .* came with a "
+                                         r"text tokenizer: use a vision-language model"):
+        collector(task, tokenizer, tmp_path)
