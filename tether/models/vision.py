@@ -144,6 +144,8 @@ def encode_vision_messages(processor: Any, messages: Sequence[dict[str, Any]], i
         processor: a transformers multimodal processor (``AutoProcessor``) with a chat template.
         messages: ``{"role", "content"}`` dicts; a content is a string or parts (text and image). A string becomes
             one text part: multimodal templates loop over the parts (SmolVLM's would loop over a string's letters).
+            Each part goes to the template with its type and text alone: Qwen2-VL's takes any part with an
+            ``image`` key for an image, and Arrow gives a data set's text parts ``"image": None``.
         images: PIL images, one per image part, in order.
 
     Returns:
@@ -154,8 +156,9 @@ def encode_vision_messages(processor: Any, messages: Sequence[dict[str, Any]], i
     """
     if image_parts(messages) != len(images):
         raise ValueError(f"{image_parts(messages)} image parts for {len(images)} images")
-    parts = [{**m, "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str)
-              else [{"type": "image"} if p.get("type") == "image" else p for p in m["content"]]} for m in messages]
+    parts = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str)
+              else [{"type": "image"} if p["type"] == "image" else {"type": "text", "text": p["text"]}
+                    for p in m["content"]]} for m in messages]
     rendered = processor.apply_chat_template(parts, add_generation_prompt=True, tokenize=False)
     # The template writes its own special tokens; images go as one sample's list, as every processor takes them.
     out = processor(text=[rendered], images=[list(images)] if images else None, add_special_tokens=False,

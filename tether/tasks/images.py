@@ -37,9 +37,12 @@ def column_images(value: Any) -> list[Any]:
 
 
 def part_images(messages: list[dict[str, Any]]) -> list[Any]:
-    """The images that a conversation's image parts carry (``image``, or a file ``path``), in order."""
-    return [part.get("image", part.get("path")) for m in messages if isinstance(m["content"], list)
-            for part in m["content"] if part.get("type") == "image" and ("image" in part or "path" in part)]
+    """The images that a conversation's image parts carry (``image``, or a file ``path``), in order. A key that is
+    None carries nothing: Arrow gives every part of a column every key any part has (``{"type": "image", "image":
+    None, "text": None}``)."""
+    carried = [part.get("image") if part.get("image") is not None else part.get("path") for m in messages
+               if isinstance(m["content"], list) for part in m["content"] if part.get("type") == "image"]
+    return [image for image in carried if image is not None]
 
 
 def without_image_data(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
