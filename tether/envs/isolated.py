@@ -24,6 +24,9 @@ gets), so a class defined inside a function needs ``env.isolation: thread``. POS
 The env processes ignore Ctrl-C and SIGTERM (the trainer's to handle: it may finish its step, with its envs, before it
 stops) and end with the trainer: when it closes their pipes, or, if it is killed, when the zygote sees its own pipe
 close and ends, and the kernel kills the zygote's children with it (Linux), even one busy in a step.
+
+The same machinery runs a reward function with a limit (:mod:`tether.rewards.process`): a pool's :class:`Subject`
+says what its processes serve, for its messages and for what ``make`` answers.
 """
 
 from __future__ import annotations
@@ -60,9 +63,35 @@ class EnvFacts:
     renders_images: bool
 
 
-def serve(conn: Connection, factory: Callable[[], TextEnv]) -> None:
-    """A child's loop, until the pipe closes: ``make`` builds an env with ``factory`` (kept for the calls that
-    follow), ``call`` calls one of its methods.
+def env_facts(env: TextEnv) -> EnvFacts:
+    """What a child's ``make`` answers for an env."""
+    return EnvFacts(env.name, env.max_turns, env.action_format, bool(getattr(env, "renders_images", False)))
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a pool's processes serve (an env; a reward function, :mod:`tether.rewards.process`), for the messages of
+    its faults and for what a child's ``make`` answers.
+
+    Attributes:
+        noun: the thing served, in messages: "the env's process ended with exit code 7".
+        code: what must pickle to reach a process.
+        opt_out: how to run it without a process, for a class that cannot reach one.
+        describe: ``make``'s reply, from the object built (a module-level function: it is pickled by reference).
+    """
+
+    noun: str
+    code: str
+    opt_out: str
+    describe: Callable[[Any], Any]
+
+
+ENV = Subject("env", "the env's class and env.kwargs", "set env.isolation: thread", env_facts)
+
+
+def serve(conn: Connection, factory: Callable[[], Any], describe: Callable[[Any], Any]) -> None:
+    """A child's loop, until the pipe closes: ``make`` builds an object with ``factory`` (kept for the calls that
+    follow) and answers ``describe(it)``, ``call`` calls one of its methods.
 
     Replies are ``("ok", value)``, ``("raised", ("Type: message", "Type", traceback))`` or ``("over", message)`` for
     :class:`EpisodeOverError` (a caller bug, re-raised in the trainer as in-process).
@@ -76,8 +105,7 @@ def serve(conn: Connection, factory: Callable[[], TextEnv]) -> None:
         try:
             if op == "make":
                 env = factory()
-                value: Any = EnvFacts(env.name, env.max_turns, env.action_format,
-                                      bool(getattr(env, "renders_images", False)))
+                value: Any = describe(env)
             else:
                 method, args = payload
                 value = getattr(env, method)(*args)
@@ -112,25 +140,27 @@ def die_with_parent() -> None:
 
 
 def zygote_main(fd: int) -> None:
-    """The zygote's loop: read the factory (after the trainer's ``sys.path``), then fork one :func:`serve` child per
-    ``fork`` request (its pid, then its end of the pipe, go back) and reap the child a ``wait`` request names."""
+    """The zygote's loop: read the factory and its ``describe`` (after the trainer's ``sys.path``), then fork one
+    :func:`serve` child per ``fork`` request (its pid, then its end of the pipe, go back) and reap the child a
+    ``wait`` request names."""
     ignore_stop_signals()
     zygote = os.getpid()
     conn = Connection(fd)
     paths, blob = conn.recv()
     sys.path[:] = [*paths, *(p for p in sys.path if p not in paths)]
     try:
-        factory = pickle.loads(blob)
+        factory, describe = pickle.loads(blob)
     except BaseException as e:  # the env's module does not import here
         conn.send(("raised", f"{type(e).__name__}: {e}"))
         return
     conn.send(("ok", "ready"))
     with contextlib.suppress(EOFError, OSError):  # the trainer closed the pipe, or is gone
         while True:
-            serve_request(conn, zygote, factory)
+            serve_request(conn, zygote, factory, describe)
 
 
-def serve_request(conn: Connection, zygote: int, factory: Callable[[], TextEnv]) -> None:
+def serve_request(conn: Connection, zygote: int, factory: Callable[[], Any],
+                  describe: Callable[[Any], Any]) -> None:
     """One request to the zygote: ``("fork", _)`` or ``("wait", pid)``."""
     op, pid = conn.recv()
     if op == "wait":
@@ -148,7 +178,7 @@ def serve_request(conn: Connection, zygote: int, factory: Callable[[], TextEnv])
         conn.close()
         theirs.close()
         try:
-            serve(Connection(mine.detach()), factory)
+            serve(Connection(mine.detach()), factory, describe)
         finally:
             os._exit(0)  # never back into the zygote's loop
     mine.close()
@@ -176,13 +206,13 @@ class Unreachable(Exception):
 class Zygote:
     """The process that forks the children of one :class:`ChildPool` (why: the module docstring)."""
 
-    def __init__(self, factory: Callable[[], TextEnv]) -> None:
+    def __init__(self, factory: Callable[[], Any], subject: Subject) -> None:
+        self.subject = subject
         try:
-            blob = pickle.dumps(factory)
+            blob = pickle.dumps((factory, subject.describe))
         except Exception as err:  # a class defined inside a function, a kwarg that does not pickle
-            raise Unreachable(f"the env's class and env.kwargs must pickle to reach its process "
-                              f"({type(err).__name__}: {err}); define the class at the top of a module, or set "
-                              "env.isolation: thread") from None
+            raise Unreachable(f"{subject.code} must pickle to reach its process ({type(err).__name__}: {err}); "
+                              f"define the class at the top of a module, or {subject.opt_out}") from None
         mine, theirs = socket.socketpair()
         code = "import sys; from tether.envs.isolated import zygote_main; zygote_main(int(sys.argv[1]))"
         environ = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
@@ -204,15 +234,15 @@ class Zygote:
             if not self.ready:
                 status, value = self._answer(what)
                 if status != "ok":
-                    raise Unreachable(f"the env's class does not import in a child process ({value}); make its "
-                                      "module importable, or set env.isolation: thread")
+                    raise Unreachable(f"the {self.subject.noun}'s class does not import in a child process "
+                                      f"({value}); make its module importable, or {self.subject.opt_out}")
                 self.ready = True
             self.conn.send(("fork", 0))
             pid = self._answer(what)
             return pid, Connection(recv_handle(self.conn))
         except (EOFError, OSError):
             code = self.process.poll()
-            raise EnvFault(f"{what}: the process that starts env processes ended with "
+            raise EnvFault(f"{what}: the process that starts {self.subject.noun} processes ended with "
                            f"{exit_description(code)}", timed_out=True) from None
 
     def wait(self, pid: int) -> int | None:
@@ -225,7 +255,8 @@ class Zygote:
 
     def _answer(self, what: str) -> Any:
         if not self.conn.poll(START_LIMIT_S):
-            raise EnvFault(f"{what}: no env process started within {START_LIMIT_S:g}s", timed_out=True)
+            raise EnvFault(f"{what}: no {self.subject.noun} process started within {START_LIMIT_S:g}s",
+                           timed_out=True)
         return self.conn.recv()
 
     @property
@@ -263,7 +294,8 @@ class Child:
                 raise EnvFault(f"{what} timed out after {timeout_s:g}s (its process was killed)", timed_out=True)
             status, value = self.conn.recv()
         except (EOFError, OSError):
-            raise EnvFault(f"{what}: the env's process ended with {exit_description(self.end())}",
+            raise EnvFault(f"{what}: the {self.zygote.subject.noun}'s process ended with "
+                           f"{exit_description(self.end())}",
                            timed_out=True, kind="process ended") from None
         if status == "ok":
             return value
@@ -284,11 +316,11 @@ class Child:
 
 
 class ChildPool:
-    """Env processes that build their envs with ``factory``: idle ones are reused by later episodes; one that was
-    killed or died is replaced by a fresh one."""
+    """Processes that build their object (an env, by default) with ``factory``: idle ones are reused by later
+    episodes (or calls); one that was killed or died is replaced by a fresh one."""
 
-    def __init__(self, factory: Callable[[], TextEnv]) -> None:
-        self.factory = factory
+    def __init__(self, factory: Callable[[], Any], subject: Subject = ENV) -> None:
+        self.factory, self.subject = factory, subject
         self.zygote: Zygote | None = None
         self.idle: list[Child] = []
         self.started = 0  # children started so far
@@ -308,7 +340,7 @@ class ChildPool:
             raise EnvFault(f"{what}: {self.broken}", timed_out=True)
         try:
             if self.zygote is None or not self.zygote.alive:
-                self.zygote = Zygote(self.factory)
+                self.zygote = Zygote(self.factory, self.subject)
                 weakref.finalize(self, self.zygote.end)
             child = Child(self.zygote, what)
         except Unreachable as err:
