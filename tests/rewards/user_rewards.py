@@ -111,3 +111,30 @@ async def async_length(prompts, completions, **kwargs):
 
 async def async_broken(prompts, completions, **kwargs):
     raise ConnectionError("judge unreachable")
+
+
+def waves(prompts, completions, **kwargs):
+    """Values with every bit of a float64 in use, to compare two ways of calling exactly."""
+    return [math.sin(len(c)) / 3 + math.sqrt(len(c) + 0.1) for c in completions]
+
+
+def stalls_on(prompts, completions, **kwargs):
+    """Waits (far past any test's limit) on a batch holding "hang", spins on one holding "spin" and ends its process
+    on one holding "exit"; else :func:`waves`."""
+    import os
+    import time
+
+    if "hang" in completions:
+        time.sleep(600)
+    while "spin" in completions:
+        pass
+    if "exit" in completions:
+        os._exit(7)
+    return waves(prompts, completions)
+
+
+def sleeps(prompts, completions, **kwargs):
+    """Never answers within a test's limit."""
+    import time
+
+    time.sleep(600)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,3 +123,21 @@ def test_reward_faults_are_counted_per_split(tmp_path, tiny_policy):
     with pytest.warns(UserWarning, match="non-finite rewards"):
         _, step_metrics = trainer.collect()
     assert step_metrics["reward/faults"] == 8 and math.isfinite(step_metrics["rollout/accuracy_all"])
+
+
+def test_a_reward_past_its_limit_faults_its_rows_counted_per_split_and_nothing_trains_stops_the_run(tmp_path,
+                                                                                                      tiny_policy):
+    cfg = tiny_config(tmp_path, "train.steps=2", "val.samples=1", "task.score=false", "health.no_signal.patience=1",
+                      'task.rewards=[{fn: "tests.rewards.user_rewards:sleeps", timeout_s: 0.1}]')
+    trainer = trainer_for(cfg, tiny_policy)
+    start = time.perf_counter()
+    with pytest.warns(UserWarning, match=r"reward function 'sleeps' faulted \(the call timed out after 0\.1s"):
+        metrics = trainer.validate()
+    rows = len(trainer.collector.task.val)
+    assert metrics["val/reward_faults"] == rows and metrics["val/fault_frac"] == 1.0
+    assert trainer.collector.reward_faults == 0  # the training count holds training rows only
+    with pytest.raises(HealthError, match=r"^nothing trained for 1 steps in a row \(steps 1-1\): every advantage "
+                                          r"was 0 \(reward/faults=8 so far"):
+        trainer.fit()
+    assert trainer.step == 1 and trainer.collector.reward_faults == 8
+    assert time.perf_counter() - start < 8.0  # a sleep of 600 s, per batch, without the limit

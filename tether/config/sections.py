@@ -58,6 +58,11 @@ class RewardTermConfig(Section):
                                    "the class's constructor for a class)")
     name: str | None = Field(None, description="the term's name in reward/component/<name> (default: the "
                              "function's or class's name)")
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="limit in seconds for one call (a "
+                                    "batch of responses): the term then runs in a process of its own, killed at the "
+                                    "limit even in a busy loop, and a call past it (or one that ends its process) "
+                                    "faults the batch's rows; unset: called in this process with no limit "
+                                    "(docs/reliability.md)")
 
 
 class TaskConfig(Section):
@@ -65,8 +70,9 @@ class TaskConfig(Section):
                       "module:Name of your own task class or factory")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to tether.tasks.make_task")
     rewards: list[RewardTermConfig] = Field(default_factory=list, description="reward functions called once per "
-                                            "batch of responses, each weighted term added to the task's own score "
-                                            "(docs/tasks.md)")
+                                            "batch of responses, each weighted term added to the task's own score; "
+                                            "each entry: fn, weight, kwargs, name and timeout_s, its limit per call "
+                                            "(docs/tasks.md, docs/reliability.md)")
     score: bool = Field(True, description="add the task's own score to the reward; false: the reward is the sum of "
                         "task.rewards alone (the task still judges `correct` where it has a gold answer)")
 

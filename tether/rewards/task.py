@@ -3,9 +3,10 @@
 The reward of a row is ``[task score] + sum_i weight_i * value_i``; each term is a component of the reward audit
 (``reward/component/<name>``). A row that any term faults on is a fault (``reward/faults``): it is judged wrong and
 gets the fault reward, the lowest reward of the rows scored with it that did not fault (0.0 when none), so a
-policy never gains by crashing a reward function. The first fault of each term is one row of
-``run_dir/health/reward_faults.jsonl`` (``term``; ``error``, the message; ``traceback``, None when the function
-raised nothing but returned a bad value), with a warning.
+policy never gains by crashing a reward function. The first fault of each term (and of each
+``kind`` of its process's faults: ``timeout``, ``process ended``) is one row of ``run_dir/health/reward_faults.jsonl``
+(``term``; ``kind``, None for the function's own faults; ``error``, the message; ``traceback``, None when the
+function raised nothing but returned a bad value), with a warning.
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ class RewardedTask:
         """The first fault of each term: a warning, and a row of its message and traceback in the run's health
         folder."""
         first = next((fault for fault in result.faults if fault is not None), None)
-        if first is not None:
-            self.fault_log.first(term.name, {"term": term.name, "error": first, "traceback": result.trace},
+        if first is not None:  # a timeout or an ended process is told apart from the function's own faults
+            self.fault_log.first((term.name, result.kind), {"term": term.name, "kind": result.kind, "error": first,
+                                                            "traceback": result.trace},
                                  f"reward function {term.name!r} faulted ({first}): its rows get the fault reward "
                                  "and count in reward/faults; the run goes on", stacklevel=3)
 

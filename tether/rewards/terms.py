@@ -11,7 +11,9 @@ convention): the term is 0 there.
 It may return any iterable of values (a list, a tuple, a numpy array, a tensor) and may be ``async def`` (its
 coroutines run on one background event loop), as in TRL. What can go wrong is contained per term: a raising
 function or a list of the wrong length faults every row of the batch, a value that is not a finite number faults its
-row. The caller (:mod:`tether.rewards.task`) gives faulted rows the fault reward and counts them.
+row. With a ``timeout_s`` the term is called in a process of its own (:mod:`tether.rewards.process`), so a call past
+the limit (a hang, a busy loop) or one that ends its process faults every row of the batch too. The caller
+(:mod:`tether.rewards.task`) gives faulted rows the fault reward and counts them.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.config import ConfigError, RewardTermConfig
 from tether.user_code import resolve_target
+
+if TYPE_CHECKING:
+    from tether.rewards.process import ProcessCalls
 
 #: What TRL passes besides the dataset columns, by keyword.
 BATCH_ARGS = ("prompts", "completions")
@@ -44,11 +49,14 @@ class TermResult:
         values: each row's value, 0.0 where faulted or where the function returned ``None``.
         faults: each row's fault message, or ``None``.
         trace: the traceback of an exception the function raised, for the run's health folder.
+        kind: what went wrong in the term's process (``"timeout"``, ``"process ended"``, the type of what escaped
+            the term); None for a fault of the function itself, in or out of a process.
     """
 
     values: list[float]
     faults: list[str | None]
     trace: str | None = None
+    kind: str | None = None
 
 
 def _accepts(fn: Callable) -> tuple[bool, set[str]]:
@@ -97,7 +105,8 @@ class RewardTerm:
     Args:
         spec: the ``task.rewards[i]`` entry.
         key: its config key, ``task.rewards[i]``.
-        build: build a class now (False: resolve and check only, as ``tether validate`` does).
+        build: build a class now, or with ``spec.timeout_s`` the process that builds and calls it (False: resolve
+            and check only, as ``tether validate`` does).
 
     Raises:
         ConfigError: the reference does not resolve, or the signature cannot take a batch.
@@ -107,6 +116,7 @@ class RewardTerm:
         target = resolve_target(f"{key}.fn", spec.fn)
         self.weight = spec.weight
         self.name = spec.name or getattr(target, "__name__", spec.fn.rpartition(":")[2])
+        self.process: ProcessCalls | None = None
         if inspect.isclass(target):
             if not any("__call__" in vars(base) for base in target.__mro__[:-1]):
                 raise ConfigError(f"{key}.fn: {spec.fn!r} is a class without __call__; a reward class is built once "
@@ -115,11 +125,18 @@ class RewardTerm:
             if settings:
                 check_settings(target, spec.kwargs, f"{key}.kwargs")
             check_batch_signature(functools.partial(target.__call__, None), {}, f"{key}.fn")  # without self
-            self.fn: Callable | None = target(**spec.kwargs) if build else None
+            in_here = build and spec.timeout_s is None  # with a limit, the class is built in the term's process
+            self.fn: Callable | None = target(**spec.kwargs) if in_here else None
             self.kwargs: dict[str, Any] = {}
         else:
             check_batch_signature(target, spec.kwargs, f"{key}.fn")
             self.fn, self.kwargs = target, dict(spec.kwargs)
+        if build and spec.timeout_s is not None:
+            from tether.rewards.process import ProcessCalls
+
+            # the child builds this same term without the limit (resolved there by name) and is called as it is here
+            self.process = ProcessCalls(functools.partial(RewardTerm, spec.model_copy(update={"timeout_s": None}),
+                                                          key), spec.timeout_s)
 
     def _arguments(self, prompts: Sequence[Any], completions: Sequence[Any],
                    columns: dict[str, list]) -> dict[str, Any]:
@@ -141,6 +158,8 @@ class RewardTerm:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list]) -> TermResult:
         """The function's values for one batch, faults contained (never raises)."""
+        if self.process is not None:
+            return _call_in_process(self.process, prompts, completions, columns)
         n = len(completions)
         try:
             out = self.fn(**self._arguments(prompts, completions, columns))
@@ -162,6 +181,17 @@ class RewardTerm:
             faults.append(None if number is not None else reason or f"returned {value!r}, not a finite number or None")
             values.append(number if number is not None else 0.0)
         return TermResult(values, faults)
+
+
+def _call_in_process(process: ProcessCalls, prompts: Sequence[Any], completions: Sequence[Any],
+                     columns: dict[str, list]) -> TermResult:
+    """The term's values from its process; what befalls the call there faults every row of the batch."""
+    n = len(completions)
+    try:
+        return process(prompts, completions, columns)
+    except Exception as error:  # a timeout, a process that ended, SystemExit, a batch that did not pickle
+        message, kind, trace = process.fault(error)
+        return TermResult([0.0] * n, [message] * n, trace, kind=kind)
 
 
 def _as_list(out: Any) -> list | None:
