@@ -68,19 +68,19 @@ class StepPhases:
 
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()
-        batch, metrics = self.collect()                # 1-2. generate, reward, method hooks, filters
+        batch, metrics = self.collect()                # 1. collect: generate, reward, method hooks, filters
         metrics.update(self.health.check_batch(batch, self.step + 1))  # the token round trip; the reward audit
         batch = batch.to(self.device)                  #    the one move of the batch to the models' device
         t_rollout = time.perf_counter() - start
-        metrics.update(self.score(batch))              # 3. old / ref / method log-probs
-        metrics.update(self.compute_advantages(batch))  # 4. advantages
+        metrics.update(self.score(batch))              # 2. score: old / ref / method log-probs
+        metrics.update(self.compute_advantages(batch))  # 3. advantages
         t_update = time.perf_counter()
-        metrics.update(self.update(batch))             # 5. mini-batch updates
+        metrics.update(self.update(batch))             # 4. update: the mini-batches' optimiser steps
         t_sync = time.perf_counter()
         self.push_weights()                            #    engines with their own weights sample with the new ones
         t_sync = time.perf_counter() - t_sync
         self.step += 1
-        metrics.update(self.methods.after_update(self.hook_context()))  # 6. method bookkeeping (reference resets...)
+        metrics.update(self.methods.after_update(self.hook_context()))  # 5. after: reference resets...
         metrics.update(batch_metrics(batch))
         metrics.update(self.health.end_step(metrics, self.dp, self.step))  # parity; a collapsed policy
         n_tokens = float(batch.response_mask.sum())
@@ -93,7 +93,7 @@ class StepPhases:
         self.health.stop_if_unhealthy()                #    after logging: the failing step's numbers are kept
         return metrics
 
-    # -- 1-2. collection ---------------------------------------------------------------------
+    # -- 1. collection -----------------------------------------------------------------------
 
     def collect(self) -> tuple[RolloutBatch, dict[str, float]]:
         """The step's batch, from the collector: it gets the engine, the step's seeds and the methods' generation
@@ -102,7 +102,7 @@ class StepPhases:
         hooks = self.methods.generation_hooks(self.hook_context())
         return self.collector.collect(self.sampling_engine, self.seeds(), hooks)
 
-    # -- 3. scoring --------------------------------------------------------------------------
+    # -- 2. scoring --------------------------------------------------------------------------
 
     def _updates_per_step(self) -> int:
         return self.cfg.optim.mini_batches * self.cfg.optim.ppo_epochs
@@ -135,7 +135,7 @@ class StepPhases:
             metrics["reward/kl_penalty"] = penalty[on_policy].mean().item()
         return metrics
 
-    # -- 4. advantages -----------------------------------------------------------------------
+    # -- 3. advantages -----------------------------------------------------------------------
 
     def compute_advantages(self, batch: RolloutBatch) -> dict[str, float]:
         """The one place advantages are made: the configured estimator over the batch's rewards, group ids and
@@ -149,7 +149,7 @@ class StepPhases:
                                                                 batch.response_mask).item()
         return metrics
 
-    # -- 5. update ---------------------------------------------------------------------------
+    # -- 4. update ---------------------------------------------------------------------------
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         o = self.cfg.optim
