@@ -59,7 +59,7 @@ def play(collector: AgentCollector, engine: HFEngine, seeds: list[int], copies: 
     if skill:
         collector.encode = lambda ep: encode_chat(tok, augment_with_skill(  # type: ignore[method-assign]
             build_prompt(ep, collector.env_cfg.history, collector.action_format), skill))
-    episodes = collector._start(seeds, copies)
+    episodes = collector.start_episodes(seeds, copies)
     rows = collector.run_episodes(engine, episodes, collector.sampling(), seed)
     collector.__dict__.pop("encode", None)
     return episodes, rows

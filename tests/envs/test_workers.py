@@ -31,7 +31,7 @@ def collector(tmp_path, tokenizer, workers: int, *overrides: str) -> AgentCollec
 
 def play(collector: AgentCollector, tokenizer, tasks: int = 2, copies: int = 3) -> tuple[list, list]:
     """(turn rows, episode outcomes) of ``copies`` episodes of the first ``tasks`` training tasks."""
-    episodes = collector._start(collector.train_seeds[:tasks], copies)
+    episodes = collector.start_episodes(collector.train_seeds[:tasks], copies)
     rows = collector.run_episodes(ScriptedEngine(tokenizer), episodes, collector.sampling(), seed=0)
     return ([(r["episode"].episode_id, r["turn"], r["text"], r["valid"]) for r in rows],
             [(e.ret, e.won, e.fault, [t["action"] for t in e.turns]) for e in episodes])

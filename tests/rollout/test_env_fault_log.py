@@ -60,7 +60,7 @@ def test_reset_faults_and_timeouts_are_kinds_of_their_own(tmp_path, tokenizer):
     cfg = agent_config(tmp_path, "env.reset_timeout_s=0.2", env={"kwargs": {"turns": 3, "fault": "reset_hang",
                                                                            "hang_s": 1.0}})
     collector = AgentCollector(cfg, tokenizer)
-    episodes = collector._start(collector.train_seeds[:1], 2)
+    episodes = collector.start_episodes(collector.train_seeds[:1], 2)
     assert collector.faults == 2
     [row] = read_jsonl(tmp_path / "run" / FAULT_LOG, "env fault log", FIELDS)
     assert (row["phase"], row["kind"], row["turn"], row["seed"]) == ("reset", "timeout", None, episodes[0].seed)

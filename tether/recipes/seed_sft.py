@@ -87,7 +87,7 @@ def rollout_episodes(cfg: Config, policy: Any, tokenizer: Any, s: SkillSFTSettin
     seeds = collector.train_seeds[:s.tasks]
     episodes = []
     for k in range(0, len(seeds), s.rollout_batch_tasks):
-        batch = collector._start(seeds[k:k + s.rollout_batch_tasks], s.rollouts_per_task)
+        batch = collector.start_episodes(seeds[k:k + s.rollout_batch_tasks], s.rollouts_per_task)
         for ep in batch:
             ep.x_solution = None if ep.done else ep.env.solution()
         collector.run_episodes(engine, batch, params, seed=step_seed(cfg.seed, 0, "", k))

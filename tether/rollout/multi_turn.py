@@ -194,7 +194,7 @@ class AgentCollector:
 
     # -- episodes ----------------------------------------------------------------------------
 
-    def _start(self, seeds: list[int], copies: int) -> list[Episode]:
+    def start_episodes(self, seeds: list[int], copies: int) -> list[Episode]:
         """``copies`` episodes of each seed (one group per seed), their envs made and reset in one pool call."""
         starts = [(seed, self._next_group + g) for g, seed in enumerate(seeds) for _ in range(copies)]
         self._next_group += len(seeds)
@@ -327,7 +327,7 @@ class AgentCollector:
         r = self.cfg.rollout
         tasks = [self.train_seeds[i] for i in self.stream.take(r.prompts_per_step)]
         before = self.faults
-        episodes = self._start(tasks, r.group_size)
+        episodes = self.start_episodes(tasks, r.group_size)
         rows = self.run_episodes(engine, episodes, self.sampling(), seeds("rollout"), intervention=hooks.intervention())
         self._warn_faults(before, len(episodes), f"step {seeds.step + 1}", f"env/faults={self.faults} so far")
         if not rows:
@@ -354,7 +354,7 @@ class AgentCollector:
         k = 1 if v.greedy else v.samples
         saved = self._next_group, self._next_episode  # validation must not shift training ids
         faults = self.faults
-        episodes = self._start(seeds, k)
+        episodes = self.start_episodes(seeds, k)
         if all(ep.fault for ep in episodes):
             raise no_episode_started(self.env_cfg, episodes, "validation")
         # val.* alone, no top-k (val has none), as the single-turn collector validates
