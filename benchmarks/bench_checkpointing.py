@@ -54,7 +54,7 @@ def restore(trainer: Any, policy_state: dict[str, Any], optimizer_state: dict[st
 
 
 def timed_update(trainer: Any, batch: Any, recompute: bool) -> dict[str, float]:
-    trainer.checkpointing.on = recompute
+    trainer.activation_checkpointing.on = recompute
     batch = copy.deepcopy(batch)  # the update may write into it; copied before the clock and the peak start
     bench_peak_phases.reset_peak()
     start = time.perf_counter()

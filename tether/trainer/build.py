@@ -87,7 +87,7 @@ class TrainerBuild:
             policy = add_lora(policy, cfg.model.lora, base_name=cfg.model.name)
         policy.eval()  # no dropout: old and new log-probs must come from the same function
         ref = self._build_ref(policy) if needs_reference(cfg) else None  # copied before sharding changes the module
-        self.checkpointing = layer_checkpointing(policy, cfg.train.gradient_checkpointing)
+        self.activation_checkpointing = layer_checkpointing(policy, cfg.train.gradient_checkpointing)
         self.policy = self.strategy.prepare(policy)  # on self.device from here on
         # a method may move the reference (ARMOR's resets, Reference.reset_to): then checkpoints save it; a LoRA
         # policy's reference is a view of the policy itself (adapters off, or its reference adapter), wherever the

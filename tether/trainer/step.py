@@ -223,9 +223,10 @@ class StepPhases:
         element_size = next(self.policy.parameters()).element_size()
         budget = self.cfg.train.activation_memory_budget_gb
         decoder_gb = activation_bytes(self.policy.config, tokens, element_size) / 2**30
-        if self.cfg.train.gradient_checkpointing == "auto" and self.checkpointing is not None:
-            self.checkpointing.on = decoder_gb > budget
-        layers = self.checkpointing is not None and self.checkpointing.on  # None: false, or no layers found
+        switch = self.activation_checkpointing  # None: false, or no layers found
+        if self.cfg.train.gradient_checkpointing == "auto" and switch is not None:
+            switch.on = decoder_gb > budget
+        layers = switch is not None and switch.on
         if layers or not head_logits_can_be_kept(self.policy, micro.prompt_ids):
             return decoder_gb, layers, False
         vocab = self.policy.get_output_embeddings().weight.shape[0]
