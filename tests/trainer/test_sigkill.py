@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.trainer.helpers import tiny_config
+from tests.warm import warm_python
 from tether.config import dump_config
 from tether.models import tiny_model
 from tether.trainer import Trainer
@@ -132,18 +134,21 @@ PHASES = ("start_of_a_step", "before_step_dir_rename", "before_latest_pointer", 
           "before_old_best_removed")
 
 
-def killing_train(config: Path, phase: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", KILLING_TRAIN, phase, str(config)], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
-
-
 def run_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def killing_train(tmp_path_factory) -> Iterator[Callable[[Path, str], subprocess.CompletedProcess]]:
+    """``killing_train(config, phase)``: a ``tether train`` process that SIGKILLs itself at ``phase`` (``none``: it
+    runs to its end). Forked from a warm interpreter (tests/warm.py): 11 processes without 11 imports of torch."""
+    env = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    with warm_python(tmp_path_factory.mktemp("stderr"), env) as python:
+        yield lambda config, phase: python.run(KILLING_TRAIN, phase, str(config))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, killing_train):
     """The reference run (no kill), and a function writing the same config for another run directory."""
     root = tmp_path_factory.mktemp("phases")
     model, tok = tiny_model(seed=0)
@@ -164,7 +169,7 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("phase", PHASES)
-def test_a_sigkill_at_each_phase_of_a_save_resumes_to_the_uninterrupted_result(uninterrupted, phase):
+def test_a_sigkill_at_each_phase_of_a_save_resumes_to_the_uninterrupted_result(uninterrupted, killing_train, phase):
     straight, config = uninterrupted
     path = config(phase)
     run_dir = path.with_suffix("") / "run"
