@@ -64,13 +64,17 @@ def read_yaml(text: str) -> Any:
 
 
 def _format_loc(loc: tuple) -> str:
-    return ".".join(str(p) for p in loc) or "<root>"
+    """A pydantic error location as the key path tether's lines write: ``task.rewards[0].fn`` (a list index in
+    brackets, as the checks after the schema write it)."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).removeprefix(".") or "<root>"
 
 
 def _section_class(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    """The section class at ``loc`` under ``model`` (``("optim",)`` -> OptimConfig), or None when ``loc`` leaves
-    the typed sections (a free-form dict such as ``task.kwargs``)."""
+    """The section class at ``loc`` under ``model`` (``("optim",)`` -> OptimConfig; ``("task", "rewards", 0)`` ->
+    RewardTermConfig), or None when ``loc`` leaves the typed sections (a free-form dict such as ``task.kwargs``)."""
     for part in loc:
+        if isinstance(part, int):  # an item of a list of sections: the list's field already gave its class
+            continue
         field = model.model_fields.get(str(part))
         if field is None:
             return None
@@ -133,7 +137,8 @@ def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str =
             section = _section_class(model, e["loc"][:-1])
             allowed = sorted(section.model_fields) if section is not None else []
             close = _close_keys(str(e["loc"][-1]), allowed)
-            where = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"][:-1])) or "the top level"
+            parent = ((prefix,) if prefix else ()) + tuple(e["loc"][:-1])
+            where = _format_loc(parent) if parent else "the top level"
             guess = f"did you mean {' or '.join(close)}? " if close else ""
             lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
             continue
