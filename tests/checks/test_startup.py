@@ -48,6 +48,34 @@ def test_a_prompt_field_holding_a_list_fails_before_any_model(tmp_path):
         check_config(cfg, policy=False)
 
 
+def dataset_rows(tmp_path: Path) -> Path:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1?", "solution": str(i + 1), "level": i % 3}) + "\n"
+                            for i in range(12)))
+    return path
+
+
+@pytest.mark.parametrize("fn, message", [
+    # TRL's accuracy_reward(completions, solution, **kwargs) with the column misspelt
+    ("solution_typo", "requires 'soluton', which neither the call nor a column of the task's rows gives (columns: "
+                      "answer, level, solution); did you mean 'solution'?"),
+    ("completion_typo", "requires 'completion', which neither the call nor a column of the task's rows gives (columns: "
+                        "answer, level, solution); did you mean 'completions'?"),
+])
+def test_a_reward_function_requiring_an_argument_no_row_has_fails_validate(tmp_path, fn, message):
+    """A reward function whose required argument is no column (a typo of one) passed validate, then raised
+    TypeError on every call of the run: every row a fault, rewards all 0, the run going on."""
+    data = {"run_dir": str(tmp_path / "run"), "task": {
+        "name": "dataset", "kwargs": {"path": str(dataset_rows(tmp_path)), "answer_field": "solution", "val_size": 4},
+        "rewards": [{"fn": "tests.rewards.user_rewards:solution_match"},
+                    {"fn": f"tests.rewards.user_rewards:{fn}", "kwargs": {"scale": 2.0}}]}}
+    with pytest.raises(ConfigError) as info:
+        check_config(load_config(data=data), policy=False)
+    assert str(info.value) == f"task.rewards[1].fn: {fn!r} {message}"
+    data["task"]["rewards"] = data["task"]["rewards"][:1]  # solution_match's `solution` is a column
+    assert check_config(load_config(data=data), policy=False) == []
+
+
 @pytest.mark.parametrize("files, message", [
     ({}, "holds no model: no config.json (nor adapter_config.json); it is empty"),
     ({"config.json": "{}"}, "has no weights (*.safetensors or *.bin); config.json"),

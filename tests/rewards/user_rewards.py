@@ -138,3 +138,13 @@ def sleeps(prompts, completions, **kwargs):
     import time
 
     time.sleep(600)
+
+
+def solution_typo(completions, soluton, scale=1.0, **kwargs):
+    """``solution`` misspelt: no column gives it."""
+    return [scale * float(c == s) for c, s in zip(completions, soluton, strict=True)]
+
+
+def completion_typo(completion, scale=1.0, **kwargs):
+    """``completions`` misspelt (a required argument nothing passes; ``completions`` lands in ``kwargs``)."""
+    return [scale] * len(completion)

@@ -144,6 +144,10 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
                           "is a text model (no vision_config): use a vision-language model (e.g. "
                           "Qwen/Qwen2.5-VL-3B-Instruct; tiny-qwen2.5-vl for a smoke run), or a format_fn that "
                           "returns no images")
+    if cfg.task.rewards:  # the reward functions' arguments against the columns the rows give them
+        from tether.rewards import check_reward_columns, item_columns
+
+        check_reward_columns(cfg.task.rewards, item_columns([*task.train, *held_out]))
 
 
 def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         RewardTerm,
         TermResult,
         check_batch_signature,
+        check_reward_columns,
         check_reward_terms,
         probe_reward_terms,
     )
@@ -28,12 +29,12 @@ if TYPE_CHECKING:
 #: Each public name's module.
 _MODULES = {"Judge": "judge", "RewardModel": "model", "VerlScore": "verl_score",
             **dict.fromkeys(["FAULT_LOG", "RewardedTask", "build_config_task", "build_task", "item_columns"], "task"),
-            **dict.fromkeys(["RewardTerm", "TermResult", "check_batch_signature", "check_reward_terms",
-                             "probe_reward_terms"], "terms")}
+            **dict.fromkeys(["RewardTerm", "TermResult", "check_batch_signature", "check_reward_columns",
+                             "check_reward_terms", "probe_reward_terms"], "terms")}
 
 __all__ = ["FAULT_LOG", "Judge", "RewardModel", "RewardTerm", "RewardedTask", "TermResult", "VerlScore",
-           "build_config_task", "build_task", "check_batch_signature", "check_reward_terms", "item_columns",
-           "probe_reward_terms"]
+           "build_config_task", "build_task", "check_batch_signature", "check_reward_columns",
+           "check_reward_terms", "item_columns", "probe_reward_terms"]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,13 +19,14 @@ the limit (a hang, a busy loop) or one that ends its process faults every row of
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import inspect
 import math
 import numbers
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -284,6 +285,34 @@ def check_reward_terms(specs: list[RewardTermConfig], *, settings: bool = True) 
             raise ConfigError(f"{key}.name: {term.name!r} is taken (by task.rewards[{seen.get(term.name, '-')}] or "
                               "by tether's own terms task, overlong, fault); set a distinct name")
         seen[term.name] = index
+
+
+def check_reward_columns(specs: list[RewardTermConfig], columns: Collection[str]) -> None:
+    """Each ``task.rewards`` entry gets every argument it requires: a required parameter that is neither a batch
+    argument, a configured keyword nor one of ``columns`` (a misspelt column) would raise on every call of the run,
+    each a contained fault. Run where the task is built, on its rows' columns (:func:`tether.rewards.item_columns`).
+
+    Raises:
+        ConfigError: the first argument no call gives, with the columns there are and the nearest name.
+    """
+    for index, spec in enumerate(specs):
+        key = f"task.rewards[{index}].fn"
+        target = resolve_target(key, spec.fn)
+        # a class's kwargs are its constructor's; its __call__ (without self) gets the batch
+        fn, given = ((functools.partial(target.__call__, None), set()) if inspect.isclass(target)
+                     else (target, set(spec.kwargs)))
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+            continue
+        passed = {*BATCH_ARGS, *given, *columns}
+        missing = [p.name for p in params if p.default is p.empty and p.name not in passed
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if missing:
+            close = difflib.get_close_matches(missing[0], sorted(passed), n=1, cutoff=0.6)
+            raise ConfigError(f"{key}: {_name(fn)!r} requires {missing[0]!r}, which neither the call nor a column of "
+                              f"the task's rows gives (columns: {', '.join(sorted(columns))})"
+                              + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
 def probe_reward_terms(specs: list[RewardTermConfig]) -> list[str]:
