@@ -222,6 +222,28 @@ def test_a_verl_compute_score_runs_unchanged_and_faults_per_row(tmp_path):
                                              kwargs={"path": str(file), "name": "score"})])
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    # verl's gsm8k scorer, compute_score(solution_str, ground_truth, ...), as a custom function: verl passes data_source
+    ({"name": "gsm8k_style"}, "gsm8k_style(solution_str, ground_truth, method='strict') cannot take verl's call "
+                              "compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...): "
+                              "got an unexpected keyword argument 'data_source'"),
+    ({"reward_kwargs": {"bonsu": 0.25}}, "compute_score(data_source, solution_str, ground_truth, extra_info=None, "
+                                         "bonus=0.0) cannot take verl's call compute_score(data_source=..., "
+                                         "solution_str=..., ground_truth=..., extra_info=..., bonsu=...): got an "
+                                         "unexpected keyword argument 'bonsu'"),
+    ({"name": "compute_scor"}, "has no function 'compute_scor'; did you mean 'compute_score'?"),
+])
+def test_a_verl_function_that_cannot_take_verls_call_is_refused_before_any_row(tmp_path, kwargs, message):
+    """Each was "ok" from validate, then every row of the run faulted with a TypeError (reward 0 throughout)."""
+    file = tmp_path / "verl_reward.py"
+    file.write_text(VERL_REWARD + "\n\ndef gsm8k_style(solution_str, ground_truth, method='strict'):\n    return 0.0\n")
+    with pytest.raises(ConfigError) as info:
+        check_reward_terms([RewardTermConfig(fn="tether.rewards:VerlScore", kwargs={"path": str(file), **kwargs})])
+    assert str(info.value).startswith("task.rewards[0].kwargs: name: ") and str(info.value).endswith(message)
+    check_reward_terms([RewardTermConfig(fn="tether.rewards:VerlScore",  # the file's own function and keyword
+                                         kwargs={"path": str(file), "reward_kwargs": {"bonus": 0.25}})])
+
+
 VERL_TYPED_SCORES = '''
 import numpy as np
 import torch

@@ -10,7 +10,9 @@ where absent). A row whose call raises or returns no number is a fault of that r
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,8 +43,30 @@ def load_compute_score(path: str, name: str) -> Callable[..., Any]:
     spec.loader.exec_module(module)
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"name: {path} has no function {name!r}")
+        functions = [key for key, value in vars(module).items() if callable(value) and not key.startswith("_")]
+        close = difflib.get_close_matches(name, functions, n=1, cutoff=0.6)
+        raise ValueError(f"name: {path} has no function {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
     return fn
+
+
+def check_verl_call(fn: Callable[..., Any], path: str, name: str, reward_kwargs: dict[str, Any]) -> None:
+    """``fn`` takes the call verl makes, by keyword, with ``reward_kwargs``; a function that cannot would raise on
+    every row of the run (each a contained fault).
+
+    Raises:
+        ValueError: naming the function's signature, the call and what binding it says.
+    """
+    call = {"data_source": None, "solution_str": "", "ground_truth": None, "extra_info": None, **reward_kwargs}
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return
+    try:
+        signature.bind(**call)
+    except TypeError as err:
+        shown = ", ".join(f"{key}=..." for key in call)
+        raise ValueError(f"name: {path}: {name}{signature} cannot take verl's call compute_score({shown}): "
+                         f"{err}") from None
 
 
 class VerlScore:
@@ -61,8 +85,9 @@ class VerlScore:
 
     @staticmethod
     def check(path: str, name: str = "compute_score", reward_kwargs: dict[str, Any] | None = None) -> None:
-        """The file exists and defines the function (loading it runs the file's top level, as verl does)."""
-        load_compute_score(path, name)
+        """The file exists and defines the function (loading it runs the file's top level, as verl does), which
+        takes verl's call with ``reward_kwargs``."""
+        check_verl_call(load_compute_score(path, name), path, name, dict(reward_kwargs or {}))
 
     def _one(self, completion: Any, row: dict[str, Any]) -> tuple[float, str | None]:
         try:
