@@ -42,10 +42,18 @@ def test_fewer_rows_than_val_size_fails_validate_and_train_alike_before_any_mode
                         policy=False) == []
 
 
-def test_a_prompt_field_holding_a_list_fails_before_any_model(tmp_path):
-    cfg = load_config(data=jsonl_run(tmp_path, rows_file(tmp_path, 20, prompt=lambda i: [f"{i}?"]), val_size=5))
-    with pytest.raises(ConfigError, match=r"^task\.kwargs: field 'prompt' must be a string, got list$"):
-        check_config(cfg, policy=False)
+def test_a_prompt_field_holding_a_list_fails_before_any_model_and_names_the_task_that_reads_one(tmp_path):
+    """TRL's conversational data (a ``prompt`` list of messages) in the jsonl task: the line said "must be a string,
+    got list" and stopped there; the dataset task reads such a file as it is."""
+    messages = lambda i: [{"role": "user", "content": f"{i}+1?"}]  # noqa: E731
+    data = jsonl_run(tmp_path, rows_file(tmp_path, 20, prompt=messages), val_size=5)
+    with pytest.raises(ConfigError) as info:
+        check_config(load_config(data=data), policy=False)
+    assert str(info.value) == ("task.kwargs: field 'prompt' must be a string, got list; a conversation (a list of "
+                               "{role, content} messages) is read by the dataset task: task.name=dataset, with the "
+                               "same path (docs/tasks.md)")
+    data["task"]["name"] = "dataset"
+    assert check_config(load_config(data=data), policy=False) == []
 
 
 def dataset_rows(tmp_path: Path) -> Path:

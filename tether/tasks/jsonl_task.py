@@ -349,7 +349,10 @@ class JsonlTask:
                            "set prompt_field=...")
         prompt = row[self.prompt_field]
         if not isinstance(prompt, str):
-            raise TypeError(f"field {self.prompt_field!r} must be a string, got {type(prompt).__name__}")
+            # TRL's conversational data: the dataset task reads the same file with its message lists as they are
+            hint = ("; a conversation (a list of {role, content} messages) is read by the dataset task: "
+                    "task.name=dataset, with the same path (docs/tasks.md)") if isinstance(prompt, list) else ""
+            raise TypeError(f"field {self.prompt_field!r} must be a string, got {type(prompt).__name__}{hint}")
         return prompt
 
     def _item(self, row: dict[str, Any], source: str, split: str, index: int) -> TaskItem:
