@@ -223,6 +223,18 @@ def test_an_env_of_ones_own_with_gymnasium_returns_is_refused_before_any_model_l
         check_config(cfg)  # what tether validate and every command run before a model loads
 
 
+def test_an_env_of_ones_own_without_what_the_run_reads_is_refused_before_any_model_loads(tmp_path):
+    """It passed tether validate; tether train loaded the policy, then stopped with "env ... (constructor): building
+    the first environment raised AttributeError: ... no attribute 'action_format'" (the first missing one only)."""
+    cfg = tiny_config(tmp_path, "task=null", f"env.name={PLUGINS}:HalfAnEnv", "model.name=tiny-64x2")
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg)
+    assert str(info.value) == (
+        f"env.name={PLUGINS}:HalfAnEnv: the env has no action_format, parse_action, train_seeds, eval_seeds, which "
+        "the run uses (the TextEnv protocol, docs/environments.md; tether.envs.base has parse_tagged_action, and "
+        "train_seeds and eval_seeds to set as staticmethods)")
+
+
 @pytest.mark.slow
 def test_a_fresh_process_imports_them_too(tmp_path):
     """What `tether experiment` does for each run: a new ``python -m tether.cli`` process, another directory."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tether.algos import AdvantageOutput
 from tether.algos.policy_losses import ppo
+from tether.envs.base import eval_seeds, train_seeds
 from tether.methods.base import Method
 from tether.tasks import Score, TaskItem
 
@@ -95,6 +96,29 @@ class GymnasiumStyle:
 
     def solution(self):
         return ["0"]
+
+    def close(self):
+        pass
+
+    train_seeds = staticmethod(train_seeds)
+    eval_seeds = staticmethod(eval_seeds)
+
+
+class HalfAnEnv:
+    """A newcomer's env with reset and step right but without the members the run reads of the rest of the protocol
+    (``action_format``, ``parse_action``, the seed splits)."""
+
+    name, max_turns = "half", 2
+
+    def reset(self, seed):
+        from tether.envs import EnvReset
+
+        return EnvReset("Pick 0 or 1.", "pick", ["0", "1"])
+
+    def step(self, action):
+        from tether.envs import EnvStep
+
+        return EnvStep("done", 1.0, True, {"won": True, "admissible_actions": None, "invalid_action": False})
 
     def close(self):
         pass

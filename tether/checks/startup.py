@@ -158,8 +158,8 @@ def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:
       constructor that refuses them fails here as one line, not after the policy loads ("no episode can start"). A
       tether class with a ``check_config`` has had it called, cheaply, and is not built for this: ALFWorld's and
       WebShop's constructors load their data.
-    * its answers: an env of the user's own (its class outside tether) answers one ``reset`` and one ``step``
-      (:func:`play_once`).
+    * its answers: an env of the user's own (its class outside tether) has what the run uses of the protocol
+      (:func:`missing_members`) and answers one ``reset`` and one ``step`` (:func:`play_once`).
     * its observations (``policy``: the run loads its policy): an env that renders images (its ``renders_images``)
       needs a vision-language policy; the collector refuses a text tokenizer once the model has loaded.
 
@@ -185,12 +185,17 @@ def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:
             raise ConfigError(f"env.kwargs: {fault}") from None
         return
     try:
-        problem = play_once(cfg, env) if users_own else None
+        missing = missing_members(env) if users_own else []
+        problem = play_once(cfg, env) if users_own and not missing else None
         images = observations and bool(env.renders_images)
     finally:
         if callable(close := getattr(env, "close", None)):
             with contextlib.suppress(Exception):  # best effort: a probe's env is dropped either way
                 close()
+    if missing:
+        raise ConfigError(f"env.name={cfg.env.name}: the env has no {', '.join(missing)}, which the run uses (the "
+                          "TextEnv protocol, docs/environments.md; tether.envs.base has parse_tagged_action, and "
+                          "train_seeds and eval_seeds to set as staticmethods)")
     if problem:
         raise ConfigError(f"env.name={cfg.env.name}: {problem}; reset returns tether.envs.EnvReset(observation, task, "
                           "admissible_actions, info) and step tether.envs.EnvStep(observation, reward, done, info) "
@@ -199,6 +204,19 @@ def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:
         raise ConfigError(f"env.name={cfg.env.name} observes images (env.kwargs), but model.name={cfg.model.name} is a "
                           "text model (no vision_config): use a vision-language model, or env.kwargs.observation: "
                           "text")
+
+
+# What the run reads of an env (tether.envs.base.TextEnv), which the collector would find missing only after the
+# policy loaded; solution() is left out: only a warm start's solver data and the rule analyzer call it.
+RUN_READS = ("name", "max_turns", "action_format")
+RUN_CALLS = ("reset", "step", "parse_action", "train_seeds", "eval_seeds", "close")
+
+
+def missing_members(env: Any) -> list[str]:
+    """The members of :data:`RUN_READS` and :data:`RUN_CALLS` ``env`` lacks (a method set to something that is not
+    callable counts as missing)."""
+    return [name for name in RUN_READS if not hasattr(env, name)] + \
+        [name for name in RUN_CALLS if not callable(getattr(env, name, None))]
 
 
 def play_once(cfg: Config, env: Any) -> str | None:
