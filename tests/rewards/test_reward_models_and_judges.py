@@ -70,6 +70,34 @@ def test_a_reward_model_term_is_built_once_and_checked_before_it_loads(reward_mo
         check_reward_terms([RewardTermConfig(fn="tether.rewards:RewardModel")])
 
 
+@pytest.mark.parametrize("alias", ["tiny-64x2", "smollm2-135m-instruct", "char-64x1"])
+def test_a_policy_alias_as_the_reward_model_is_refused_before_it_loads(alias):
+    """``model: tiny-64x2`` passed validate (read as a Hub id); train loaded the policy, then died with transformers'
+    traceback after Hugging Face's retries: an alias names a policy (a causal LM), never a reward model."""
+    with pytest.raises(ConfigError) as info:
+        check_reward_terms([RewardTermConfig(fn="tether.rewards:RewardModel", kwargs={"model": alias})])
+    assert str(info.value) == (f"task.rewards[0].kwargs: model: {alias!r} is a tether alias of a policy (a causal LM "
+                               "without a reward head), not a reward model: give a local directory or a Hub id "
+                               "(org/name) of an AutoModelForSequenceClassification checkpoint")
+
+
+def test_a_reward_model_that_does_not_load_is_one_line_naming_its_entry(reward_model_dir, tmp_path):
+    """A directory whose weights are missing passed the check (it holds a config.json) and stopped train with
+    transformers' OSError traceback after the policy loaded."""
+    import shutil
+
+    broken = tmp_path / "rm"
+    shutil.copytree(reward_model_dir, broken)
+    (broken / "model.safetensors").unlink()
+    spec = RewardTermConfig(fn="tether.rewards:RewardModel", kwargs={"model": str(broken), "device": "cpu"})
+    check_reward_terms([spec])  # a config.json is there: only loading finds it out
+    with pytest.raises(ConfigError) as info:
+        RewardTerm(spec, "task.rewards[1]")
+    message = str(info.value)
+    assert message.startswith("task.rewards[1].kwargs: tether.rewards:RewardModel could not be built (OSError: "
+                              "Error no file named model.safetensors") and "\n" not in message, message
+
+
 def test_the_judge_fills_the_template_parses_and_scales(judge_url):
     judge = Judge("stub", base_url=judge_url, template="Gold: {answer}\nResponse:\n{completion}\n\nScore:",
                   pattern=r"Score: (\d+)", max_score=10, retry_delay_s=0)

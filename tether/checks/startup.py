@@ -52,12 +52,9 @@ def data_inputs(cfg: Config, sft: SFTConfig | None = None) -> dict[str, str]:
 
 
 def _is_alias(name: str) -> bool:
-    from tether.models.char import parse_char_alias
-    from tether.models.loading import SMOLLM2, TINY_ALIAS
-    from tether.models.policy import TINY_VLMS
+    from tether.models.policy import is_alias  # here, not at the top: the config checks import no torch
 
-    return name == SMOLLM2 or name in TINY_VLMS or parse_char_alias(name) is not None or \
-        TINY_ALIAS.fullmatch(name) is not None
+    return is_alias(name)
 
 
 def check_prerequisites(cfg: Config, found: Findings, *, policy: bool = True, sft: SFTConfig | None = None) -> None:

@@ -41,6 +41,11 @@ ALIAS_CUTOFF = 0.7  # difflib ratio: smollm2-135m and smollm2-360m-instruct sugg
 SIZED_TYPO = re.compile(r"(tiny|char)[-_ ]?(\d+)[-_xX*](\d+)", re.IGNORECASE)  # tiny_64-2, Char-64X2
 
 
+def is_alias(name: str) -> bool:
+    """Whether ``name`` is a tether alias of a policy (:data:`ALIASES`, or a sized ``char-`` or ``tiny-`` one)."""
+    return name in ALIASES or parse_char_alias(name) is not None or TINY_ALIAS.fullmatch(name) is not None
+
+
 def close_alias(name: str) -> str | None:
     """The tether alias a one-word ``name`` most likely misspells (``smollm2-135m`` -> ``smollm2-135m-instruct``,
     ``tiny_64-2`` -> ``tiny-64x2``), or None. A name with a ``/`` is a Hub id or a path, never an alias's typo."""

@@ -69,14 +69,21 @@ class RewardModel:
         """The settings, before anything loads.
 
         Raises:
-            ValueError: a size below 1, or a model that is neither a local directory nor a Hub id.
+            ValueError: a size below 1, a model that is neither a local directory nor a Hub id, or a tether alias
+                (a policy).
         """
         if batch_size < 1 or max_length < 2 or output < 0:
             raise ValueError(f"batch_size={batch_size}, max_length={max_length}, output={output}: need batch_size "
                              ">= 1, max_length >= 2, output >= 0")
+        from tether.models.policy import is_alias
+
         local = Path(model).expanduser()
         if (local / "config.json").is_file():
             return
+        if is_alias(model):  # read as a Hub id, it failed only after the policy had loaded
+            raise ValueError(f"model: {model!r} is a tether alias of a policy (a causal LM without a reward head), not "
+                             "a reward model: give a local directory or a Hub id (org/name) of an "
+                             "AutoModelForSequenceClassification checkpoint")
         if model.startswith((".", "/", "~")) or model.count("/") > 1:
             raise ValueError(f"model: {model!r} is not a directory holding a model (no config.json)")
         if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") and not _cached(model):

@@ -96,6 +96,19 @@ def check_batch_signature(fn: Callable, kwargs: dict[str, Any], key: str) -> Non
                           f"{', '.join(sorted(names - set(BATCH_ARGS))) or '(none)'}")
 
 
+def _built(cls: type, spec: RewardTermConfig, key: str) -> Any:
+    """``cls(**spec.kwargs)``; transformers' ``OSError`` (a model that does not load: missing weights, a Hub id not
+    there) as one line naming the entry, not its traceback after the policy has loaded. An error of the file system
+    (it has an ``errno``) keeps its traceback."""
+    try:
+        return cls(**spec.kwargs)
+    except OSError as err:
+        if err.errno is not None:
+            raise
+        why = " ".join(str(err).split("\n", 1)[0].split()) or type(err).__name__
+        raise ConfigError(f"{key}.kwargs: {spec.fn} could not be built (OSError: {why})") from err
+
+
 def _name(fn: Callable) -> str:
     return getattr(getattr(fn, "func", fn), "__qualname__", repr(fn))
 
@@ -127,7 +140,7 @@ class RewardTerm:
                 check_settings(target, spec.kwargs, f"{key}.kwargs")
             check_batch_signature(functools.partial(target.__call__, None), {}, f"{key}.fn")  # without self
             in_here = build and spec.timeout_s is None  # with a limit, the class is built in the term's process
-            self.fn: Callable | None = target(**spec.kwargs) if in_here else None
+            self.fn: Callable | None = _built(target, spec, key) if in_here else None
             self.kwargs: dict[str, Any] = {}
         else:
             check_batch_signature(target, spec.kwargs, f"{key}.fn")
