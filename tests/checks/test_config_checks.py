@@ -249,6 +249,25 @@ def test_generation_batches_that_cannot_fill_a_step_are_refused():
     assert warnings_of({"rollout": {**rollout, "max_gen_batches": 2}}) == []
 
 
+@pytest.mark.parametrize("key, value, spelled", [("dynamic_sampling", True, "true"), ("gen_batch_prompts", 2, "2"),
+                                                 ("max_gen_batches", 1, "1"), ("partial_batches", True, "true")])
+def test_dapo_refill_settings_with_env_are_refused(key, value, spelled):
+    """The agent collector reads none of DAPO's refill settings: with env: they passed validate and did nothing."""
+    assert errors_of({**ENV, "rollout": {key: value}}) == (
+        f"rollout.{key}={spelled} with env: DAPO's dynamic sampling and refill act on single-turn tasks only; an "
+        "agent step plays rollout.prompts_per_step tasks once and never filters or refills, so the setting would do "
+        "nothing; leave it unset with env:")
+    assert warnings_of({"rollout": {key: value}}) == []  # a task reads it
+
+
+def test_dapo_refill_settings_at_their_defaults_pass_with_env():
+    defaults = {"dynamic_sampling": False, "gen_batch_prompts": None, "max_gen_batches": 4, "partial_batches": False}
+    assert warnings_of({**ENV, "rollout": defaults}) == []
+    both = errors_of({**ENV, "rollout": {"dynamic_sampling": True, "max_gen_batches": 2}})
+    assert both.startswith("rollout.dynamic_sampling=true, rollout.max_gen_batches=2 with env: ")
+    assert len(both.splitlines()) == 1
+
+
 def test_engine_kwargs_of_the_wrong_type_are_one_line():
     """The builders' annotations name ModelConfig for type checkers only, which hid every type: score_rows="abc"
     reached the engine."""

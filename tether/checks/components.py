@@ -296,6 +296,29 @@ def check_refill(cfg: Config, found: Findings) -> None:
                           "rollout.partial_batches=true")
 
 
+REFILL_KEYS = ("dynamic_sampling", "gen_batch_prompts", "max_gen_batches", "partial_batches")
+
+
+def check_refill_with_env(cfg: Config, found: Findings) -> None:
+    """DAPO's dynamic sampling and refill (``REFILL_KEYS``) are the single-turn collector's: with ``env:`` the agent
+    collector plays ``rollout.prompts_per_step`` tasks once a step and reads none of them, so a value other than the
+    default would be silently ignored."""
+    if cfg.env is None:
+        return
+    r, fields = cfg.rollout, type(cfg.rollout).model_fields
+    changed = [key for key in REFILL_KEYS if getattr(r, key) != fields[key].default]
+    if changed:
+        values = ", ".join(f"rollout.{key}={_yaml_value(getattr(r, key))}" for key in changed)
+        raise ConfigError(f"{values} with env: DAPO's dynamic sampling and refill act on single-turn tasks only; an "
+                          "agent step plays rollout.prompts_per_step tasks once and never filters or refills, so the "
+                          "setting would do nothing; leave it unset with env:")
+
+
+def _yaml_value(value: Any) -> str:
+    """A setting's value as a config spells it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def check_methods(cfg: Config, found: Findings) -> None:
     """Each ``methods.<name>`` section against its settings class, then the method's own check of the config; at
     most one of them intervenes in sampling (the MethodSet's rule, which otherwise stops the first generation)."""
@@ -344,4 +367,4 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
 
 CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype,
                  check_ignore_eos, check_mask_truncated, check_overlong, check_rollout_staleness, check_engine,
-                 check_refill, check_methods, check_saving, warn_suspicious)
+                 check_refill, check_refill_with_env, check_methods, check_saving, warn_suspicious)

@@ -170,7 +170,8 @@ class RolloutConfig(SamplingConfig):
                                           "score_rows (rows per scoring pass)")
     prompts_per_step: int = Field(8, ge=1, description="groups in one RL step")
     group_size: int = Field(8, ge=1, description="samples per prompt")
-    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, refill")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, refill. This "
+                                   "and the three refill keys below are single-turn tasks' (refused with env:)")
     max_gen_batches: int = Field(4, ge=1, description="refill limit when groups are dropped")
     partial_batches: bool = Field(False, description="dynamic sampling: when max_gen_batches is spent, train on the "
                                   "groups that survived (or, if none did, on the last batch unfiltered) instead of "
