@@ -96,7 +96,7 @@ def test_seed_sft_batches_of_more_than_64_rows_give_every_engine_call_its_own_se
     cfg = seed_sft_config(tmp_path, "env.train_tasks=128", "env.max_turns=2", "sft.tasks=128",
                           "sft.rollouts_per_task=2", "sft.rollout_batch_tasks=64")
     engine = SeedRecorder(tokenizer)
-    episodes = rollout_episodes(cfg, None, tokenizer, cfg.sft, engine=engine)
+    episodes = rollout_episodes(cfg.rl_config(), None, tokenizer, cfg.sft, engine=engine)
     assert len(episodes) == 256 and engine.calls[:2] == [64, 64]  # each batch's first turn: two chunks of 64
     assert len(engine.seeds) == 8 and len(set(engine.seeds)) == 8
 

@@ -10,10 +10,13 @@ need lock-step access to the logits. ``rollout.engine`` picks one (:mod:`tether.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from tether.config import RolloutConfig, ValConfig
 
 
 class InterventionUnsupportedError(NotImplementedError):
@@ -35,6 +38,21 @@ class SamplingParams:
     greedy: bool = False
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # every row samples max_new_tokens: EOS and ``stop`` end nothing (equal-work benchmarks)
+
+
+def sampling_params(rollout: RolloutConfig, val: ValConfig | None = None) -> SamplingParams:
+    """A config's sampling: a training rollout's (``rollout``), or with ``val`` validation's, for every collector.
+
+    Validation samples with ``val``'s temperature, top-p and greedy alone: no top-k (``val`` has none) and EOS always
+    honoured (``rollout.ignore_eos`` is for training's equal-work benchmarks). The response budget and the stop
+    strings are ``rollout``'s in both, so a validated response is cut where a trained one is.
+    """
+    if val is None:
+        return SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+                              top_p=rollout.top_p, top_k=rollout.top_k, stop=tuple(rollout.stop),
+                              ignore_eos=rollout.ignore_eos)
+    return SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=val.temperature, top_p=val.top_p,
+                          top_k=0, greedy=val.greedy, stop=tuple(rollout.stop))
 
 
 @dataclass

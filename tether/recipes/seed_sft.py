@@ -25,6 +25,7 @@ Stage 2 is the ``seed`` method in ``tether train``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -83,7 +84,9 @@ def rollout_episodes(cfg: Config, policy: Any, tokenizer: Any, s: SkillSFTSettin
                           "raise env.train_tasks or lower the SFT tasks")
     engine = engine or HFEngine(policy, tokenizer, bf16_autocast=cfg.model.bf16_autocast,
                                 logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
-    params = collector.sampling(temperature=s.temperature)
+    params = collector.sampling()
+    if s.temperature is not None:  # stage 1's own rollout temperature
+        params = dataclasses.replace(params, temperature=s.temperature)
     seeds = collector.train_seeds[:s.tasks]
     episodes = []
     for k in range(0, len(seeds), s.rollout_batch_tasks):

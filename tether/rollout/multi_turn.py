@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from tether.engine.base import SamplingParams
+from tether.engine.base import SamplingParams, sampling_params
 from tether.envs import (
     STATE_KEY,
     Observation,
@@ -184,13 +184,9 @@ class AgentCollector:
         self._next_group, self._next_episode, self.faults = (state["next_group"], state["next_episode"],
                                                              state["faults"])
 
-    def sampling(self, *, greedy: bool = False, temperature: float | None = None, top_p: float | None = None,
-                 top_k: int | None = None) -> SamplingParams:
-        """``rollout``'s sampling, with the settings given replacing its own."""
-        r = self.cfg.rollout
-        return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature or r.temperature,
-                              top_p=top_p or r.top_p, top_k=r.top_k if top_k is None else top_k, greedy=greedy,
-                              stop=tuple(r.stop))
+    def sampling(self) -> SamplingParams:
+        """``rollout``'s sampling (:func:`~tether.engine.base.sampling_params`)."""
+        return sampling_params(self.cfg.rollout)
 
     # -- episodes ----------------------------------------------------------------------------
 
@@ -357,8 +353,7 @@ class AgentCollector:
         episodes = self.start_episodes(seeds, k)
         if all(ep.fault for ep in episodes):
             raise no_episode_started(self.env_cfg, episodes, "validation")
-        # val.* alone, no top-k (val has none), as the single-turn collector validates
-        params = self.sampling(greedy=v.greedy, temperature=v.temperature, top_p=v.top_p, top_k=0)
+        params = sampling_params(self.cfg.rollout, v)
         with validation_progress(self.cfg, len(episodes), "episodes") as bar:
             rows = self.run_episodes(engine, episodes, params, seed, on_turn=bar.update)
         self._warn_faults(faults, len(episodes), "validation", "val/faults")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from tether.engine.base import Intervention, RolloutEngine, SamplingParams
+from tether.engine.base import Intervention, RolloutEngine, SamplingParams, sampling_params
 from tether.errors import RefillShortfall
 from tether.files import append_jsonl
 from tether.health.reward_audit import answer_shares, component_shares
@@ -154,9 +154,8 @@ class SingleTurnCollector:
         return ids
 
     def sampling(self) -> SamplingParams:
-        r = self.cfg.rollout
-        return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k, stop=tuple(r.stop), ignore_eos=r.ignore_eos)
+        """``rollout``'s sampling (:func:`~tether.engine.base.sampling_params`)."""
+        return sampling_params(self.cfg.rollout)
 
     def generate(self, engine: RolloutEngine, items: list[TaskItem], n: int, params: SamplingParams, seed: int,
                  *, group_ids: list[int] | None = None, source: int = 0,
@@ -280,8 +279,7 @@ class SingleTurnCollector:
         held_out = task_split(self.task, v.split)
         items = held_out[: v.max_prompts] if v.max_prompts else held_out
         k = 1 if v.greedy else v.samples
-        params = SamplingParams(max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=v.temperature,
-                                top_p=v.top_p, greedy=v.greedy, stop=tuple(self.cfg.rollout.stop))
+        params = sampling_params(self.cfg.rollout, v)
         train_faults = self.reward_faults  # validation's faults are its own (val/reward_faults), not training's
         with validation_progress(self.cfg, len(items) * k, "samples") as bar:
             batch = self.generate(engine, items, k, params, seed, group_ids=list(range(len(items))),
