@@ -47,7 +47,7 @@ from tether.engine.decoding import (
     scatter_rows,
     stop_hits,
 )
-from tether.models.forward import distinct_prompts, model_cache_kwarg, new_kv_cache, response_log_probs
+from tether.models.forward import autocast, distinct_prompts, model_cache_kwarg, new_kv_cache, response_log_probs
 from tether.models.lora import BaseModelView
 from tether.models.vision import (
     check_vision_model,
@@ -129,7 +129,7 @@ class KVDecoder:
         if self._step is not None and input_ids.shape[1] == 1:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten
             forward = self._step
-        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=self.bf16_autocast):
+        with autocast(input_ids.device, self.bf16_autocast):
             out = forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         # a CUDA graph's output lives in memory its next replay overwrites
         return out.logits[:, -1].clone() if forward is self._step else out.logits[:, -1]

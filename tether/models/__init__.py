@@ -1,7 +1,7 @@
 """Model loading, chat prompts and the response log-prob forward pass."""
 
 from tether.models.chat import encode_chat
-from tether.models.forward import pack_prompt_response, response_log_probs
+from tether.models.forward import autocast, pack_prompt_response, response_log_probs
 from tether.models.loading import (
     SMOLLM2,
     ModelUnavailableError,
@@ -17,6 +17,7 @@ from tether.models.policy import load_policy
 __all__ = [
     "SMOLLM2",
     "ModelUnavailableError",
+    "autocast",
     "cache_root",
     "encode_chat",
     "load_policy",

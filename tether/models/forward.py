@@ -18,6 +18,7 @@ weights as one unpadded row at a time, with no padding between responses and no 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Sequence
@@ -39,6 +40,16 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"
                                     "gpt2", "gpt_neox"})
 # Attribute under which a sharded model carries its own (hooked) copy of plain_head_pass.
 SHARDED_PASS = "tether_plain_head_pass"
+
+
+def autocast(device: torch.device | str, enabled: bool) -> contextlib.AbstractContextManager:
+    """``model.bf16_autocast``'s precision for forward passes on ``device``: bfloat16 autocast when ``enabled``, else
+    nothing (the caller's own precision). The trainer's passes, the SFT loop's and the in-process engine's decoding
+    all take it from here, so the engine samples in the precision the trainer scores in (health's parity compares
+    the two)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 def pack_prompt_response(prompt_ids: Sequence[Sequence[int]], response_ids: Tensor, response_mask: Tensor,

@@ -18,7 +18,6 @@ a run that never stopped. ``train.resume`` and ``train.overwrite`` say what a st
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import time
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tether.errors import TrainingStopped
+from tether.models import autocast
 from tether.recipes.sft_state import STATE, Progress, SFTState, data_files, fingerprint, open_sft_run, write_summary
 from tether.sft_data import Example, encode_examples, prompt_key, row_example, sft_examples, write_examples
 from tether.start import StopSignals
@@ -59,20 +59,13 @@ def nll_sum(model: Any, examples: list[tuple[list[int], list[int]]], pad_id: int
     return -(log_probs * mask.to(log_probs)).sum()
 
 
-def autocast(model: Any, enabled: bool) -> contextlib.AbstractContextManager:
-    """bfloat16 autocast on the model's device type (``model.bf16_autocast``), or nothing."""
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
-
-
 @torch.no_grad()
 def evaluate_nll(model: Any, examples: list, pad_id: int, micro: int, bf16_autocast: bool = False,
                  chunk_tokens: int = 1024) -> float:
     """Token-mean NLL of the responses."""
     total = 0.0
     for i in range(0, len(examples), micro):
-        with autocast(model, bf16_autocast):
+        with autocast(next(model.parameters()).device, bf16_autocast):
             total += nll_sum(model, examples[i:i + micro], pad_id, chunk_tokens).item()
     return total / max(sum(len(r) for _, r in examples), 1)
 
@@ -109,7 +102,7 @@ def sft_step(model: Any, batch: list, pad_id: int, optimizer: torch.optim.Optimi
     optimizer.zero_grad(set_to_none=True)
     loss_value = 0.0
     for m in range(0, len(batch), s.micro_batch_size):
-        with autocast(model, bf16_autocast):
+        with autocast(next(model.parameters()).device, bf16_autocast):
             loss = nll_sum(model, batch[m:m + s.micro_batch_size], pad_id, chunk_tokens) / tokens
         loss.backward()
         loss_value += loss.item()

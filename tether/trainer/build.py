@@ -26,7 +26,7 @@ from tether.health import HealthMonitor
 from tether.health.degenerate import vocab_size
 from tether.methods import MiniBatch, Reference, StepContext
 from tether.methods.hooks import MethodSet
-from tether.models import load_policy
+from tether.models import autocast, load_policy
 from tether.models.chat_template import apply_chat_template
 from tether.models.layers import LayerCheckpointing, checkpoint_layers
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference_adapter, is_lora, serving_state_dict
@@ -41,7 +41,6 @@ from tether.track import Tracker
 from tether.track.progress import status
 from tether.trainer.checkpoint import CheckpointManager, dir_step
 from tether.trainer.rundir import prepare_run_dir
-from tether.trainer.step import autocast
 
 
 def build_collector(cfg: Config, tokenizer: Any) -> Collector:
@@ -202,7 +201,7 @@ class TrainerBuild:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision context of every trainer forward pass (scoring and the loss alike)."""
-        return autocast(self.cfg, self.device)
+        return autocast(self.device, self.cfg.model.bf16_autocast)
 
 
 def rollout_engine(model: Any, *, strategy: Any, tokenizer: Any, cfg: Config) -> Any:

@@ -11,7 +11,6 @@ on the CPU, :meth:`StepPhases.train_step` moves it once.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from tether.distributed.strategy import every_rank_micro_batches
 from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
-from tether.models.forward import decoder_tokens, head_logits_can_be_kept, response_log_probs
+from tether.models.forward import autocast, decoder_tokens, head_logits_can_be_kept, response_log_probs
 from tether.models.layers import activation_bytes, head_logit_bytes
 from tether.rollout.batch import RolloutBatch
 
@@ -345,13 +344,6 @@ def step_values(sums: dict[str, float], counts: dict[str, int],
     return out
 
 
-def autocast(cfg: Config, device: torch.device) -> contextlib.AbstractContextManager:
-    """bfloat16 autocast on ``device`` when ``model.bf16_autocast``, else nothing: every trainer forward's precision."""
-    if not cfg.model.bf16_autocast:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
 
 def loss_mini_batch(batch: RolloutBatch, rows: torch.Tensor, *, mask_truncated: bool) -> MiniBatch:
     """The mini-batch of ``batch``'s ``rows`` and the normalisers of its loss.
@@ -421,7 +413,7 @@ def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]]
                                               o.max_tokens_per_micro_batch):
             rows = [mini[i] for i in group]
             micro = narrowed(batch, rows, lengths)
-            with autocast(cfg, device):
+            with autocast(device, cfg.model.bf16_autocast):
                 lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids,
                                            micro.response_mask, temperature=cfg.rollout.temperature,
                                            chunk_size=cfg.train.logprob_chunk_tokens)
