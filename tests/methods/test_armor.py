@@ -27,7 +27,10 @@ from tether.methods.armor import (
     on_policy_verdicts,
 )
 from tether.methods.hooks import MethodSet
+from tether.rollout.base import GroupSampler, group_sampler
 from tether.rollout.batch import RolloutBatch
+from tether.rollout.multi_turn import AgentCollector
+from tether.rollout.single_turn import SingleTurnCollector
 
 N_ON = 15  # the paper's on-policy group; the anchor makes 16
 
@@ -183,6 +186,26 @@ def test_anchors_off_leaves_the_batch_alone():
     on = make_batch({1: [True, False]})
     out, metrics = method.on_generation(on, ctx)
     assert out is on and metrics == {} and collector.calls == []
+
+
+def test_anchors_need_a_collector_that_samples_groups():
+    """Under a collector without ``generate`` (not a GroupSampler) ``ctx.sample_groups`` is None: anchors used to
+    call it at the first generation batch, after the models had loaded, and stop with "TypeError: 'NoneType' object
+    is not callable"; setup now says what is missing."""
+    ctx = dataclasses.replace(stub_context(), sample_groups=None)
+    with pytest.raises(ConfigError, match=r"^methods\.armor\.anchors=true samples the reference's groups with the "
+                                          r"collector's generate \(tether\.rollout\.base\.GroupSampler\), and "
+                                          r"this run's collector has none"):
+        Armor(ArmorSettings()).setup(ctx)
+    Armor(ArmorSettings(anchors=False)).setup(ctx)  # resets and metrics alone sample nothing
+
+
+def test_the_single_turn_collector_samples_groups_and_the_agent_loop_does_not():
+    single, agent = object.__new__(SingleTurnCollector), object.__new__(AgentCollector)
+    assert isinstance(single, GroupSampler) and group_sampler(single) == single.generate
+    assert not isinstance(agent, GroupSampler) and group_sampler(agent) is None
+    stub = StubCollector({})  # any collector with generate is one
+    assert group_sampler(stub) == stub.generate
 
 
 # -- metrics --------------------------------------------------------------------------------

@@ -220,6 +220,10 @@ class Armor(Method):
     def setup(self, ctx: StepContext) -> None:
         if not self.settings.anchors:
             return
+        if ctx.sample_groups is None:  # check_config refuses env:, the one collector without it; a new one may lack it
+            raise ConfigError("methods.armor.anchors=true samples the reference's groups with the collector's "
+                              "generate (tether.rollout.base.GroupSampler), and this run's collector has none; use "
+                              "a single-turn task (task: ...), or set methods.armor.anchors=false")
         self._ref_policy = ctx.reference.model
         self.ref_engine = ctx.make_engine(self._ref_policy)  # same sampler, reference weights
 

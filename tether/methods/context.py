@@ -17,8 +17,9 @@ field              what it is
 ``reference``      the reference policy as a :class:`Reference` (None when the run loads none)
 ``engine``         the engine the collector samples with, holding the policy's current weights
 ``sampling``       the collector's sampling parameters of a training rollout
-``sample_groups``  the single-turn collector's ``generate(engine, items, n, params, seed, *, group_ids, source)``:
-                   ``n`` scored samples per task item (None under the agent loop)
+``sample_groups``  the collector's ``generate(engine, items, n, params, seed, *, group_ids, source)`` when it is a
+                   :class:`~tether.rollout.base.GroupSampler` (the single-turn collector): ``n`` scored samples per
+                   task item (None under the agent loop, which is not one)
 ``log_probs``      ``log_probs(model, batch, prompt_ids=None)``: no-grad log-probs of the batch's response tokens
                    under ``model``, as the trainer scores (the update's micro-batches, precision and temperature)
 ``make_engine``    ``make_engine(model)``: the configured engine over another model (the reference, say)
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
     from tether.config import Config
     from tether.engine.base import SamplingParams
+    from tether.rollout.base import SampleGroups
     from tether.rollout.batch import RolloutBatch
 
 
@@ -112,7 +114,7 @@ class StepContext:
     reference: Reference | None
     engine: Any
     sampling: SamplingParams
-    sample_groups: Callable[..., RolloutBatch] | None
+    sample_groups: SampleGroups | None
     log_probs: Callable[..., torch.Tensor]
     make_engine: Callable[[Any], Any]
     mini_batch: MiniBatch | None = None

@@ -9,16 +9,21 @@ The trainer calls a collector; the collector never calls the trainer back. It re
 
 Validation takes the engine and one seed (``seeds("val")``), so the trainer's validation and ``tether eval`` are the
 same call.
+
+A collector may also be a :class:`GroupSampler`: it samples and scores groups of task items on demand, with any
+engine (the single-turn collector's ``generate``). Methods reach that through ``StepContext.sample_groups`` (ARMOR's
+anchors, sampled from the reference); it is None for a collector that is not one (the agent loop).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from tether.engine.base import Intervention, RolloutEngine, SamplingParams
     from tether.rollout.batch import RolloutBatch
     from tether.seeding import StepSeeds
+    from tether.tasks import TaskItem
 
 
 class GenerationHooks(Protocol):
@@ -62,3 +67,27 @@ class Collector(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+class SampleGroups(Protocol):
+    """``n`` scored samples of each task item by ``engine``, seeded from ``seed``; the rows of ``items[j]`` share
+    ``group_ids[j]`` (fresh ids when None) and carry ``source`` (0: on-policy; a method's own rows, another)."""
+
+    def __call__(self, engine: RolloutEngine, items: list[TaskItem], n: int, params: SamplingParams, seed: int, *,
+                 group_ids: list[int] | None = None, source: int = 0) -> RolloutBatch: ...
+
+
+@runtime_checkable
+class GroupSampler(Protocol):
+    """A collector that also samples groups of task items on demand (:class:`SampleGroups`): the single-turn
+    collector, whose rollouts are groups of one task item each."""
+
+    def generate(self, engine: RolloutEngine, items: list[TaskItem], n: int, params: SamplingParams, seed: int, *,
+                 group_ids: list[int] | None = None, source: int = 0) -> RolloutBatch:
+        """The collector's own :class:`SampleGroups`."""
+
+
+def group_sampler(collector: Any) -> SampleGroups | None:
+    """``collector``'s :class:`SampleGroups` when it is a :class:`GroupSampler` (``StepContext.sample_groups``), else
+    None."""
+    return collector.generate if isinstance(collector, GroupSampler) else None

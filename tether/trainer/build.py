@@ -33,7 +33,7 @@ from tether.models.lora import REFERENCE, BaseModelView, add_lora, add_reference
 from tether.models.policy import REFERENCE_TOKENIZER_WHY, check_vocabulary, model_load_errors
 from tether.optimizer import adamw
 from tether.rollout.asynchronous import asynchronous
-from tether.rollout.base import Collector
+from tether.rollout.base import Collector, group_sampler
 from tether.rollout.collectors import collector_class
 from tether.seeding import StepSeeds
 from tether.start import run_tracker, start_run
@@ -177,7 +177,7 @@ class TrainerBuild:
         return StepContext(step=self.step, cfg=self.cfg, device=self.device, run_dir=self.run_dir,
                            tokenizer=self.tokenizer, policy=self.policy, reference=self.reference,
                            engine=self.sampling_engine, sampling=self.collector.sampling(),
-                           sample_groups=getattr(self.collector, "generate", None), log_probs=self.log_probs,
+                           sample_groups=group_sampler(self.collector), log_probs=self.log_probs,
                            make_engine=self.make_engine, mini_batch=mini_batch)
 
     def status(self, message: str) -> None:
