@@ -155,7 +155,8 @@ def test_pending_edges_still_exist(graph):
 
 
 @pytest.mark.parametrize("layer, allowed", [
-    ("tether.algos", ("tether.algos",)),  # pure math
+    ("tether.algos", ("tether.algos", "tether.registry")),  # pure math, registered by name
+    ("tether.registry", ()),              # the one registry shape
     ("tether.errors", ()),                # the errors and exit codes every layer raises
     ("tether.config", ("tether.errors", "tether.config.")),  # the schema every layer reads (its modules, below)
     ("tether.seeding", ()),               # the one seed formula

@@ -54,13 +54,8 @@ def select_rows(inputs: LossInputs, rows: slice, log_probs: torch.Tensor) -> Los
 @pytest.fixture
 def restore_registries():
     """Snapshot both registries and put them back, whatever the test registers or removes."""
-    saved = [(reg, dict(reg._entries), dict(reg._needs)) for reg in (ADVANTAGES, POLICY_LOSSES)]
-    yield
-    for reg, entries, needs in saved:
-        reg._entries.clear()
-        reg._entries.update(entries)
-        reg._needs.clear()
-        reg._needs.update(needs)
+    with ADVANTAGES.restored(), POLICY_LOSSES.restored():
+        yield
 
 
 @pytest.fixture

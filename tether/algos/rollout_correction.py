@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from tether.algos.aggregation import masked_max, masked_mean, masked_sum
-from tether.algos.registry import Registry
+from tether.algos.registry import function_registry
 
 LOG_RATIO_BOUND = 20.0  # verl's SAFETY_BOUND: exp(+-20) stays finite in float32
 
@@ -55,7 +55,7 @@ def check_correction_signature(fn: Callable) -> None:
                             "default")
 
 
-ROLLOUT_CORRECTIONS = Registry("rollout correction", check_correction_signature)
+ROLLOUT_CORRECTIONS = function_registry("rollout correction", check_correction_signature)
 PER_TOKEN: set[str] = set()  # modes whose weight corrects each token's own gap
 
 
