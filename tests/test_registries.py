@@ -10,6 +10,7 @@ import pytest
 
 from tether.algos import ADVANTAGES, POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from tether.registry import Registry, UnknownNameError
+from tether.tasks.registry import TASKS
 
 
 def _advantage(inputs, *, scale: float = 1.0):
@@ -24,11 +25,16 @@ def _correction(log_ratio, mask, *, bound: float = 2.0):
     return log_ratio
 
 
+def _task(**kwargs: Any) -> Any:
+    return kwargs
+
+
 # registry -> a new entry it accepts
 REGISTRIES: dict[str, tuple[Registry, Callable[[], Any]]] = {
     "advantages": (ADVANTAGES, lambda: _advantage),
     "policy losses": (POLICY_LOSSES, lambda: _policy_loss),
     "rollout corrections": (ROLLOUT_CORRECTIONS, lambda: _correction),
+    "tasks": (TASKS, lambda: _task),
 }
 
 

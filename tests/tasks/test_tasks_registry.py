@@ -38,7 +38,7 @@ def test_parity_rewards_even_length_responses_and_keeps_splits_apart():
 
 
 def test_unknown_task_lists_known_ones():
-    with pytest.raises(ValueError, match=r"unknown task 'gsm9k'; known tasks: .*jsonl.*reasoning_gym"):
+    with pytest.raises(ValueError, match=r"unknown task 'gsm9k'; known: .*jsonl.*reasoning_gym.*, or module:Name of"):
         make_task("gsm9k")
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types
 from tether.config import Config, ConfigError, RunConfig
+from tether.registry import UnknownNameError
 from tether.user_code import is_target, resolve_target
 
 
@@ -43,11 +44,12 @@ def check_workload(cfg: Config, found: Findings) -> None:
     if cfg.task is not None:
         from tether.tasks import registry
 
-        if cfg.task.name not in registry.task_names() and not is_target(cfg.task.name):
-            raise ConfigError(f"task.name: unknown task {cfg.task.name!r}; known: {', '.join(registry.task_names())} "
-                              "(or module:Name of your own, with the module in imports: or on the path)")
         try:
-            registry.check_task_kwargs(cfg.task.name, registry.task_factory(cfg.task.name), cfg.task.kwargs)
+            factory = registry.task_factory(cfg.task.name)
+        except UnknownNameError as err:
+            raise ConfigError(f"task.name: {err} (its module in imports: or on the path)") from None
+        try:
+            registry.check_task_kwargs(cfg.task.name, factory, cfg.task.kwargs)
         except TypeError as err:
             raise ConfigError(f"task.kwargs: {err}") from None
         from tether.rewards import check_reward_terms

@@ -6,12 +6,15 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from tether.registry import Registry
 from tether.tasks.base import Task
-from tether.user_code import is_target, resolve_target
+from tether.user_code import resolve_target
 
 F = TypeVar("F", bound=Callable[..., Task])
 
-_TASKS: dict[str, Callable[..., Task]] = {}
+#: Registered task names and the factory (a Task class or a function returning one) each builds.
+TASKS: Registry[Callable[..., Task]] = Registry(
+    "task", resolve=lambda target: resolve_target("task.name", target), own="module:Name")
 
 
 def register_task(name: str) -> Callable[[F], F]:
@@ -20,38 +23,28 @@ def register_task(name: str) -> Callable[[F], F]:
     Raises:
         ValueError: ``name`` is already registered (a silent overwrite would hide a typo).
     """
-
-    def decorate(factory: F) -> F:
-        if name in _TASKS:
-            raise ValueError(f"task {name!r} is already registered (by {_TASKS[name].__qualname__})")
-        _TASKS[name] = factory
-        return factory
-
-    return decorate
+    return TASKS.register(name)
 
 
 def unregister_task(name: str) -> None:
-    """Remove ``name`` from the registry (for tests that register throwaway tasks)."""
-    _TASKS.pop(name, None)
+    """Remove ``name`` from the registry if it is there (for tests that register throwaway tasks)."""
+    if name in TASKS:
+        TASKS.unregister(name)
 
 
 def task_names() -> list[str]:
     """Sorted names of all registered tasks."""
-    return sorted(_TASKS)
+    return sorted(TASKS)
 
 
 def task_factory(name: str) -> Callable[..., Task]:
     """The factory registered as ``name``, or the class or function a ``"module:Name"`` name points at.
 
     Raises:
-        ValueError: an unknown registered name (the message lists the known ones); for ``module:Name``, a
-            :class:`~tether.config.ConfigError` (a ValueError) naming what is wrong with it.
+        ValueError: an unknown registered name (:class:`~tether.registry.UnknownNameError`, listing the known ones);
+            for ``module:Name``, a :class:`~tether.config.ConfigError` (a ValueError) naming what is wrong with it.
     """
-    if is_target(name):
-        return resolve_target("task.name", name)
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
-    return _TASKS[name]
+    return TASKS[name]
 
 
 def check_task_kwargs(name: str, factory: Callable[..., Task], kwargs: dict[str, Any]) -> None:
