@@ -224,7 +224,8 @@ def test_overrides_leave_the_callers_dict_unchanged():
     ({"task": {"name": "reasoning_gym", "kwargs": {"dataset": "chain_sum", "bogus": 1}}},
      r"^task\.kwargs: task 'reasoning_gym' got unknown argument\(s\) bogus; allowed: .*dataset"),
     ({"task": {"name": "reasoning_gym"}}, r"^task\.kwargs: task 'reasoning_gym' is missing required .*dataset"),
-    ({"task": None, "env": {"name": "nope"}}, r"^env\.name: unknown environment 'nope'; known: .*scripted"),
+    ({"task": None, "env": {"name": "nope"}},
+     r"^env\.name: unknown env 'nope'; known: .*scripted.*, or module:Class of your own$"),
     ({"task": None, "env": {"name": "scripted", "kwargs": {"bogus": 1}}},
      r"^env\.kwargs: env 'scripted' got unknown keyword\(s\) bogus; allowed: "),
     ({"rollout": {"group_size": 1}}, r"^rollout\.group_size: 1 gives every row an advantage of 0 under "

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tether.algos import ADVANTAGES, POLICY_LOSSES, ROLLOUT_CORRECTIONS
+from tether.envs.registry import ENVS
 from tether.registry import Registry, UnknownNameError
 from tether.tasks.registry import TASKS
 
@@ -35,6 +36,7 @@ REGISTRIES: dict[str, tuple[Registry, Callable[[], Any]]] = {
     "policy losses": (POLICY_LOSSES, lambda: _policy_loss),
     "rollout corrections": (ROLLOUT_CORRECTIONS, lambda: _correction),
     "tasks": (TASKS, lambda: _task),
+    "envs": (ENVS, lambda: "tether.envs.scripted:ScriptedEnv"),
 }
 
 

@@ -17,7 +17,7 @@ import yaml
 from tether.checks import check_config
 from tether.config import load_config
 from tether.envs.registry import ENVS
-from tether.tasks.registry import task_names, unregister_task
+from tether.tasks.registry import TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -97,13 +97,11 @@ def test_a_yaml_block_that_imports_a_file_loads_with_that_file(page, index, data
     monkeypatch.syspath_prepend(str(tmp_path))
     for stem in stems:  # a module of that name another test imported (tests/test_user_code.py's capitals) steps aside
         monkeypatch.delitem(sys.modules, stem, raising=False)
-    tasks, envs = set(task_names()), dict(ENVS)
-    try:  # each block imports its own my_rewards.py: the loader refuses a second file under a module name it holds
-        check_config(load_config(config), machine=False)
-    finally:  # the page's modules go, and the names they registered (docs/tasks.md's capitals), for the next import
-        for stem in stems:
-            sys.modules.pop(stem, None)
-        for name in set(task_names()) - tasks:
-            unregister_task(name)
-        ENVS.clear()
-        ENVS.update(envs)
+    # each block imports its own my_rewards.py: the loader refuses a second file under a module name it holds;
+    # the names the page registers (docs/tasks.md's capitals) go with its modules, for the next import
+    with TASKS.restored(), ENVS.restored():
+        try:
+            check_config(load_config(config), machine=False)
+        finally:
+            for stem in stems:
+                sys.modules.pop(stem, None)

@@ -10,10 +10,8 @@ from tether.envs.scripted import ScriptedEnv
 
 @pytest.fixture
 def restore_registry():
-    saved = dict(ENVS)
-    yield
-    ENVS.clear()
-    ENVS.update(saved)
+    with ENVS.restored():
+        yield
 
 
 def test_builtin_names():

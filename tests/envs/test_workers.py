@@ -20,8 +20,10 @@ from tether.rollout.multi_turn import FAULT_LOG, AgentCollector
 
 
 @pytest.fixture
-def process_fault_env(monkeypatch):
-    monkeypatch.setitem(ENVS, "process_fault", "tests.envs.worker_envs:ProcessFaultEnv")
+def process_fault_env():
+    with ENVS.restored():
+        ENVS.add("process_fault", "tests.envs.worker_envs:ProcessFaultEnv")
+        yield
 
 
 def collector(tmp_path, tokenizer, workers: int, *overrides: str) -> AgentCollector:

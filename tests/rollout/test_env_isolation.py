@@ -19,8 +19,10 @@ from tether.trainer import Trainer
 
 
 @pytest.fixture
-def process_fault_env(monkeypatch):
-    monkeypatch.setitem(ENVS, "process_fault", "tests.envs.worker_envs:ProcessFaultEnv")
+def process_fault_env():
+    with ENVS.restored():
+        ENVS.add("process_fault", "tests.envs.worker_envs:ProcessFaultEnv")
+        yield
 
 
 def play(collector: AgentCollector, tokenizer) -> tuple[list, list]:
@@ -82,10 +84,16 @@ def test_an_env_that_ends_its_process_mid_step_faults_its_episodes_and_the_step_
     assert collector.faults == 12 and collector.envs.children.started == 12  # the probe's served the first episode
 
 
-def test_a_step_that_faulted_is_not_an_invalid_action(tmp_path, tokenizer, monkeypatch):
+@pytest.fixture
+def parse_fault_env():
+    with ENVS.restored():
+        ENVS.add("parse_fault", "tests.envs.worker_envs:ParseFaultEnv")
+        yield
+
+
+def test_a_step_that_faulted_is_not_an_invalid_action(tmp_path, tokenizer, parse_fault_env):
     """The fault judged nothing: no invalid-action penalty on its row, and it does not count in
     env/invalid_action_frac (a dead env worker answered ("", False) and got both)."""
-    monkeypatch.setitem(ENVS, "parse_fault", "tests.envs.worker_envs:ParseFaultEnv")
     cfg = agent_config(tmp_path, "env.isolation=thread", "env.name=parse_fault", "env.invalid_action_penalty=0.1")
     collector = AgentCollector(cfg, tokenizer)
     rows, episodes = play(collector, tokenizer)

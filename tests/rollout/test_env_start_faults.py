@@ -49,9 +49,8 @@ def registered():
         names.append(name)
         return name
 
-    yield register
-    for name in names:
-        ENVS.pop(name, None)
+    with ENVS.restored():
+        yield register
 
 
 def test_a_flaky_reset_is_retried_with_a_fresh_env_and_every_fault_counted():

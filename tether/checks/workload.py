@@ -58,11 +58,12 @@ def check_workload(cfg: Config, found: Findings) -> None:
     else:
         from tether.envs import registry as envs
 
-        if is_target(cfg.env.name):
+        if is_target(cfg.env.name):  # imported here first, so a typo gets the did-you-mean
             resolve_target("env.name", cfg.env.name)
-        elif cfg.env.name not in envs.ENVS:
-            raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}; known: {', '.join(sorted(envs.ENVS))} "
-                              "(or module:Class of your own)")
+        try:
+            envs.ENVS[cfg.env.name]
+        except UnknownNameError as err:
+            raise ConfigError(f"env.name: {err}") from None
         try:
             envs.check_env_kwargs(cfg.env.name, cfg.env.kwargs)
         except ImportError:  # the env's own package is missing: the machine checks say so, with how to install it

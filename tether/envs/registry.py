@@ -8,15 +8,22 @@ anything is imported or built, so a typo names itself and the allowed keywords.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from typing import Any
 
 from tether.envs.base import TextEnv
 from tether.envs.safe import SafeEnv
+from tether.registry import Registry, load_target
 
-#: Registered env names and the ``module:Class`` each builds.
-ENVS: dict[str, str] = {
+
+def _check_target(target: str) -> None:
+    if ":" not in target:
+        raise ValueError(f"target must look like 'package.module:Class', got {target!r}")
+
+
+#: Registered env names and the ``module:Class`` each builds; a ``module:Class`` name is its own path.
+ENVS: Registry[str] = Registry("env", _check_target, resolve=lambda target: target, own="module:Class")
+for _name, _target in {
     "scripted": "tether.envs.scripted:ScriptedEnv",
     "sokoban": "tether.envs.sokoban:SokobanEnv",
     "sokoban_visual": "tether.envs.sokoban_visual:VisualSokobanEnv",
@@ -26,28 +33,23 @@ ENVS: dict[str, str] = {
     "textworld": "tether.envs.textworld_env:TextWorldEnv",
     "alfworld": "tether.envs.alfworld_env:AlfWorldEnv",
     "webshop": "tether.envs.webshop_env:WebShopEnv",
-}
+}.items():
+    ENVS.add(_name, _target)
 
 
 def register_env(name: str, target: str) -> None:
-    """Register ``target`` (``"package.module:Class"``) under ``name``; taken names raise ValueError."""
-    if name in ENVS:
-        raise ValueError(f"env {name!r} is already registered (as {ENVS[name]})")
-    if ":" not in target:
-        raise ValueError(f"target must look like 'package.module:Class', got {target!r}")
-    ENVS[name] = target
+    """Register ``target`` (``"package.module:Class"``) under ``name``; a taken name or a target without a colon
+    raises ValueError."""
+    ENVS.add(name, target)
 
 
 def env_class(name: str) -> type:
-    """The class registered under ``name``, or the one a ``"module:Class"`` name points at.
+    """The class registered under ``name``, or the one a ``"module:Class"`` name points at (imported now).
 
     Raises:
-        ValueError: unknown name (the message lists the registered ones).
+        ValueError: unknown name (:class:`~tether.registry.UnknownNameError`, listing the registered ones).
     """
-    if name not in ENVS and ":" not in name:
-        raise ValueError(f"unknown env {name!r}; registered envs: {', '.join(sorted(ENVS))}")
-    module, _, cls = ENVS.get(name, name).partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load_target(ENVS[name])
 
 
 def check_env_kwargs(name: str, kwargs: dict[str, Any]) -> None:
