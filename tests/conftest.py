@@ -6,6 +6,7 @@ fresh machine, then about 0.2 s per session); the 540 MB model conversion is nev
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -74,3 +75,15 @@ def ray_session():
 def vlm(request):
     """(model, processor) of a tiny random VLM of each real family, once per family and test module."""
     return tiny_vlm(request.param, seed=0)
+
+
+@pytest.fixture
+def add_entry():
+    """``add_entry(REGISTRY, name, entry)``: the entry is registered for the test and gone after it (a registry
+    refuses a taken name, so this is not ``monkeypatch.setitem``)."""
+    with contextlib.ExitStack() as stack:
+        def add(registry, name, entry):
+            stack.enter_context(registry.restored())
+            return registry.add(name, entry)
+
+        yield add

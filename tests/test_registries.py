@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tether.algos import ADVANTAGES, POLICY_LOSSES, ROLLOUT_CORRECTIONS
+from tether.engine.registry import ENGINES, EngineEntry
 from tether.envs.registry import ENVS
 from tether.registry import Registry, UnknownNameError
 from tether.tasks.registry import TASKS
@@ -37,6 +38,7 @@ REGISTRIES: dict[str, tuple[Registry, Callable[[], Any]]] = {
     "rollout corrections": (ROLLOUT_CORRECTIONS, lambda: _correction),
     "tasks": (TASKS, lambda: _task),
     "envs": (ENVS, lambda: "tether.envs.scripted:ScriptedEnv"),
+    "engines": (ENGINES, lambda: EngineEntry("tether.engine.hf:build_hf_engine", interventions=True)),
 }
 
 

@@ -18,9 +18,9 @@ EAPO = 'methods.eapo={prior: runs/prior}'
 
 
 @pytest.fixture
-def copy_engine(monkeypatch):
+def copy_engine(add_entry):
     """``rollout.engine=copy``: an in-process engine with its own weights (tests/engine/helpers.py)."""
-    monkeypatch.setitem(ENGINES, "copy", COPY_ENGINE)
+    add_entry(ENGINES, "copy", COPY_ENGINE)
 
 
 def weights_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -37,7 +37,8 @@ def test_default_engine_is_hf(tmp_path):
 
 
 def test_unknown_engine_lists_the_registered_ones(tmp_path):
-    with pytest.raises(ConfigError, match=r"rollout\.engine: unknown engine 'vlm'; registered engines: hf, ray, vllm"):
+    with pytest.raises(ConfigError, match=r"rollout\.engine: unknown engine 'vlm'; known: hf, ray, vllm, or "
+                                          "module:function of your own$"):
         tiny_config(tmp_path, "rollout.engine=vlm")
 
 

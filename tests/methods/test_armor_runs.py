@@ -197,8 +197,8 @@ def test_reset_every_step_makes_the_next_reference_the_policy(tiny, tmp_path):
     torch.testing.assert_close(batch.token["ref_log_probs"], batch.token["old_log_probs"], atol=1e-6, rtol=0)
 
 
-def test_anchor_engine_with_its_own_weights_follows_resets_and_resumes(tiny, tmp_path, monkeypatch):
-    monkeypatch.setitem(ENGINES, "copy", COPY_ENGINE)  # holds its own weights, as Ray actors and vLLM do
+def test_anchor_engine_with_its_own_weights_follows_resets_and_resumes(tiny, tmp_path, add_entry):
+    add_entry(ENGINES, "copy", COPY_ENGINE)  # holds its own weights, as Ray actors and vLLM do
     overrides = [*ARMOR[:2], "methods.armor={reset: every, tau: 1}", "rollout.engine=copy", "train.resume=true"]
     trainer = make_trainer(tiny, tmp_path, overrides)
     ref_engine = trainer.methods[0].ref_engine

@@ -170,11 +170,11 @@ def test_a_missing_peft_is_named_before_any_model_loads(tmp_path, monkeypatch):
         check_config(cfg)
 
 
-def test_an_engine_with_its_own_weights_samples_with_the_merged_adapters(tiny_policy, tmp_path, monkeypatch):
+def test_an_engine_with_its_own_weights_samples_with_the_merged_adapters(tiny_policy, tmp_path, add_entry):
     from tests.engine.helpers import PLAIN_COPY_ENGINE
     from tether.engine import ENGINES
 
-    monkeypatch.setitem(ENGINES, "plain_copy", PLAIN_COPY_ENGINE)  # a plain model of its own, as a Ray actor
+    add_entry(ENGINES, "plain_copy", PLAIN_COPY_ENGINE)  # a plain model of its own, as a Ray actor
     trainer = make_trainer(tiny_policy, tiny_config(tmp_path, *LORA, "rollout.engine=plain_copy", "train.steps=3"))
     for _ in range(2):
         metrics = trainer.train_step()

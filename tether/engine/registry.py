@@ -10,11 +10,12 @@ when chosen. The trainer builds whatever is configured through :func:`build_engi
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from tether.registry import Registry, load_target
 
 if TYPE_CHECKING:
     from tether.config import ModelConfig
@@ -40,40 +41,33 @@ class EngineEntry:
     shares_policy: bool = False
 
 
-ENGINES: dict[str, EngineEntry] = {
-    "hf": EngineEntry("tether.engine.hf:build_hf_engine", interventions=True, shares_policy=True),
-    "vllm": EngineEntry("tether.engine.vllm:build_vllm_engine", interventions=False,
-                        check="tether.engine.vllm:check_vllm_available"),
-    "ray": EngineEntry("tether.engine.ray_engine:build_ray_engine", interventions=False,
-                       check="tether.engine.ray_engine:check_ray_engine_available"),
-}
-
-
-def _load(target: str) -> Callable[..., Any]:
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+#: Registered engine names and their entries; a ``"module:function"`` name is an unregistered builder: it runs no
+#: interventions, keeps its own weights and is always available.
+ENGINES: Registry[EngineEntry] = Registry("engine", resolve=lambda target: EngineEntry(target, interventions=False),
+                                          own="module:function")
+ENGINES.add("hf", EngineEntry("tether.engine.hf:build_hf_engine", interventions=True, shares_policy=True))
+ENGINES.add("vllm", EngineEntry("tether.engine.vllm:build_vllm_engine", interventions=False,
+                                check="tether.engine.vllm:check_vllm_available"))
+ENGINES.add("ray", EngineEntry("tether.engine.ray_engine:build_ray_engine", interventions=False,
+                               check="tether.engine.ray_engine:check_ray_engine_available"))
 
 
 def engine_entry(name: str) -> EngineEntry:
-    """The entry registered under ``name``; KeyError listing the registered names otherwise. A ``"module:function"``
-    name is an unregistered builder: it runs no interventions, keeps its own weights and is always available."""
-    if ":" in name:
-        return EngineEntry(name, interventions=False)
-    if name not in ENGINES:
-        raise KeyError(f"unknown engine '{name}'; registered engines: {', '.join(sorted(ENGINES))}")
+    """The entry registered under ``name`` (UnknownNameError, a KeyError, listing the registered names otherwise),
+    or that of a ``"module:function"`` builder."""
     return ENGINES[name]
 
 
 def engine_builder(name: str) -> Callable[..., RolloutEngine]:
     """The builder of engine ``name`` (its keyword-only arguments are the allowed ``engine_kwargs``)."""
-    return _load(engine_entry(name).builder)
+    return load_target(engine_entry(name).builder)
 
 
 def check_engine_available(name: str) -> None:
     """Raise :class:`~tether.engine.base.EngineUnavailableError` if engine ``name`` cannot run here."""
     entry = engine_entry(name)
     if entry.check is not None:
-        _load(entry.check)()
+        load_target(entry.check)()
 
 
 def build_engine(name: str, model: Any, tokenizer: Any, model_cfg: ModelConfig,
