@@ -11,6 +11,7 @@ import pytest
 from tether.algos import ADVANTAGES, POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from tether.engine.registry import ENGINES, EngineEntry
 from tether.envs.registry import ENVS
+from tether.methods import METHODS, Method
 from tether.registry import Registry, UnknownNameError
 from tether.tasks.registry import TASKS
 
@@ -38,6 +39,7 @@ REGISTRIES: dict[str, tuple[Registry, Callable[[], Any]]] = {
     "rollout corrections": (ROLLOUT_CORRECTIONS, lambda: _correction),
     "tasks": (TASKS, lambda: _task),
     "envs": (ENVS, lambda: "tether.envs.scripted:ScriptedEnv"),
+    "methods": (METHODS, lambda: type("Fresh", (Method,), {"name": "fresh"})),
     "engines": (ENGINES, lambda: EngineEntry("tether.engine.hf:build_hf_engine", interventions=True)),
 }
 

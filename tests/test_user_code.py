@@ -166,10 +166,8 @@ def methods_registry():
     config reference lists every registered method) must not see."""
     from tether.methods.base import METHODS
 
-    saved = dict(METHODS)
-    yield
-    METHODS.clear()
-    METHODS.update(saved)
+    with METHODS.restored():
+        yield
 
 
 def test_a_method_of_its_own_by_module_name(tmp_path, methods_registry):

@@ -171,7 +171,7 @@ def test_every_configured_method_runs_its_class_level_check():
         assert "methods.test_refuses.limit=99" in errors_of({"methods": {"test_refuses": {"limit": 99}}})
         assert calls == [(2, 8), (99, 8)]
     finally:
-        METHODS.pop("test_refuses")
+        METHODS.unregister("test_refuses")
 
 
 def test_a_task_exposes_its_own_check():

@@ -67,7 +67,7 @@ class Spy(Method):
 def spy_method():
     register_method(Spy)
     yield Spy
-    del METHODS[Spy.name]
+    METHODS.unregister(Spy.name)
     TOKEN_PRODUCERS.pop("spy_for_loss", None)
 
 

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tether.algos import record_token_producer
 from tether.config import ConfigError, validation_lines
+from tether.registry import Registry, UnknownNameError
 
 if TYPE_CHECKING:
     from tether.algos import LossInputs, LossOutput
@@ -148,13 +149,30 @@ class Method:
         """Restore what :meth:`state_dict` returned."""
 
 
-METHODS: dict[str, type[Method]] = {}
+def _resolve_method(key: str) -> type[Method]:
+    """The :class:`Method` subclass a ``methods`` key of the form ``module:Name`` names.
+
+    Raises:
+        ConfigError: the module does not import, has no such name, or it is not a :class:`Method` subclass.
+    """
+    from tether.user_code import resolve_target
+
+    cls = resolve_target(f"methods.{key}", key)
+    if not (isinstance(cls, type) and issubclass(cls, Method)) or not getattr(cls, "name", None):
+        raise ConfigError(f"methods.{key}: {key!r} is {cls!r}, not a subclass of tether.methods.base.Method "
+                          "with a name")
+    return cls
+
+
+#: Method names (a class's ``name``, and the ``module:Name`` keys a config resolved) and their classes.
+METHODS: Registry[type[Method]] = Registry("method", resolve=_resolve_method)
 
 
 def register_method(cls: type[Method]) -> type[Method]:
-    if cls.name in METHODS and METHODS[cls.name] is not cls:
-        raise ValueError(f"method '{cls.name}' is already registered by {METHODS[cls.name].__module__}")
-    METHODS[cls.name] = cls
+    """Class decorator registering ``cls`` under ``cls.name``; registering the same class again is harmless (two
+    ``module:Name`` keys may name one class), another class under a taken name raises ValueError."""
+    if METHODS.get(cls.name) is not cls:
+        METHODS.add(cls.name, cls)
     for token in sorted(cls.loss_tokens):
         record_token_producer(token, f"methods.{cls.name}")
     return cls
@@ -162,35 +180,34 @@ def register_method(cls: type[Method]) -> type[Method]:
 
 def resolve_method_targets(names: Iterable[str]) -> None:
     """Register each ``methods`` key of the form ``module:Name`` under that key (and under the class's own
-    ``name``), so every lookup of ``METHODS[key]`` finds the user's class, as ``module:Name`` works for tasks,
-    environments and losses (``tether.user_code``).
+    ``name``), so every lookup of ``METHODS[key]`` and every ``key in METHODS`` finds the user's class, as
+    ``module:Name`` works for tasks, environments and losses (``tether.user_code``).
 
     Raises:
         ConfigError: the module does not import, has no such name, or it is not a :class:`Method` subclass.
     """
-    from tether.user_code import is_target, resolve_target
+    from tether.user_code import is_target
 
     for key in names:
         if not is_target(key) or key in METHODS:
             continue
-        cls = resolve_target(f"methods.{key}", key)
-        if not (isinstance(cls, type) and issubclass(cls, Method)) or not getattr(cls, "name", None):
-            raise ConfigError(f"methods.{key}: {key!r} is {cls!r}, not a subclass of tether.methods.base.Method "
-                              "with a name")
+        cls = METHODS[key]
         try:
-            METHODS[key] = register_method(cls)
+            METHODS.add(key, register_method(cls))
         except ValueError as err:  # its name is taken by another method
             raise ConfigError(f"methods.{key}: {err}") from None
 
 
 def method_config(name: str, settings: dict[str, Any]) -> MethodSettings:
     """Validate one ``methods.<name>`` section; errors name the key path."""
-    if name not in METHODS:
-        raise ConfigError(f"methods.{name}: unknown method; known: {', '.join(sorted(METHODS)) or '(none)'}")
     try:
-        return METHODS[name].Settings.model_validate(settings or {})
+        cls = METHODS[name]
+    except UnknownNameError as err:
+        raise ConfigError(f"methods.{name}: {err}") from None
+    try:
+        return cls.Settings.model_validate(settings or {})
     except ValidationError as err:
-        lines = validation_lines(err, METHODS[name].Settings, f"methods.{name}")
+        lines = validation_lines(err, cls.Settings, f"methods.{name}")
         raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
 
 
