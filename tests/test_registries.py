@@ -12,6 +12,7 @@ from tether.algos import ADVANTAGES, POLICY_LOSSES, ROLLOUT_CORRECTIONS
 from tether.engine.registry import ENGINES, EngineEntry
 from tether.envs.registry import ENVS
 from tether.methods import METHODS, Method
+from tether.methods.seed.rule_analyzers import OBSERVATION_SOLVERS, RULE_ANALYZERS
 from tether.registry import Registry, UnknownNameError
 from tether.tasks.registry import TASKS
 
@@ -40,6 +41,8 @@ REGISTRIES: dict[str, tuple[Registry, Callable[[], Any]]] = {
     "tasks": (TASKS, lambda: _task),
     "envs": (ENVS, lambda: "tether.envs.scripted:ScriptedEnv"),
     "methods": (METHODS, lambda: type("Fresh", (Method,), {"name": "fresh"})),
+    "rule analyzers": (RULE_ANALYZERS, lambda: lambda traj, success: ("", "")),
+    "observation solvers": (OBSERVATION_SOLVERS, lambda: lambda observation, task: None),
     "engines": (ENGINES, lambda: EngineEntry("tether.engine.hf:build_hf_engine", interventions=True)),
 }
 
@@ -82,6 +85,12 @@ def test_a_lookup_returns_the_registered_entry_until_it_is_removed(registry):
         assert reg.unregister("_test_entry") is entry and "_test_entry" not in reg
         reg.add("_test_entry", entry)
     assert sorted(reg) == before  # restored() put the registry back as it was
+
+
+def test_the_seed_tables_refuse_an_entry_of_the_wrong_signature():
+    for table in (RULE_ANALYZERS, OBSERVATION_SOLVERS):
+        with table.restored(), pytest.raises(TypeError, match="two positional arguments"):
+            table.add("_one_argument", lambda observation: None)
 
 
 def test_a_registry_without_a_resolver_takes_no_module_name():

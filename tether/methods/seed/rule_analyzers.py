@@ -22,6 +22,7 @@ point is a parseable, trajectory-specific, correct target for the response-only 
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.envs.grid import read_map
+from tether.registry import Registry
 
 SOKOBAN_SYMBOLS = set("#_OX√PS")
 FROZENLAKE_SYMBOLS = set("P_OGX√")
@@ -139,14 +141,23 @@ def scripted_plan(task: str) -> list[str] | None:
     return [match.group(1)] if match else None
 
 
+def takes_two(entry: Callable) -> None:
+    """Raise TypeError unless ``entry`` can be called with two positional arguments (the tables' signatures)."""
+    try:
+        inspect.signature(entry).bind(None, None)
+    except TypeError:
+        raise TypeError(f"{getattr(entry, '__qualname__', entry)!r} must take two positional arguments") from None
+
+
 # env name -> the optimal plan from (observation, task), for envs whose observation is the whole state (sokoban,
-# frozenlake, thin ice) or whose task names the answer (scripted): a table, like RULE_ANALYZERS, that a new env joins
-OBSERVATION_SOLVERS: dict[str, Callable[[str, str], list[str] | None]] = {
-    "sokoban": lambda observation, task: sokoban_plan(observation),
-    "frozenlake": lambda observation, task: frozenlake_plan(observation),
-    "thin_ice": lambda observation, task: thin_ice_plan(observation) or thin_ice_next_move(observation),
-    "scripted": lambda observation, task: scripted_plan(task),
-}
+# frozenlake, thin ice) or whose task names the answer (scripted): a registry, like RULE_ANALYZERS, that a new env
+# joins
+OBSERVATION_SOLVERS: Registry[Callable[[str, str], list[str] | None]] = Registry("observation solver", takes_two)
+OBSERVATION_SOLVERS.add("sokoban", lambda observation, task: sokoban_plan(observation))
+OBSERVATION_SOLVERS.add("frozenlake", lambda observation, task: frozenlake_plan(observation))
+OBSERVATION_SOLVERS.add("thin_ice",
+                        lambda observation, task: thin_ice_plan(observation) or thin_ice_next_move(observation))
+OBSERVATION_SOLVERS.add("scripted", lambda observation, task: scripted_plan(task))
 
 
 def solve_from_observation(env_name: str, observation: str, task: str = "") -> list[str] | None:
@@ -372,13 +383,13 @@ def analyze_generic(traj: Trajectory, success: bool) -> tuple[str, str]:
     return _outcome_summary(traj, ev, traj.fault or "goal not reached"), _avoid(_common_rules(ev, "action"), None, "")
 
 
-RULE_ANALYZERS: dict[str, Callable[[Trajectory, bool], tuple[str, str]]] = {
-    "sokoban": analyze_sokoban,
-    "frozenlake": analyze_frozenlake,
-    "thin_ice": analyze_thin_ice,
-    "scripted": analyze_scripted,
-    "textworld": analyze_textworld,
-}
+#: env name -> the rule analyzer of its trajectories; other envs get :func:`analyze_generic`.
+RULE_ANALYZERS: Registry[Callable[[Trajectory, bool], tuple[str, str]]] = Registry("rule analyzer", takes_two)
+RULE_ANALYZERS.add("sokoban", analyze_sokoban)
+RULE_ANALYZERS.add("frozenlake", analyze_frozenlake)
+RULE_ANALYZERS.add("thin_ice", analyze_thin_ice)
+RULE_ANALYZERS.add("scripted", analyze_scripted)
+RULE_ANALYZERS.add("textworld", analyze_textworld)
 
 
 def rule_analysis(traj: Trajectory, env_name: str, *, success: bool, include_summary: bool = True) -> str:
