@@ -3,7 +3,7 @@
 A :class:`Registry` is a read-only mapping of names to entries, filled by ``register`` (a decorator) or ``add``:
 
 * a taken name is refused (a silent overwrite would hide a typo or a clash between two plug-ins);
-* ``check``, when given, is called on every entry at registration (a family's signature) and raises TypeError;
+* ``check``, when given, is called on every entry at registration (a family's signature) and raises on a bad one;
 * an unknown name raises :class:`UnknownNameError` (a KeyError and a ValueError), one line listing the known names;
 * ``resolve``, when given, turns a ``module:Name`` of the user's own into an entry on lookup, so a plug-in needs no
   registration; a registry without one (SEED's tables, keyed by env name) knows only its registered names.
@@ -51,7 +51,7 @@ class Registry(Mapping[str, T]):
     Args:
         kind: what the entries are, for error messages ("advantage", "task", "engine").
         check: called on every entry at registration (and on a resolved ``module:Name``, by the resolver that wants
-            it); raises TypeError on a bad signature.
+            it); raises TypeError on a bad signature (ValueError on a malformed value, such as a path).
         tags: the optional inputs an entry may declare it needs (``register(name, needs=...)``).
         resolve: ``module:Name`` -> entry, for a lookup of a name with a colon; None when the registry takes none.
         own: how the unknown-name message spells a ``module:Name`` of the user's own ("module:Class").
@@ -72,7 +72,8 @@ class Registry(Mapping[str, T]):
 
         Raises:
             ValueError: the name is taken (the message says by what).
-            TypeError: ``check`` refuses the entry, or a need is not one of the registry's tags.
+            TypeError: ``check`` refuses the entry (or whatever it raises), or a need is not one of the registry's
+                tags.
         """
         if name in self._entries:
             raise ValueError(f"{self.kind} '{name}' is already registered ({_describe(self._entries[name])})")

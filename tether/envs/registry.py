@@ -23,18 +23,15 @@ def _check_target(target: str) -> None:
 
 #: Registered env names and the ``module:Class`` each builds; a ``module:Class`` name is its own path.
 ENVS: Registry[str] = Registry("env", _check_target, resolve=lambda target: target, own="module:Class")
-for _name, _target in {
-    "scripted": "tether.envs.scripted:ScriptedEnv",
-    "sokoban": "tether.envs.sokoban:SokobanEnv",
-    "sokoban_visual": "tether.envs.sokoban_visual:VisualSokobanEnv",
-    "ezpoints": "tether.envs.ezpoints:EZPointsEnv",
-    "frozenlake": "tether.envs.frozenlake:FrozenLakeEnv",
-    "thin_ice": "tether.envs.thin_ice:ThinIceEnv",
-    "textworld": "tether.envs.textworld_env:TextWorldEnv",
-    "alfworld": "tether.envs.alfworld_env:AlfWorldEnv",
-    "webshop": "tether.envs.webshop_env:WebShopEnv",
-}.items():
-    ENVS.add(_name, _target)
+ENVS.add("scripted", "tether.envs.scripted:ScriptedEnv")
+ENVS.add("sokoban", "tether.envs.sokoban:SokobanEnv")
+ENVS.add("sokoban_visual", "tether.envs.sokoban_visual:VisualSokobanEnv")
+ENVS.add("ezpoints", "tether.envs.ezpoints:EZPointsEnv")
+ENVS.add("frozenlake", "tether.envs.frozenlake:FrozenLakeEnv")
+ENVS.add("thin_ice", "tether.envs.thin_ice:ThinIceEnv")
+ENVS.add("textworld", "tether.envs.textworld_env:TextWorldEnv")
+ENVS.add("alfworld", "tether.envs.alfworld_env:AlfWorldEnv")
+ENVS.add("webshop", "tether.envs.webshop_env:WebShopEnv")
 
 
 def register_env(name: str, target: str) -> None:
