@@ -111,8 +111,7 @@ def test_both_sft_commands_lock_their_run_directory_before_any_model_loads(tmp_p
         pytest.fail(f"{name} loaded")
 
     monkeypatch.setattr("tether.start.lock_run_dir", refused)
-    monkeypatch.setattr("tether.models.load_policy", no_model)
-    monkeypatch.setattr("tether.recipes.seed_sft.load_policy", no_model)
+    monkeypatch.setattr("tether.models.load_policy", no_model)  # what both load through (SFTSession.load_policy)
     if command == "sft":
         (tmp_path / "pairs.jsonl").write_text('{"prompt": "1+1?", "response": "2"}\n' * 4)
         cfg = sft_config(tmp_path, "sft.data=jsonl", f"sft.path={tmp_path / 'pairs.jsonl'}")

@@ -33,40 +33,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tether.config import (
-    Config,
-    ConfigError,
-    SeedSFTRunConfig,
-    SkillSFTSettings,
-    dump_config,
-    load_command_config,
-)
+from tether.config import Config, ConfigError, SeedSFTRunConfig, SkillSFTSettings, load_command_config
 from tether.engine.base import SamplingParams
 from tether.engine.hf import HFEngine
-from tether.files import read_jsonl, write_jsonl, write_text_atomic
+from tether.files import read_jsonl, write_jsonl
 from tether.methods import method_config
 from tether.methods.seed.analyzer import Analysis, analysis_target, episode_analysis_prompt, parse_analysis
 from tether.methods.seed.rule_analyzers import Trajectory, rule_analysis
-from tether.models import load_policy
-from tether.models.chat_template import apply_chat_template
-from tether.models.policy import model_load_errors
 from tether.models.vision import encode_message, has_images, observation_images
-from tether.recipes.sft import train_sft, written_examples
-from tether.recipes.sft_state import (
-    STATE,
-    SFTState,
-    data_files,
-    fingerprint,
-    open_sft_run,
-    state_files,
-    write_summary,
-)
+from tether.recipes.sft import SFTSession, written_examples
 from tether.rollout.multi_turn import AgentCollector
 from tether.seeding import step_seed
-from tether.sft_data import Example, encode_examples, row_example, write_examples
+from tether.sft_data import Example, row_example, write_examples
 from tether.splits import split_train_val
-from tether.start import run_tracker, start_run
-from tether.trainer.rundir import config_defaults
 
 # -- 1. rollouts -----------------------------------------------------------------------------------
 
@@ -219,57 +198,44 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
 
     Files in ``run_dir``: ``config.yaml``, ``data/records.jsonl`` (every labelled trajectory; ``images`` counts its
     frames), ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response, and on a visual env ``images``: the frames
-    under ``data/frames/``), ``metrics.jsonl`` (``sft/*``), ``sft_state/`` while the SFT runs, ``checkpoint/``.
-    """
+    under ``data/frames/``), ``metrics.jsonl`` (``sft/*``), ``sft_state/`` while the SFT runs, ``checkpoint/``,
+    ``summary.json`` (the tracker's copy of the summary); the steps besides the rollouts and labels are ``tether
+    sft``'s (:class:`~tether.recipes.sft.SFTSession`)."""
     cfg = config if not isinstance(config, (str, Path)) else load_command_config("seed-sft", config, overrides or [])
     seed = method_config("seed", cfg.methods.get("seed", {}))
     s = cfg.sft
-    device = start_run(cfg, policy=policy is None)  # a missing GPU, then a bad config: before any model loads
-    replay = load_replay(s)  # so does a bad replay file
-    run_dir, begin = open_sft_run(cfg)  # locked; resumes, refuses or says a finished run is finished
-    if begin.action == "finished":
-        return begin.summary
-    (run_dir / "data").mkdir(exist_ok=True)
-    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
-    if policy is None:
-        with model_load_errors("model.name", cfg.model.name):
-            policy, tokenizer = load_policy(cfg.model.name)
-    # before the rollouts encode a prompt: stage 1 trains on the prompts stage 2 gives; saved with the checkpoint
-    apply_chat_template(tokenizer, cfg.model.chat_template)
-    policy.to(device)
+    session = SFTSession(cfg, policy=policy, tokenizer=tokenizer)
+    replay = load_replay(s)  # a bad replay file stops the run before its directory is written, as a bad config does
+    if (finished := session.open()) is not None:
+        return finished
+    session.load_policy()  # before the rollouts encode a prompt: stage 1 trains on the prompts stage 2 gives
     start = time.perf_counter()
-    if begin.action == "fresh":
-        rollout_and_label(cfg, run_dir, policy, tokenizer, analyzer=analyzer, engine=engine)
+    if session.fresh:
+        rollout_and_label(cfg, session.run_dir, session.policy, session.tokenizer, analyzer=analyzer, engine=engine)
     t_rollout = time.perf_counter() - start
-    train_ex, val_ex = written_examples(run_dir)
+    train_ex, val_ex = written_examples(session.run_dir)
     # the analyzer prompts stage 2 gives the policy: left-truncated to analysis_context_length (replay is shorter)
-    cut = seed.analysis_context_length
-    train, dropped_train = encode_examples(train_ex + replay, tokenizer, s.max_length, cut)
-    val, dropped_val = encode_examples(val_ex, tokenizer, s.max_length, cut)
+    data = session.encode(train_ex + replay, val_ex, seed.analysis_context_length)
     probe = [{"prompt": e.prompt, "images": e.images} for e in (val_ex or train_ex)[:s.eval_examples]]
     rate_kwargs = dict(max_new_tokens=seed.analysis_max_new_tokens, context_length=seed.analysis_context_length,
                        include_summary=seed.include_summary, bf16_autocast=cfg.model.bf16_autocast)
-    state = SFTState(run_dir / STATE, fingerprint(cfg, {**data_files(run_dir), **state_files(cfg)}),
-                     config_defaults(cfg))
-    if begin.action == "fresh":  # measured once, on the base policy; a resume keeps the numbers
-        before = parse_rate(policy, tokenizer, probe, **rate_kwargs)[0] if s.eval_examples else math.nan
+    state = session.state
+    if session.fresh:  # measured once, on the base policy; a resume keeps the numbers (train_sft restores them)
+        before = parse_rate(session.policy, session.tokenizer, probe, **rate_kwargs)[0] if s.eval_examples \
+            else math.nan
         state.extra = {"parse_rate_before": before, "rollout_s": t_rollout}
-    with run_tracker(cfg.logging, run_dir, begin.step) as tracker:
-        losses = train_sft(policy, tokenizer, train, val, s, log=tracker.log, bf16_autocast=cfg.model.bf16_autocast,
-                           logprob_chunk_tokens=cfg.train.logprob_chunk_tokens,
-                           state=state)  # a resume restores state.extra
-    after, answers = parse_rate(policy, tokenizer, probe, **rate_kwargs) if s.eval_examples else (math.nan, [])
-    checkpoint = run_dir / "checkpoint"
-    policy.save_pretrained(checkpoint)
-    tokenizer.save_pretrained(checkpoint)
-    records = read_jsonl(run_dir / "data" / "records.jsonl", "data/records.jsonl")
-    summary = {
-        "checkpoint": str(checkpoint), "trajectories": len(records),
-        "successes": sum(r["outcome"] == "success" for r in records), "kept": sum(r["ok"] for r in records),
-        "train_examples": len(train), "replay_examples": len(replay), "val_examples": len(val),
-        "dropped_too_long": dropped_train + dropped_val,
-        "parse_rate_before": state.extra["parse_rate_before"], "parse_rate_after": after,
-        "probe_examples": len(probe), **losses, "rollout_s": state.extra["rollout_s"],
-        "total_s": time.perf_counter() - start, "example_answers_after": [a.raw for a in answers[:3]],
-    }
-    return write_summary(run_dir, summary, state)
+
+    def summarize(losses: dict[str, float]) -> dict[str, Any]:
+        after, answers = parse_rate(session.policy, session.tokenizer, probe, **rate_kwargs) if s.eval_examples \
+            else (math.nan, [])
+        records = read_jsonl(session.run_dir / "data" / "records.jsonl", "data/records.jsonl")
+        return {
+            "trajectories": len(records), "successes": sum(r["outcome"] == "success" for r in records),
+            "kept": sum(r["ok"] for r in records), "train_examples": len(data.train),
+            "replay_examples": len(replay), "val_examples": len(data.val), "dropped_too_long": data.dropped,
+            "parse_rate_before": state.extra["parse_rate_before"], "parse_rate_after": after,
+            "probe_examples": len(probe), **losses, "rollout_s": state.extra["rollout_s"],
+            "total_s": time.perf_counter() - start, "example_answers_after": [a.raw for a in answers[:3]],
+        }
+
+    return session.train(data, summarize)

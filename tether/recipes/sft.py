@@ -21,21 +21,32 @@ from __future__ import annotations
 import math
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from tether.errors import TrainingStopped
 from tether.models import autocast
-from tether.recipes.sft_state import STATE, Progress, SFTState, data_files, fingerprint, open_sft_run, write_summary
+from tether.recipes.sft_state import (
+    STATE,
+    Progress,
+    SFTStart,
+    SFTState,
+    data_files,
+    fingerprint,
+    open_sft_run,
+    state_files,
+    write_summary,
+)
 from tether.sft_data import Example, encode_examples, prompt_key, row_example, sft_examples, write_examples
 from tether.start import StopSignals
 from tether.trainer.rundir import config_defaults
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Callable
 
-    from tether.config import SFTRunConfig, SFTSettings
+    from tether.config import SeedSFTRunConfig, SFTRunConfig, SFTSettings
 
 
 def _pad(responses: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,61 +227,149 @@ def written_examples(run_dir: Path) -> tuple[list[Example], list[Example]]:
     return read("train"), read("val")
 
 
+class Encoded(NamedTuple):
+    """A run's encoded examples (:func:`~tether.sft_data.encode_examples`) and how many were over
+    ``sft.max_length``."""
+
+    train: list[tuple[list[int], list[int]]]
+    val: list[tuple[list[int], list[int]]]
+    dropped: int
+
+
+class SFTSession:
+    """The steps every SFT command takes, in their order: ``tether sft`` (:func:`run_sft`) and ``tether seed-sft``
+    (:func:`tether.recipes.seed_sft.run_skill_sft`) differ only in the examples each brings between them, so what one
+    does at a step (the settings to the tracker's sinks, a line per optimiser step, the refusal of data nothing of
+    fits, the summaries) the other does too.
+
+    1. ``SFTSession(cfg, ...)``: :func:`~tether.start.start_run` (a missing GPU, then a bad config: before any model
+       loads or the run directory is written);
+    2. :meth:`open`: claim the run directory and write ``config.yaml`` (or say the run is finished);
+    3. :meth:`load_policy`: the policy on its device, with ``model.chat_template``;
+    4. :meth:`encode`: the examples the run wrote, encoded, and the resumable state over them;
+    5. :meth:`train`: :func:`train_sft` under the tracker, ``run_dir/checkpoint``, the summaries.
+    """
+
+    def __init__(self, cfg: SFTRunConfig | SeedSFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> None:
+        """``policy``/``tokenizer``: use these instead of loading ``cfg.model.name`` (tests)."""
+        from tether.start import start_run
+
+        self.cfg, self.policy, self.tokenizer = cfg, policy, tokenizer
+        self.device = start_run(cfg, policy=policy is None)
+        self.run_dir = Path(cfg.run_dir)
+        self.begin = SFTStart("fresh")
+        self.state: SFTState | None = None
+
+    @property
+    def fresh(self) -> bool:
+        """The run starts at step 0: its examples are still to be built."""
+        return self.begin.action == "fresh"
+
+    def open(self) -> dict[str, Any] | None:
+        """Claim the run directory (:func:`~tether.recipes.sft_state.open_sft_run`: locked; resumes, refuses or says a
+        finished run is finished) and write ``config.yaml``. Returns a finished run's summary, else None."""
+        from tether.config import dump_config
+        from tether.files import write_text_atomic
+
+        self.run_dir, self.begin = open_sft_run(self.cfg)
+        if self.begin.action == "finished":
+            return self.begin.summary
+        (self.run_dir / "data").mkdir(exist_ok=True)
+        write_text_atomic(self.run_dir / "config.yaml", dump_config(self.cfg))
+        return None
+
+    def load_policy(self) -> None:
+        """``model.name`` (unless the policy was given), with ``model.chat_template`` applied (the prompts RL will
+        give; saved with the checkpoint), on the run's device."""
+        from tether.models import load_policy
+        from tether.models.chat_template import apply_chat_template
+        from tether.models.policy import model_load_errors
+        from tether.track.progress import status
+
+        if self.policy is None:
+            status(f"loading the policy {self.cfg.model.name}")
+            with model_load_errors("model.name", self.cfg.model.name):
+                self.policy, self.tokenizer = load_policy(self.cfg.model.name)
+        apply_chat_template(self.tokenizer, self.cfg.model.chat_template)
+        self.policy.to(self.device)
+
+    def encode(self, train: list[Example], val: list[Example], prompt_tokens: int | None = None) -> Encoded:
+        """``train`` and ``val`` encoded (:func:`~tether.sft_data.encode_examples`, ``prompt_tokens`` as there), and
+        :attr:`state`, the run's resumable state over the files its examples were read from.
+
+        Raises:
+            ConfigError: no training example fits ``sft.max_length`` (the loop would train 0 steps and save the
+                policy it was given).
+        """
+        from tether.config import ConfigError
+
+        s = self.cfg.sft
+        train_ids, dropped_train = encode_examples(train, self.tokenizer, s.max_length, prompt_tokens)
+        val_ids, dropped_val = encode_examples(val, self.tokenizer, s.max_length, prompt_tokens)
+        if not train_ids:
+            raise ConfigError(f"sft: no training example fits sft.max_length={s.max_length}")
+        self.state = SFTState(self.run_dir / STATE, fingerprint(self.cfg, {**data_files(self.run_dir),
+                                                                           **state_files(self.cfg)}),
+                              config_defaults(self.cfg))
+        return Encoded(train_ids, val_ids, dropped_train + dropped_val)
+
+    def train(self, data: Encoded, summarize: Callable[[dict[str, float]], dict[str, Any]]) -> dict[str, Any]:
+        """:func:`train_sft` on ``data`` (resumed from :attr:`state` where saved), logged by the tracker the config's
+        ``logging`` names (which is handed the settings first), with a line per step under ``logging.progress``;
+        then ``run_dir/checkpoint`` and the summary: ``checkpoint`` and what ``summarize(losses)`` gives (the
+        command's counts), in the tracker's ``summary.json`` and ``sft_summary.json``. Returns the summary."""
+        from tether.start import run_tracker
+        from tether.track.progress import status
+
+        cfg, s = self.cfg, self.cfg.sft
+        assert self.state is not None, "encode() builds the state the loop resumes from"
+        with run_tracker(cfg.logging, self.run_dir, self.begin.step) as tracker:
+            tracker.log_config(cfg.model_dump(mode="json"))
+            status(f"training on {len(data.train)} examples ({len(data.val)} held out) for {s.epochs} epoch(s)")
+            log = progress_log(tracker.log, sft_steps(len(data.train), s), self.begin.step) if cfg.logging.progress \
+                else tracker.log
+            losses = train_sft(self.policy, self.tokenizer, data.train, data.val, s, log=log,
+                               bf16_autocast=cfg.model.bf16_autocast,
+                               logprob_chunk_tokens=cfg.train.logprob_chunk_tokens, state=self.state)
+            checkpoint = self.run_dir / "checkpoint"
+            self.policy.save_pretrained(checkpoint)
+            self.tokenizer.save_pretrained(checkpoint)
+            summary = {"checkpoint": str(checkpoint), **summarize(losses)}
+            tracker.write_summary(summary)
+        return write_summary(self.run_dir, summary, self.state)
+
+
 def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> dict[str, Any]:
-    """``tether sft``: examples, split, SFT, ``run_dir/checkpoint``; the data are read, and where the run starts is
-    settled (:func:`~tether.recipes.sft_state.open_sft_run`), before any model loads.
+    """``tether sft``: examples, split, SFT, ``run_dir/checkpoint`` (:class:`SFTSession`); the data are read, and
+    where the run starts is settled, before any model loads.
 
     Returns:
         The summary also written to ``run_dir/sft_summary.json`` (a finished run's, when there was nothing to do).
     """
-    from tether.config import ConfigError, dump_config
-    from tether.files import write_text_atomic
-    from tether.models import load_policy
-    from tether.models.chat_template import apply_chat_template
-    from tether.models.policy import model_load_errors
     from tether.splits import split_train_val
-    from tether.start import run_tracker, start_run
     from tether.track.progress import status
 
     s = cfg.sft
-    device = start_run(cfg, policy=policy is None)  # a missing GPU, then a bad config: before any model loads
-    run_dir, begin = open_sft_run(cfg)  # locked; resumes, refuses or says a finished run is finished
-    if begin.action == "finished":
-        return begin.summary
-    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
-    if begin.action == "fresh":
+    session = SFTSession(cfg, policy=policy, tokenizer=tokenizer)
+    if (finished := session.open()) is not None:
+        return finished
+    if session.fresh:
         status(f"building the sft examples (sft.data={s.data})")
         # split by prompt: rejection data hold several answers per prompt, and split row by row nearly every
         # held-out example had its prompt trained on
-        train_ex, val_ex = split_train_val(sft_examples(cfg, device), s.val_fraction, s.data_seed, key=prompt_key)
+        train_ex, val_ex = split_train_val(sft_examples(cfg, session.device), s.val_fraction, s.data_seed,
+                                           key=prompt_key)
         for name, part in (("train", train_ex), ("val", val_ex)):  # the exact pairs, e.g. to replay them later
-            write_examples(run_dir / "data" / f"{name}.jsonl", part)
-    train_ex, val_ex = written_examples(run_dir)
-    state = SFTState(run_dir / STATE, fingerprint(cfg, data_files(run_dir)), config_defaults(cfg))
+            write_examples(session.run_dir / "data" / f"{name}.jsonl", part)
+    train_ex, val_ex = written_examples(session.run_dir)
     start = time.perf_counter()
-    if policy is None:
-        status(f"loading the policy {cfg.model.name}")
-        with model_load_errors("model.name", cfg.model.name):
-            policy, tokenizer = load_policy(cfg.model.name)
-    apply_chat_template(tokenizer, cfg.model.chat_template)  # the prompts RL will give; saved with the checkpoint
-    policy.to(device)
-    train, dropped_train = encode_examples(train_ex, tokenizer, s.max_length)
-    val, dropped_val = encode_examples(val_ex, tokenizer, s.max_length)
-    if not train:
-        raise ConfigError(f"sft: no training example fits sft.max_length={s.max_length}")
-    with run_tracker(cfg.logging, run_dir, begin.step) as tracker:
-        tracker.log_config(cfg.model_dump(mode="json"))
-        status(f"training on {len(train)} examples ({len(val)} held out) for {s.epochs} epoch(s)")
-        log = progress_log(tracker.log, sft_steps(len(train), s), begin.step) if cfg.logging.progress \
-            else tracker.log
-        result = train_sft(policy, tokenizer, train, val, s, log=log, bf16_autocast=cfg.model.bf16_autocast,
-                           logprob_chunk_tokens=cfg.train.logprob_chunk_tokens, state=state)
-        checkpoint = run_dir / "checkpoint"
-        policy.save_pretrained(checkpoint)
-        tokenizer.save_pretrained(checkpoint)
-        summary = {"checkpoint": str(checkpoint), "data": s.data, "train_examples": len(train),
-                   "val_examples": len(val), "dropped_too_long": dropped_train + dropped_val,
-                   "example": {"prompt": train_ex[0].prompt, "response": train_ex[0].response}, **result,
-                   "wall_s": round(time.perf_counter() - start, 1)}
-        tracker.write_summary(summary)
-    return write_summary(run_dir, summary, state)
+    session.load_policy()
+    data = session.encode(train_ex, val_ex)
+
+    def summarize(losses: dict[str, float]) -> dict[str, Any]:
+        return {"data": s.data, "train_examples": len(data.train), "val_examples": len(data.val),
+                "dropped_too_long": data.dropped,
+                "example": {"prompt": train_ex[0].prompt, "response": train_ex[0].response}, **losses,
+                "wall_s": round(time.perf_counter() - start, 1)}
+
+    return session.train(data, summarize)
