@@ -11,7 +11,7 @@ Warm starts before RL come from four kinds of data, chosen by ``sft.data``:
 * ``solver``: an agent environment's scripted solver, played on training seeds; every state becomes the
   agent loop's own prompt and the response ``<action>{solver action}</action>``.
 * ``rejection``: another model's (``sft.sampler``) correct samples on the task's train split (rejection-sampling
-  fine-tuning: the distillation a user tries before RL with a prior).
+  fine-tuning: the distillation a user tries before RL with a prior), judged by the task with its ``task.rewards``.
 
 An example may carry images (:attr:`Example.images`, SEED's stage 1 on visual envs): its prompt is encoded by the
 model's processor with them (:func:`tether.models.vision.encode_vision_chat`), once, when the examples are
@@ -169,18 +169,21 @@ def solver_examples(cfg: SFTRunConfig, s: SFTConfig) -> list[Example]:
 
 def rejection_examples(cfg: SFTRunConfig, s: SFTConfig, device: torch.device) -> list[Example]:
     """``s.samples_per_prompt`` samples of ``s.sampler`` per training prompt of ``cfg.task`` (sampled as ``rollout``
-    says); the correct ones."""
+    says); the correct ones, judged by the task ``tether train`` builds: with ``task.rewards`` (and ``task.score``)
+    applied, so a row without a gold answer under ``score: false`` is correct when its reward is positive, and a row
+    a reward function faults on is wrong (:class:`~tether.rewards.RewardedTask`)."""
     from tether.engine.hf import HFEngine
     from tether.models import load_policy
     from tether.models.policy import model_load_errors
+    from tether.rewards import build_config_task
     from tether.rollout.single_turn import SingleTurnCollector
-    from tether.tasks import make_task
 
-    task = make_task(cfg.task.name, **cfg.task.kwargs)
+    rl = cfg.rl_config()
+    task = build_config_task(rl)
     refuse_images(task, s)
     with model_load_errors("sft.sampler", s.sampler):
         sampler, tokenizer = load_policy(s.sampler)
-    collector = SingleTurnCollector(task, tokenizer, cfg.rl_config())
+    collector = SingleTurnCollector(task, tokenizer, rl)
     engine = HFEngine(sampler.to(device), tokenizer, bf16_autocast=cfg.model.bf16_autocast,
                       logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
     items = task.train[: s.examples] if s.examples else task.train

@@ -228,6 +228,24 @@ def test_rejection_keeps_only_the_samplers_correct_answers(tmp_path):
     assert all(task.score(task.train[0], e.response).correct for e in examples)
 
 
+def test_rejection_keeps_what_the_tasks_rewards_judge_correct_as_train_does(tmp_path):
+    """With ``task.rewards`` and ``task.score: false`` a row without a gold answer is correct when its reward is
+    positive (the task ``tether train`` builds); rejection sampling judged by the bare task's score instead, and kept
+    parity's even-length samples whatever the rewards said."""
+    def examples(fn: str, weight: float) -> list:
+        task = {"name": "parity", "kwargs": {"train_size": 6}, "score": False,
+                "rewards": [{"fn": f"tests.rewards.user_rewards:{fn}", "weight": weight}]}
+        return sft_examples(sft_config(tmp_path, {"data": "rejection", "sampler": "char-64x1",
+                                                  "samples_per_prompt": 4}, task=task, rollout={"max_new_tokens": 5}))
+
+    every = examples("scaled", 1.0)  # reward 1 on every row: every sample is kept
+    assert len(every) == 6 * 4 and {len(e.response) % 2 for e in every} == {0, 1}
+    # the same seeded samples, rewarded by their length: the non-empty ones, odd lengths included
+    assert examples("length_reward", 1.0) == [e for e in every if e.response]
+    with pytest.raises(ConfigError, match="answered none of 24 samples correctly"):
+        examples("length_reward", -1.0)  # no reward is positive
+
+
 @pytest.mark.parametrize(("sft", "match"), [
     ({"data": "jsonl"}, "sft.path is the file of data=jsonl"),
     ({"data": "task", "sampler": "x"}, "sft.sampler is the model of data=rejection"),
