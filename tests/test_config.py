@@ -30,7 +30,7 @@ def test_an_unknown_key_of_a_list_item_names_its_index_and_the_keys_an_item_allo
     nothing after it: the list index was looked up as a field, so no section was found."""
     msg = error_of(data={"task": {**BASE["task"], "rewards": [{"fn": "my.rewards:fmt", "wieght": 1}]}})
     assert ("task.rewards[0].wieght: unknown key; did you mean weight? task.rewards[0] allows: fn, kwargs, name, "
-            "weight") in msg
+            "timeout_s, weight") in msg
 
 
 def test_wrong_type_names_path_and_value():

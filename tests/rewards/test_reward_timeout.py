@@ -89,7 +89,7 @@ def test_a_reward_class_is_built_in_its_process_and_its_faults_are_contained(tmp
     (0, "greater than 0"), (-1.5, "greater than 0"), ("soon", "valid number"), (float("inf"), "finite number"),
 ])
 def test_a_bad_reward_limit_is_refused_by_the_schema(value, message):
-    with pytest.raises(ConfigError, match=rf"task\.rewards\.0\.timeout_s: .*{message}"):
+    with pytest.raises(ConfigError, match=rf"task\.rewards\[0\]\.timeout_s: .*{message}"):
         load_config(data={"task": {"name": "addition", "rewards": [{"fn": f"{M}:waves", "timeout_s": value}]}})
 
 
