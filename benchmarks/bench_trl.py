@@ -437,12 +437,18 @@ def results_path(out: Path | None) -> Path:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    # the two trainers' run directories (metrics, samples) are scratch: the JSON under --out is the result
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as work:
+        return bench(args, work)
+
+
+def bench(args: argparse.Namespace, work: str) -> dict[str, Any]:
+    """Both trainers' steps (or one's, ``--only``), alternating, with their run directories under ``work``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(args.threads)
     from tether.rollout.single_turn import PromptStream
 
-    work = tempfile.mkdtemp(prefix="tether-bench-")
     cfg = tether_config(args, os.path.join(work, "tether"))
     path = model_dir(cfg.model.name)
     r = cfg.rollout
