@@ -67,6 +67,17 @@ class RunConfig(Section):
         """The absolute folder of the config file this was read from, or None (built from a dict)."""
         return self._config_dir
 
+    @model_validator(mode="before")
+    @classmethod
+    def _task_limit_with_a_task(cls, data: Any) -> Any:
+        """``task.timeout_s`` set on an env run makes a ``task`` section of that key alone, which read as a task
+        without a name ("task.name: Field required"): say which limits an env run has instead."""
+        task = data.get("task") if isinstance(data, dict) else None
+        if isinstance(task, dict) and set(task) == {"timeout_s"} and data.get("env") is not None:
+            raise ValueError("task.timeout_s limits a task's own scoring, and this run has an env, not a task: an "
+                             "env's calls are limited by env.timeout_s and env.reset_timeout_s")
+        return data
+
     @model_validator(mode="after")
     def _one_workload(self) -> RunConfig:
         if (self.task is None) == (self.env is None):

@@ -78,6 +78,11 @@ class TaskConfig(Section):
                                             "(docs/tasks.md, docs/reliability.md)")
     score: bool = Field(True, description="add the task's own score to the reward; false: the reward is the sum of "
                         "task.rewards alone (the task still judges `correct` where it has a gold answer)")
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="limit in seconds for the task's "
+                                    "own scoring of one batch of responses (its score or score_batch): it then runs "
+                                    "in a process of its own, killed at the limit even in a busy loop, and a batch "
+                                    "past it (or one that raises or ends its process) faults its rows; unset: scored "
+                                    "in this process with no limit (docs/reliability.md)")
 
     @model_validator(mode="after")
     def _some_reward(self) -> TaskConfig:

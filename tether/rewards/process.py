@@ -16,7 +16,7 @@ least :data:`~tether.envs.isolated.START_LIMIT_S` for it, since loading a model 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from tether.envs.isolated import START_LIMIT_S, Child, ChildPool, Subject
@@ -29,36 +29,39 @@ def _no_facts(_: Any) -> None:
 
 REWARD = Subject("reward function", "the reward function (or class) and its kwargs", "unset its timeout_s",
                  _no_facts)
+TASK_SCORER = Subject("task scorer", "the task (or its class and task.kwargs)", "unset task.timeout_s",
+                      _no_facts)
 
 
 class ProcessCalls:
-    """Calls of one term built by ``factory`` (an in-process term: ``factory()(prompts, completions, columns)``), each
-    in a child process under ``timeout_s``.
+    """Calls of one callable built by ``factory`` (an in-process term: ``factory()(prompts, completions, columns)``;
+    a task's scorer, :mod:`tether.rewards.task`: ``factory()(items, texts)``), each in a child process under
+    ``timeout_s``.
 
     Args:
-        factory: builds the term in the child; it must pickle (a class or function by reference).
+        factory: builds the callable in the child; it must pickle (a class or function by reference).
         timeout_s: the limit of one call, in seconds.
+        subject: what the processes serve, for the messages of their faults.
 
     Raises (from ``__call__``):
         EnvFault: the call timed out or its process ended (``timed_out=True``), or it raised outside the term's own
             containment (``SystemExit``: ``timed_out=False``).
     """
 
-    def __init__(self, factory: Callable[[], Any], timeout_s: float) -> None:
-        self.children = ChildPool(factory, REWARD)
+    def __init__(self, factory: Callable[[], Any], timeout_s: float, subject: Subject = REWARD) -> None:
+        self.children = ChildPool(factory, subject)
         self.timeout_s = timeout_s
         self._built: set[int] = set()  # the pids of the children whose term is built
         self._lock = threading.Lock()
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, list]) -> Any:
-        child = self.children.take("reward function")
+    def __call__(self, *args: Any) -> Any:
+        child = self.children.take(self.children.subject.noun)
         try:
             if not self._is_built(child.pid):
                 child.request("make", None, timeout_s=max(self.timeout_s, START_LIMIT_S), what="building it")
                 with self._lock:
                     self._built.add(child.pid)
-            value = child.request("call", ("__call__", (list(prompts), list(completions), columns)),
-                                  timeout_s=self.timeout_s, what="the call")
+            value = child.request("call", ("__call__", args), timeout_s=self.timeout_s, what="the call")
         except EnvFault:  # answered, or killed at the limit, or gone: the child is in a known state
             self._hand_back(child)
             raise

@@ -202,7 +202,7 @@ def _call_in_process(process: ProcessCalls, prompts: Sequence[Any], completions:
     """The term's values from its process; what befalls the call there faults every row of the batch."""
     n = len(completions)
     try:
-        return process(prompts, completions, columns)
+        return process(list(prompts), list(completions), columns)
     except Exception as error:  # a timeout, a process that ended, SystemExit, a batch that did not pickle
         message, kind, trace = process.fault(error)
         return TermResult([0.0] * n, [message] * n, trace, kind=kind)
