@@ -11,6 +11,9 @@ reward fault.
 
 A class (a reward model, a judge, :class:`~tether.rewards.VerlScore`) is built in the child, once per child, with at
 least :data:`~tether.envs.isolated.START_LIMIT_S` for it, since loading a model may take longer than scoring a batch.
+
+``task.timeout_s`` scores a task's batches the same way (:class:`~tether.rewards.task.ProcessScoredTask`,
+:data:`TASK_SCORER`).
 """
 
 from __future__ import annotations
