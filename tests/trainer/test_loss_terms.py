@@ -19,10 +19,13 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from tests.trainer.helpers import tiny_config
+from tests.distributed.helpers import fixed_batch as update_batch
+from tests.trainer.helpers import ANCHORS, tiny_config, update_with_anchors
+from tether import algos
 from tether.config import AlgorithmConfig
 from tether.methods import MiniBatch
 from tether.rollout.batch import RolloutBatch
+from tether.seeding import StepSeeds
 from tether.trainer import Trainer, step
 from tether.trainer.step import narrowed
 
@@ -283,6 +286,59 @@ def test_total_loss_is_ppo_minus_entropy_plus_kl_under_every_aggregation(tiny_po
     if loss_agg != "token-mean":  # each term under token-mean would be off by far more than the tolerance
         assert (entropy_coef * (entropy - agg(ent_m, "token-mean"))).abs() > 1e-3
         assert (kl_coef * (kl - agg(kl_tok, "token-mean"))).abs() > 1e-4
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
+def test_the_kl_loss_term_leaves_anchor_rows_out_whatever_the_micro_batches(tiny_policy, tmp_path, loss_agg):
+    """k1/k3 estimate KL(pi || ref) only on samples of pi, so ARMOR's anchors (source 1, sampled by the reference)
+    add nothing to the KL term's numerator and nothing to its normalisers: each mini-batch's term is loss_agg over
+    its on-policy tokens, and actor/kl_loss the mean of the two mini-batches' terms, with micro-batches of one row
+    and of the whole mini-batch alike. The learning rate moves no float32 weight, so both mini-batches see the
+    policy the reference runs."""
+    model, _ = tiny_policy
+    batch = update_batch()
+    lp, _ = direct_log_probs(model, batch, temperature=1.0)
+    g = torch.Generator().manual_seed(3)
+    ref = lp + torch.rand(lp.shape, generator=g, dtype=torch.float64) - 0.5  # within the k3 clamp
+    kl_tok = kl_reference(lp - ref, "k3")  # the configured estimator (algorithm.kl.estimator's default)
+    on_policy = torch.ones(len(batch), dtype=torch.bool)
+    on_policy[ANCHORS] = False
+    terms = []
+    for rows in step.update_mini_batches(len(batch), StepSeeds(0, 0)("shuffle"), 2):
+        on = rows[on_policy[rows]]
+        mask = batch.response_mask.double()[on]
+        terms.append(aggregate_reference(kl_tok[on], mask, loss_agg, num_tokens=float(mask.sum()), num_seqs=len(on),
+                                         max_len=6))
+    want = torch.stack(terms).mean().item()
+    for micro in (1, 5):
+        got = update_with_anchors(tiny_policy, tmp_path / str(micro), micro, f"algorithm.loss_agg={loss_agg}",
+                                  "optim.lr=1e-30", ref_log_probs=ref)
+        assert got["actor/kl_loss"] == pytest.approx(want, abs=1e-5), micro
+
+
+@pytest.mark.parametrize("loss_agg", LOSS_AGG_MODES)
+def test_without_anchors_the_kl_loss_term_is_unchanged_bit_for_bit(tiny_policy, tmp_path, monkeypatch, loss_agg):
+    """Leaving the anchors out changes nothing where there are none: the term is the estimate aggregated over the
+    loss mask with the mini-batch's own normalisers, bit for bit, in a micro-batch smaller than its mini-batch."""
+    trainer = trainer_for(tiny_policy, tmp_path, f"algorithm.loss_agg={loss_agg}", "algorithm.kl.coef=0.5")
+    batch = fixed_batch(trainer)
+    trainer.score(batch)
+    batch.token["advantages"] = fixed_advantages(batch)
+    estimates = []
+    kl_estimate = algos.kl_estimate
+
+    def recorded(*args: typing.Any) -> torch.Tensor:  # the per-token estimate the loss aggregates
+        estimates.append(kl_estimate(*args))
+        return estimates[-1]
+
+    monkeypatch.setattr(algos, "kl_estimate", recorded)
+    micro = narrowed(batch, MICRO_ROWS, batch.row_lengths())
+    mini = whole(batch)
+    kl = trainer._micro_batch_loss(micro, mini).metrics["actor/kl_loss"]
+    (estimate,) = estimates
+    before = algos.aggregate(estimate, micro.response_mask, loss_agg, num_tokens=mini.num_tokens,
+                             num_seqs=mini.num_seqs, max_response_len=trainer.cfg.rollout.max_new_tokens)
+    assert kl.abs() > 1e-4 and torch.equal(kl, before.detach())
 
 
 # -- 6. a row without response tokens ------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ METRICS: dict[str, str] = {
     "actor/grad_norm": "global L2 norm of the gradient before clipping",
     "actor/skipped_updates": "optimiser steps skipped for a non-finite loss or gradient, counted since the run "
                              "started",
-    "actor/kl_loss": "KL penalty to the reference policy, as added to the loss (before its coefficient)",
+    "actor/kl_loss": "KL penalty to the reference policy over on-policy rows' tokens, as added to the loss (before "
+                     "its coefficient)",
     "rollout/num_gen_batches": "generation rounds needed to fill the batch (dynamic sampling)",
     "rollout/kept_groups_frac": "fraction of prompt groups kept after filtering zero-variance groups",
     "rollout/accuracy_all": "fraction of all rows sampled this step, before any filter, the verifier judged correct",

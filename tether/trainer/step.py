@@ -291,13 +291,25 @@ class StepPhases:
         if a.entropy_coef:
             loss = loss - a.entropy_coef * algos.aggregate(entropy, mask, a.loss_agg, **agg)
         if a.kl.coef > 0 and not a.kl.in_reward:
-            kl = algos.aggregate(algos.kl_estimate(log_probs, inputs.require("ref_log_probs", "kl"), a.kl.estimator),
-                                 mask, a.loss_agg, **agg)
+            kl = self._kl_term(log_probs, inputs.require("ref_log_probs", "kl"), micro, mini)
             loss = loss + a.kl.coef * kl
             metrics["actor/kl_loss"] = kl.detach()
         extra = self.methods.extra_loss(loss, inputs, micro, self.hook_context(mini))
         return LossOutput(extra.loss, {**metrics, **extra.metrics}, {**counts, **extra.counts},
                           {**out.derived, **extra.derived})
+
+    def _kl_term(self, log_probs: torch.Tensor, ref_log_probs: torch.Tensor, micro: RolloutBatch,
+                 mini: MiniBatch) -> torch.Tensor:
+        """The micro-batch's share of its mini-batch's KL loss term: ``algorithm.loss_agg`` of the estimate over the
+        on-policy rows' loss tokens (:func:`policy_loss_mask`), normalised by the mini-batch's. k1/k3 estimate
+        KL(pi || ref) only on samples of pi; an anchor (ARMOR's, sampled by the reference) would pull the term toward
+        an estimate of another divergence, so it adds to neither its numerator nor its normalisers, as it leaves the
+        KL penalty in the reward. Without anchors the masks and normalisers are the loss's own, bit for bit."""
+        a = self.cfg.algorithm
+        on_policy = policy_loss_mask(mini.batch)
+        return algos.aggregate(algos.kl_estimate(log_probs, ref_log_probs, a.kl.estimator), policy_loss_mask(micro),
+                               a.loss_agg, num_tokens=on_policy.sum(), num_seqs=(on_policy.sum(1) > 0).sum(),
+                               max_response_len=self.cfg.rollout.max_new_tokens)
 
 
 def add_micro_metrics(total: dict[str, torch.Tensor], micro: LossOutput, *, tokens: torch.Tensor,
@@ -374,6 +386,13 @@ def loss_mini_batch(batch: RolloutBatch, rows: torch.Tensor, *, mask_truncated: 
 def loss_mask(batch: RolloutBatch) -> torch.Tensor:
     """The response tokens the loss counts: the mask :func:`loss_mini_batch` set, else every response token. [N, T]"""
     return batch.token.get(LOSS_MASK, batch.response_mask)
+
+
+def policy_loss_mask(batch: RolloutBatch) -> torch.Tensor:
+    """The loss tokens (:func:`loss_mask`) of the rows the policy sampled (``source`` 0), those the KL loss term
+    counts. [N, T]"""
+    mask = loss_mask(batch)
+    return mask * (batch.source == 0).to(mask.dtype)[:, None]
 
 
 def update_mini_batches(n_rows: int, seed: int, mini_batches: int) -> tuple[torch.Tensor, ...]:
