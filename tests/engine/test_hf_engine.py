@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from tests.distributed.helpers import fixed_batch
 from tests.trainer.helpers import tiny_config
 from tether.engine import (
     HFEngine,
@@ -100,6 +101,18 @@ def test_score_applies_the_head_in_the_configs_chunks(tiny_policy, tmp_path, mon
     whole = response_log_probs(model, PROMPTS, gen.response_ids, gen.response_mask, temperature=SAMPLE.temperature,
                                chunk_size=10**6)[0]  # the head in one call
     torch.testing.assert_close(scored, whole, rtol=0, atol=1e-6)
+
+
+def test_score_runs_in_the_trainers_precision(tiny_policy, tmp_path):
+    """Under model.bf16_autocast the engine scores in the trainer's precision (tether.models.autocast, as it decodes):
+    row by row, its log-probs are the trainer's scoring of the same rows. It scored in float32."""
+    model, tok = tiny_policy
+    trainer = Trainer(tiny_config(tmp_path, "model.bf16_autocast=true", "optim.micro_batch_size=1",
+                                  "rollout.engine_kwargs.score_rows=1"), policy=model, tokenizer=tok)
+    batch = fixed_batch()
+    scored = trainer.engine.score(batch.prompt_ids, batch.response_ids, batch.response_mask,
+                                  temperature=trainer.cfg.rollout.temperature)
+    torch.testing.assert_close(scored, trainer.log_probs(trainer.policy, batch), rtol=0, atol=0)
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy(tiny_policy):

@@ -152,7 +152,7 @@ class HFEngine:
             ``pad_token_id`` (else EOS) pads responses.
         eos_token_ids: tokens that end a response; default: the tokenizer's EOS and every EOS of the
             model's ``generation_config``.
-        bf16_autocast: run the model's forward passes under bfloat16 autocast while generating. Faster
+        bf16_autocast: run the model's forward passes under bfloat16 autocast while generating and scoring. Faster
             only on CPUs with AMX / AVX512-BF16 (or a GPU); on an AVX2-only CPU it was 4.5x slower.
             Log-probs are still computed in float32 from its logits.
         score_rows: rows per forward pass in :meth:`score`.
@@ -218,14 +218,15 @@ class HFEngine:
         """log-probs ``[N, T]`` of the given response tokens (0 where masked), without autograd.
 
         The same function as :func:`tether.models.forward.response_log_probs`, in ``score_rows`` rows
-        per pass and ``logprob_chunk_tokens`` response tokens per LM-head call; with ``with_entropy`` it returns
+        per pass and ``logprob_chunk_tokens`` response tokens per LM-head call, under the autocast it decodes in
+        (:func:`~tether.models.forward.autocast`, the trainer's); with ``with_entropy`` it returns
         ``(log_probs, entropy)``.
         """
         was_training = self.model.training
         self.model.eval()
         lps, ents = [], []
         try:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(next(self.model.parameters()).device, self.bf16_autocast):
                 for s in range(0, len(prompt_ids), self.score_rows):
                     lp, ent = response_log_probs(self.model, prompt_ids[s:s + self.score_rows],
                                                  response_ids[s:s + self.score_rows],
