@@ -6,13 +6,13 @@ Each test runs both commands: they once had a skeleton each, and seed-sft's had 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.rollout.helpers import ScriptedEngine, seed_sft_config
+from tests.trainer.helpers import RecordingSink
 from tether.config import ConfigError, load_command_config
 from tether.recipes.seed_sft import run_skill_sft
 from tether.recipes.sft import run_sft
@@ -45,23 +45,6 @@ def run(command: str, cfg: Any, tiny_policy: Any) -> dict[str, Any]:
         return run_sft(cfg)
     model, tok = tiny_policy
     return run_skill_sft(cfg, policy=model, tokenizer=tok, engine=ScriptedEngine(tok))
-
-
-class RecordingSink:
-    """A sink like W&B's: records the config it is handed and the steps it logs."""
-
-    def __init__(self) -> None:
-        self.configs: list[dict[str, Any]] = []
-        self.steps: list[int] = []
-
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self.steps.append(step)
-
-    def log_config(self, config: Mapping[str, Any]) -> None:
-        self.configs.append(dict(config))
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -7,7 +7,7 @@ import contextlib
 import copy
 import multiprocessing
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +82,20 @@ def update_with_anchors(policy: Any, run_dir: Path, micro_batch_size: int, *over
         batch.sample_log_probs = sample_log_probs.float() * batch.response_mask
     trainer.compute_advantages(batch)
     return trainer.update(batch)
+
+
+class RecordingSink:
+    """A sink like W&B's (WandbSink): records the config it is handed and the steps it logs."""
+
+    def __init__(self) -> None:
+        self.configs: list[dict[str, Any]] = []
+        self.steps: list[int] = []
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.steps.append(step)
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.configs.append(dict(config))
+
+    def close(self) -> None:
+        pass

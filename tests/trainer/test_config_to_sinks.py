@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.trainer.helpers import tiny_config
+from tests.trainer.helpers import RecordingSink, tiny_config
 from tether.checks import load_checked_config
 from tether.track import JsonlSink, Tracker
 from tether.trainer import Trainer
-
-
-class RecordingSink:
-    """A sink like WandbSink: logs metrics and records a config."""
-
-    def __init__(self) -> None:
-        self.configs: list[dict[str, Any]] = []
-        self.steps: list[int] = []
-
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self.steps.append(step)
-
-    def log_config(self, config: Mapping[str, Any]) -> None:
-        self.configs.append(dict(config))
-
-    def close(self) -> None:
-        pass
 
 
 def test_the_trainer_hands_its_config_to_the_sinks_once(tmp_path, tiny_policy, monkeypatch):

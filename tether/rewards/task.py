@@ -45,7 +45,25 @@ def completion_of(item: TaskItem, text: str) -> str | list[dict[str, str]]:
     return [{"role": "assistant", "content": text}] if isinstance(item.prompt, list) else text
 
 
-class RewardedTask:
+class TaskWrapper:
+    """A task whose scoring is changed and whose every other attribute (name, train, val, system_prompt, splits,
+    features...) is the wrapped ``task``'s own; subclasses give ``score_batch``."""
+
+    task: Task
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "task":  # not set yet (copy, pickle): never recurse
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def score(self, item: TaskItem, response_text: str) -> Score:
+        return self.score_batch([item], [response_text])[0]
+
+    def score_batch(self, items: Sequence[TaskItem], texts: Sequence[str]) -> list[Score]:
+        raise NotImplementedError
+
+
+class RewardedTask(TaskWrapper):
     """``task`` with ``terms`` added to (or, ``keep_score=False``, replacing) its score. Every other attribute is the
     task's own (its splits, features, demonstrations).
 
@@ -62,14 +80,6 @@ class RewardedTask:
                  fault_log: Path | None = None) -> None:
         self.task, self.terms, self.keep_score = task, terms, keep_score
         self.fault_log = FaultLog(fault_log)
-
-    def __getattr__(self, name: str) -> Any:  # name, train, val, system_prompt, splits, features...
-        if name == "task":  # not set yet (copy, pickle): never recurse
-            raise AttributeError(name)
-        return getattr(self.task, name)
-
-    def score(self, item: TaskItem, response_text: str) -> Score:
-        return self.score_batch([item], [response_text])[0]
 
     def score_batch(self, items: Sequence[TaskItem], texts: Sequence[str]) -> list[Score]:
         """Every row's score: the task's, then each term called once on the whole batch."""
@@ -142,7 +152,7 @@ def scorer_factory(task: Task, task_cfg: TaskConfig) -> Callable[[], Any]:
     return functools.partial(_scorer, task)
 
 
-class ProcessScoredTask:
+class ProcessScoredTask(TaskWrapper):
     """``task`` scored a batch at a time in a process of its own (``task.timeout_s``); every other attribute is the
     task's own. A batch past the limit (a hang, a busy loop), one whose scoring raises, or one that ends its process
     faults every row: judged wrong, reward 0.0 (the fault reward of a row nothing else scored), counted as a reward
@@ -162,14 +172,6 @@ class ProcessScoredTask:
         self.task = task
         self.process = ProcessCalls(factory, timeout_s, TASK_SCORER)
         self.fault_log = FaultLog(fault_log)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "task":  # not set yet (copy, pickle): never recurse
-            raise AttributeError(name)
-        return getattr(self.task, name)
-
-    def score(self, item: TaskItem, response_text: str) -> Score:
-        return self.score_batch([item], [response_text])[0]
 
     def score_batch(self, items: Sequence[TaskItem], texts: Sequence[str]) -> list[Score]:
         try:
