@@ -16,6 +16,7 @@ from tether.lab import experiment, stats
 from tether.lab.calibration import endpoint_step, measure, selection_values
 from tether.lab.experiment import load_protocol, run_experiment
 from tether.lab.protocol import run_dir
+from tether.lab.report import unfinished
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +49,30 @@ def test_a_mean_that_reaches_min_movement_fails_while_its_interval_holds_no_move
     half = 12.706204736174707 * math.sqrt((0.13 ** 2 + 0.13 ** 2) / 1) / math.sqrt(2)  # t(0.975, 1) x sd / sqrt(2)
     assert result["mean"] == pytest.approx(0.12) and result["ci_low"] == pytest.approx(0.12 - half)
     assert result["ci_low"] < 0 and result["status"] == "failed"
+
+
+def test_a_calibration_whose_movements_are_all_equal_is_not_passed(tmp_path):
+    """Equal movements on every seed have a spread of 0: the t interval has zero width and "lay above 0", so the
+    calibration passed on its mean alone. As for a comparison, the spread is not estimable, so the interval cannot
+    be shown above 0; a mean below ``min_movement`` still fails, since the spread does not enter that rule."""
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path)))  # control: high; needs 0.1
+    # lifts of 0.45 - 0.30 and 0.42 - 0.27: equal but for float rounding (5.6e-17 apart)
+    ends = {0: (0.30, 0.45), 1: (0.27, 0.42)}
+    lifts = [high - low for low, high in ends.values()]
+    assert 0 < abs(lifts[0] - lifts[1]) < 1e-16
+    for seed, (low, high) in ends.items():
+        fake_run(protocol, "low", seed, start=0.2, end=low, step=2)
+        fake_run(protocol, "high", seed, start=0.2, end=high, step=1)
+    result = measure(protocol, locate(protocol))
+    assert result["per_seed"] == {0: lifts[0], 1: lifts[1]} and result["mean"] == pytest.approx(sum(lifts) / 2)
+    assert result["status"] == "spread not estimable" and math.isnan(result["ci_low"]) and math.isnan(result["ci_high"])
+    fake_run(protocol, "high", 1, start=0.2, end=0.27 + 0.05, step=1)  # lifts 0.15 and 0.05: a spread
+    result = measure(protocol, locate(protocol))
+    assert result["ci_low"] == pytest.approx(0.1 - 12.706204736174707 * 0.05)  # t(0.975, 1) x sd / sqrt(2)
+    assert result["status"] == "failed"
+    for seed, (low, _) in ends.items():  # lifts of 0.05 on both seeds: below 0.1 on the mean alone
+        fake_run(protocol, "high", seed, start=0.2, end=low + 0.05, step=1)
+    assert measure(protocol, locate(protocol))["status"] == "failed"
 
 
 def test_a_collapse_study_needs_a_fall_of_twice_the_test_size(tmp_path):
@@ -85,23 +110,26 @@ def test_a_run_not_yet_trained_leaves_the_calibration_incomplete(tmp_path):
 
 class FakeRunner:
     """Stands in for ``tether train`` and ``tether eval``: writes what they would, from a table of selection
-    values (seed -> (start, end) per arm) and endpoint values (per arm: a value, plus 0.01 x seed, or a function of
-    the seed), and records every call."""
+    values (per arm: (start, end), the end a value or a function of the seed) and endpoint values (per arm: a
+    value, plus 0.01 x seed, or a function of the seed), and records every call."""
 
     def __init__(self, selection, endpoint):
         self.selection, self.endpoint, self.trained, self.evaluated = selection, endpoint, [], []
 
     def train_one(self, protocol, arm, seed):
         self.trained.append((arm, seed))
-        start, end = self.selection[arm]
-        fake_run(protocol, arm, seed, start=start, end=end)
+        fake_run(protocol, arm, seed, start=self.selection[arm][0], end=self.selection_end(arm, seed))
+
+    def selection_end(self, arm, seed):
+        end = self.selection[arm][1]
+        return end(seed) if callable(end) else end
 
     def run_one(self, protocol, arm, seed):
         if (arm, seed) not in self.trained:
             self.train_one(protocol, arm, seed)
         self.evaluated.append((arm, seed))
         endpoint = self.endpoint[arm]
-        fake_run(protocol, arm, seed, start=self.selection[arm][0], end=self.selection[arm][1],
+        fake_run(protocol, arm, seed, start=self.selection[arm][0], end=self.selection_end(arm, seed),
                  value=endpoint(seed) if callable(endpoint) else endpoint + 0.01 * seed)
 
 
@@ -128,8 +156,33 @@ def test_a_failed_calibration_runs_no_comparison(tmp_path, monkeypatch):
     assert report.count("**not testable in this setting**") == 2
 
 
-def test_a_passed_calibration_runs_every_arm_and_labels_them(tmp_path, monkeypatch):
+def test_a_calibration_with_equal_movements_runs_no_comparison_and_labels_none(tmp_path, monkeypatch):
+    """Lifts of 0.45 - 0.30 on every seed: not passed, yet not shown to fail either, so nothing more runs (the
+    same seeds would give the same movements), every comparison is inconclusive, and the study is finished."""
     runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, 0.45), "mid": (0.2, 0.3)},
+                        endpoint={"low": 0.3, "high": 0.5, "mid": 0.3})
+    monkeypatch.setattr(experiment, "train_one", runner.train_one)
+    monkeypatch.setattr(experiment, "run_one", runner.run_one)
+    data = run_experiment(three_arms(tmp_path))
+    assert runner.evaluated == [] and sorted(runner.trained) == [("high", 0), ("high", 1), ("low", 0), ("low", 1)]
+    assert data["calibration"]["status"] == stats.SPREAD_NOT_ESTIMABLE
+    assert data["calibration"]["mean"] == 0.45 - 0.30 and math.isnan(data["calibration"]["ci_low"])
+    primary = data["summary"]["val/avg@k"]["versus_baseline"]
+    assert {arm: c["label"] for arm, c in primary.items()} == {"high": stats.INCONCLUSIVE, "mid": stats.INCONCLUSIVE}
+    report_md = (tmp_path / "study" / "report.md").read_text()
+    assert "Measured movement +0.150 [n/a, n/a]" in report_md
+    assert "**spread not estimable**; no comparison was run" in report_md
+    assert unfinished(data) == []  # finished: publishable, and a requirement on it is refused
+
+
+def control_end(seed):
+    """The positive control's selection value: a lift of 0.15 or 0.16 over the baseline's 0.30, so the
+    calibration's interval has a spread (it lies above 0: +0.155 +- 12.7 x 0.005)."""
+    return 0.45 + 0.01 * seed
+
+
+def test_a_passed_calibration_runs_every_arm_and_labels_them(tmp_path, monkeypatch):
+    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, control_end), "mid": (0.2, 0.3)},
                         endpoint={"low": 0.3, "high": 0.5, "mid": 0.3})
     monkeypatch.setattr(experiment, "train_one", runner.train_one)
     monkeypatch.setattr(experiment, "run_one", runner.run_one)
@@ -144,7 +197,7 @@ def test_a_passed_calibration_runs_every_arm_and_labels_them(tmp_path, monkeypat
 
 
 def test_a_passed_calibration_labels_comparisons_with_a_spread(tmp_path, monkeypatch):
-    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, 0.45), "mid": (0.2, 0.3)},
+    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, control_end), "mid": (0.2, 0.3)},
                         endpoint={"low": 0.3, "high": lambda seed: 0.5 + 0.01 * seed + 0.005 * (seed % 2),
                                   "mid": lambda seed: 0.3 + 0.01 * seed + 0.001 * (seed % 2)})
     monkeypatch.setattr(experiment, "train_one", runner.train_one)
@@ -169,10 +222,11 @@ def write_curve(protocol, arm, seed, rows, best_step, latest_step):
 def test_a_movement_equal_to_min_movement_passes(tmp_path):
     rise = {"kind": "rise", "min_movement": 0.25, "why": "training moves it"}
     protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path), calibration=rise))
-    for seed in (0, 1):  # 0.5 - 0.25 on both seeds: exactly 0.25 in binary
-        write_curve(protocol, "low", seed, [(0, 0.25), (1, 0.5)], best_step=1, latest_step=1)
+    for seed, off in ((0, -2**-10), (1, 2**-10)):  # rises of 0.25 -+ 2^-10: a mean of exactly 0.25 in binary
+        write_curve(protocol, "low", seed, [(0, 0.25), (1, 0.5 + off)], best_step=1, latest_step=1)
     result = measure(protocol, locate(protocol))
-    assert result["mean"] == 0.25 and result["status"] == "passed"
+    assert result["mean"] == 0.25 and result["ci_low"] == pytest.approx(0.25 - 12.706204736174707 * 2**-10)
+    assert result["status"] == "passed"
     write_curve(protocol, "low", 1, [(0, 0.25), (1, 0.5 - 2**-20)], best_step=1, latest_step=1)
     assert measure(protocol, locate(protocol))["status"] == "failed"
 

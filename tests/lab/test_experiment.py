@@ -400,9 +400,10 @@ def test_a_protocol_that_requires_another_runs_only_after_that_result(tmp_path):
     report(0.15, runs=3)
     with pytest.raises(ConfigError, match=r"which has not finished \(high/seed1\)"):
         experiment.check_requirements(protocol)
-    report(0.15, status="failed")
-    with pytest.raises(ConfigError, match="whose calibration failed: nothing of 'smoke' runs"):
-        experiment.check_requirements(protocol)
+    for status in ("failed", "spread not estimable"):  # neither ran the comparison the requirement reads
+        report(0.15, status=status)
+        with pytest.raises(ConfigError, match=rf"whose calibration did not pass \({status}\): nothing of 'smoke' runs"):
+            experiment.check_requirements(protocol)
     report(0.05)
     with pytest.raises(ConfigError, match=r"high - low, val/avg@k on split report, \+0.050 \[-0.050, \+0.150\], "
                                           r"below 0.1: nothing of 'smoke' runs \(a control that cannot"):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from scipy import stats as scipy_stats
 
-from tests.lab.test_calibration import FakeRunner, three_arms
+from tests.lab.test_calibration import FakeRunner, control_end, three_arms
 from tests.lab.test_experiment import CLEAN, fake_run, write_config, write_protocol
 from tether.config import ConfigError
 from tether.lab import experiment, report, stats
@@ -26,7 +26,7 @@ DIRTY = {"commit": "d" * 40, "clean": False, "changed": ["tether/lab/stats.py"]}
 
 @pytest.fixture
 def fake_runner(monkeypatch):
-    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, 0.45), "mid": (0.2, 0.3)},
+    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, control_end), "mid": (0.2, 0.3)},
                         endpoint={"low": 0.3, "high": 0.5, "mid": 0.3})
     monkeypatch.setattr(experiment, "train_one", runner.train_one)
     monkeypatch.setattr(experiment, "run_one", runner.run_one)
@@ -191,14 +191,15 @@ def test_a_run_on_another_commit_or_an_unclean_tree_is_flagged(tmp_path, monkeyp
 
 
 def report_of(tmp_path, monkeypatch, endpoint_values, **changes):
-    """The report of finished fake runs with ``endpoint_values[arm][seed]`` (calibration passing)."""
+    """The report of finished fake runs with ``endpoint_values[arm][seed]`` (calibration passing: lifts of 0.2
+    plus 0.01 x seed, a spread)."""
     monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
     path = three_arms(tmp_path, **changes)
     protocol = load_protocol(path)
     experiment.registration(protocol, path, dict(CLEAN))  # the lock a first run would have written
     for arm, per_seed in endpoint_values.items():
         for seed, value in per_seed.items():
-            fake_run(protocol, arm, seed, start=0.2, end=0.5 if arm == "high" else 0.3, value=value,
+            fake_run(protocol, arm, seed, start=0.2, end=0.5 + 0.01 * seed if arm == "high" else 0.3, value=value,
                      step=2 if seed == 1 else 1)
     return run_experiment(path, report_only=True)
 
@@ -412,15 +413,16 @@ def test_a_compared_arm_without_data_still_counts_in_holms_family(tmp_path, monk
 
 def test_no_comparison_is_labelled_on_its_data_before_the_calibration_passed():
     """A clear gain (p ~ 1e-4) is labelled better after a passed calibration only: inconclusive while the calibration
-    is incomplete, not testable after it failed."""
+    is incomplete or its spread is not estimable (neither passed nor failed), not testable after it failed."""
     base = dict(zip(SEEDS, BASE, strict=True))
     arm = shifted(0.2, 0.02)
     labels = {}
-    for status in ("passed", "incomplete", "failed"):
+    for status in ("passed", "incomplete", "spread not estimable", "failed"):
         comparisons = {"high": report.compare(arm, base)}
         report.label_family(comparisons, 0.1, {"status": status})
         labels[status] = comparisons["high"]["label"]
-    assert labels == {"passed": stats.BETTER, "incomplete": stats.INCONCLUSIVE, "failed": stats.NOT_TESTABLE}
+    assert labels == {"passed": stats.BETTER, "incomplete": stats.INCONCLUSIVE,
+                      "spread not estimable": stats.INCONCLUSIVE, "failed": stats.NOT_TESTABLE}
 
 
 def test_a_study_locked_by_an_older_tether_resumes_and_reports(tmp_path, monkeypatch, fake_runner):

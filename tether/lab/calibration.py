@@ -13,8 +13,12 @@ movement per seed is
 
 The calibration passes when the mean movement over its seeds reaches ``min_movement`` and its 95% interval lies
 above 0: a mean alone let noise pass (with 5 seeds, 38 of 400 calibrations of runs that did not move reached a
-``min_movement`` of 0.05), so the movement must also be told apart from none. It is incomplete while a run it needs
-has not finished training, or lacks a validation it reads, or that validation is not finite.
+``min_movement`` of 0.05), so the movement must also be told apart from none. Each movement is a paired difference
+(control minus baseline, start minus end, end minus start), read as a comparison's is (:func:`stats.paired_difference`):
+movements all equal (up to float rounding) have no spread, so no interval, and a mean that reaches ``min_movement``
+is then *spread not estimable*, not passed (a zero-width interval "above 0" passed such a calibration on its mean
+alone); a mean below it fails all the same. It is incomplete while a run it needs has not finished training, or
+lacks a validation it reads, or that validation is not finite.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from tether.track import read_metrics
 
 BEST_STEP = re.compile(r"step=(\d+)")
 PASSED, FAILED, INCOMPLETE = "passed", "failed", "incomplete"
+# neither passed nor failed: the mean reaches the minimum, but equal movements give no interval to hold above 0
+NOT_ESTIMABLE = stats.SPREAD_NOT_ESTIMABLE
 
 
 def selection_values(directory: Path, metric: str) -> dict[int, float]:
@@ -86,32 +92,38 @@ def measure(protocol: Protocol, locate: Callable[[str, int], Path]) -> dict[str,
     if missing:
         return {**result, "status": INCOMPLETE, "per_seed": {}, "mean": None}
     try:
-        per_seed = {seed: movement(protocol, locate, seed) for seed in seeds}
+        ends = {seed: movement_ends(protocol, locate, seed) for seed in seeds}
     except RuntimeError as err:  # a trained run without the validation the calibration reads
         return {**result, "status": INCOMPLETE, "per_seed": {}, "mean": None, "missing": [str(err)]}
-    ci = stats.mean_ci(list(per_seed.values()))
-    status = PASSED if passes(ci, c.min_movement) else FAILED
-    return {**result, "status": status, "per_seed": per_seed, "mean": ci.mean, "ci_low": ci.low,
-            "ci_high": ci.high}
+    diff = stats.paired_difference({s: e[0] for s, e in ends.items()}, {s: e[1] for s, e in ends.items()})
+    return {**result, "status": verdict(diff, c.min_movement), "per_seed": {s: a - b for s, (a, b) in ends.items()},
+            "mean": diff.mean, "ci_low": diff.low, "ci_high": diff.high}
 
 
-def passes(ci: stats.Interval, min_movement: float) -> bool:
-    """The mean reaches ``min_movement`` and the 95% interval lies above 0 (a single seed has no interval: never)."""
-    return ci.mean >= min_movement and ci.low > 0
+def verdict(diff: stats.Interval, min_movement: float) -> str:
+    """Passed when the mean reaches ``min_movement`` and the 95% interval lies above 0 (a single seed has no
+    interval: never); failed when either falls short, except that a mean which reaches it with movements all equal
+    (:func:`stats.spread_not_estimable`) is neither: there is no interval to hold above 0, yet nothing shows the
+    setting cannot move the endpoint either."""
+    if diff.mean < min_movement:
+        return FAILED
+    if stats.spread_not_estimable(diff):
+        return NOT_ESTIMABLE
+    return PASSED if diff.low > 0 else FAILED
 
 
-def movement(protocol: Protocol, locate: Callable[[str, int], Path], seed: int) -> float:
+def movement_ends(protocol: Protocol, locate: Callable[[str, int], Path], seed: int) -> tuple[float, float]:
+    """The two values one seed's movement is the difference of (the first minus the second)."""
     c = protocol.calibration
     metric, at = protocol.endpoint.metric, c.end_at(protocol.endpoint.at)
     arm = c.measured_arm(protocol.baseline)
     if c.kind == "positive_control":
-        return (value_at(locate(arm, seed), metric, endpoint_step(locate(arm, seed), at))
-                - value_at(locate(protocol.baseline, seed), metric,
-                           endpoint_step(locate(protocol.baseline, seed), at)))
+        return (value_at(locate(arm, seed), metric, endpoint_step(locate(arm, seed), at)),
+                value_at(locate(protocol.baseline, seed), metric, endpoint_step(locate(protocol.baseline, seed), at)))
     directory = locate(arm, seed)
     start = value_at(directory, metric, 0)
     end = value_at(directory, metric, endpoint_step(directory, at))
-    return start - end if c.kind == "fall" else end - start
+    return (start, end) if c.kind == "fall" else (end, start)
 
 
 def value_at(directory: Path, metric: str, step: int) -> float:

@@ -42,7 +42,7 @@ from typing import Any
 import tether
 from tether.config import Config, ConfigError, move_saved_keys
 from tether.files import append_jsonl, write_text_atomic
-from tether.lab.calibration import FAILED, PASSED, endpoint_step, measure, trained
+from tether.lab.calibration import PASSED, endpoint_step, measure, trained
 from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
 from tether.lab.protocol_checks import check_protocol, endpoint_split_overrides
 from tether.lab.report import unfinished, write_report
@@ -387,9 +387,9 @@ def check_requirements(protocol: Protocol) -> list[str]:
         problems = unfinished(data)
         if problems:
             raise ConfigError(f"requires {r.protocol}, which has not finished ({'; '.join(problems[:3])})")
-        if data["calibration"]["status"] == FAILED:
-            raise ConfigError(f"requires {r.protocol}, whose calibration failed: nothing of {protocol.name!r} runs "
-                              f"({r.why})")
+        if data["calibration"]["status"] != PASSED:  # failed, or its spread not estimable: no comparison ran
+            raise ConfigError(f"requires {r.protocol}, whose calibration did not pass "
+                              f"({data['calibration']['status']}): nothing of {protocol.name!r} runs ({r.why})")
         metric = other.endpoint.metric
         c = data["summary"][metric]["versus_baseline"][r.arm]
         read = (f"{r.protocol}: {r.arm} - {other.baseline}, {metric} on split {other.endpoint.split}, "

@@ -82,7 +82,8 @@ def compare(arm: dict[int, float], base: dict[int, float]) -> dict[str, Any]:
 
 def label_family(comparisons: dict[str, dict[str, Any]], delta: float, calibration: dict[str, Any]) -> None:
     """Holm over the protocol's comparisons, then each one's label; none is labelled on its data unless the
-    calibration passed: a failed one makes every comparison *not testable in this setting*."""
+    calibration passed: a failed one makes every comparison *not testable in this setting*, one not measured yet or
+    whose spread is not estimable (it showed neither) *inconclusive*."""
     adjusted = stats.holm([c["p"] for c in comparisons.values()])
     family = len(comparisons)
     for c, p_holm in zip(comparisons.values(), adjusted, strict=True):
@@ -254,7 +255,8 @@ def markdown(protocol: Protocol, data: dict[str, Any]) -> str:
               f"α = {stats.ALPHA}): *better* / *worse*: the Holm-adjusted p-value of the paired t test is below α "
               "(the sign of the difference gives which); *no effect of size delta*: the whole equivalence interval "
               f"(the 1 − α/{len(protocol.compared())} interval: Bonferroni over the comparisons) lies inside "
-              f"±{protocol.test_size.delta:g}; *inconclusive*: neither (or no paired seed); *spread not "
+              f"±{protocol.test_size.delta:g}; *inconclusive*: neither (or no paired seed, or a calibration "
+              "neither passed nor failed: its movements all equal, so its spread not estimable); *spread not "
               "estimable*: the paired differences are all equal, so no p-value or interval can be computed from "
               "them; *not testable in this setting*: the calibration failed, so nothing is labelled on its data.", ""]
     return "\n".join(lines)
@@ -332,7 +334,8 @@ def write_report(protocol: Protocol, records: list[dict[str, Any]], reg: dict[st
 
 def unfinished(data: dict[str, Any]) -> list[str]:
     """What keeps a reported study from being finished (failed runs, the calibration's missing runs, or runs of
-    the comparison without an endpoint); empty when finished. A failed calibration finishes a study."""
+    the comparison without an endpoint); empty when finished. A calibration that did not pass finishes a study
+    (failed, or its spread not estimable: its seeds would give the same movements again)."""
     protocol = Protocol.model_validate(data["protocol"])
     status = data["calibration"]["status"]
     done = {(r["arm"], r["seed"]) for r in data["runs"]}
@@ -345,8 +348,8 @@ def unfinished(data: dict[str, Any]) -> list[str]:
 
 def publish_report(data: dict[str, Any], dest: str | Path) -> Path:
     """Copy a finished study's report, per-seed table and lock(s) into ``dest`` (``docs/results/<study>``), to be
-    committed. A study is finished when no run failed or is missing and either the calibration failed (nothing
-    else runs) or every (arm, seed) has its endpoint.
+    committed. A study is finished when no run failed or is missing and either the calibration did not pass
+    (nothing else runs) or every (arm, seed) has its endpoint.
 
     Raises:
         ConfigError: the study is not finished (what is missing).
