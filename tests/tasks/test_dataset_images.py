@@ -206,3 +206,40 @@ def test_the_collector_refuses_a_text_tokenizer_for_image_rows(tmp_path, tokeniz
     with pytest.raises(ValueError, match=r"^the task's prompts carry images \(image\), but the policy .* came with a "
                                          r"text tokenizer: use a vision-language model"):
         collector(task, tokenizer, tmp_path)
+
+
+def test_validate_counts_an_image_prompts_expanded_tokens_against_the_context(tmp_path):
+    """A row whose text fits tiny-qwen2.5-vl's context but whose image's tokens push it past: validate refuses it,
+    naming the row, its column and the lengths the processor gives (before, validate passed it and the HF engine
+    generated past the context without a word)."""
+    from tether.models.vision import TINY_VLM_CONTEXT, tiny_vlm_processor
+
+    rows = image_rows(tmp_path, n=4)
+    rows[0]["prompt"] = " ".join(["word"] * (TINY_VLM_CONTEXT - 16))
+    Image.new("RGB", (112, 112), COLOURS[0]).save(tmp_path / "imgs" / "0.png")  # the most pixels: 16 tokens
+    path = jsonl(tmp_path, rows)
+    cfg = tiny_config(tmp_path, "rollout.max_new_tokens=4", model={"name": "tiny-qwen2.5-vl"},
+                      task={"name": "dataset", "kwargs": {"path": str(path), "val_size": 1}})
+    processor = tiny_vlm_processor("qwen2_5_vl")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": rows[0]["prompt"]}]}]
+    want_ids, _ = reference(processor, messages, [opened(tmp_path / "imgs" / "0.png")])
+    image_tokens = want_ids.count(processor.image_token_id)
+    assert image_tokens == 16 and len(want_ids) - image_tokens < TINY_VLM_CONTEXT < len(want_ids)
+    with pytest.raises(ConfigError) as err:
+        check_config(cfg)
+    assert (f"the prompt at row 0 of {path}, column 'image' (1 image(s): {image_tokens} tokens) is {len(want_ids)} "
+            f"tokens with the chat template; the context of tiny-qwen2.5-vl is {TINY_VLM_CONTEXT} tokens"
+            ) in str(err.value)
+
+
+def test_longest_prompts_of_a_data_set_take_the_largest_images_too(tmp_path):
+    """An image's tokens grow with its pixels, not the text: the row with the largest image is among the prompts the
+    context check encodes even when every other row's text is longer; each comes as the collector sends it."""
+    rows = image_rows(tmp_path, n=6)
+    for row in rows[1:]:
+        row["prompt"] = "a longer question about the picture?"
+    Image.new("RGB", (300, 200), (1, 2, 3)).save(tmp_path / "imgs" / "0.png")
+    path = jsonl(tmp_path, rows)
+    found = DatasetTask.longest_prompts(2, path=str(path), system_prompt="Be brief.", prompt_template="Q: {question}")
+    assert [where for where, *_ in found] == [f"row {i} of {path}, column 'image'" for i in (1, 2, 0, 5)]
+    assert found[2][1:] == ("Q: What colour is this?", "Be brief.", (str(tmp_path / "imgs" / "0.png"),))

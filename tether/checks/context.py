@@ -1,12 +1,18 @@
 """Prompts and responses that do not fit the policy's context, found before its weights load.
 
-The model's ``config.json`` gives the context (``max_position_embeddings``; tether's char and tiny models have a
-known one), and the tokenizer alone counts a prompt's tokens, rendered as train renders them (:func:`policy_tokenizer`:
-``model.chat_template`` set on it when the config names one, then :func:`tether.models.encode_chat`). Which prompts: a
-task class
-may offer ``longest_prompts(limit, **kwargs)``, its longest prompts by characters (the jsonl task reads them from its
-files); only those ``limit`` are tokenised, so the cost is a tokenizer load and a few encodings, not the data set.
-Tasks that generate their prompts and environments, whose observations grow turn by turn, are not checked.
+The model's ``config.json`` gives the context (``max_position_embeddings``, a vision-language model's text model's;
+tether's char, tiny and tiny VLM models have a known one), and the tokenizer alone counts a prompt's tokens, rendered
+as train renders them (:func:`policy_tokenizer`: ``model.chat_template`` set on it when the config names one, then
+:func:`tether.models.encode_chat`). A vision-language policy's prompts are counted by its processor alone
+(:func:`policy_processor`), a prompt with images as the collector encodes it
+(:func:`tether.models.vision.encode_vision_messages`): each image expands to as many tokens as the processor gives
+its size (Qwen2-VL: one per 28x28 pixels, after resizing), which the text alone does not show.
+
+Which prompts: a task class may offer ``longest_prompts(limit, **kwargs)``, ``(where, prompt, system, images)`` of its
+longest prompts (the jsonl task's by characters, from its files; the dataset task's by characters and by image pixels,
+from its local sources); only those are encoded, so the cost is a tokenizer or processor load and a few encodings,
+not the data set. Tasks that generate their prompts and environments, whose observations grow turn by turn, are not
+checked.
 """
 
 from __future__ import annotations
@@ -61,10 +67,11 @@ def warn_context(cfg: Config, found: Findings) -> None:
 
 
 def prompt_lengths(cfg: Config) -> list[tuple[int, str]]:
-    """``(tokens, where)`` of the task's longest prompts, rendered as train renders them (:func:`policy_tokenizer`);
-    empty where the task offers none, its data is bad (which :func:`tether.checks.machine.check_workload_inputs`
-    reports), or the tokenizer cannot be loaded alone."""
-    from tether.models.chat import NO_CHAT_TEMPLATE, encode_chat
+    """``(tokens, where)`` of the task's longest prompts, rendered as train renders them (:func:`policy_tokenizer`,
+    or a vision-language policy's :func:`policy_processor`; ``where`` says how many of a prompt's tokens its images
+    are); empty where the task offers none, its data is bad (which
+    :func:`tether.checks.machine.check_workload_inputs` reports), or the tokenizer cannot be loaded alone."""
+    from tether.models.chat import NO_CHAT_TEMPLATE
 
     section, cls = workload_class(cfg)
     hook = getattr(cls, "longest_prompts", None) if section == "task" else None
@@ -76,12 +83,29 @@ def prompt_lengths(cfg: Config) -> list[tuple[int, str]]:
         return []
     if not prompts:
         return []
-    tokenizer = policy_tokenizer(cfg)
-    if tokenizer is None:
+    encoder = policy_processor(cfg) if is_vision_model(cfg.model.name) else policy_tokenizer(cfg)
+    if encoder is None:
         return []
     with warnings.catch_warnings():  # a tokenizer without a template is one warning line of its own check
         warnings.filterwarnings("ignore", message=re.escape(NO_CHAT_TEMPLATE))
-        return [(len(encode_chat(tokenizer, user, system=system)), where) for where, user, system in prompts]
+        return [prompt_length(encoder, *entry) for entry in prompts]
+
+
+def prompt_length(encoder: Any, where: str, prompt: Any, system: str | None,
+                  images: tuple[Any, ...]) -> tuple[int, str]:
+    """``(tokens, where)`` of one prompt: a text as :func:`tether.models.encode_chat` renders it; one with images as
+    the collector encodes it (:func:`tether.tasks.images.prompt_messages`, the processor), ``where`` then saying how
+    many tokens its images expanded to."""
+    from tether.models.chat import encode_chat
+    from tether.models.vision import encode_vision_messages
+    from tether.tasks.images import open_image, prompt_messages
+
+    if not images:
+        return len(encode_chat(encoder, prompt, system=system)), where
+    ids = encode_vision_messages(encoder, prompt_messages(prompt, len(images), system), list(map(open_image, images)))
+    # each image's one placeholder in the templated text became the processor's expansion of it
+    image_tokens = len(ids) - len(ids.template_ids) + len(images)
+    return len(ids), f"{where} ({len(images)} image(s): {image_tokens} tokens)"
 
 
 def policy_tokenizer(cfg: Config) -> Any | None:
@@ -101,15 +125,59 @@ def policy_tokenizer(cfg: Config) -> Any | None:
     return tokenizer
 
 
+def policy_processor(cfg: Config) -> Any | None:
+    """A vision-language policy's processor, loaded alone (no weights), with ``model.chat_template`` set on it as
+    train sets it; None where it cannot be loaded alone or the template file is bad."""
+    from tether.models.chat_template import apply_chat_template
+
+    processor = load_processor(cfg.model.name)
+    if processor is None:
+        return None
+    try:
+        apply_chat_template(processor, cfg.model.chat_template)
+    except ValueError:
+        return None
+    return processor
+
+
+def is_vision_model(name: str) -> bool:
+    """Whether model ``name`` is a vision-language model (a tiny VLM, or a ``config.json`` with a ``vision_config``),
+    read without its weights; False where its config is not here."""
+    from tether.models.loading import cache_root
+    from tether.models.policy import TINY_VLMS
+
+    if name in TINY_VLMS:
+        return True
+    directory = _model_dir(name, cache_root() / "models" / name)
+    return directory is not None and "vision_config" in _config_json(directory / "config.json")
+
+
+def load_processor(name: str) -> Any | None:
+    """The processor of vision-language model ``name``, without its weights: a tiny VLM's built alone, a
+    directory's through ``AutoProcessor``; None where it cannot be loaded here."""
+    from tether.models.loading import cache_root
+    from tether.models.policy import TINY_VLMS
+    from tether.models.vision import tiny_vlm_processor
+
+    if name in TINY_VLMS:
+        return _quietly(lambda: tiny_vlm_processor(TINY_VLMS[name]))
+    directory = _model_dir(name, cache_root() / "models" / name)
+    return None if directory is None else _quietly(lambda: _auto_processor(directory))
+
+
 def model_context(name: str) -> int | None:
     """The policy's context (``max_position_embeddings``), without its weights; None where it is not known so."""
     from tether.models.char import CHAR_CONTEXT, parse_char_alias
     from tether.models.loading import TINY_ALIAS, TINY_CONTEXT, cache_root
+    from tether.models.policy import TINY_VLMS
+    from tether.models.vision import TINY_VLM_CONTEXT
 
     if parse_char_alias(name) is not None:
         return CHAR_CONTEXT
     if TINY_ALIAS.fullmatch(name):
         return TINY_CONTEXT
+    if name in TINY_VLMS:
+        return TINY_VLM_CONTEXT
     directory = _model_dir(name, cache_root() / "models" / name)
     return None if directory is None else _max_positions(directory / "config.json")
 
@@ -183,15 +251,29 @@ def hub_file(repo_id: str, filename: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def _max_positions(config: Path) -> int | None:
+def _config_json(config: Path) -> dict[str, Any]:
+    """``config.json``'s fields; empty where it cannot be read."""
     try:
         data = json.loads(config.read_text())
     except (OSError, ValueError):
-        return None
-    if "vision_config" in data:  # a VLM's prompts carry images, which a tokenizer alone cannot count
-        return None
-    value = data.get("max_position_embeddings")
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _max_positions(config: Path) -> int | None:
+    """``max_position_embeddings`` of ``config``: a vision-language model's text model's (``text_config``, where
+    Idefics3 and newer Qwen2-VL configs keep it), else its own."""
+    data = _config_json(config)
+    text = data.get("text_config")
+    value = text.get("max_position_embeddings") if isinstance(text, dict) else None
+    value = value if isinstance(value, int) else data.get("max_position_embeddings")
     return value if isinstance(value, int) else None
+
+
+def _auto_processor(directory: Path) -> Any:
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(directory)
 
 
 def _auto_tokenizer(directory: Path) -> Any:

@@ -325,6 +325,7 @@ TINY_CHAT_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 TINY_VLM_FAMILIES = ("qwen2_5_vl", "idefics3")
+TINY_VLM_CONTEXT = 4096  # max_position_embeddings of both tiny VLMs' text models
 
 
 def tiny_vlm(family: str = "qwen2_5_vl", seed: int = 0, *, tokenizer: Any = None) -> tuple[Any, Any]:
@@ -338,35 +339,47 @@ def tiny_vlm(family: str = "qwen2_5_vl", seed: int = 0, *, tokenizer: Any = None
     Returns:
         (model in eval mode, processor).
     """
+    processor = tiny_vlm_processor(family, tokenizer=tokenizer)
+    build = _tiny_qwen2_5_vl if family == "qwen2_5_vl" else _tiny_idefics3
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build(processor)
+    return model.eval(), processor
+
+
+def tiny_vlm_processor(family: str = "qwen2_5_vl", *, tokenizer: Any = None) -> Any:
+    """The processor of :func:`tiny_vlm`, built alone (no model): what the context check encodes prompts with."""
     from tether.models.loading import prepare_tokenizer, smollm2_tokenizer
 
     if family not in TINY_VLM_FAMILIES:
         raise ValueError(f"unknown tiny VLM family {family!r}; known: {', '.join(TINY_VLM_FAMILIES)}")
-    tokenizer = tokenizer if tokenizer is not None else smollm2_tokenizer()
-    build = _tiny_qwen2_5_vl if family == "qwen2_5_vl" else _tiny_idefics3
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model, processor = build(prepare_tokenizer(tokenizer))
-    return model.eval(), processor
+    tokenizer = prepare_tokenizer(tokenizer if tokenizer is not None else smollm2_tokenizer())
+    build = _tiny_qwen2_5_vl_processor if family == "qwen2_5_vl" else _tiny_idefics3_processor
+    return build(tokenizer)
 
 
 def _text_fields(tokenizer: Any) -> dict[str, Any]:
     return dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.1,
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=TINY_VLM_CONTEXT,
+                initializer_range=0.1, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                 pad_token_id=tokenizer.pad_token_id)
 
 
-def _tiny_qwen2_5_vl(tokenizer: Any) -> tuple[Any, Any]:
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+def _tiny_qwen2_5_vl_processor(tokenizer: Any) -> Any:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|vision_end|>",
                                                                 "<|image_pad|>", "<|video_pad|>"]})
     template = TINY_CHAT_TEMPLATE.replace("{{ image_slot }}", "<|vision_start|><|image_pad|><|vision_end|>")
-    processor = _image_only_qwen_processor()(image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4,
-                                                                                      max_pixels=28 * 28 * 16),
-                                             tokenizer=tokenizer, chat_template=template)
+    return _image_only_qwen_processor()(image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4,
+                                                                                   max_pixels=28 * 28 * 16),
+                                          tokenizer=tokenizer, chat_template=template)
+
+
+def _tiny_qwen2_5_vl(processor: Any) -> Any:
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = processor.tokenizer
     text = _text_fields(tokenizer) | {"rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
     vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                   fullatt_block_indexes=[1], window_size=56, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
@@ -375,7 +388,7 @@ def _tiny_qwen2_5_vl(tokenizer: Any) -> tuple[Any, Any]:
                               vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                               pad_token_id=tokenizer.pad_token_id)
-    return Qwen2_5_VLForConditionalGeneration(config), processor
+    return Qwen2_5_VLForConditionalGeneration(config)
 
 
 def _image_only_qwen_processor() -> type:
@@ -396,19 +409,25 @@ def _image_only_qwen_processor() -> type:
     return ImageOnlyQwen2_5_VLProcessor
 
 
-def _tiny_idefics3(tokenizer: Any) -> tuple[Any, Any]:
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+def _tiny_idefics3_processor(tokenizer: Any) -> Any:
+    from transformers import Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     tokenizer.add_special_tokens({"additional_special_tokens": ["<fake_token_around_image>", "<image>",
                                                                 "<global-img>"]})
     image_processor = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 64},
                                                 max_image_size={"longest_edge": 64})
-    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4,
-                                  chat_template=TINY_CHAT_TEMPLATE.replace("{{ image_slot }}", "<image>"))
+    return Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4,
+                             chat_template=TINY_CHAT_TEMPLATE.replace("{{ image_slot }}", "<image>"))
+
+
+def _tiny_idefics3(processor: Any) -> Any:
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    tokenizer = processor.tokenizer
     config = Idefics3Config(text_config={"model_type": "llama", **_text_fields(tokenizer)},
                             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                                num_attention_heads=2, image_size=64, patch_size=16),
                             image_token_id=tokenizer.convert_tokens_to_ids("<image>"), scale_factor=2,
                             pad_token_id=tokenizer.pad_token_id)
-    return Idefics3ForConditionalGeneration(config), processor
+    return Idefics3ForConditionalGeneration(config)

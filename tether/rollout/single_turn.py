@@ -22,7 +22,7 @@ from tether.rollout.batch import RolloutBatch, zero_variance_groups
 from tether.seeding import derive_seed
 from tether.tasks import metrics as task_metrics
 from tether.tasks.base import prompt_text, score_batch, task_split
-from tether.tasks.images import image_key, open_image, with_image_parts
+from tether.tasks.images import image_key, open_image, prompt_messages
 from tether.track.progress import CountProgress
 
 if TYPE_CHECKING:
@@ -144,9 +144,7 @@ class SingleTurnCollector:
         if key in self._visual_cache:
             self._visual_cache.move_to_end(key)
             return self._visual_cache[key]
-        messages = with_image_parts(item.prompt, len(item.images))
-        if self.task.system_prompt is not None:
-            messages.insert(0, {"role": "system", "content": self.task.system_prompt})
+        messages = prompt_messages(item.prompt, len(item.images), self.task.system_prompt)
         ids = encode_vision_messages(self.tokenizer, messages, [open_image(image) for image in item.images])
         self._visual_cache[key] = ids
         if len(self._visual_cache) > VISUAL_PROMPTS_KEPT:

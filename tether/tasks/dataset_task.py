@@ -23,6 +23,7 @@ dataset (``val_split``); training rows whose prompt is in val or report are drop
 from __future__ import annotations
 
 import glob
+import heapq
 import inspect
 import reprlib
 import tempfile
@@ -38,6 +39,7 @@ from tether.tasks.extract import check_extract_mode, check_template, format_prom
 from tether.tasks.images import (
     CONTENT_PARTS,
     column_images,
+    image_area,
     image_column,
     image_key,
     part_images,
@@ -328,7 +330,48 @@ class DatasetTask(JsonlTask):
         # where the images come from, for the check that the policy reads them (None: a text task)
         self.image_column = next((row.image_source for rows in parts.values() for row in rows if row.images), None)
 
-    longest_prompts = None  # the context check reads jsonl files by column; a dataset's rows are read by the run
+    @staticmethod
+    def longest_prompts(limit: int, *, path: str, config: str | None = None, name: str | None = None,
+                        data_files: DataFiles | None = None, split: str = "train", val_split: str | None = None,
+                        val_path: str | None = None, prompt_field: str = "prompt", format_fn: str | None = None,
+                        system_prompt: str | None = None, prompt_template: str = "{question}",
+                        **_: Any) -> list[tuple[str, Any, str | None, tuple[Any, ...]]]:
+        """The longest prompts of the local sources, as the collector sends them, for the context check of
+        :mod:`tether.checks.context`: the ``limit`` longest by characters and, of rows with images, the ``limit``
+        with the most pixels (read from the images' headers), since an image's tokens grow with its size, not with
+        the text. A Hub id is left to the run, as :meth:`check_inputs` leaves it.
+
+        Returns:
+            ``(where, prompt, system message, images)`` each: ``where`` names the row, its source and its image
+            column; ``prompt`` a text or a conversation (image parts bare), as an item holds it.
+
+        Raises:
+            ValueError: a row :meth:`check_inputs` or the task would refuse.
+        """
+        fn = load_format_fn(format_fn)
+        key = "prompt" if fn else prompt_field
+        sources = [("path", (path, split, data_files))]
+        if val_path is not None or val_split is not None:
+            sources.append(("val_path", (val_path or path, val_split or split, None if val_path else data_files)))
+        found = []
+        for setting, (source, split_name, files) in _unique(sources):  # data_files may be a dict: not hashable
+            if not _is_local(source, setting, files):
+                continue
+            base = data_folder(source, files, split_name)
+            for i, row in enumerate(load_split(source, config or name, split_name, files)):
+                values = _apply(fn, format_fn, row, i) if fn else row
+                if not isinstance(values.get(key), (str, list)):
+                    continue  # check_inputs names the row
+                if isinstance(values[key], list):  # past the rows check_inputs reads, a bad one is still one line
+                    check_messages(values[key], f"column {key!r} of row {i} of {source}")
+                images, origin = row_images(values, key, base)
+                prompt = task_prompt(bare_prompt(values[key], images), prompt_template, system_prompt)
+                where = f"row {i} of {source}" + (f", column {origin!r}" if images else "")
+                system = system_prompt if isinstance(prompt, str) else None
+                found.append((len(prompt_text(prompt)), sum(map(image_area, images)), where, prompt, system, images))
+        longest = heapq.nlargest(limit, found, key=lambda entry: entry[0])
+        largest = heapq.nlargest(limit, (entry for entry in found if entry[1]), key=lambda entry: entry[1])
+        return list({entry[2]: entry[2:] for entry in longest + largest}.values())  # a row in both rankings once
 
     @property
     def train(self) -> list[TaskItem]:
@@ -446,15 +489,8 @@ class DatasetTask(JsonlTask):
 
     def _row_item(self, read: Row, source: str, split: str, index: int) -> TaskItem:
         row = read.values
-        prompt = self._prompt_value(row)
-        if read.images and not isinstance(prompt, str):
-            prompt = without_image_data(prompt)
-        if isinstance(prompt, str):
-            text = format_prompt(self.prompt_template, prompt)
-        else:
-            has_system = prompt[0]["role"] == "system"
-            text = prompt if has_system or self._system is None else [{"role": "system", "content": self._system},
-                                                                        *prompt]
+        prompt = bare_prompt(self._prompt_value(row), read.images)
+        text = task_prompt(prompt, self.prompt_template, self._system)
         if self.answer_field is not None and self.answer_field not in row:
             raise KeyError(f"row has no answer column {self.answer_field!r} (columns: {', '.join(row)}); set "
                            "answer_field=... (or answer_field: null when the rewards need no gold answer)")
@@ -472,6 +508,21 @@ class DatasetTask(JsonlTask):
         if item.answer is None and self.answer_field is None:
             return Score(self.reward_map.wrong, False, response_text)
         return super().score(item, response_text)
+
+
+def bare_prompt(prompt: str | list[dict[str, Any]], images: tuple[Any, ...]) -> str | list[dict[str, Any]]:
+    """A row's prompt with its image parts bare (:func:`~tether.tasks.images.without_image_data`) when it has
+    images: they travel beside it."""
+    return without_image_data(prompt) if images and not isinstance(prompt, str) else prompt
+
+
+def task_prompt(prompt: str | list[dict[str, Any]], template: str, system: str | None) -> str | list[dict[str, Any]]:
+    """An item's prompt: a text filled into ``template``; a conversation as it is, ``system`` first unless it opens
+    with a system message of its own."""
+    if isinstance(prompt, str):
+        return format_prompt(template, prompt)
+    return prompt if prompt[0]["role"] == "system" or system is None else [{"role": "system", "content": system},
+                                                                           *prompt]
 
 
 def _unique(sources: list[tuple[str, Source]]) -> list[tuple[str, Source]]:

@@ -70,6 +70,15 @@ def with_image_parts(prompt: str | list[dict[str, Any]], count: int) -> list[dic
     return messages
 
 
+def prompt_messages(prompt: str | list[dict[str, Any]], count: int, system: str | None) -> list[dict[str, Any]]:
+    """The conversation a prompt with ``count`` images is encoded as (:func:`with_image_parts`, ``system`` first when
+    given): what the collector hands the processor, and what the context check counts."""
+    messages = with_image_parts(prompt, count)
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
 def resolve_image(value: Any, base: Path) -> Any:
     """An image's source as :func:`open_image` reads it: a PIL image or bytes as they are, a ``{"bytes", "path"}``
     dict as its bytes (else its path), a path made absolute against ``base``; its header checked.
@@ -130,6 +139,17 @@ def open_image(source: Any) -> Any:
         return source.convert("RGB")
     with Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source) as image:
         return image.convert("RGB")
+
+
+def image_area(source: Any) -> int:
+    """Pixels of a source of :func:`resolve_image`, read from its header (nothing decoded): how many tokens a processor
+    that tiles or resizes by area gives it grows with it."""
+    from PIL import Image
+
+    if is_pil_image(source):
+        return source.width * source.height
+    with Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source) as image:
+        return image.width * image.height
 
 
 def image_key(sources: Sequence[Any]) -> str:

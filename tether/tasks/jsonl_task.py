@@ -316,12 +316,13 @@ class JsonlTask:
     def longest_prompts(limit: int, *, path: str | None = None, train_path: str | None = None,
                         val_path: str | None = None, prompt_field: str = "prompt",
                         prompt_template: str = DEFAULT_PROMPT_TEMPLATE, system_prompt: str | None = None,
-                        **_: Any) -> list[tuple[str, str, str | None]]:
+                        **_: Any) -> list[tuple[str, str, str | None, tuple[()]]]:
         """The ``limit`` longest prompts of the ``.jsonl`` files by characters, as the collector sends them, for the
         context check of :mod:`tether.checks.context` (counting their tokens needs the tokenizer alone).
 
         Returns:
-            ``(where, user message, system message)`` each, ``where`` being ``"<file> line <n>"``.
+            ``(where, user message, system message, images)`` each, ``where`` being ``"<file> line <n>"``, the
+            images none (a jsonl task's prompts are text).
         """
         found = []
         for file in (path, train_path, val_path):
@@ -330,7 +331,7 @@ class JsonlTask:
             for line, row in numbered_jsonl(Path(file), "task.kwargs", (prompt_field,)):
                 found.append((len(str(row[prompt_field])), f"{file} line {line}", str(row[prompt_field])))
         longest = heapq.nlargest(limit, found, key=lambda entry: entry[0])
-        return [(where, format_prompt(prompt_template, text), system_prompt) for _, where, text in longest]
+        return [(where, format_prompt(prompt_template, text), system_prompt, ()) for _, where, text in longest]
 
     def _load(self, path: str | None, train_path: str | None, val_path: str | None, val_size: int,
               seed: int) -> tuple[list[dict], list[dict], str]:
