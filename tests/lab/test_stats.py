@@ -106,6 +106,7 @@ def test_equal_paired_differences_get_no_p_value_interval_or_label(arm, base):
     assert diff.n == len(seeds) and diff.mean == pytest.approx(sum(direct) / len(direct), abs=1e-15)
     assert diff.sd == 0 and math.isnan(diff.low) and math.isnan(diff.high)
     assert math.isnan(stats.paired_p_value(diff)) and math.isnan(stats.mde(diff.sd, diff.n))
+    assert all(math.isnan(end) for end in stats.equivalence_interval(diff, 2))  # no zero-width [mean, mean]
     assert stats.spread_not_estimable(diff)
     # Holm counts the missing p as 1, and no p-value or interval decides the label
     p_holm = stats.holm([stats.paired_p_value(diff), 0.001])[0]

@@ -155,9 +155,12 @@ def equivalence_interval(diff: Interval, family: int, alpha: float = ALPHA) -> t
     over the ``family`` comparisons Holm corrects. "No effect of size delta" holds when it lies inside ``+-delta``
     (two one-sided tests, each at ``alpha / (2 family)``), so the chance of calling any true effect of size delta
     "no effect" stays within the family's rate, as Holm keeps that of a false better/worse; the unadjusted 95%
-    interval let each comparison of a family make that error at the full rate. Infinite ends below two seeds."""
+    interval let each comparison of a family make that error at the full rate. Infinite ends below two seeds; NaN
+    ends when the spread is not estimable (:func:`spread_not_estimable`), as the 95% interval's."""
     if diff.n < 2 or math.isnan(diff.sd):
         return -math.inf, math.inf
+    if spread_not_estimable(diff):
+        return math.nan, math.nan
     half = stats.t.ppf(1 - alpha / (2 * family), diff.n - 1) * diff.sd / math.sqrt(diff.n)
     return diff.mean - half, diff.mean + half
 
