@@ -142,7 +142,8 @@ def check_messages(value: Any, where: str) -> None:
     for i, message in enumerate(value):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                 and _is_content(message.get("content"))):
-            raise ValueError(f"{where}: message {i} {_message_problem(message)}, not {{'role': str, 'content': str}}")
+            raise ValueError(f"{where}: message {i} {_message_problem(message)}, not "
+                             "{'role': str, 'content': str or text/image parts}")
 
 
 def _is_content(content: Any) -> bool:
