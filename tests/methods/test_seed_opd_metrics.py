@@ -43,8 +43,10 @@ def seed_batch() -> RolloutBatch:
                                "seed_mask": torch.tensor(SKILL, dtype=torch.float32)[:, None] * response})
 
 
-def run_update(**settings) -> dict[str, float]:
-    """Every micro-batch's extra_loss of one update, its metrics folded as the trainer folds them."""
+def run_update(loss_tokens_kept: int | None = None, **settings) -> dict[str, float]:
+    """Every micro-batch's extra_loss of one update, its metrics folded as the trainer folds them: a metric without
+    units by the micro-batch's loss tokens, its response tokens or (``loss_tokens_kept``, as with
+    ``algorithm.mask_truncated``) those of its first rows only."""
     seed = METHODS["seed"](method_config("seed", {"gate_beta": BETA, **settings}))
     batch = seed_batch()
     folded: dict[str, torch.Tensor] = {}
@@ -59,7 +61,8 @@ def run_update(**settings) -> dict[str, float]:
             inputs = LossInputs(log_probs=lp, old_log_probs=lp.detach(), advantages=torch.zeros_like(lp),
                                 response_mask=micro.response_mask,
                                 tokens={"teacher_log_probs": micro.token["teacher_log_probs"]})
-            add_micro_metrics(folded, seed.extra_loss(inputs, micro, ctx), tokens=micro.response_mask.sum())
+            loss_tokens = micro.response_mask[:loss_tokens_kept].sum()
+            add_micro_metrics(folded, seed.extra_loss(inputs, micro, ctx), tokens=loss_tokens)
     return step_values({k: float(v) for k, v in folded.items()}, dict.fromkeys(folded, 1))
 
 
@@ -76,12 +79,14 @@ def expected() -> dict[str, float]:
             "seed/opd_active_token_frac": n / 9}
 
 
+@pytest.mark.parametrize("loss_tokens_kept", [None, 1], ids=["all rows", "truncated rows out of the loss"])
 @pytest.mark.parametrize("global_token_mean", [True, False])
-def test_opd_metrics_are_exact_token_means_over_the_update(global_token_mean):
+def test_opd_metrics_are_exact_token_means_over_the_update(global_token_mean, loss_tokens_kept):
     # Active tokens per micro-batch: 3 (rows 0, 1), 3 (row 2), 1 (row 3). An unweighted mean of the three micro-batch
     # means, a division by response tokens (9) rather than active ones (7), padding read (gap 5) or the loss sum
-    # rescaled by the micro-batch's active count instead of the mini-batch's each give another number here.
-    metrics = run_update(global_token_mean=global_token_mean)
+    # rescaled by the micro-batch's active count instead of the mini-batch's each give another number here; so does
+    # active_token_frac weighted by the loss tokens where those are fewer than the response tokens it is over.
+    metrics = run_update(loss_tokens_kept, global_token_mean=global_token_mean)
     want = expected()
     assert want["seed/opd_raised_frac"] == pytest.approx(4 / 7)  # gaps > 0: 0.25, 0.125, 0.375, 0.625
     for key, value in want.items():

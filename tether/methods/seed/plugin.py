@@ -192,7 +192,8 @@ def opd_metrics(prefix: str, loss_sum: Tensor, active: Tensor, tokens: Tensor,
     """
     metrics = {f"{prefix}loss": loss_sum / active.clamp(min=1), **{f"{prefix}{k}": v for k, v in means.items()},
                f"{prefix}active_token_frac": active / tokens.clamp(min=1)}
-    return metrics, {k: active for k in metrics if k != f"{prefix}active_token_frac"}
+    # every unit named: the trainer's default, the loss tokens, differs from ``tokens`` under algorithm.mask_truncated
+    return metrics, {**{k: active for k in metrics}, f"{prefix}active_token_frac": tokens}
 
 
 # -- SEED ----------------------------------------------------------------------------------------
