@@ -173,7 +173,10 @@ def test_a_checkpoint_directory_an_arm_names_is_locked_by_its_files(tmp_path, mo
     assert fake_runner.trained == []
     assert run_experiment(path, report_only=True)["registration"]["arms_changed"] == ["high"]
     (checkpoint / "model.safetensors").write_bytes(b"weights one")
+    reads, read = [], experiment.directory_sha256
+    monkeypatch.setattr(experiment, "directory_sha256", lambda directory: reads.append(directory) or read(directory))
     assert run_experiment(path, report_only=True)["registration"]["arms_changed"] == []
+    assert reads == [checkpoint]  # once: the comparison with the lock reuses the hashes the lock's content made
 
 
 def test_a_run_on_another_commit_or_an_unclean_tree_is_flagged(tmp_path, monkeypatch, fake_runner):

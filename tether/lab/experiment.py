@@ -239,18 +239,22 @@ def named_files(config: Any) -> dict[str, str]:
     return {}
 
 
-def named_directories(config: Any) -> dict[str, str]:
+def named_directories(config: Any, hashed: dict[str, str] | None = None) -> dict[str, str]:
     """path -> :func:`directory_sha256` of each directory a resolved config names by a path: a checkpoint as
     ``model.name``, an EAPO prior, an SFT sampler, a task's data folder. The config holds only the path, so new
     weights under the same path were another arm that the lock did not see. A directory holding the working
-    directory (``.``, ``..``) is the checkout, which the commit covers."""
+    directory (``.``, ``..``) is the checkout, which the commit covers. ``hashed`` keeps the hashes already read
+    (arms that share a checkpoint read its bytes once)."""
+    hashed = {} if hashed is None else hashed
     if isinstance(config, dict):
-        return {k: v for value in config.values() for k, v in named_directories(value).items()}
+        return {k: v for value in config.values() for k, v in named_directories(value, hashed).items()}
     if isinstance(config, list):
-        return {k: v for value in config for k, v in named_directories(value).items()}
+        return {k: v for value in config for k, v in named_directories(value, hashed).items()}
     if isinstance(config, str) and "/" in config and Path(config).is_dir() \
             and not Path.cwd().resolve().is_relative_to(Path(config).resolve()):
-        return {config: directory_sha256(Path(config))}
+        if config not in hashed:
+            hashed[config] = directory_sha256(Path(config))
+        return {config: hashed[config]}
     return {}
 
 
@@ -269,13 +273,14 @@ def lock_content(protocol: Protocol, path: Path, code: dict[str, Any]) -> dict[s
     without seed and run directory) with the files and directories it names (:func:`named_files`,
     :func:`named_directories`), and the code (commit, clean tree); ``sha256`` hashes protocol, configs and code."""
     arms = {arm: resolved_arm_config(protocol, arm) for arm in protocol.arms}
+    hashed: dict[str, str] = {}  # a checkpoint directory several arms name is read once
     hashes = {arm: _sha256(json.dumps(cfg, sort_keys=True)) for arm, cfg in arms.items()}
     protocol_sha = hashlib.sha256(path.read_bytes()).hexdigest()
     covered = {"protocol": protocol_sha, "arms": hashes, "code": {"commit": code["commit"], "clean": code["clean"]}}
     return {"sha256": _sha256(json.dumps(covered, sort_keys=True)),
             "protocol": {"path": str(path), "sha256": protocol_sha, "design_sha256": design_sha256(protocol)},
             "arms": {arm: {"sha256": hashes[arm], "config": arms[arm], "files": named_files(arms[arm]),
-                           "directories": named_directories(arms[arm])} for arm in arms},
+                           "directories": named_directories(arms[arm], hashed)} for arm in arms},
             "code": covered["code"]}
 
 
@@ -297,15 +302,17 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
     return out
 
 
-def arm_changes(locked: dict[str, Any] | None, config: dict[str, Any]) -> list[str]:
-    """What differs between an arm's lock entry and its resolved config now: each changed key, each named file or
-    directory whose content changed (a lock without ``files`` or ``directories`` predates those hashes: not
-    compared). A lock written by an older tether is read as this one reads a config: its moved keys at their new
-    places, a setting added since at its default (what the older tether ran), so an upgrade alone changes no arm."""
+def arm_changes(locked: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
+    """What differs between an arm's lock entry and its entry now (:func:`lock_content`'s: its resolved config and
+    the hashes of what it names): each changed key, each named file or directory whose content changed (a lock
+    without ``files`` or ``directories`` predates those hashes: not compared). A lock written by an older tether is
+    read as this one reads a config: its moved keys at their new places, a setting added since at its default (what
+    the older tether ran), so an upgrade alone changes no arm."""
     if locked is None:
         return ["not in the lock"]
-    changed = [*_changed_hashes("file", locked.get("files"), named_files(config)),
-               *_changed_hashes("directory", locked.get("directories"), named_directories(config))]
+    config = now["config"]
+    changed = [*_changed_hashes("file", locked.get("files"), now["files"]),
+               *_changed_hashes("directory", locked.get("directories"), now["directories"])]
     defaults = setting_defaults(Config, config.get("methods") or {})
     old = fill_defaults(move_saved_keys(locked["config"], "train"), defaults)
     return [*config_changes(old, fill_defaults(config, defaults)), *changed]
@@ -324,8 +331,7 @@ def refuse_changed_design(reg: dict[str, Any], protocol: Protocol, path: Path) -
     lock, changes = reg["lock"], []
     if reg["design_changed"]:
         changes.append(f"the protocol {path} changed")
-    for arm in reg["arms_changed"]:
-        diff = arm_changes(lock["arms"].get(arm), resolved_arm_config(protocol, arm))
+    for arm, diff in reg["arm_changes"].items():
         changes.append(f"arm {arm!r}: {'; '.join(diff[:5])}" + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else ""))
     if changes:
         raise ConfigError(f"{path}: the study under {protocol.run_root} was locked at its first run "
@@ -352,17 +358,19 @@ def registration(protocol: Protocol, path: Path, code: dict[str, Any], allow_dir
     legacy = "protocol" not in first
     if legacy:
         registered_commit = first.get("commit", "unknown")
-        arms_changed: list[str] = []
+        changes: dict[str, list[str]] = {}
         protocol_changed = first["sha256"] != now["protocol"]["sha256"]
     else:
         registered_commit = first["code"]["commit"]
-        arms_changed = [arm for arm in now["arms"] if arm_changes(first["arms"].get(arm), now["arms"][arm]["config"])]
+        changes = {arm: diff for arm, entry in now["arms"].items()
+                   if (diff := arm_changes(first["arms"].get(arm), entry))}
         protocol_changed = first["protocol"]["sha256"] != now["protocol"]["sha256"]
     # a lock written before design_sha256 existed compares the file: any edit, `parallel` included, is a change
     design_changed = (first["protocol"]["design_sha256"] != now["protocol"]["design_sha256"]
                       if not legacy and "design_sha256" in first["protocol"] else protocol_changed)
     return {"lock_path": str(lock), "lock": first, "legacy": legacy, "registered_commit": registered_commit,
-            "protocol_changed": protocol_changed, "design_changed": design_changed, "arms_changed": arms_changed,
+            "protocol_changed": protocol_changed, "design_changed": design_changed, "arms_changed": list(changes),
+            "arm_changes": changes,
             "code_now": code, "allow_dirty": allow_dirty, "protocol_committed_now": protocol_committed(path)}
 
 
