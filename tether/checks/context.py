@@ -83,7 +83,7 @@ def prompt_lengths(cfg: Config) -> list[tuple[int, str]]:
         return []
     if not prompts:
         return []
-    encoder = policy_processor(cfg) if is_vision_model(cfg.model.name) else policy_tokenizer(cfg)
+    encoder = policy_processor(cfg) if policy_reads_images(cfg.model.name) else policy_tokenizer(cfg)
     if encoder is None:
         return []
     with warnings.catch_warnings():  # a tokenizer without a template is one warning line of its own check
@@ -140,16 +140,23 @@ def policy_processor(cfg: Config) -> Any | None:
     return processor
 
 
-def is_vision_model(name: str) -> bool:
-    """Whether model ``name`` is a vision-language model (a tiny VLM, or a ``config.json`` with a ``vision_config``),
-    read without its weights; False where its config is not here."""
-    from tether.models.loading import cache_root
-    from tether.models.policy import TINY_VLMS
+def policy_reads_images(name: str) -> bool | None:
+    """Whether model ``name`` is a vision-language model (its config has a ``vision_config``), from its config file
+    alone; None when that is not on this machine (or the name is a LoRA checkpoint's, whose base decides)."""
+    from tether.models.policy import TINY_VLMS, is_alias
 
     if name in TINY_VLMS:
         return True
-    directory = _model_dir(name, cache_root() / "models" / name)
-    return directory is not None and "vision_config" in _config_json(directory / "config.json")
+    if is_alias(name):
+        return False
+    local = Path(name).expanduser()
+    config = local / "config.json" if local.is_dir() else hub_file(name, "config.json")
+    if config is None or not Path(config).is_file():
+        return None
+    try:
+        return "vision_config" in json.loads(Path(config).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def load_processor(name: str) -> Any | None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from tether.checks.context import policy_reads_images
 from tether.checks.findings import Findings
 from tether.checks.workload import beside_the_config
 from tether.config import Config, ConfigError, SFTConfig
@@ -233,26 +233,6 @@ def play_once(cfg: Config, env: Any) -> str | None:
     except EnvFault:
         return None
     return problem and f"step({action!r}) {problem}"
-
-
-def policy_reads_images(name: str) -> bool | None:
-    """Whether model ``name`` is a vision-language model (its config has a ``vision_config``), from its config file
-    alone; None when that is not on this machine (or the name is a LoRA checkpoint's, whose base decides)."""
-    from tether.checks.context import hub_file
-    from tether.models.policy import TINY_VLMS
-
-    if name in TINY_VLMS:
-        return True
-    if _is_alias(name):
-        return False
-    local = Path(name).expanduser()
-    config = local / "config.json" if local.is_dir() else hub_file(name, "config.json")
-    if config is None or not Path(config).is_file():
-        return None
-    try:
-        return "vision_config" in json.loads(Path(config).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def warn_no_chat_template(cfg: Config, found: Findings) -> None:
