@@ -279,6 +279,7 @@ class Child:
         self.zygote = zygote
         self.pid, self.conn = zygote.fork(what)
         self.ended = False
+        self.made = False  # whether "make" built its object: a caller that makes once per child (a reward term)
 
     def request(self, op: str, payload: Any, *, timeout_s: float, what: str) -> Any:
         """Send one request and wait at most ``timeout_s`` for its reply.

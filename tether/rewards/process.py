@@ -18,11 +18,10 @@ least :data:`~tether.envs.isolated.START_LIMIT_S` for it, since loading a model 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from tether.envs.isolated import START_LIMIT_S, Child, ChildPool, Subject
+from tether.envs.isolated import START_LIMIT_S, ChildPool, Subject
 from tether.envs.safe import EnvFault
 
 
@@ -54,26 +53,21 @@ class ProcessCalls:
     def __init__(self, factory: Callable[[], Any], timeout_s: float, subject: Subject = REWARD) -> None:
         self.children = ChildPool(factory, subject)
         self.timeout_s = timeout_s
-        self._built: set[int] = set()  # the pids of the children whose term is built
-        self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         child = self.children.take(self.children.subject.noun)
         try:
-            if not self._is_built(child.pid):
+            if not child.made:
                 child.request("make", None, timeout_s=max(self.timeout_s, START_LIMIT_S), what="building it")
-                with self._lock:
-                    self._built.add(child.pid)
-            value = child.request("call", ("__call__", args), timeout_s=self.timeout_s, what="the call")
+                child.made = True
+            return child.request("call", ("__call__", args), timeout_s=self.timeout_s, what="the call")
         except EnvFault:  # answered, or killed at the limit, or gone: the child is in a known state
-            self._hand_back(child)
             raise
         except BaseException:  # interrupted (Ctrl-C) mid-call, or the batch did not pickle: a late reply of this
             child.end()       # call must not answer the next one, so the child goes
-            self._hand_back(child)
             raise
-        self._hand_back(child)
-        return value
+        finally:
+            self.children.give(child)  # a live child serves the next call; an ended one is dropped
 
     @staticmethod
     def fault(error: Exception) -> tuple[str, str, str | None]:
@@ -83,14 +77,3 @@ class ProcessCalls:
             return str(error), error.kind, error.traceback
         return f"its arguments could not be sent to its process ({type(error).__name__}: {error})", "bad batch", None
 
-    def _is_built(self, pid: int) -> bool:
-        with self._lock:
-            return pid in self._built
-
-    def _hand_back(self, child: Child) -> None:
-        """A live child serves the next call; a killed or dead one is forgotten (its pid may come again)."""
-        if child.ended:
-            with self._lock:
-                self._built.discard(child.pid)
-        else:
-            self.children.give(child)
