@@ -175,6 +175,30 @@ def test_a_calibration_with_equal_movements_runs_no_comparison_and_labels_none(t
     assert unfinished(data) == []  # finished: publishable, and a requirement on it is refused
 
 
+def test_a_calibration_on_one_seed_is_not_failed_for_want_of_a_spread(tmp_path, monkeypatch):
+    """One seed's lift of 0.15 reaches 0.1, but one movement has no spread, so no interval: it failed, and every
+    comparison read *not testable in this setting*. It is the state of equal movements: spread not estimable,
+    nothing else runs, every comparison inconclusive; a lift below 0.1 still fails on the mean alone."""
+    runner = FakeRunner(selection={"low": (0.2, 0.30), "high": (0.2, 0.45), "mid": (0.2, 0.3)},
+                        endpoint={"low": 0.3, "high": 0.5, "mid": 0.3})
+    monkeypatch.setattr(experiment, "train_one", runner.train_one)
+    monkeypatch.setattr(experiment, "run_one", runner.run_one)
+    one_seed = {"kind": "positive_control", "arm": "high", "min_movement": 0.1, "seeds": [1], "why": "w"}
+    data = run_experiment(three_arms(tmp_path, calibration=one_seed))
+    assert runner.evaluated == [] and sorted(runner.trained) == [("high", 1), ("low", 1)]
+    c = data["calibration"]
+    assert c["status"] == stats.SPREAD_NOT_ESTIMABLE and c["per_seed"] == {1: 0.45 - 0.30}
+    assert c["mean"] == 0.45 - 0.30 and (c["ci_low"], c["ci_high"]) == (-math.inf, math.inf)
+    primary = data["summary"]["val/avg@k"]["versus_baseline"]
+    assert {arm: c["label"] for arm, c in primary.items()} == {"high": stats.INCONCLUSIVE, "mid": stats.INCONCLUSIVE}
+    assert "Measured movement +0.150 [n/a, n/a] (per seed: 1: +0.150): **spread not estimable**" in (
+        tmp_path / "study" / "report.md").read_text()
+    assert unfinished(data) == []
+    protocol = load_protocol(tmp_path / "protocol.yaml")
+    fake_run(protocol, "high", 1, start=0.2, end=0.35, step=1)  # a lift of 0.05: short of 0.1 whatever the spread
+    assert measure(protocol, locate(protocol))["status"] == "failed"
+
+
 def control_end(seed):
     """The positive control's selection value: a lift of 0.15 or 0.16 over the baseline's 0.30, so the
     calibration's interval has a spread (it lies above 0: +0.155 +- 12.7 x 0.005)."""

@@ -17,8 +17,10 @@ above 0: a mean alone let noise pass (with 5 seeds, 38 of 400 calibrations of ru
 (control minus baseline, start minus end, end minus start), read as a comparison's is (:func:`stats.paired_difference`):
 movements all equal (up to float rounding) have no spread, so no interval, and a mean that reaches ``min_movement``
 is then *spread not estimable*, not passed (a zero-width interval "above 0" passed such a calibration on its mean
-alone); a mean below it fails all the same. It is incomplete while a run it needs has not finished training, or
-lacks a validation it reads, or that validation is not finite.
+alone); so is one seed's movement, which has no spread to estimate (it failed, so every comparison read *not
+testable in this setting*, a claim about the setting one seed cannot make). A mean below it fails all the same.
+It is incomplete while a run it needs has not finished training, or lacks a validation it reads, or that
+validation is not finite.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from tether.track import read_metrics
 
 BEST_STEP = re.compile(r"step=(\d+)")
 PASSED, FAILED, INCOMPLETE = "passed", "failed", "incomplete"
-# neither passed nor failed: the mean reaches the minimum, but equal movements give no interval to hold above 0
+# neither passed nor failed: the mean reaches the minimum, but equal movements (or one seed's) give no interval to
+# hold above 0
 NOT_ESTIMABLE = stats.SPREAD_NOT_ESTIMABLE
 
 
@@ -101,13 +104,14 @@ def measure(protocol: Protocol, locate: Callable[[str, int], Path]) -> dict[str,
 
 
 def verdict(diff: stats.Interval, min_movement: float) -> str:
-    """Passed when the mean reaches ``min_movement`` and the 95% interval lies above 0 (a single seed has no
-    interval: never); failed when either falls short, except that a mean which reaches it with movements all equal
-    (:func:`stats.spread_not_estimable`) is neither: there is no interval to hold above 0, yet nothing shows the
-    setting cannot move the endpoint either."""
+    """Passed when the mean reaches ``min_movement`` and the 95% interval lies above 0; failed when either falls
+    short, except that a mean which reaches it with no estimate of the movements' spread is neither: there is no
+    interval to hold above 0, yet nothing shows the setting cannot move the endpoint either. The spread has no
+    estimate with movements all equal (:func:`stats.spread_not_estimable`) or a single seed (NaN ``sd``, an
+    unbounded interval)."""
     if diff.mean < min_movement:
         return FAILED
-    if stats.spread_not_estimable(diff):
+    if diff.n < 2 or stats.spread_not_estimable(diff):
         return NOT_ESTIMABLE
     return PASSED if diff.low > 0 else FAILED
 

@@ -256,9 +256,10 @@ def markdown(protocol: Protocol, data: dict[str, Any]) -> str:
               "(the sign of the difference gives which); *no effect of size delta*: the whole equivalence interval "
               f"(the 1 − α/{len(protocol.compared())} interval: Bonferroni over the comparisons) lies inside "
               f"±{protocol.test_size.delta:g}; *inconclusive*: neither (or no paired seed, or a calibration "
-              "neither passed nor failed: its movements all equal, so its spread not estimable); *spread not "
-              "estimable*: the paired differences are all equal, so no p-value or interval can be computed from "
-              "them; *not testable in this setting*: the calibration failed, so nothing is labelled on its data.", ""]
+              "neither passed nor failed: its movements all equal, or one seed's, so its spread not estimable); "
+              "*spread not estimable*: the paired differences are all equal, so no p-value or interval can be "
+              "computed from them; *not testable in this setting*: the calibration failed, so nothing is labelled "
+              "on its data.", ""]
     return "\n".join(lines)
 
 
