@@ -330,11 +330,11 @@ def _validate_protocol(path: Path, overrides: list[str] | None) -> str:
         raise ConfigError(f"{path} is an experiment's protocol (its first line names `tether experiment`): it takes "
                           f"no overrides ({overrides[0]}); an arm's go in arms.NAME.overrides")
     protocol = load_protocol(path)
-    check_protocol(protocol)
+    power = check_protocol(protocol)
     e = protocol.endpoint
     return (f"ok: {path} (tether experiment protocol: {len(protocol.arms)} arms x {len(protocol.seeds)} seeds, "
             f"endpoint {e.metric} at {e.at} on split {e.split}; each arm's config checked as `tether experiment` "
-            "checks it before its first run)")
+            f"checks it before its first run); {power}")
 
 
 if __name__ == "__main__":

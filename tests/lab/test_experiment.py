@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scipy import stats as scipy_stats
 
 from tether.config import ConfigError
 from tether.lab import experiment, report
@@ -137,6 +138,40 @@ def test_bad_protocols_stop_before_any_run(tmp_path, change, match):
     with pytest.raises(ConfigError, match=match):
         check_protocol(load_protocol(path))
     assert not (tmp_path / "study").exists()
+
+
+def nct_power(effect, sd, n):
+    """The two-sided paired t test's power at 5% over ``n`` seeds, from scipy's noncentral t."""
+    crit = scipy_stats.t.ppf(0.975, n - 1)
+    noncentrality = effect * math.sqrt(n) / sd
+    return scipy_stats.nct.sf(crit, n - 1, noncentrality) + scipy_stats.nct.cdf(-crit, n - 1, noncentrality)
+
+
+def test_registration_refuses_seeds_whose_mde_at_a_pilot_spread_exceeds_delta(tmp_path):
+    """Nothing compared the seeds with the test size: every committed 5-seed study's MDE is 1.5 to 8.4 times its
+    delta (armor_smollm2: 0.251 against 0.03), registered without a word. With a spread measured before
+    registration the check reads the MDE and names the seeds that reach delta; without one it says so."""
+    config = write_config(tmp_path)
+    size = {"delta": 0.1, "derivation": "a smoke test's number", "pilot_sd": 0.05, "pilot_source": "a pilot"}
+    assert nct_power(0.1, 0.05, 5) >= 0.8 > nct_power(0.1, 0.05, 4)  # 5 seeds are the fewest that reach 0.1
+    assert nct_power(0.5775, 0.05, 3) > 0.8 and nct_power(0.5775, 0.05, 2) == pytest.approx(0.8, abs=1e-4)
+    with pytest.raises(ConfigError, match=r"over 2 seed\(s\) at test_size.pilot_sd=0.05 \(a pilot\) the minimum "
+                       r"detectable effect is 0.5775, above delta=0.1: 5 seeds reach it \(MDE 0.0841\)"):
+        check_protocol(load_protocol(write_protocol(tmp_path, config, test_size=size)))
+    five = check_protocol(load_protocol(write_protocol(tmp_path, config, test_size=size, seeds=[0, 1, 2, 3, 4])))
+    assert five == ("power at registration: over 5 seed(s) at test_size.pilot_sd=0.05 (a pilot) the minimum "
+                    "detectable effect is 0.0841, at most delta=0.1")
+    with pytest.raises(ConfigError, match=r"is not defined \(one seed\), above delta=0.1: 5 seeds reach it"):
+        check_protocol(load_protocol(write_protocol(tmp_path, config, test_size=size, seeds=[0])))
+    acknowledged = {**size, "underpowered": "a smoke test, not a study"}
+    two = check_protocol(load_protocol(write_protocol(tmp_path, config, test_size=acknowledged)))
+    assert two.endswith("is 0.5775, above delta=0.1 (5 seeds reach it); underpowered: a smoke test, not a study")
+    assert check_protocol(load_protocol(write_protocol(tmp_path, config))).startswith(
+        "power at registration: not computed (no test_size.pilot_sd")
+    for bad, match in [({"pilot_sd": 0.05}, "pilot_sd and pilot_source go together"),
+                       ({"underpowered": "why"}, "it needs pilot_sd")]:
+        with pytest.raises(ConfigError, match=match):
+            load_protocol(write_protocol(tmp_path, config, test_size={"delta": 0.1, "derivation": "d", **bad}))
 
 
 def test_overlapping_splits_are_refused(tmp_path, overlapping_task):

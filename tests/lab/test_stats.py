@@ -83,6 +83,18 @@ def test_the_mde_of_many_seeds_is_still_the_difference_detected_with_80_percent_
     assert power_by_scipy(noncentrality, n - 1) == pytest.approx(0.8, abs=1e-6)
 
 
+@pytest.mark.parametrize(("sd", "delta"), [(0.05, 0.1), (0.0696, 0.05), (0.1508, 0.03)])
+def test_seeds_for_is_the_fewest_whose_mde_reaches_delta(sd, delta):
+    """The fewest seeds at which the paired t test detects ``delta`` with power 0.8 (scipy's noncentral t); the
+    last is armor_smollm2's spread and test size (~200 seeds)."""
+    n = stats.seeds_for(sd, delta)
+    assert power_by_scipy(delta * math.sqrt(n) / sd, n - 1) >= 0.8 > power_by_scipy(
+        delta * math.sqrt(n - 1) / sd, n - 2)
+    assert stats.mde(sd, n) <= delta < stats.mde(sd, n - 1)
+    with pytest.raises(ValueError, match="cannot be reached"):
+        stats.seeds_for(sd, 0.0)
+
+
 def test_the_mde_needs_two_seeds():
     assert math.isnan(stats.mde(0.05, 1)) and math.isnan(stats.mde(math.nan, 5))
     assert stats.mde(0.1, 5) == pytest.approx(2 * stats.mde(0.05, 5), rel=1e-9)  # linear in the spread

@@ -418,7 +418,7 @@ def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: 
     """
     path = Path(path)
     protocol = load_protocol(path)
-    check_protocol(protocol)
+    power = check_protocol(protocol)
     code = code_state()
     if report_only and not (Path(protocol.run_root) / "protocol.lock.json").is_file():
         raise ConfigError(f"{path}: has not run (no {protocol.run_root}/protocol.lock.json), so there is nothing "
@@ -426,6 +426,7 @@ def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: 
     if not report_only and not allow_dirty:
         refuse_dirty(code)
     if not report_only:
+        status(power)
         for line in check_requirements(protocol):
             status(f"requirement {line}")
     reg = registration(protocol, path, code, allow_dirty)

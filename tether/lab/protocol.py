@@ -58,12 +58,22 @@ class TestSize(_Strict):
                                            "applied to: delta = paper_relative_gain x setting_baseline")
     added_after_registration: str | None = Field(None, description="set when this section was written after the "
                                                  "study was registered: when and why")
+    pilot_sd: float | None = Field(None, gt=0, description="the standard deviation over seeds of paired differences "
+                                   "(arm - baseline, endpoint units) measured before registration, in this setting: "
+                                   "registration refuses seeds whose MDE at it exceeds delta")
+    pilot_source: str | None = Field(None, description="where pilot_sd was measured (a pilot, an earlier study)")
+    underpowered: str | None = Field(None, description="registers seeds whose MDE at pilot_sd exceeds delta: why the "
+                                     "study runs anyway (the report prints it)")
 
     @model_validator(mode="after")
     def _derived(self) -> TestSize:
         given = [self.paper_relative_gain is not None, self.paper_rows is not None, self.setting_baseline is not None]
         if any(given) and not all(given):
             raise ValueError("paper_relative_gain, paper_rows and setting_baseline go together (all or none)")
+        if (self.pilot_sd is None) != (self.pilot_source is None):
+            raise ValueError("pilot_sd and pilot_source go together (both or neither)")
+        if self.underpowered is not None and self.pilot_sd is None:
+            raise ValueError("underpowered acknowledges an MDE above delta at pilot_sd: it needs pilot_sd")
         if all(given):
             derived = self.paper_relative_gain * self.setting_baseline
             if abs(derived - self.delta) > DELTA_ROUNDING:

@@ -1,13 +1,15 @@
 """What ``tether experiment`` checks before any run starts: each arm's config validates, seeds are distinct, the
-endpoint and secondary metrics are ones validation logs, the task's splits exist and never share a prompt
-(:func:`check_protocol`)."""
+endpoint and secondary metrics are ones validation logs, the task's splits exist and never share a prompt, and the
+seeds reach the test size at a spread measured before registration (:func:`check_protocol`)."""
 
 from __future__ import annotations
 
 import inspect
+import math
 import re
 
 from tether.config import Config, ConfigError
+from tether.lab import stats
 from tether.lab.protocol import Protocol, arm_config, load_protocol
 
 SINGLE_TURN_VAL_METRICS = ("val/avg@k", "val/pass@k", "val/reward_mean", "val/response_length")
@@ -24,8 +26,10 @@ def higher_is_better(metric: str) -> bool:
     return metric not in NOT_HIGHER_IS_BETTER and not AGENT_FLAG_METRIC.fullmatch(metric)
 
 
-def check_protocol(protocol: Protocol) -> None:
-    """Everything that can be checked without a model: arm configs, metric names, splits and their overlap."""
+def check_protocol(protocol: Protocol) -> str:
+    """Everything that can be checked without a model: the seeds' power (:func:`check_power`), arm configs, metric
+    names, splits and their overlap. Returns :func:`check_power`'s line."""
+    power = check_power(protocol)
     metrics = [protocol.endpoint.metric, *protocol.secondary]
     if protocol.endpoint.at == "best" and protocol.endpoint.split == "val":
         raise ConfigError("endpoint.split=val with at=best would report on the split that chose the checkpoint; "
@@ -65,6 +69,33 @@ def check_protocol(protocol: Protocol) -> None:
             check_splits(arm, cfg, protocol.endpoint.split)
         else:
             check_env_split(arm, cfg, protocol.endpoint.split)
+    return power
+
+
+def check_power(protocol: Protocol) -> str:
+    """Whether the seeds a comparison pairs over (the protocol's) give a minimum detectable effect
+    (:func:`stats.mde`) of at most ``test_size.delta`` at ``test_size.pilot_sd``; one line saying what was read.
+    Without ``pilot_sd`` no spread exists before the runs, and the line says the MDE is read after the fact.
+
+    Raises:
+        ConfigError: the MDE exceeds delta (or is not defined: one seed) and ``test_size.underpowered`` does not
+            acknowledge it; names the seeds that reach delta.
+    """
+    t, n = protocol.test_size, len(protocol.seeds)
+    if t.pilot_sd is None:
+        return ("power at registration: not computed (no test_size.pilot_sd, so no spread before the runs); the "
+                "report's MDE is read after the fact from the observed spread")
+    mde, need = stats.mde(t.pilot_sd, n), stats.seeds_for(t.pilot_sd, t.delta)
+    read = (f"over {n} seed(s) at test_size.pilot_sd={t.pilot_sd:g} ({t.pilot_source}) the minimum detectable effect "
+            f"is {'not defined (one seed)' if math.isnan(mde) else f'{mde:.4f}'}")
+    if mde <= t.delta:
+        return f"power at registration: {read}, at most delta={t.delta:g}"
+    if t.underpowered is None:
+        raise ConfigError(f"test_size: {read}, above delta={t.delta:g}: {need} seeds reach it (MDE "
+                          f"{stats.mde(t.pilot_sd, need):.4f}); register {need} seeds, or set test_size.underpowered "
+                          "to why the study runs anyway")
+    return f"power at registration: {read}, above delta={t.delta:g} ({need} seeds reach it); underpowered: " \
+           f"{t.underpowered}"
 
 
 # Keys that move where validation reads: the endpoint split is endpoint.split, never an evaluation override

@@ -163,6 +163,12 @@ def test_size_lines(protocol: Protocol) -> list[str]:
                      f"baseline {t.setting_baseline:g} = {t.paper_relative_gain * t.setting_baseline:.4f}.")
     else:
         lines.append("Not derived from a relative gain of the paper applied to this setting's baseline.")
+    if t.pilot_sd is not None:
+        lines.append(f"At the spread measured before registration, test_size.pilot_sd = {t.pilot_sd:g} "
+                     f"({t.pilot_source}), the MDE over {len(protocol.seeds)} seeds is "
+                     f"{_fmt(stats.mde(t.pilot_sd, len(protocol.seeds)))}.")
+    if t.underpowered:
+        lines.append(f"*Registered with an MDE above δ:* {t.underpowered}")
     if t.added_after_registration:
         lines.append(f"*Written after registration:* {t.added_after_registration}")
     return [" ".join(lines), ""]

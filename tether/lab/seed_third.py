@@ -42,7 +42,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tether.lab.stats import mde
+from tether.lab.stats import mde, seeds_for
 from tether.track import read_metrics
 
 FORK_SAFE_MOVE_MIN = 1.0  # nats: the skill at least e-folds the safe move's probability at a fork
@@ -148,17 +148,13 @@ def stage2_length(curve: dict[int, float], horizon: int) -> int | None:
 
 
 def seeds_needed(delta: float, spread: float = SPREAD) -> int:
-    """The fewest seeds whose paired-t MDE at ``spread`` is at most ``delta``, never fewer than MIN_SEEDS.
+    """The fewest seeds whose paired-t MDE at ``spread`` is at most ``delta`` (:func:`stats.seeds_for`), never
+    fewer than MIN_SEEDS.
 
     Raises:
         ValueError: ``delta`` is not positive (no number of seeds reaches it).
     """
-    if delta <= 0:
-        raise ValueError(f"a test size of {delta} cannot be reached by any number of seeds")
-    n = 2
-    while mde(spread, n) > delta:
-        n += 1
-    return max(n, MIN_SEEDS)
+    return max(seeds_for(spread, delta), MIN_SEEDS)
 
 
 def pilot_rule(curve: dict[int, float], horizon: int) -> dict[str, Any]:

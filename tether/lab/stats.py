@@ -97,6 +97,25 @@ def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     return lam * sd / math.sqrt(n)
 
 
+def seeds_for(sd: float, delta: float, alpha: float = ALPHA, power: float = POWER) -> int:
+    """The fewest seeds (at least 2) whose :func:`mde` at spread ``sd`` is at most ``delta``. The normal
+    approximation ``((z_{1-alpha/2} + z_{power}) sd / delta)^2`` is a lower bound (the t test needs more), so the
+    search starts there.
+
+    Raises:
+        ValueError: ``delta`` or ``sd`` is not positive (no number of seeds reaches it, or there is no spread).
+    """
+    if delta <= 0:
+        raise ValueError(f"a test size of {delta} cannot be reached by any number of seeds")
+    if not sd > 0:
+        raise ValueError(f"a spread of {sd} gives no minimum detectable effect")
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    n = max(2, math.ceil((z * sd / delta) ** 2))
+    while mde(sd, n, alpha, power) > delta:
+        n += 1
+    return n
+
+
 def t_test_power(noncentrality: float, df: int, alpha: float = ALPHA) -> float:
     """Power of the two-sided t test at ``alpha`` with ``df`` degrees of freedom under a noncentral t statistic:
     ``P(|Z + lambda| > t_crit * sqrt(V / df))``, ``V`` chi-squared with ``df``, integrated over ``V`` (scipy's
