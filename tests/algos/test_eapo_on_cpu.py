@@ -10,6 +10,7 @@ import torch
 
 from tests.algos.conftest import random_inputs, select_rows
 from tether.algos import LossInputs, eapo, ppo
+from tether.algos.eapo_loss import normalised_ess
 from tether.trainer.step import add_micro_metrics, step_values
 
 METHOD_TENSORS = ("gate_mask", "injected_mask")
@@ -127,6 +128,20 @@ def test_hand_computed_weight_metrics():
     assert m["eapo/is_trunc_frac"].item() == pytest.approx(1 / 8, rel=1e-12)
     wt = w.clamp(max=1.3)
     assert m["eapo/is_ess"].item() == pytest.approx((wt.sum() ** 2 / (8 * (wt**2).sum())).item(), rel=1e-12)
+
+
+def test_a_calls_is_ess_is_the_steps_formula_even_for_tiny_weights():
+    # Two gated tokens of rho = e^-40 each: W = e^-80 (~1.8e-35), W^2 ~ 3e-70, one row, so ESS = W^2 / W^2 = 1. The
+    # call's value is normalised_ess of the call's means, as the step's is; a floor on mean(w^2) (1e-30) gave ~3e-40.
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    inputs = LossInputs(log_probs=old.clone().requires_grad_(), old_log_probs=old, advantages=torch.ones_like(old),
+                        response_mask=torch.ones_like(old), behaviour_log_probs=torch.tensor([[40.0, 40.0, 0.0]],
+                                                                                             dtype=torch.float64),
+                        tokens={"gate_mask": torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)})
+    m = eapo(inputs, correction="seq_gated").metrics
+    assert m["eapo/is_weight_mean"].item() == pytest.approx(math.exp(-80), rel=1e-12)
+    assert m["eapo/is_ess"].item() == pytest.approx(1.0, rel=1e-12)
+    assert m["eapo/is_ess"].item() == normalised_ess({k: v.item() for k, v in m.items()})
 
 
 def test_missing_fields_and_bad_correction(make_inputs):

@@ -22,6 +22,7 @@ Weights are computed without gradient (stop-grad).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -55,11 +56,16 @@ def _correction_weights(inputs: LossInputs, correction: str, cap: float) -> tupl
 Metrics = tuple[dict[str, Tensor], dict[str, Tensor]]  # metrics and the units of each mean (LossOutput.counts)
 
 
-def normalised_ess(metrics: Mapping[str, float]) -> float:
+Number = TypeVar("Number", float, Tensor)
+
+
+def normalised_ess(metrics: Mapping[str, Number]) -> Number:
     """``(sum w)^2 / (n sum w^2) = mean(w)^2 / mean(w^2)``, from the means of the weights and of their squares (0
-    without weights)."""
+    without weights): of the step's folded floats (``LossOutput.derived``) and of one call's tensors alike."""
     second = metrics["eapo/is_weight_sq_mean"]
-    return metrics["eapo/is_weight_mean"] ** 2 / second if second > 0 else 0.0
+    # Weights are >= 0, so mean(w^2) == 0 means mean(w) == 0: the divisor 1 then gives 0. No branch on the value,
+    # so a call's tensors are never read back to the host.
+    return metrics["eapo/is_weight_mean"] ** 2 / (second + (second == 0))
 
 
 def _weight_metrics(weights: Tensor, raw: Tensor, cap: float, units: Tensor) -> Metrics:
@@ -69,9 +75,7 @@ def _weight_metrics(weights: Tensor, raw: Tensor, cap: float, units: Tensor) -> 
         "eapo/is_weight_sq_mean": masked_mean(weights.square(), units),
         "eapo/is_trunc_frac": masked_mean((raw > cap).to(units.dtype), units),
     }
-    metrics = {**means, "eapo/is_weight_max": masked_max(weights, units),
-               "eapo/is_ess": means["eapo/is_weight_mean"].square()
-               / means["eapo/is_weight_sq_mean"].clamp(min=1e-30)}
+    metrics = {**means, "eapo/is_weight_max": masked_max(weights, units), "eapo/is_ess": normalised_ess(means)}
     return metrics, dict.fromkeys(means, units.sum())
 
 
