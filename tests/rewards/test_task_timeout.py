@@ -8,9 +8,10 @@ import time
 import pytest
 import torch
 
-from tests.rewards.user_tasks import waves
+from tests.rewards.user_tasks import CountedPickles, waves
 from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError, TaskConfig, load_config
+from tether.envs.isolated import end_all
 from tether.files import read_jsonl
 from tether.rewards import FAULT_LOG, build_task
 from tether.rewards.task import ProcessScoredTask
@@ -72,6 +73,18 @@ def test_a_task_scores_the_same_bit_for_bit_with_the_limit_on_and_off(tmp_path, 
     assert isinstance(on, ProcessScoredTask) and not isinstance(off, ProcessScoredTask)
     assert [s.reward for s in score(on, texts)] == [s.reward for s in score(off, texts)] == [waves(t) for t in texts]
     assert on.val == off.val and on.name == "stalling"  # everything but the scoring is the task's own, read here
+
+
+def test_a_task_that_pickles_is_pickled_once_to_reach_its_scoring_processes(tmp_path):
+    # scorer_factory pickles the task to learn whether it pickles; the pool's zygote pickles its factory: those are
+    # the first pickle's bytes. A fresh zygote (the first one gone) costs no pickle either.
+    CountedPickles.pickles = 0
+    task = built(tmp_path, "tests.rewards.user_tasks:CountedPickles", timeout_s=5.0)
+    assert [s.reward for s in score(task, ["a", "bb"])] == [waves("a"), waves("bb")]
+    end_all(task.process.children.idle)
+    task.process.children.zygote.end()
+    assert [s.reward for s in score(task, ["ccc"])] == [waves("ccc")]
+    assert CountedPickles.pickles == 1
 
 
 def test_with_task_rewards_the_task_scored_in_its_process_is_the_task_component(tmp_path):

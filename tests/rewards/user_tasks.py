@@ -48,3 +48,13 @@ class Stalling:
     def score(self, item: TaskItem, text: str) -> Score:
         stall(self.stall if item.id.split("/")[1] == self.stall_split else text)
         return Score(waves(text), len(text) % 2 == 0, text)
+
+
+class CountedPickles(Stalling):
+    """:class:`Stalling` that counts how often this process pickles it."""
+
+    pickles = 0
+
+    def __getstate__(self) -> dict:
+        type(self).pickles += 1
+        return self.__dict__

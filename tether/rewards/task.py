@@ -137,19 +137,39 @@ def _named_scorer(name: str, kwargs: dict[str, Any]) -> Callable[[Sequence[TaskI
     return _scorer(make_task(name, **kwargs))
 
 
+def _unpickled_scorer_factory(blob: bytes) -> Callable[[], Any]:
+    """What :class:`PickledScorerFactory` unpickles to: the factory of the task in ``blob``."""
+    return functools.partial(_scorer, pickle.loads(blob))
+
+
+class PickledScorerFactory:
+    """``functools.partial(_scorer, task)`` that pickles as ``blob``, the task's pickle that :func:`scorer_factory`
+    made to learn whether it pickles: the process pool pickles its factory again (and again for a fresh pool
+    process), which then costs a copy of the bytes, not a second pickle of the task."""
+
+    def __init__(self, task: Task, blob: bytes) -> None:
+        self.task, self.blob = task, blob
+
+    def __call__(self) -> Callable[[Sequence[TaskItem], Sequence[str]], list[Score]]:
+        return _scorer(self.task)
+
+    def __reduce__(self) -> tuple[Callable[[bytes], Callable[[], Any]], tuple[bytes]]:
+        return _unpickled_scorer_factory, (self.blob,)
+
+
 def scorer_factory(task: Task, task_cfg: TaskConfig) -> Callable[[], Any]:
-    """How a scoring process gets its task: the built task itself, pickled (the process that forks the scoring
-    processes unpickles it once, and each process starts with it), else the task built there from its name and
-    kwargs (a task holding a lock, a lambda, a loaded model), which costs a build per process.
+    """How a scoring process gets its task: the built task itself, pickled once here (the process that forks the
+    scoring processes unpickles it once, and each process starts with it), else the task built there from its name
+    and kwargs (a task holding a lock, a lambda, a loaded model), which costs a build per process.
 
     Why both: a built-in task pickles in about 10 ms (``reasoning_gym`` with 2,200 items, ``jsonl`` with 5,000 rows:
     0.8 MB each) where building it reads or generates its data again (about 1.5 s each); a process killed at the limit
     is replaced by a fresh one, which then costs nothing more than a fork."""
     try:
-        pickle.dumps(task)
+        blob = pickle.dumps(task)
     except Exception:  # whatever the task holds that does not pickle: it is built again in the process
         return functools.partial(_named_scorer, task_cfg.name, dict(task_cfg.kwargs))
-    return functools.partial(_scorer, task)
+    return PickledScorerFactory(task, blob)
 
 
 class ProcessScoredTask(TaskWrapper):
