@@ -308,9 +308,10 @@ class SFTSession:
         val_ids, dropped_val = encode_examples(val, self.tokenizer, s.max_length, prompt_tokens)
         if not train_ids:
             raise ConfigError(f"sft: no training example fits sft.max_length={s.max_length}")
-        self.state = SFTState(self.run_dir / STATE, fingerprint(self.cfg, {**data_files(self.run_dir),
-                                                                           **state_files(self.cfg)}),
-                              config_defaults(self.cfg))
+        # A resume's fingerprint was made when the start was chosen (a resume writes no example file); a fresh run's
+        # files are written since.
+        run = self.begin.fingerprint or fingerprint(self.cfg, {**data_files(self.run_dir), **state_files(self.cfg)})
+        self.state = SFTState(self.run_dir / STATE, run, config_defaults(self.cfg))
         return Encoded(train_ids, val_ids, dropped_train + dropped_val)
 
     def train(self, data: Encoded, summarize: Callable[[dict[str, float]], dict[str, Any]]) -> dict[str, Any]:

@@ -179,12 +179,14 @@ class SFTState:
 @dataclass(frozen=True)
 class SFTStart:
     """Where an SFT command starts (:func:`plan_sft_start`): ``fresh`` (at step 0; ``overwrites`` an earlier run),
-    ``resume`` (from ``saved``, the state's ``sft_state.json``) or ``finished`` (nothing to do: ``summary``)."""
+    ``resume`` (from ``saved``, the state's ``sft_state.json``, whose fingerprint matched ``fingerprint``, the run's)
+    or ``finished`` (nothing to do: ``summary``)."""
 
     action: Literal["fresh", "resume", "finished"]
     overwrites: bool = False
     saved: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
+    fingerprint: dict[str, Any] | None = None
 
     @property
     def step(self) -> int:
@@ -265,7 +267,7 @@ def plan_sft_start(cfg: SFTRunConfig | SeedSFTRunConfig, run_dir: Path) -> SFTSt
         current = fingerprint(cfg, {**data_files(run_dir), **state_files(cfg)})
         if (change := fingerprint_change(saved["fingerprint"], current, state, config_defaults(cfg))) is not None:
             raise RunDirError(change)
-        return SFTStart("resume", saved=saved)
+        return SFTStart("resume", saved=saved, fingerprint=current)
     if finished(run_dir) and (policy == "must" or (policy == "auto" and not overwrite)):
         check_finished_settings(cfg, run_dir)
         return SFTStart("finished", summary=json.loads((run_dir / SUMMARY).read_text()))
