@@ -12,11 +12,13 @@ from scipy import integrate
 from scipy.stats import norm
 
 from tests.lab.test_experiment import CLEAN, fake_run, write_config, write_protocol
+from tether.lab import calibration as calibration_module
 from tether.lab import experiment, stats
 from tether.lab.calibration import endpoint_step, measure, selection_values
 from tether.lab.experiment import load_protocol, run_experiment
 from tether.lab.protocol import run_dir
 from tether.lab.report import unfinished
+from tether.track import read_metrics
 
 
 @pytest.fixture(autouse=True)
@@ -88,6 +90,19 @@ def test_a_collapse_study_needs_a_fall_of_twice_the_test_size(tmp_path):
     fake_run(protocol, "high", 0, start=0.1, end=0.35)
     fake_run(protocol, "high", 1, start=0.1, end=0.25)
     assert measure(protocol, locate(protocol))["mean"] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("kind", ["fall", "rise"])
+def test_a_fall_or_rise_reads_each_runs_metrics_once(tmp_path, monkeypatch, kind):
+    calibration = {"kind": kind, "arm": "low", "min_movement": 0.2, "why": "the movement is the premise"}
+    protocol = load_protocol(write_protocol(tmp_path, write_config(tmp_path), calibration=calibration))
+    for seed in (0, 1):
+        fake_run(protocol, "low", seed, start=0.6, end=0.3 + 0.1 * seed)
+    read = []
+    monkeypatch.setattr(calibration_module, "read_metrics", lambda path: read.append(path) or read_metrics(path))
+    result = measure(protocol, locate(protocol))
+    assert result["per_seed"] == pytest.approx({0: 0.3, 1: 0.2} if kind == "fall" else {0: -0.3, 1: -0.2})
+    assert sorted(read) == [run_dir(protocol, "low", seed) / "metrics.jsonl" for seed in (0, 1)]
 
 
 def test_a_run_not_yet_trained_leaves_the_calibration_incomplete(tmp_path):

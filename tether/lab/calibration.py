@@ -122,24 +122,26 @@ def movement_ends(protocol: Protocol, locate: Callable[[str, int], Path], seed: 
     metric, at = protocol.endpoint.metric, c.end_at(protocol.endpoint.at)
     arm = c.measured_arm(protocol.baseline)
     if c.kind == "positive_control":
-        return (value_at(locate(arm, seed), metric, endpoint_step(locate(arm, seed), at)),
-                value_at(locate(protocol.baseline, seed), metric, endpoint_step(locate(protocol.baseline, seed), at)))
+        control, baseline = locate(arm, seed), locate(protocol.baseline, seed)
+        [lifted] = values_at(control, metric, [endpoint_step(control, at)])
+        [base] = values_at(baseline, metric, [endpoint_step(baseline, at)])
+        return lifted, base
     directory = locate(arm, seed)
-    start = value_at(directory, metric, 0)
-    end = value_at(directory, metric, endpoint_step(directory, at))
+    start, end = values_at(directory, metric, [0, endpoint_step(directory, at)])  # one read of its metrics.jsonl
     return (start, end) if c.kind == "fall" else (end, start)
 
 
-def value_at(directory: Path, metric: str, step: int) -> float:
-    """The metric's selection-split value at ``step``.
+def values_at(directory: Path, metric: str, steps: list[int]) -> list[float]:
+    """The metric's selection-split values at ``steps``, in order.
 
     Raises:
-        RuntimeError: no validation there, or a non-finite one (a NaN would compare below any minimum and fail the
-            calibration, which would end the study as not testable).
+        RuntimeError: no validation at one of them, or a non-finite one (a NaN would compare below any minimum and
+            fail the calibration, which would end the study as not testable).
     """
     values = selection_values(directory, metric)
-    if step not in values:
-        raise RuntimeError(f"{directory}: no validation of {metric!r} on the selection split at step {step}")
-    if not math.isfinite(values[step]):
-        raise RuntimeError(f"{directory}: {metric!r} on the selection split at step {step} is {values[step]}")
-    return values[step]
+    for step in steps:
+        if step not in values:
+            raise RuntimeError(f"{directory}: no validation of {metric!r} on the selection split at step {step}")
+        if not math.isfinite(values[step]):
+            raise RuntimeError(f"{directory}: {metric!r} on the selection split at step {step} is {values[step]}")
+    return [values[step] for step in steps]
