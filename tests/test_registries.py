@@ -93,6 +93,21 @@ def test_the_seed_tables_refuse_an_entry_of_the_wrong_signature():
             table.add("_one_argument", lambda observation: None)
 
 
+def test_a_refused_entry_is_named_by_the_registrys_kind_and_the_entrys_name():
+    with ENVS.restored(), pytest.raises(ValueError, match=r"^env 'my_env': target must look like "
+                                                          r"'package\.module:Class', got 'MyEnv'$"):
+        ENVS.add("my_env", "MyEnv")
+    with RULE_ANALYZERS.restored(), pytest.raises(TypeError, match=r"^rule analyzer 'my_env': it must take two "
+                                                                   r"positional arguments$"):
+        RULE_ANALYZERS.add("my_env", lambda trajectory: None)
+    with POLICY_LOSSES.restored(), pytest.raises(TypeError, match=r"^policy loss 'mine': hyperparameter 'scale' must "
+                                                                   r"be keyword-only with a default"):
+        POLICY_LOSSES.add("mine", lambda inputs, *, agg="token-mean", scale: inputs)
+    # a module:function is checked on lookup, named as the config names it
+    with pytest.raises(TypeError, match=r"^policy loss 'tests\.user_plugins:EvenLength': it must take \(inputs, "):
+        POLICY_LOSSES["tests.user_plugins:EvenLength"]
+
+
 def test_a_registry_without_a_resolver_takes_no_module_name():
     reg = Registry("thing")
     reg.add("a", 1)

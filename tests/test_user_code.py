@@ -136,7 +136,8 @@ def test_a_module_that_is_not_found_says_where_it_could_come_from(tmp_path, monk
 @pytest.mark.parametrize("overrides, message", [
     ([f"task.name={PLUGINS}:EvenLenght"], r"^task\.name: .*did you mean 'EvenLength'"),
     ([f"algorithm.advantage={PLUGINS}:centerd"], r"^algorithm\.advantage: .*did you mean 'centred'"),
-    ([f"algorithm.policy_loss={PLUGINS}:EvenLength"], r"^algorithm\.policy_loss: policy loss 'EvenLength' must take"),
+    ([f"algorithm.policy_loss={PLUGINS}:EvenLength"],
+     r"^algorithm\.policy_loss: policy loss 'tests\.user_plugins:EvenLength': it must take"),
     (["env.name=tests.no_such_env:Maze", "task=null"], r"^env\.name: 'tests.no_such_env:Maze': module"),
 ])
 def test_module_names_are_checked_where_registry_names_are(tmp_path, overrides, message):

@@ -3,7 +3,8 @@
 A :class:`Registry` is a read-only mapping of names to entries, filled by ``register`` (a decorator) or ``add``:
 
 * a taken name is refused (a silent overwrite would hide a typo or a clash between two plug-ins);
-* ``check``, when given, is called on every entry at registration (a family's signature) and raises on a bad one;
+* ``check``, when given, is called on every entry at registration and on every resolved ``module:Name`` (a
+  family's signature) and raises on a bad one, the error prefixed with the kind and the entry's name;
 * an unknown name raises :class:`UnknownNameError` (a KeyError and a ValueError), one line listing the known names;
 * ``resolve``, when given, turns a ``module:Name`` of the user's own into an entry on lookup, so a plug-in needs no
   registration; a registry without one (SEED's tables, keyed by env name) knows only its registered names.
@@ -50,8 +51,9 @@ class Registry(Mapping[str, T]):
 
     Args:
         kind: what the entries are, for error messages ("advantage", "task", "engine").
-        check: called on every entry at registration (and on a resolved ``module:Name``, by the resolver that wants
-            it); raises TypeError on a bad signature (ValueError on a malformed value, such as a path).
+        check: called on every entry at registration and on every resolved ``module:Name``; raises TypeError on a
+            bad signature (ValueError on a malformed value, such as a path), saying what is wrong with the entry:
+            the registry prefixes which entry (``env 'my_env': ...``).
         tags: the optional inputs an entry may declare it needs (``register(name, needs=...)``).
         resolve: ``module:Name`` -> entry, for a lookup of a name with a colon; None when the registry takes none.
         own: how the unknown-name message spells a ``module:Name`` of the user's own ("module:Class").
@@ -77,14 +79,22 @@ class Registry(Mapping[str, T]):
         """
         if name in self._entries:
             raise ValueError(f"{self.kind} '{name}' is already registered ({_describe(self._entries[name])})")
-        if self._check is not None:
-            self._check(entry)
+        self._checked(name, entry)
         unknown = sorted(set(needs) - set(self._tags))
         if unknown:
             raise TypeError(f"{self.kind} '{name}' needs {unknown}; an entry may need: "
                             f"{', '.join(self._tags) or '(nothing)'}")
         self._entries[name] = entry
         self._needs[name] = frozenset(needs)
+        return entry
+
+    def _checked(self, name: str, entry: T) -> T:
+        """``entry`` once ``check`` passes it; its TypeError or ValueError is prefixed with the kind and ``name``."""
+        if self._check is not None:
+            try:
+                self._check(entry)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"{self.kind} '{name}': {err}") from None
         return entry
 
     def register(self, name: str, *, needs: tuple[str, ...] = ()) -> Callable[[T], T]:
@@ -124,7 +134,7 @@ class Registry(Mapping[str, T]):
         if name in self._entries:
             return self._entries[name]
         if ":" in name and self._resolve is not None:
-            return self._resolve(name)
+            return self._checked(name, self._resolve(name))
         raise self.unknown(name)
 
     def __contains__(self, name: object) -> bool:

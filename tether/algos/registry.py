@@ -37,49 +37,46 @@ class PolicyLossFn(Protocol):
     def __call__(self, inputs: LossInputs, *, agg: str = "token-mean", **hparams: Any) -> LossOutput: ...
 
 
-def _check_keyword_defaults(fn: Callable, params: list[inspect.Parameter], kind: str) -> None:
+def _check_keyword_defaults(params: list[inspect.Parameter]) -> None:
     for p in params:
         if p.kind is not p.KEYWORD_ONLY or p.default is p.empty:
-            raise TypeError(f"{kind} '{fn.__name__}': hyperparameter '{p.name}' must be keyword-only with a "
-                            "default (write it after '*')")
+            raise TypeError(f"hyperparameter '{p.name}' must be keyword-only with a default (write it after '*')")
 
 
 def check_advantage_signature(fn: Callable) -> None:
     """Raise TypeError unless ``fn`` is ``fn(inputs, *, k=default, ...)``."""
     params = list(inspect.signature(fn).parameters.values())
     if not params or params[0].name != "inputs" or params[0].kind is not params[0].POSITIONAL_OR_KEYWORD:
-        raise TypeError(f"advantage '{fn.__name__}' must take (inputs, *, ...), inputs an AdvantageInputs")
-    _check_keyword_defaults(fn, params[1:], "advantage")
+        raise TypeError("it must take (inputs, *, ...), inputs an AdvantageInputs")
+    _check_keyword_defaults(params[1:])
 
 
 def check_policy_loss_signature(fn: Callable) -> None:
     """Raise TypeError unless ``fn`` is ``fn(inputs, *, agg="token-mean", k=default, ...)``."""
     params = list(inspect.signature(fn).parameters.values())
     if not params or params[0].name != "inputs" or params[0].kind is not params[0].POSITIONAL_OR_KEYWORD:
-        raise TypeError(f"policy loss '{fn.__name__}' must take (inputs, *, agg=..., ...)")
+        raise TypeError("it must take (inputs, *, agg=..., ...)")
     if len(params) < 2 or params[1].name != "agg" or params[1].default != "token-mean":
-        raise TypeError(f"policy loss '{fn.__name__}': second parameter must be agg: str = 'token-mean'")
-    _check_keyword_defaults(fn, params[1:], "policy loss")
+        raise TypeError("its second parameter must be agg: str = 'token-mean'")
+    _check_keyword_defaults(params[1:])
 
 
-def _importer(kind: str, check: Callable[[Callable], None]) -> Callable[[str], Callable]:
-    """The lookup of a ``"module:function"`` name: the function, checked like a registered one (the config checks
-    resolve it first, with a did-you-mean; this is the trainer's lookup)."""
+def _importer(kind: str) -> Callable[[str], Callable]:
+    """The lookup of a ``"module:function"`` name: the function, which the registry then checks like a registered
+    one (the config checks resolve it first, with a did-you-mean; this is the trainer's lookup)."""
 
     def resolve(target: str) -> Callable:
         try:
-            fn = load_target(target)
+            return load_target(target)
         except (ImportError, AttributeError) as err:
             raise UnknownNameError(f"{kind} '{target}' cannot be imported ({err})") from None
-        check(fn)
-        return fn
 
     return resolve
 
 
 def function_registry(kind: str, check: Callable[[Callable], None], tags: tuple[str, ...] = ()) -> Registry:
     """A registry of one family's functions, which also takes a ``module:function`` of the user's own."""
-    return Registry(kind, check, tags, resolve=_importer(kind, check), own="module:function")
+    return Registry(kind, check, tags, resolve=_importer(kind), own="module:function")
 
 
 ADVANTAGES = function_registry("advantage", check_advantage_signature, tags=ADVANTAGE_TAGS)

@@ -48,11 +48,10 @@ def check_correction_signature(fn: Callable) -> None:
     """Raise TypeError unless ``fn`` is ``fn(log_ratio, mask, *, bound=default, ...)``."""
     params = list(inspect.signature(fn).parameters.values())
     if [p.name for p in params[:2]] != ["log_ratio", "mask"]:
-        raise TypeError(f"rollout correction '{fn.__name__}' must take (log_ratio, mask, *, ...)")
+        raise TypeError("it must take (log_ratio, mask, *, ...)")
     for p in params[2:]:
         if p.kind is not p.KEYWORD_ONLY or p.default is p.empty:
-            raise TypeError(f"rollout correction '{fn.__name__}': bound '{p.name}' must be keyword-only with a "
-                            "default")
+            raise TypeError(f"bound '{p.name}' must be keyword-only with a default")
 
 
 ROLLOUT_CORRECTIONS = function_registry("rollout correction", check_correction_signature)

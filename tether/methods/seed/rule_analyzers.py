@@ -146,7 +146,7 @@ def takes_two(entry: Callable) -> None:
     try:
         inspect.signature(entry).bind(None, None)
     except TypeError:
-        raise TypeError(f"{getattr(entry, '__qualname__', entry)!r} must take two positional arguments") from None
+        raise TypeError("it must take two positional arguments") from None
 
 
 # env name -> the optimal plan from (observation, task), for envs whose observation is the whole state (sokoban,
