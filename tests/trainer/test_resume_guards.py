@@ -420,11 +420,12 @@ def test_a_checkpoint_of_an_older_tether_resumes_without_what_it_lacks_and_says_
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
-@pytest.mark.parametrize("field,named", [("scheduler", "scheduler"), ("collector.stream", "stream"),
-                                         ("optimizer", "optimizer")])
+@pytest.mark.parametrize("field,named", [("scheduler", "'scheduler'"), ("optimizer", "'optimizer'"),
+                                         ("collector.stream", "'stream' in its 'collector'")])
 def test_a_checkpoint_lacking_what_the_run_cannot_continue_without_is_one_line(tmp_path, tiny_policy, field, named):
     """Without the optimiser's state, the schedule or the data position the run cannot continue as it would have: the
-    resume stops with one line naming the file and the field (it was a KeyError traceback)."""
+    resume stops with one line naming the file, the field and the section holding it (a field of the collector's
+    was named as if the file lacked it at the top), and guessing no other tether version: the state records none."""
     import copy
 
     from tether.config import ConfigError
@@ -433,6 +434,7 @@ def test_a_checkpoint_lacking_what_the_run_cannot_continue_without_is_one_line(t
     model, tok = tiny_policy
     Trainer(tiny_config(tmp_path, "train.steps=1"), policy=copy.deepcopy(model), tokenizer=tok).fit()
     older_checkpoint(tmp_path / "run" / "checkpoints" / "step_000001", field)
-    with pytest.raises(ConfigError, match=rf"^\S+step_000001/trainer_state\.pt lacks '{named}', which this tether "
-                                          r"needs to continue the run \(a checkpoint of another tether version\?\)"):
+    with pytest.raises(ConfigError, match=rf"^\S+step_000001/trainer_state\.pt lacks {named}, which this tether "
+                                          r"needs to continue the run; set another run_dir \(or train\.resume=never "
+                                          r"train\.overwrite=true: deletes this run\)$"):
         Trainer(tiny_config(tmp_path, "train.steps=2"), policy=copy.deepcopy(model), tokenizer=tok)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,40 @@ import torch
 
 from tether.config import ConfigError
 from tether.trainer.checkpoint import dir_step, load_state, restore_rng_state, rng_state, say_not_restored
+
+
+class MissingState(KeyError):
+    """A key ``trainer_state.pt`` lacks (``within``: the section of it that lacks ``key``, None at the top)."""
+
+    def __init__(self, path: Path, key: Any, within: str | None = None) -> None:
+        super().__init__(key)
+        self.path, self.key, self.within = path, key, within
+
+    def __str__(self) -> str:
+        where = f" in its {self.within!r}" if self.within is not None else ""
+        return (f"{self.path} lacks {self.key!r}{where}, which this tether needs to continue the run; set another "
+                "run_dir (or train.resume=never train.overwrite=true: deletes this run)")
+
+
+class StateFile(dict):
+    """``trainer_state.pt``'s dict: reading a key it lacks raises :class:`MissingState`, naming the key and the file
+    (a KeyError raised by what reads a value, such as torch's ``load_state_dict``, stays as it is)."""
+
+    def __init__(self, state: dict[str, Any], path: Path) -> None:
+        super().__init__(state)
+        self.path = path
+
+    def __missing__(self, key: Any) -> Any:
+        raise MissingState(self.path, key)
+
+    def load(self, section: str, load: Callable[[Any], Any]) -> None:
+        """``load(self[section])``, a key the section lacks named with it (the section's own ``load_state_dict``
+        reads its keys)."""
+        value = self[section]
+        try:
+            load(value)
+        except KeyError as err:
+            raise MissingState(self.path, err.args[0], within=section) from None
 
 
 class RunState:
@@ -56,21 +91,20 @@ class RunState:
         Raises:
             ConfigError: another distributed strategy wrote it, or it lacks what the run cannot continue without.
         """
-        state = load_state(path)
+        state = StateFile(load_state(path), path / "trainer_state.pt")
         written_by = state.get("strategy", "replicate")  # checkpoints before sharding existed were replicated
         if written_by != self.strategy.name:
             raise ConfigError(f"{path} was written with distributed.strategy={written_by}; resume with that "
                               "strategy, or another run_dir (or train.resume=never train.overwrite=true: deletes this "
                               "run)")
+        # A field this tether reads that the checkpoint lacks. The state records no tether version, so nothing says
+        # whether another version wrote it: the message names the key and the file, and guesses no cause.
         try:
             moved = self.strategy.load_training_state(path, state, self.policy, self.optimizer, self.ref_policy)
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.collector.load_state_dict(state["collector"])
-        except KeyError as err:  # a field this tether reads and the one that wrote the checkpoint did not write
-            raise ConfigError(f"{path / 'trainer_state.pt'} lacks {err.args[0]!r}, which this tether needs to "
-                              "continue the run (a checkpoint of another tether version?): resume with the version "
-                              "that wrote it, or set another run_dir (or train.resume=never train.overwrite=true: "
-                              "deletes this run)") from None
+            state.load("scheduler", self.scheduler.load_state_dict)
+            state.load("collector", self.collector.load_state_dict)
+        except MissingState as err:
+            raise ConfigError(str(err)) from None
         if self.reference is not None:
             self.reference.moved = moved
         methods_lost = self.methods.load_state_dict(state.get("methods", {}))
