@@ -6,6 +6,7 @@ Each test runs both commands: they once had a skeleton each, and seed-sft's had 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,33 @@ def test_both_commands_hand_their_settings_to_the_sinks_and_write_the_summary(co
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written == json.loads((tmp_path / "run" / "sft_summary.json").read_text())
     assert written["checkpoint"] == summary["checkpoint"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_both_commands_time_the_same_span_as_wall_s(command, tmp_path, tiny_policy, monkeypatch):
+    """wall_s counts from the run directory's opening: the policy's load and the examples (or rollouts) included.
+    sft's left the examples out, seed-sft's was total_s and left the load out. A clock of sft.py's that each of those
+    steps moves by 1000 s tells which steps a wall_s spans."""
+    import types
+
+    import tether.recipes.seed_sft as seed_sft
+    import tether.recipes.sft as sft
+    from tether.recipes.sft import SFTSession
+
+    moved = [0.0]
+    monkeypatch.setattr(sft, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + moved[0]))
+
+    def taking_1000_s(step):
+        def run_step(*args, **kwargs):
+            moved[0] += 1000.0
+            return step(*args, **kwargs)
+        return run_step
+
+    monkeypatch.setattr(SFTSession, "load_policy", taking_1000_s(SFTSession.load_policy))
+    module, name = (sft, "sft_examples") if command == "sft" else (seed_sft, "rollout_and_label")
+    monkeypatch.setattr(module, name, taking_1000_s(getattr(module, name)))
+    summary = run(command, command_config(command, tmp_path), tiny_policy)
+    assert 2000 <= summary["wall_s"] < 2000 + 300 and "total_s" not in summary
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -194,7 +194,8 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
 
     Returns:
         The summary also written to ``run_dir/sft_summary.json``: counts (trajectories, successes, kept,
-        train/val examples, dropped), losses, parse rates before/after, the checkpoint path.
+        train/val examples, dropped), losses, parse rates before/after, the checkpoint path, the seconds of the
+        rollouts (``rollout_s``) and of the whole run (``wall_s``, :meth:`~tether.recipes.sft.SFTSession.train`).
 
     Files in ``run_dir``: ``config.yaml``, ``data/records.jsonl`` (every labelled trajectory; ``images`` counts its
     frames), ``data/train.jsonl`` / ``data/val.jsonl`` (prompt, response, and on a visual env ``images``: the frames
@@ -235,7 +236,7 @@ def run_skill_sft(config: str | Path | SeedSFTRunConfig, overrides: list[str] | 
             "replay_examples": len(replay), "val_examples": len(data.val), "dropped_too_long": data.dropped,
             "parse_rate_before": state.extra["parse_rate_before"], "parse_rate_after": after,
             "probe_examples": len(probe), **losses, "rollout_s": state.extra["rollout_s"],
-            "total_s": time.perf_counter() - start, "example_answers_after": [a.raw for a in answers[:3]],
+            "example_answers_after": [a.raw for a in answers[:3]],
         }
 
     return session.train(data, summarize)

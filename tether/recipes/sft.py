@@ -259,6 +259,7 @@ class SFTSession:
         self.run_dir = Path(cfg.run_dir)
         self.begin = SFTStart("fresh")
         self.state: SFTState | None = None
+        self.opened = 0.0  # when open() settled the run directory: the summary's wall_s counts from there
 
     @property
     def fresh(self) -> bool:
@@ -276,6 +277,7 @@ class SFTSession:
             return self.begin.summary
         (self.run_dir / "data").mkdir(exist_ok=True)
         write_text_atomic(self.run_dir / "config.yaml", dump_config(self.cfg))
+        self.opened = time.perf_counter()
         return None
 
     def load_policy(self) -> None:
@@ -317,8 +319,10 @@ class SFTSession:
     def train(self, data: Encoded, summarize: Callable[[dict[str, float]], dict[str, Any]]) -> dict[str, Any]:
         """:func:`train_sft` on ``data`` (resumed from :attr:`state` where saved), logged by the tracker the config's
         ``logging`` names (which is handed the settings first), with a line per step under ``logging.progress``;
-        then ``run_dir/checkpoint`` and the summary: ``checkpoint`` and what ``summarize(losses)`` gives (the
-        command's counts), in the tracker's ``summary.json`` and ``sft_summary.json``. Returns the summary."""
+        then ``run_dir/checkpoint`` and the summary: ``checkpoint``, what ``summarize(losses)`` gives (the
+        command's counts) and ``wall_s`` (the seconds since :meth:`open`: the policy's load, a fresh run's examples
+        or rollouts, the training, the checkpoint, the command's own summary numbers; a resume counts its own), in
+        the tracker's ``summary.json`` and ``sft_summary.json``. Returns the summary."""
         from tether.start import run_tracker
         from tether.track.progress import status
 
@@ -336,6 +340,7 @@ class SFTSession:
             self.policy.save_pretrained(checkpoint)
             self.tokenizer.save_pretrained(checkpoint)
             summary = {"checkpoint": str(checkpoint), **summarize(losses)}
+            summary["wall_s"] = round(time.perf_counter() - self.opened, 1)
             tracker.write_summary(summary)
         return write_summary(self.run_dir, summary, self.state)
 
@@ -363,14 +368,12 @@ def run_sft(cfg: SFTRunConfig, *, policy: Any = None, tokenizer: Any = None) -> 
         for name, part in (("train", train_ex), ("val", val_ex)):  # the exact pairs, e.g. to replay them later
             write_examples(session.run_dir / "data" / f"{name}.jsonl", part)
     train_ex, val_ex = written_examples(session.run_dir)
-    start = time.perf_counter()
     session.load_policy()
     data = session.encode(train_ex, val_ex)
 
     def summarize(losses: dict[str, float]) -> dict[str, Any]:
         return {"data": s.data, "train_examples": len(data.train), "val_examples": len(data.val),
                 "dropped_too_long": data.dropped,
-                "example": {"prompt": train_ex[0].prompt, "response": train_ex[0].response}, **losses,
-                "wall_s": round(time.perf_counter() - start, 1)}
+                "example": {"prompt": train_ex[0].prompt, "response": train_ex[0].response}, **losses}
 
     return session.train(data, summarize)
