@@ -251,12 +251,6 @@ class ThinIceEnv:
     def train_seeds(self, n: int) -> list[int]:
         return split_seeds("train", n)
 
-    def selection_seeds(self, n: int) -> list[int]:
-        return split_seeds("selection", n)
-
-    def report_seeds(self, n: int) -> list[int]:
-        return split_seeds("report", n)
-
     def eval_seeds(self, n: int) -> list[int]:
         """The first ``n`` seeds of ``eval_split``."""
         return split_seeds(self.eval_split, n)
