@@ -144,20 +144,23 @@ def test_a_crash_after_a_periodic_save_resumes_from_it_and_logs_each_row_once(tm
     assert_same_run(run_dir, reference)
 
 
-def test_a_resume_tells_the_metric_sinks_its_step_and_hashes_each_example_file_once(tmp_path, monkeypatch):
+def test_a_resume_tells_the_metric_sinks_its_step_and_reads_each_file_it_checks_once(tmp_path, monkeypatch):
     import tether.recipes.sft_state as sft_state
     import tether.track
 
     run_dir = tmp_path / "run"
     stopped_run(monkeypatch, run_dir, 2)
-    seen, hashed = [], []
-    build, digest = tether.track.build_tracker, sft_state.file_sha256
+    seen, hashed, verified = [], [], []
+    build, digest, problem = tether.track.build_tracker, sft_state.file_sha256, sft_state.checkpoint_problem
     monkeypatch.setattr(tether.track, "build_tracker", lambda *a, **k: seen.append(k["resumed_at"]) or build(*a, **k))
     monkeypatch.setattr(sft_state, "file_sha256", lambda path: hashed.append(path) or digest(path))
+    monkeypatch.setattr(sft_state, "checkpoint_problem", lambda path: verified.append(path) or problem(path))
     files = sorted(sft_state.data_files(run_dir).values())
     run_sft(sft_config(run_dir))
     assert seen == [2]
-    assert files and sorted(hashed) == files  # choosing the start checks the files; the resumed state keeps that
+    # choosing the start checks the example files and the state's checksums; the resumed state keeps what it found
+    assert files and sorted(hashed) == files
+    assert verified == [run_dir / "sft_state"]
 
 
 def test_a_changed_setting_or_example_file_is_refused_before_any_model_loads(tmp_path, monkeypatch):

@@ -313,7 +313,8 @@ class SFTSession:
         # A resume's fingerprint was made when the start was chosen (a resume writes no example file); a fresh run's
         # files are written since.
         run = self.begin.fingerprint or fingerprint(self.cfg, {**data_files(self.run_dir), **state_files(self.cfg)})
-        self.state = SFTState(self.run_dir / STATE, run, config_defaults(self.cfg))
+        self.state = SFTState(self.run_dir / STATE, run, config_defaults(self.cfg),
+                              verified=self.begin.action == "resume")
         return Encoded(train_ids, val_ids, dropped_train + dropped_val)
 
     def train(self, data: Encoded, summarize: Callable[[dict[str, float]], dict[str, Any]]) -> dict[str, Any]:

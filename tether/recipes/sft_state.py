@@ -123,12 +123,15 @@ class SFTState:
         defaults: what a setting the saved fingerprint lacks stands for (:func:`tether.trainer.rundir.config_defaults`:
             one added since the state was saved).
         extra: the caller's numbers kept across a resume (``tether seed-sft``'s rollout time and parse rate).
+        verified: the saved state's files already matched their manifest (:func:`plan_sft_start` read them to choose
+            the resume): :meth:`restore` does not read them twice.
     """
 
     path: Path
     fingerprint: dict[str, Any]
     defaults: SettingDefaults
     extra: dict[str, Any] = field(default_factory=dict)
+    verified: bool = False
 
     def exists(self) -> bool:
         return self.path.is_dir()
@@ -158,7 +161,7 @@ class SFTState:
         Raises:
             RunDirError: the state is damaged or belongs to another run (other settings or examples).
         """
-        if (problem := checkpoint_problem(self.path)) is not None:
+        if not self.verified and (problem := checkpoint_problem(self.path)) is not None:
             raise RunDirError(f"{self.path} is damaged ({problem}); {WAY_OUT}")
         saved = self.saved()
         if (change := fingerprint_change(saved["fingerprint"], self.fingerprint, self.path, self.defaults)) is not None:
