@@ -234,7 +234,8 @@ def sft(config: Path, overrides: Overrides = None) -> None:
 
 
 @app.command()
-def experiment(protocol: Path,
+def experiment(protocol: Annotated[Path, typer.Argument(
+                   help="the protocol file; with --from-published, a published study's folder")],
                report_only: Annotated[bool, typer.Option(help="only (re)write the report from finished runs")] = False,
                pool: Annotated[list[Path] | None, typer.Option(
                    help="a finished replication of PROTOCOL on other seeds (repeatable): report them together")] = None,
@@ -244,19 +245,28 @@ def experiment(protocol: Path,
                publish: Annotated[Path | None, typer.Option(
                    help="a finished study: copy its report, per-seed table and lock here (docs/results/<study>)")]
                = None,
+               from_published: Annotated[bool, typer.Option(
+                   help="PROTOCOL is a published study's folder: rewrite its report in place from its report.json "
+                        "alone, by today's rules (no run folder is read, nothing runs)")] = False,
                ) -> None:
     """Run a pre-registered protocol (calibration first, then arms x seeds, separate processes, resumable) and write
     its report."""
-    from tether.lab.experiment import pool_experiments, run_experiment
-    from tether.lab.report import publish_report
+    from tether.lab.experiment import code_state, pool_experiments, run_experiment
+    from tether.lab.report import publish_report, rebuild_published
 
     if pool and into is None:
         raise ConfigError("--pool needs --into DIR, the directory of the pooled report")
-    data = pool_experiments([protocol, *pool], into) if pool else run_experiment(
-        protocol, report_only=report_only, allow_dirty=allow_dirty)
-    if publish is not None:
-        publish_report(data, publish)
-    root = Path(data["protocol"]["run_root"])
+    if from_published and (report_only or pool or into or publish or allow_dirty):
+        raise ConfigError("--from-published rewrites a published report from its report.json alone: it takes no "
+                          "--report-only, --pool, --into, --publish or --allow-dirty")
+    if from_published:
+        data, root = rebuild_published(protocol, code_state()), protocol
+    else:
+        data = pool_experiments([protocol, *pool], into) if pool else run_experiment(
+            protocol, report_only=report_only, allow_dirty=allow_dirty)
+        if publish is not None:
+            publish_report(data, publish)
+        root = Path(data["protocol"]["run_root"])
     typer.echo((root / "report.md").read_text())
     if data["failures"]:
         raise typer.Exit(1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -408,6 +409,56 @@ def test_a_replication_on_other_seeds_pools_into_one_report(tmp_path):
     with pytest.raises(ConfigError, match="has not run"):
         pool_experiments([first, not_run], tmp_path / "never")
     assert not (tmp_path / "never").exists()
+
+
+def test_a_published_report_is_rebuilt_from_its_report_json_alone(tmp_path):
+    """The committed reports predate rules the lab has since changed, and ``--report-only`` needs the run folders,
+    which are not committed: ``--from-published`` rewrites a published folder from its ``report.json`` by the
+    normal path, with the protocol as recorded there. Seeds 2 and 10: JSON's string keys sort 10 before 2."""
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    path = write_protocol(tmp_path, write_config(tmp_path), seeds=[2, 3, 10])
+    fake_finished_runs(path, {"low": {2: 0.5, 3: 0.4, 10: 0.25}, "high": {2: 0.75, 3: 0.5, 10: 0.3}})
+    original = run_experiment(path, report_only=True)
+    assert original["calibration"]["status"] == "passed"
+    published = report.publish_report(original, tmp_path / "published")
+    lock = (published / "protocol.lock.json").read_text()
+    before = {name: (published / name).read_text() for name in ("report.md", "per_seed.csv")}
+    shutil.rmtree(original["protocol"]["run_root"])  # no run folder, and a protocol that has moved on
+    write_protocol(tmp_path, write_config(tmp_path), seeds=[2, 3, 10], test_size={"delta": 0.5, "derivation": "x"})
+
+    result = CliRunner().invoke(app, ["experiment", "--from-published", str(published)])
+    assert result.exit_code == 0, result.output
+    rebuilt = json.loads((published / "report.json").read_text())
+    assert json.dumps(rebuilt["summary"]) == json.dumps(original["summary"])  # NaN included (the secondary metrics)
+    assert rebuilt["protocol"] == original["protocol"] and rebuilt["runs"] == original["runs"]
+    assert rebuilt["rebuilt"] == {"from": str(published / "report.json"), "commit": "c" * 40, "clean": True}
+    md = (published / "report.md").read_text()
+    rebuilt_line = next(line for line in md.splitlines() if line.startswith("**Rebuilt**"))
+    assert md.replace(rebuilt_line + "\n\n", "") == before["report.md"]
+    assert f"`{published / 'report.json'}`" in rebuilt_line and "commit `cccccccccc` (tree clean: True)" in rebuilt_line
+    assert "(per seed: 2: +0.450, 3: +0.300, 10: +0.250)" in md
+    assert (published / "per_seed.csv").read_text() == before["per_seed.csv"]
+    assert (published / "protocol.lock.json").read_text() == lock
+
+    refused = CliRunner().invoke(app, ["experiment", "--from-published", str(published), "--publish", "x"])
+    assert refused.exit_code == 2 and "takes no --report-only, --pool" in refused.output
+    with pytest.raises(ConfigError, match=r"no report\.json, so nothing to rebuild"):
+        report.rebuild_published(tmp_path, CLEAN)
+
+
+def test_a_recorded_calibration_gets_its_seeds_back_as_numbers():
+    """report.json keeps the calibration's per-seed movements under string keys: read back as they are, the report
+    listed seed 10 before seed 2."""
+    measured = {"kind": "rise", "arm": "a", "metric": "m", "min_movement": 0.1, "seeds": [2, 10], "why": "",
+                "added_after_registration": None, "status": "passed", "per_seed": {2: 0.5, 10: 0.25}, "mean": 0.375,
+                "ci_low": 0.1, "ci_high": 0.6}
+    recorded = json.loads(json.dumps(measured))
+    assert list(recorded["per_seed"]) == ["2", "10"]
+    assert report.recorded_calibration(recorded) == measured
+    assert "(per seed: 2: +0.500, 10: +0.250)" in report.calibration_lines(report.recorded_calibration(recorded))[-2]
 
 
 def test_a_protocol_that_requires_another_runs_only_after_that_result(tmp_path):

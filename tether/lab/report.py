@@ -1,5 +1,6 @@
 """The report of an experiment: ``report.json`` (everything), ``report.md`` (tables), ``per_seed.csv`` (one row per
-run), ``curves.png`` (bands); :func:`publish_report` copies a finished study's into the repository."""
+run), ``curves.png`` (bands); :func:`publish_report` copies a finished study's into the repository, and
+:func:`rebuild_published` rewrites a published one from its ``report.json`` alone."""
 
 from __future__ import annotations
 
@@ -196,6 +197,15 @@ def lock_lines(reg: dict[str, Any]) -> list[str]:
     return [" ".join(lines), ""]
 
 
+def rebuilt_lines(rebuilt: dict[str, Any] | None) -> list[str]:
+    """What a report rebuilt from a published ``report.json`` (:func:`rebuild_published`) says of itself."""
+    if rebuilt is None:
+        return []
+    return [f"**Rebuilt** from the published `{rebuilt['from']}` (the runs, calibration and registration recorded "
+            f"there; the lock line above is as first reported) by the lab at commit `{rebuilt['commit'][:10]}` "
+            f"(tree clean: {rebuilt['clean']}): the intervals, tests and labels follow that commit's rules.", ""]
+
+
 def calibration_lines(c: dict[str, Any]) -> list[str]:
     what = {"positive_control": f"`{c['arm']}` minus the baseline at the endpoint step",
             "fall": f"`{c['arm']}`'s start (step 0) minus its endpoint step",
@@ -224,7 +234,8 @@ def markdown(protocol: Protocol, data: dict[str, Any]) -> str:
              f"{'; step 0 allowed)' if e.at == 'best' and e.start_selectable else ''}"
              f"{'; step 0 excluded)' if e.at == 'best' and not e.start_selectable else ''}; {answers or '?'} answers "
              f"per run. Seeds: {protocol.seeds}{_limited_arms(protocol)}. Baseline: `{protocol.baseline}`.", "",
-             *test_size_lines(protocol), *lock_lines(reg), *calibration_lines(data["calibration"])]
+             *test_size_lines(protocol), *lock_lines(reg), *rebuilt_lines(data.get("rebuilt")),
+             *calibration_lines(data["calibration"])]
     for metric, part in summary.items():
         primary = metric == e.metric
         lines += [f"## `{metric}`" + (" (primary)" if primary else ""), "",
@@ -322,21 +333,64 @@ def plot_curves(protocol: Protocol, path: Path) -> Path | None:
     return path
 
 
+def report_data(protocol: Protocol, records: list[dict[str, Any]], reg: dict[str, Any], failures: list[str],
+                calibration: dict[str, Any], lock_paths: list[str], answers: int | None) -> dict[str, Any]:
+    """Everything ``report.json`` holds: the inputs as given, and what the lab derives from them (the summary, the
+    endpoint steps, the code flags)."""
+    return {"protocol": protocol.model_dump(), "registration": reg, "answers_per_run": answers,
+            "calibration": calibration, "summary": summarise(protocol, records, calibration),
+            "endpoint_steps": endpoint_steps(records), "code_flags": code_flags(records, reg["registered_commit"]),
+            "failures": failures, "lock_paths": lock_paths, "runs": records}
+
+
+def write_files(root: Path, protocol: Protocol, data: dict[str, Any]) -> None:
+    """``report.json``, ``report.md`` and ``per_seed.csv`` of :func:`report_data`'s ``data`` under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "report.json").write_text(json.dumps(data, indent=2, default=str))
+    (root / "report.md").write_text(markdown(protocol, data))
+    (root / "per_seed.csv").write_text(per_seed_csv(protocol, data["runs"]))
+
+
 def write_report(protocol: Protocol, records: list[dict[str, Any]], reg: dict[str, Any], failures: list[str],
                  calibration: dict[str, Any], lock_paths: list[str]) -> dict[str, Any]:
     """``report.json``, ``report.md``, ``per_seed.csv`` and ``curves.png`` under ``run_root``."""
     root = Path(protocol.run_root)
-    root.mkdir(parents=True, exist_ok=True)
     failures = [*failures, *nonfinite_endpoints(protocol, records)]
-    data = {"protocol": protocol.model_dump(), "registration": reg, "answers_per_run": evaluation_answers(protocol),
-            "calibration": calibration, "summary": summarise(protocol, records, calibration),
-            "endpoint_steps": endpoint_steps(records), "code_flags": code_flags(records, reg["registered_commit"]),
-            "failures": failures, "lock_paths": lock_paths, "runs": records}
-    (root / "report.json").write_text(json.dumps(data, indent=2, default=str))
-    (root / "report.md").write_text(markdown(protocol, data))
-    (root / "per_seed.csv").write_text(per_seed_csv(protocol, records))
+    data = report_data(protocol, records, reg, failures, calibration, lock_paths, evaluation_answers(protocol))
+    write_files(root, protocol, data)
     plot_curves(protocol, root / "curves.png")
     return data
+
+
+def rebuild_published(folder: str | Path, code: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite a published study's ``report.json``, ``report.md`` and ``per_seed.csv`` in ``folder`` by today's
+    rules (:func:`report_data`) from what its ``report.json`` recorded: the protocol as it was registered (not the
+    protocol file, which may have moved on), the runs' endpoint records, the calibration, the registration, the
+    failures and the answers per run. No run directory is read (they are not committed), so there are no curves.
+    ``code`` (the commit and whether its tree was clean) is recorded as ``rebuilt``, which the report states.
+
+    Raises:
+        ConfigError: ``folder`` has no ``report.json`` (a report published before the lab wrote one).
+    """
+    folder = Path(folder)
+    path = folder / "report.json"
+    if not path.is_file():
+        raise ConfigError(f"{folder}: no report.json, so nothing to rebuild the report from (a study published "
+                          "before the lab wrote one keeps its report.md as written)")
+    recorded = json.loads(path.read_text())
+    protocol = Protocol.model_validate(recorded["protocol"])
+    data = report_data(protocol, recorded["runs"], recorded["registration"], recorded["failures"],
+                       recorded_calibration(recorded["calibration"]), recorded["lock_paths"],
+                       recorded["answers_per_run"])
+    data["rebuilt"] = {"from": str(path), "commit": code["commit"], "clean": code["clean"]}
+    write_files(folder, protocol, data)
+    return data
+
+
+def recorded_calibration(calibration: dict[str, Any]) -> dict[str, Any]:
+    """A calibration as ``report.json`` holds it, with its per-seed keys back to the seeds they were: JSON keys are
+    strings, which sort seed 10 before seed 2 in the report."""
+    return {**calibration, "per_seed": {int(seed): v for seed, v in calibration["per_seed"].items()}}
 
 
 def unfinished(data: dict[str, Any]) -> list[str]:
