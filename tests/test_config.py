@@ -68,6 +68,10 @@ def test_unknown_registered_names_list_the_known_ones():
 def test_unknown_loss_setting_lists_allowed_settings():
     msg = error_of(["algorithm.loss_kwargs={clip: 0.2}"])
     assert "algorithm.loss_kwargs.clip" in msg and "clip_low" in msg
+    # a misspelt setting gets the guess a misspelt config key gets
+    assert error_of(["algorithm.loss_kwargs={clip_hgh: 0.3}"]) == ("algorithm.loss_kwargs.clip_hgh: unknown setting; "
+                                                                   "did you mean clip_high or clip_low? allowed: "
+                                                                   "clip_low, clip_high, dual_clip")
 
 
 def test_unknown_method_and_workload_rules():

@@ -43,7 +43,9 @@ def test_unknown_engine_lists_the_registered_ones(tmp_path):
 
 
 def test_engine_kwargs_are_the_builders_keyword_arguments(tmp_path):
-    with pytest.raises(ConfigError, match=r"rollout\.engine_kwargs\.num_actor: unknown setting; allowed: num_actors"):
+    with pytest.raises(ConfigError, match=r"rollout\.engine_kwargs\.num_actor: unknown setting; did you mean "
+                                          r"num_actors or num_gpus_per_actor or num_cpus_per_actor\? "
+                                          r"allowed: num_actors"):
         tiny_config(tmp_path, "rollout.engine=ray", "rollout.engine_kwargs={num_actor: 2}")
     with pytest.raises(ConfigError,
                        match=r"rollout\.engine_kwargs\.num_actors: .*allowed: compact_below, score_rows, decode"):

@@ -24,8 +24,12 @@ def test_unknown_name_lists_registered_names():
 
 
 def test_unknown_kwarg_names_it_and_the_allowed_ones():
-    with pytest.raises(TypeError, match=r"unknown keyword\(s\) boxes; allowed: height, width, num_boxes"):
+    """A misspelt keyword gets the guess a misspelt config key gets (it got none: `szie` listed the four)."""
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) boxes; did you mean num_boxes\? "
+                                        r"allowed: height, width, num_boxes"):
         make_env("sokoban", boxes=2)
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) colour; allowed: height"):  # nothing near: no guess
+        make_env("sokoban", colour="red")
     with pytest.raises(TypeError, match="unknown keyword"):
         make_safe_env("scripted", timeout_s=1.0, colour="red")
 

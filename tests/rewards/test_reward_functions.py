@@ -152,11 +152,11 @@ def test_build_task_applies_the_config(tmp_path):
 @pytest.mark.parametrize("spec, message", [
     ({"fn": f"{M}:no_completions"}, "takes no 'completions'; a reward function is called by keyword"),
     ({"fn": f"{M}:positional_only"}, "requires 'prompts' positionally"),
-    ({"fn": f"{M}:scaled", "kwargs": {"scael": 2}}, "takes no keyword 'scael'"),
+    ({"fn": f"{M}:scaled", "kwargs": {"scael": 2}}, r"takes no keyword 'scael'; did you mean scale\? it takes: scale"),
     ({"fn": f"{M}:lenght_reward"}, "did you mean 'length_reward'"),
     ({"fn": f"{M}:NOT_CALLABLE"}, "not a function or class"),
     ({"fn": "no_such_module_x:f"}, "does not import"),
-    ({"fn": f"{M}:Counter", "kwargs": {"bonsu": 1}}, "takes no such argument"),
+    ({"fn": f"{M}:Counter", "kwargs": {"bonsu": 1}}, r"takes no such argument; did you mean bonus\? it takes: bonus"),
     ({"fn": f"{M}:NoCall"}, "a class without __call__"),
     ({"fn": f"{M}:needs_ids"}, "requires 'completion_ids', which TRL passes and tether does not"),
 ])

@@ -42,9 +42,15 @@ def test_unknown_task_lists_known_ones():
         make_task("gsm9k")
 
 
-def test_unknown_kwarg_names_it_and_the_allowed_ones():
-    with pytest.raises(TypeError, match=r"unknown argument\(s\) train_sise; allowed: dataset, dataset_kw"):
+def test_unknown_kwarg_names_it_the_nearest_and_the_allowed_ones():
+    """A misspelt argument gets the guess a misspelt config key gets (it got none: `prompt_feild` listed 22)."""
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) train_sise; did you mean train_size\? "
+                                        r"allowed: dataset, dataset_kwargs, train_size"):
         make_task("reasoning_gym", dataset="chain_sum", train_sise=3)
+    with pytest.raises(TypeError, match=r"dataset_kws; did you mean dataset_kwargs or dataset\? allowed"):
+        make_task("reasoning_gym", dataset="chain_sum", dataset_kws={})
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) colour; allowed: dataset"):  # nothing near: no guess
+        make_task("reasoning_gym", dataset="chain_sum", colour="red")
 
 
 def test_missing_required_kwarg():

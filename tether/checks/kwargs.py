@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from tether.config import ConfigError
+from tether.config import ConfigError, did_you_mean
 
 
 def check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, ...] = ()) -> None:
@@ -18,7 +18,8 @@ def check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: tuple[str, .
     allowed = [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY and n not in skip]
     for key in kwargs:
         if key not in allowed:
-            raise ConfigError(f"{where}.{key}: unknown setting; allowed: {', '.join(allowed) or '(none)'}")
+            raise ConfigError(f"{where}.{key}: unknown setting; {did_you_mean(key, allowed)}allowed: "
+                              f"{', '.join(allowed) or '(none)'}")
 
 
 def _hints(fn: Callable) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import difflib
 import json
 import re
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -124,6 +125,14 @@ def _close_keys(key: str, allowed: list[str]) -> list[str]:
     return [*close, *(k for k in allowed if k == initials and k not in close)]
 
 
+def did_you_mean(key: str, allowed: Iterable[str]) -> str:
+    """``"did you mean a or b? "`` naming the allowed keys ``key`` may have meant, else ``""``: the same guess for a
+    config key, a task's or env's argument and a reward class's keyword, so a misspelt key reads alike wherever it
+    is written."""
+    close = _close_keys(key, list(allowed))
+    return f"did you mean {' or '.join(close)}? " if close else ""
+
+
 def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
     """One line per error of ``err`` (validating ``model``): the key path, what is wrong, the value; an unknown key
     gets the closest allowed keys (did you mean) and every key its section allows; a wrong container type gets the
@@ -136,10 +145,9 @@ def validation_lines(err: ValidationError, model: type[BaseModel], prefix: str =
         if e["type"] == "extra_forbidden":
             section = _section_class(model, e["loc"][:-1])
             allowed = sorted(section.model_fields) if section is not None else []
-            close = _close_keys(str(e["loc"][-1]), allowed)
             parent = ((prefix,) if prefix else ()) + tuple(e["loc"][:-1])
             where = _format_loc(parent) if parent else "the top level"
-            guess = f"did you mean {' or '.join(close)}? " if close else ""
+            guess = did_you_mean(str(e["loc"][-1]), allowed)
             lines.append(f"  {key}: unknown key; {guess}{where} allows: {', '.join(allowed)}")
             continue
         # a validator's own message, without pydantic's "Value error, "; a whole-config validator's names its keys

@@ -11,6 +11,7 @@ import functools
 import inspect
 from typing import Any
 
+from tether.config import did_you_mean
 from tether.envs.base import TextEnv
 from tether.envs.safe import SafeEnv
 from tether.registry import Registry, load_target
@@ -55,7 +56,7 @@ def check_env_kwargs(name: str, kwargs: dict[str, Any]) -> None:
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise TypeError(f"env {name!r} got unknown keyword(s) {', '.join(unknown)}; "
-                        f"allowed: {', '.join(allowed) or '(none)'}")
+                        f"{did_you_mean(unknown[0], allowed)}allowed: {', '.join(allowed) or '(none)'}")
 
 
 def make_env(name: str, **kwargs: Any) -> TextEnv:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.config import ConfigError, RewardTermConfig
+from tether.config import ConfigError, RewardTermConfig, did_you_mean
 from tether.user_code import resolve_target
 
 if TYPE_CHECKING:
@@ -92,8 +92,9 @@ def check_batch_signature(fn: Callable, kwargs: dict[str, Any], key: str) -> Non
                           "a default (or take **kwargs)")
     unknown = sorted(k for k in kwargs if k not in names and not var_kw)
     if unknown:
-        raise ConfigError(f"{key}: {_name(fn)!r} takes no keyword {unknown[0]!r}; it takes: "
-                          f"{', '.join(sorted(names - set(BATCH_ARGS))) or '(none)'}")
+        takes = sorted(names - set(BATCH_ARGS))
+        raise ConfigError(f"{key}: {_name(fn)!r} takes no keyword {unknown[0]!r}; "
+                          f"{did_you_mean(unknown[0], takes)}it takes: {', '.join(takes) or '(none)'}")
 
 
 def _built(cls: type, spec: RewardTermConfig, key: str) -> Any:
@@ -258,8 +259,8 @@ def check_class_kwargs(cls: type, kwargs: dict[str, Any], key: str) -> None:
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         unknown = sorted(set(kwargs) - set(params))
         if unknown:
-            raise ConfigError(f"{key}.{unknown[0]}: {cls.__name__} takes no such argument; it takes: "
-                              f"{', '.join(params) or '(none)'}")
+            raise ConfigError(f"{key}.{unknown[0]}: {cls.__name__} takes no such argument; "
+                              f"{did_you_mean(unknown[0], params)}it takes: {', '.join(params) or '(none)'}")
     missing = [n for n, p in params.items() if p.default is p.empty and n not in kwargs
                and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if missing:

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from tether.config import did_you_mean
 from tether.registry import Registry
 from tether.tasks.base import Task
 from tether.user_code import resolve_target
@@ -56,7 +57,7 @@ def check_task_kwargs(name: str, factory: Callable[..., Task], kwargs: dict[str,
     unknown = [k for k in kwargs if k not in allowed]
     if unknown:
         raise TypeError(f"task {name!r} got unknown argument(s) {', '.join(unknown)}; "
-                        f"allowed: {', '.join(allowed)}")
+                        f"{did_you_mean(unknown[0], allowed)}allowed: {', '.join(allowed)}")
     missing = [p for p in allowed if params[p].default is inspect.Parameter.empty and p not in kwargs]
     if missing:
         raise TypeError(f"task {name!r} is missing required argument(s) {', '.join(missing)}")
