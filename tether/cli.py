@@ -141,6 +141,8 @@ def _train(cfg: Config) -> dict:
 def evaluate(path: Path, overrides: Overrides = None,
              config: Annotated[Path | None, typer.Option(help="config with the task/env")] = None) -> None:
     """Evaluate a checkpoint (or a run's best) on the held-out set: avg@k / pass@k, or an env's success rate."""
+    if config is None and not path.exists():
+        raise ConfigError(_no_checkpoint(path))
     run_config = config or _find_run_config(path)
     command = config_command(run_config)
     if config is None and command != "train":
@@ -160,6 +162,20 @@ def evaluate(path: Path, overrides: Overrides = None,
     if audit is not None:  # to stderr: stdout stays one JSON object for scripts (tether experiment reads it)
         typer.echo(audit, err=True)
     typer.echo(json.dumps(result, indent=2))
+
+
+def _no_checkpoint(path: Path) -> str:
+    """Why ``path``, a run's checkpoint that is not there, cannot be evaluated, and what its folder holds instead:
+    without this the path went on as ``model.name`` and the line said it was neither a directory, an alias nor a
+    Hub id, which names a key the user never wrote. A run with ``val.every: 0`` never writes ``best``."""
+    folder = path.parent
+    there = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    line = f"{path} does not exist"
+    if there:
+        line += f"; {folder} holds: {', '.join(there)}"
+    if path.name == "best":
+        line += " (best is written when validation runs: val.every > 0)"
+    return line + "; or pass a model with --config CONFIG.yaml"
 
 
 def _find_run_config(path: Path) -> Path:

@@ -142,6 +142,24 @@ def test_eval_of_an_sft_checkpoint_without_a_config_says_to_pass_one(tmp_path):
     assert f"tether eval {tmp_path / 'checkpoint'} --config CONFIG.yaml" in out.output
 
 
+def test_eval_of_a_checkpoint_that_is_not_there_names_it_and_what_the_run_holds(tmp_path):
+    """A run trained with val.every=0 has no checkpoints/best: `tether eval RUN/checkpoints/best` said
+    `model.name: '...best' is not a directory here, nor a tether alias ...`, a key the user never wrote."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for name in ("step_000002", "latest"):
+        (checkpoints / name).mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text(Path(QUICKSTART).read_text())
+    out = run("eval", str(checkpoints / "best"))
+    assert out.exit_code == EXIT_CONFIG
+    assert out.output.strip() == (f"{checkpoints / 'best'} does not exist; {checkpoints} holds: latest, step_000002 "
+                                  "(best is written when validation runs: val.every > 0); or pass a model with "
+                                  "--config CONFIG.yaml")
+    out = run("eval", str(tmp_path / "nowhere" / "ckpt"))
+    assert out.exit_code == EXIT_CONFIG
+    assert out.output.strip() == f"{tmp_path / 'nowhere' / 'ckpt'} does not exist; or pass a model with --config " \
+                                 "CONFIG.yaml"
+
+
 def test_warnings_are_one_line_and_progress_bars_stay_out_of_logs(monkeypatch):
     # the CLI sets both for its process; restored here after the in-process run
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
