@@ -7,6 +7,10 @@ def to_chat(row):
     return {"prompt": row["messages"], "answer": row["target"], "source": "test"}
 
 
+def misspelt_column(row):
+    return {"prompt": row["mesages"], "answer": row["target"]}
+
+
 def bad_messages(row):
     return {"prompt": ["hello"], "answer": "x"}
 

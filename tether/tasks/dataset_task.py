@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tether.config import did_you_mean
 from tether.files import DATA_FORMATS, relative_to_cwd
 from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, prompt_text
@@ -577,13 +578,22 @@ def source_name(path: str, data_files: DataFiles | None) -> str:
     return Path(path).stem if Path(path).expanduser().exists() else path.replace("/", "_")
 
 
+def _columns_hint(error: Exception, row: dict[str, Any]) -> str:
+    """For a ``KeyError`` of a format function (``row["questoin"]``, the commonest slip), the nearest column and the
+    columns the row has: the bare ``KeyError: 'questoin'`` leaves the user to open the data to see them."""
+    if not isinstance(error, KeyError) or not error.args or not isinstance(error.args[0], str):
+        return ""
+    columns = sorted(row)
+    return f"; {did_you_mean(error.args[0], columns)}the row's columns: {', '.join(columns)}"
+
+
 def _apply(fn: Callable, name: str | None, row: dict[str, Any], index: int) -> dict[str, Any]:
     """``fn(row)``, checked to be a mapping; a failure names the row."""
     try:
         out = fn(dict(row))
     except Exception as error:  # the user's function: its failure is the data's problem to report
         raise ValueError(f"format_fn{f' {name!r}' if name else ''} failed on row {index} "
-                         f"({type(error).__name__}: {error})") from None
+                         f"({type(error).__name__}: {error}{_columns_hint(error, row)})") from None
     if not isinstance(out, dict):
         raise ValueError(f"format_fn{f' {name!r}' if name else ''} returned {type(out).__name__} for row {index}, "
                          "not a dict like {'prompt': ..., 'answer': ...}")
