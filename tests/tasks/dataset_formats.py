@@ -11,6 +11,14 @@ def misspelt_column(row):
     return {"prompt": row["mesages"], "answer": row["target"]}
 
 
+def one_message(row):
+    return {"prompt": row["messages"][0], "answer": row["target"]}
+
+
+def sharegpt(row):
+    return {"prompt": [{"from": "human", "value": row["messages"][0]["content"]}], "answer": row["target"]}
+
+
 def bad_messages(row):
     return {"prompt": ["hello"], "answer": "x"}
 

@@ -151,6 +151,12 @@ def config_with(tmp_path, **kwargs):
     ({"prompt_field": "messages", "answer_field": "nope"}, "answer_field: no column 'nope'"),
     ({"prompt_field": "target", "answer_field": "target", "format_fn": f"{FMT}:bad_messages"},
      "message 0 is 'hello', not"),
+    ({"format_fn": f"{FMT}:one_message"},  # a message not in a list: the line said only "is dict, not ..."
+     r"of row 0 of .* is dict, not a string nor a non-empty list of \{role, content\} messages; a single message\? "
+     r"put it in a list, \[\{role, content\}\]$"),
+    ({"format_fn": f"{FMT}:sharegpt"},
+     r"message 0 is \{'from': 'human', 'value': 'Say 0.'\}, not \{'role': str, 'content': str or text/image "
+     r"parts\}; ShareGPT's \{from, value\} messages: map them to \{role, content\} with a format_fn$"),
     ({"format_fn": f"{FMT}:with_image"},  # the line held the image's 50 KB of bytes
      r"^task.kwargs: row 0 of .*: content parts: image 0: its 'bytes' holds str, not bytes$"),
     ({"format_fn": f"{FMT}:to_chta"}, "did you mean 'to_chat'"),

@@ -138,13 +138,17 @@ def check_messages(value: Any, where: str) -> None:
         ValueError: naming ``where`` and the first bad message.
     """
     if not isinstance(value, list) or not value:
+        one = "; a single message? put it in a list, [{role, content}]" if isinstance(value, dict) else ""
         raise ValueError(f"{where} is {type(value).__name__}, not a string nor a non-empty list of "
-                         "{role, content} messages")
+                         f"{{role, content}} messages{one}")
     for i, message in enumerate(value):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                 and _is_content(message.get("content"))):
+            sharegpt = isinstance(message, dict) and {"from", "value"} <= message.keys()  # a common layout
+            hint = "; ShareGPT's {from, value} messages: map them to {role, content} with a format_fn" \
+                if sharegpt else ""
             raise ValueError(f"{where}: message {i} {_message_problem(message)}, not "
-                             "{'role': str, 'content': str or text/image parts}")
+                             f"{{'role': str, 'content': str or text/image parts}}{hint}")
 
 
 def _is_content(content: Any) -> bool:
