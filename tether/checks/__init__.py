@@ -1,7 +1,8 @@
 """Every check that needs no model, run by ``tether validate`` and at the start of ``train``, ``eval``, ``sft``,
 ``seed-sft`` and each stage of a recipe, before a model loads or the run directory is written.
 
-* :mod:`tether.config` reads a config and checks its schema (keys, types, ranges); it imports nothing of tether's.
+* :mod:`tether.config` reads a config and checks its schema (keys, types, ranges); of tether it imports only
+  :mod:`tether.errors`.
 * What the config says, against the registries (:mod:`~tether.checks.components`, :mod:`~tether.checks.workload`):
   component names and settings, each method's ``check_config``, the task's or environment's ``check_config``.
 * What it names on this machine (:mod:`~tether.checks.machine`): models, data files, packages, the engine;
