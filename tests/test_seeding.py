@@ -9,10 +9,11 @@ import torch
 
 from tests.rollout.helpers import ScriptedEngine, seed_sft_config
 from tests.trainer.helpers import tiny_config
+from tether.engine.base import sampling_params
 from tether.engine.hf import HFEngine
 from tether.recipes.seed_sft import rollout_episodes
-from tether.rollout import single_turn
-from tether.rollout.single_turn import GENERATE_ROWS
+from tether.rollout import chunks
+from tether.rollout.chunks import GENERATE_ROWS
 from tether.seeding import SEED_BITS, derive_seed, rank_seed, step_seed
 from tether.trainer.build import build_collector
 
@@ -105,9 +106,10 @@ def test_the_rows_of_a_group_split_over_engine_calls_still_sample_differently(ti
     """A group of 8 cut into two engine calls of 4 (GENERATE_ROWS at 4): each call has its own seed, and the rows
     of one call their own draws of its generator, so no two rows of the group repeat one another."""
     model, tok = tiny_policy
-    monkeypatch.setattr(single_turn, "GENERATE_ROWS", 4)
+    monkeypatch.setattr(chunks, "GENERATE_ROWS", 4)
     collector = build_collector(tiny_config(tmp_path, "rollout.max_new_tokens=8"), tok)
-    batch = collector.generate(HFEngine(model, tok), collector.task.train[:1], 8, collector.sampling(), seed=5)
+    params = sampling_params(collector.cfg.rollout)
+    batch = collector.generate(HFEngine(model, tok), collector.task.train[:1], 8, params, seed=5)
     rows = [tuple(r[m.bool()].tolist()) for r, m in zip(batch.response_ids, batch.response_mask, strict=True)]
     assert len(set(rows)) == 8, rows
 

@@ -172,6 +172,7 @@ def rejection_examples(cfg: SFTRunConfig, s: SFTConfig, device: torch.device) ->
     says); the correct ones, judged by the task ``tether train`` builds: with ``task.rewards`` (and ``task.score``)
     applied, so a row without a gold answer under ``score: false`` is correct when its reward is positive, and a row
     a reward function faults on is wrong (:class:`~tether.rewards.RewardedTask`)."""
+    from tether.engine.base import sampling_params
     from tether.engine.hf import HFEngine
     from tether.models import load_policy
     from tether.models.policy import model_load_errors
@@ -187,7 +188,7 @@ def rejection_examples(cfg: SFTRunConfig, s: SFTConfig, device: torch.device) ->
     engine = HFEngine(sampler.to(device), tokenizer, bf16_autocast=cfg.model.bf16_autocast,
                       logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
     items = task.train[: s.examples] if s.examples else task.train
-    batch = collector.generate(engine, items, s.samples_per_prompt, collector.sampling(), seed=s.data_seed)
+    batch = collector.generate(engine, items, s.samples_per_prompt, sampling_params(rl.rollout), seed=s.data_seed)
     kept = [(item, text) for item, text, ok in zip(batch.info["item"], batch.info["text"], batch.correct.tolist(),
                                                    strict=True) if ok]
     if not kept:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from tether.config import load_config
-from tether.engine.base import SamplingParams
+from tether.engine.base import SamplingParams, sampling_params
 from tether.engine.hf import HFEngine
 from tether.envs.thin_ice import at_fork, states_lesson
 from tether.lab.seed_third import third_design_gate
@@ -60,7 +60,7 @@ def play(collector: AgentCollector, engine: HFEngine, seeds: list[int], copies: 
         collector.encode = lambda ep: encode_chat(tok, augment_with_skill(  # type: ignore[method-assign]
             build_prompt(ep, collector.env_cfg.history, collector.action_format), skill))
     episodes = collector.start_episodes(seeds, copies)
-    rows = collector.run_episodes(engine, episodes, collector.sampling(), seed)
+    rows = collector.run_episodes(engine, episodes, sampling_params(collector.cfg.rollout), seed)
     collector.__dict__.pop("encode", None)
     return episodes, rows
 

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from tests.rollout.helpers import ScriptedEngine, agent_config
+from tether.engine.base import sampling_params
 from tether.envs import ENVS
 from tether.envs import workers as workers_module
 from tether.envs.workers import LocalEnvPool, RayEnvPool, RemoteEnv
@@ -34,7 +35,7 @@ def collector(tmp_path, tokenizer, workers: int, *overrides: str) -> AgentCollec
 def play(collector: AgentCollector, tokenizer, tasks: int = 2, copies: int = 3) -> tuple[list, list]:
     """(turn rows, episode outcomes) of ``copies`` episodes of the first ``tasks`` training tasks."""
     episodes = collector.start_episodes(collector.train_seeds[:tasks], copies)
-    rows = collector.run_episodes(ScriptedEngine(tokenizer), episodes, collector.sampling(), seed=0)
+    rows = collector.run_episodes(ScriptedEngine(tokenizer), episodes, sampling_params(collector.cfg.rollout), seed=0)
     return ([(r["episode"].episode_id, r["turn"], r["text"], r["valid"]) for r in rows],
             [(e.ret, e.won, e.fault, [t["action"] for t in e.turns]) for e in episodes])
 

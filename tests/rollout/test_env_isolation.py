@@ -12,6 +12,7 @@ import pytest
 
 from tests.rollout.helpers import ScriptedEngine, agent_config
 from tether.config import ConfigError
+from tether.engine.base import sampling_params
 from tether.envs import ENVS
 from tether.errors import EnvFaultError
 from tether.rollout.multi_turn import AgentCollector
@@ -27,7 +28,7 @@ def process_fault_env():
 
 def play(collector: AgentCollector, tokenizer) -> tuple[list, list]:
     episodes = collector.start_episodes(collector.train_seeds[:2], 3)
-    rows = collector.run_episodes(ScriptedEngine(tokenizer), episodes, collector.sampling(), seed=0)
+    rows = collector.run_episodes(ScriptedEngine(tokenizer), episodes, sampling_params(collector.cfg.rollout), seed=0)
     return ([(r["episode"].episode_id, r["turn"], r["text"], r["valid"]) for r in rows],
             [(e.ret, e.won, e.fault, [t["action"] for t in e.turns]) for e in episodes])
 
@@ -99,6 +100,6 @@ def test_a_step_that_faulted_is_not_an_invalid_action(tmp_path, tokenizer, parse
     rows, episodes = play(collector, tokenizer)
     assert len(rows) == 6 and all(fault and "parser crashed" in fault for _, _, fault, _ in episodes)
     batch = collector.to_batch(collector.run_episodes(ScriptedEngine(tokenizer), collector.start_episodes(
-        collector.train_seeds[:2], 3), collector.sampling(), seed=0))
+        collector.train_seeds[:2], 3), sampling_params(collector.cfg.rollout), seed=0))
     assert batch.rewards.tolist() == [0.0] * 6  # the faulted episodes' return, 0, and no -0.1
     assert all(valid for *_, valid in rows)

@@ -13,8 +13,10 @@ from tests.trainer.helpers import tiny_config
 from tether.engine.base import SamplingParams, sampling_params
 from tether.recipes.seed_sft import rollout_episodes
 from tether.rewards.task import build_config_task
+from tether.rollout.base import NoHooks
 from tether.rollout.multi_turn import AgentCollector
 from tether.rollout.single_turn import SingleTurnCollector
+from tether.seeding import StepSeeds
 
 ROLLOUT = {"max_new_tokens": 12, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "stop": ["</answer>"]}
 VAL = {"temperature": 0.5, "top_p": 0.8, "greedy": False, "max_prompts": 1}
@@ -56,12 +58,13 @@ def test_sampling_params_of_training_and_of_validation(tmp_path):
                                                                    greedy=True, stop=("</answer>",))
 
 
-def test_single_turn_and_agent_validation_sample_alike(tmp_path, tiny_policy):
+def test_single_turn_and_agent_training_and_validation_sample_alike(tmp_path, tiny_policy):
     _, tokenizer = tiny_policy
     task_cfg = tiny_config(tmp_path, rollout=ROLLOUT, val=VAL)
     single = SingleTurnCollector(build_config_task(task_cfg), tokenizer, task_cfg)
     agent = AgentCollector(agent_config(tmp_path, rollout=ROLLOUT, val=VAL), tokenizer)
-    assert single.sampling() == agent.sampling() == TRAIN_PARAMS
+    assert asked_for(lambda engine: single.collect(engine, StepSeeds(0, 0), NoHooks())) == TRAIN_PARAMS
+    assert asked_for(lambda engine: agent.collect(engine, StepSeeds(0, 0), NoHooks())) == TRAIN_PARAMS
     assert asked_for(lambda engine: single.validate(engine, seed=0)) == VAL_PARAMS
     assert asked_for(lambda engine: agent.validate(engine, seed=0)) == VAL_PARAMS
 

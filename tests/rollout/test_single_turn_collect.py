@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.trainer.helpers import tiny_config
-from tether.engine.base import Generation
+from tether.engine.base import Generation, sampling_params
 from tether.errors import RefillShortfall
 from tether.methods.base import Method, MethodSettings
 from tether.methods.hooks import MethodSet
@@ -193,7 +193,7 @@ def test_each_item_is_sampled_from_its_own_prompt_whatever_its_id(tmp_path, toke
     collector = SingleTurnCollector(task, tokenizer, tiny_config(tmp_path))
     engine = EchoEngine()
     items = [*task.train, *task.val]
-    batch = collector.generate(engine, items, 2, collector.sampling(), seed=0)
+    batch = collector.generate(engine, items, 2, sampling_params(collector.cfg.rollout), seed=0)
     want = [tokenizer.apply_chat_template([{"role": "system", "content": task.system_prompt},
                                            {"role": "user", "content": item.prompt}],
                                           add_generation_prompt=True, tokenize=True, return_dict=False)

@@ -16,7 +16,7 @@ field              what it is
 ``policy``         the policy being trained (read it; the optimiser owns its weights)
 ``reference``      the reference policy as a :class:`Reference` (None when the run loads none)
 ``engine``         the engine the collector samples with, holding the policy's current weights
-``sampling``       the collector's sampling parameters of a training rollout
+``sampling``       a training rollout's sampling parameters (``sampling_params(cfg.rollout)``)
 ``sample_groups``  the collector's ``generate(engine, items, n, params, seed, *, group_ids, source)`` when it is a
                    :class:`~tether.rollout.base.GroupSampler` (the single-turn collector): ``n`` scored samples per
                    task item (None under the agent loop, which is not one)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import Config, ConfigError, SeedSFTRunConfig, SkillSFTSettings, load_command_config
-from tether.engine.base import SamplingParams
+from tether.engine.base import SamplingParams, sampling_params
 from tether.engine.hf import HFEngine
 from tether.files import read_jsonl, write_jsonl
 from tether.methods import method_config
@@ -63,7 +63,7 @@ def rollout_episodes(cfg: Config, policy: Any, tokenizer: Any, s: SkillSFTSettin
                           "raise env.train_tasks or lower the SFT tasks")
     engine = engine or HFEngine(policy, tokenizer, bf16_autocast=cfg.model.bf16_autocast,
                                 logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
-    params = collector.sampling()
+    params = sampling_params(cfg.rollout)
     if s.temperature is not None:  # stage 1's own rollout temperature
         params = dataclasses.replace(params, temperature=s.temperature)
     seeds = collector.train_seeds[:s.tasks]

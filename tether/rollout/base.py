@@ -52,9 +52,6 @@ class Collector(Protocol):
     # Fields of tether.algos.AdvantageInputs the collector's rows carry (tether.advantage_inputs reads them).
     advantage_tags: ClassVar[frozenset[str]]
 
-    def sampling(self) -> SamplingParams:
-        """The sampling parameters of a training rollout."""
-
     def collect(self, engine: RolloutEngine, seeds: StepSeeds,
                 hooks: GenerationHooks) -> tuple[RolloutBatch, dict[str, float]]:
         """One RL step's batch, on the CPU, and its rollout metrics."""

@@ -50,8 +50,8 @@ from tether.faults import FaultLog
 from tether.files import append_jsonl
 from tether.models.vision import encode_message, is_processor, observation_images
 from tether.rollout.batch import RolloutBatch
-from tether.rollout.single_turn import GENERATE_ROWS, PromptStream, validation_progress
-from tether.seeding import derive_seed
+from tether.rollout.chunks import generate_in_chunks
+from tether.rollout.single_turn import PromptStream, validation_progress
 
 if TYPE_CHECKING:
     from tether.config import Config, EnvConfig
@@ -184,10 +184,6 @@ class AgentCollector:
         self._next_group, self._next_episode, self.faults = (state["next_group"], state["next_episode"],
                                                              state["faults"])
 
-    def sampling(self) -> SamplingParams:
-        """``rollout``'s sampling (:func:`~tether.engine.base.sampling_params`)."""
-        return sampling_params(self.cfg.rollout)
-
     # -- episodes ----------------------------------------------------------------------------
 
     def start_episodes(self, seeds: list[int], copies: int) -> list[Episode]:
@@ -219,16 +215,13 @@ class AgentCollector:
                 live = [ep for ep in episodes if not ep.done]
                 if not live:
                     break
-                prompts = [self.encode(ep) for ep in live]
-                for start in range(0, len(live), GENERATE_ROWS):
-                    chunk = live[start:start + GENERATE_ROWS]
-                    # on the CPU: rows are cut from it one by one, and the batch is built there
-                    gen = engine.generate(prompts[start:start + GENERATE_ROWS], params,
-                                          seed=derive_seed(seed, turn, start), intervention=intervention).to("cpu")
+                for _, chunk, prompts, gen in generate_in_chunks(engine, live, self.encode, params, (seed, turn),
+                                                                 intervention):
+                    gen = gen.to("cpu")  # rows are cut from it one by one, and the batch is built on the CPU
                     # parse (against admissible actions) and step every env of the chunk in one pool call
                     outcomes = self.envs.act_all([ep.env for ep in chunk], gen.texts)
                     for j, (ep, outcome) in enumerate(zip(chunk, outcomes, strict=True)):
-                        rows.append(self._record(ep, turn, prompts[start + j], gen, j, outcome))
+                        rows.append(self._record(ep, turn, prompts[j], gen, j, outcome))
                     if on_turn is not None:
                         on_turn(sum(ep.done for ep in episodes), len(episodes))
             if on_turn is not None:  # the episodes max_turns ended are finished too
@@ -324,7 +317,8 @@ class AgentCollector:
         tasks = [self.train_seeds[i] for i in self.stream.take(r.prompts_per_step)]
         before = self.faults
         episodes = self.start_episodes(tasks, r.group_size)
-        rows = self.run_episodes(engine, episodes, self.sampling(), seeds("rollout"), intervention=hooks.intervention())
+        rows = self.run_episodes(engine, episodes, sampling_params(r), seeds("rollout"),
+                                 intervention=hooks.intervention())
         self._warn_faults(before, len(episodes), f"step {seeds.step + 1}", f"env/faults={self.faults} so far")
         if not rows:
             raise no_episode_started(self.env_cfg, episodes, f"step {seeds.step + 1}")

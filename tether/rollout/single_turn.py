@@ -19,7 +19,7 @@ from tether.health.reward_audit import answer_shares, component_shares
 from tether.models import encode_chat
 from tether.models.vision import encode_vision_messages, is_processor
 from tether.rollout.batch import RolloutBatch, zero_variance_groups
-from tether.seeding import derive_seed
+from tether.rollout.chunks import generate_in_chunks
 from tether.tasks import metrics as task_metrics
 from tether.tasks.base import prompt_text, score_batch, task_split
 from tether.tasks.images import image_key, open_image, prompt_messages
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from tether.seeding import StepSeeds
     from tether.tasks import Task, TaskItem
 
-GENERATE_ROWS = 64  # rows per engine call: bounds KV-cache memory on CPU
 VISUAL_PROMPTS_KEPT = 256  # encoded prompts with images kept: each holds its pixels (~1 MB), a text one a few ids
 
 
@@ -151,10 +150,6 @@ class SingleTurnCollector:
             self._visual_cache.popitem(last=False)
         return ids
 
-    def sampling(self) -> SamplingParams:
-        """``rollout``'s sampling (:func:`~tether.engine.base.sampling_params`)."""
-        return sampling_params(self.cfg.rollout)
-
     def generate(self, engine: RolloutEngine, items: list[TaskItem], n: int, params: SamplingParams, seed: int,
                  *, group_ids: list[int] | None = None, source: int = 0,
                  intervention: Intervention | None = None,
@@ -166,10 +161,8 @@ class SingleTurnCollector:
             self._next_group += len(items)
         rows = [(item, gid) for item, gid in zip(items, group_ids, strict=True) for _ in range(n)]
         parts = []
-        for start in range(0, len(rows), GENERATE_ROWS):
-            chunk = rows[start:start + GENERATE_ROWS]
-            prompts = [self.prompt_ids(item) for item, _ in chunk]
-            gen = engine.generate(prompts, params, seed=derive_seed(seed, start), intervention=intervention)
+        for start, chunk, prompts, gen in generate_in_chunks(engine, rows, lambda row: self.prompt_ids(row[0]),
+                                                             params, (seed,), intervention):
             parts.append(self._score(chunk, prompts, gen, source))
             if on_rows is not None:
                 on_rows(start + len(chunk), len(rows))
@@ -229,7 +222,7 @@ class SingleTurnCollector:
         described: list[tuple[list, list]] = []  # every row's item and text, for the task's response features
         for gen_batch in range(r.max_gen_batches):
             items = [self.task.train[i] for i in self.stream.take(per_batch)]
-            batch = self.generate(engine, items, r.group_size, self.sampling(), seeds("rollout", gen_batch),
+            batch = self.generate(engine, items, r.group_size, sampling_params(r), seeds("rollout", gen_batch),
                                   intervention=hooks.intervention())
             n_seen += per_batch
             generated.append(batch.correct)

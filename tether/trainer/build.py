@@ -21,6 +21,7 @@ from tether import algos
 from tether.checks.components import needs_reference
 from tether.config import Config
 from tether.distributed import build_strategy
+from tether.engine.base import sampling_params
 from tether.engine.registry import build_engine, engine_entry
 from tether.health import HealthMonitor
 from tether.health.degenerate import vocab_size
@@ -176,7 +177,7 @@ class TrainerBuild:
         and helpers, never the trainer."""
         return StepContext(step=self.step, cfg=self.cfg, device=self.device, run_dir=self.run_dir,
                            tokenizer=self.tokenizer, policy=self.policy, reference=self.reference,
-                           engine=self.sampling_engine, sampling=self.collector.sampling(),
+                           engine=self.sampling_engine, sampling=sampling_params(self.cfg.rollout),
                            sample_groups=group_sampler(self.collector), log_probs=self.log_probs,
                            make_engine=self.make_engine, mini_batch=mini_batch)
 
