@@ -72,10 +72,8 @@ def check_advantage(cfg: Config) -> None:
 def _producers(tag: str) -> str:
     """Who could produce ``tag``, in config terms: ``injected comes from methods.eapo``."""
     from tether.methods import METHODS
-    from tether.rollout.multi_turn import AgentCollector
-    from tether.rollout.single_turn import SingleTurnCollector
+    from tether.rollout.collectors import collector_classes
 
     who = [f"methods.{name}" for name, method in sorted(METHODS.items()) if tag in method.advantage_tags]
-    who += [where for where, collector in (("task", SingleTurnCollector), ("env", AgentCollector))
-            if tag in collector.advantage_tags]
+    who += [section for section, collector in collector_classes().items() if tag in collector.advantage_tags]
     return f"{tag} comes from {' or '.join(who) or 'nothing registered'}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from tether.config import Config
     from tether.engine.base import Intervention, RolloutEngine, SamplingParams
     from tether.rollout.batch import RolloutBatch
     from tether.seeding import StepSeeds
@@ -51,6 +52,10 @@ class Collector(Protocol):
 
     # Fields of tether.algos.AdvantageInputs the collector's rows carry (tether.advantage_inputs reads them).
     advantage_tags: ClassVar[frozenset[str]]
+
+    @classmethod
+    def from_config(cls, cfg: Config, tokenizer: Any) -> Collector:
+        """The collector of ``cfg``'s workload, encoding prompts with ``tokenizer`` (``tether train``, ``eval``)."""
 
     def collect(self, engine: RolloutEngine, seeds: StepSeeds,
                 hooks: GenerationHooks) -> tuple[RolloutBatch, dict[str, float]]:

@@ -175,6 +175,11 @@ class AgentCollector:
         self.faults = 0
         self.fault_log = FaultLog(Path(cfg.run_dir) / FAULT_LOG)
 
+    @classmethod
+    def from_config(cls, cfg: Config, tokenizer: Any) -> AgentCollector:
+        """The agent loop of ``cfg.env`` (the constructor itself: the env section is all it needs)."""
+        return cls(cfg, tokenizer)
+
     def state_dict(self) -> dict[str, Any]:
         return {"stream": self.stream.state_dict(), "next_group": self._next_group,
                 "next_episode": self._next_episode, "faults": self.faults}

@@ -117,6 +117,13 @@ class SingleTurnCollector:
         self._next_group = 0
         self.reward_faults = 0
 
+    @classmethod
+    def from_config(cls, cfg: Config, tokenizer: Any) -> SingleTurnCollector:
+        """The collector of ``cfg.task``, with ``task.rewards`` added (as ``tether train`` and ``tether eval`` use)."""
+        from tether.rewards import build_config_task
+
+        return cls(build_config_task(cfg), tokenizer, cfg)
+
     def state_dict(self) -> dict[str, Any]:
         return {"stream": self.stream.state_dict(), "next_group": self._next_group, "faults": self.reward_faults}
 

@@ -45,14 +45,10 @@ from tether.trainer.rundir import prepare_run_dir
 
 
 def build_collector(cfg: Config, tokenizer: Any) -> Collector:
-    """Single-turn groups for a ``task``, the multi-turn agent loop for an ``env`` (:func:`collector_class`)."""
+    """The collector of ``cfg``'s workload (:func:`collector_class`), built as it says (``from_config``)."""
     collector = collector_class(cfg)
     apply_chat_template(tokenizer, cfg.model.chat_template)  # before any prompt is encoded
-    if cfg.task is not None:
-        from tether.rewards import build_config_task
-
-        return collector(build_config_task(cfg), tokenizer, cfg)  # the task, with task.rewards added
-    return collector(cfg, tokenizer)
+    return collector.from_config(cfg, tokenizer)
 
 
 class TrainerBuild:
