@@ -40,7 +40,7 @@ class Recorder(torch.nn.Module):
 def trainer_pass(flag: bool) -> tuple[bool, torch.dtype]:
     trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(model=types.SimpleNamespace(bf16_autocast=flag)),
                                     device=CPU)
-    with build.TrainerBuild.autocast(trainer):
+    with build.TrainerBuild.autocast.fget(trainer)():
         return precision()
 
 
@@ -58,7 +58,9 @@ def engine_pass(flag: bool) -> tuple[bool, torch.dtype]:
 
 
 def test_every_forward_pass_takes_its_precision_from_one_context():
-    assert step.autocast is build.autocast is sft.autocast is hf.autocast is autocast
+    assert build.autocast is sft.autocast is hf.autocast is autocast
+    # scoring's passes take the trainer's own context (TrainerBuild.autocast), not one built again
+    assert "autocast" not in vars(step)
 
 
 @pytest.mark.parametrize("flag", [False, True])

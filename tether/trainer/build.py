@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -196,9 +197,11 @@ class TrainerBuild:
             return
         self.engine.load_weights(serving_state_dict(self.policy))
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The precision context of every trainer forward pass (scoring and the loss alike)."""
-        return autocast(self.device, self.cfg.model.bf16_autocast)
+    @property
+    def autocast(self) -> Callable[[], contextlib.AbstractContextManager]:
+        """The precision context of every trainer forward pass, scoring (``ctx.log_probs`` too) and the loss alike:
+        ``with self.autocast():``. It holds no trainer, so :func:`~tether.trainer.step.score_log_probs` carries it."""
+        return partial(autocast, self.device, self.cfg.model.bf16_autocast)
 
 
 def rollout_engine(model: Any, *, strategy: Any, tokenizer: Any, cfg: Config) -> Any:

@@ -11,6 +11,7 @@ on the CPU, :meth:`StepPhases.train_step` moves it once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from tether.distributed.strategy import every_rank_micro_batches
 from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
-from tether.models.forward import autocast, decoder_tokens, head_logits_can_be_kept, response_log_probs
+from tether.models.forward import decoder_tokens, head_logits_can_be_kept, response_log_probs
 from tether.models.layers import activation_bytes, head_logit_bytes
 from tether.rollout.batch import RolloutBatch
 
@@ -110,7 +111,7 @@ class StepPhases:
     def log_probs(self) -> Callable[..., torch.Tensor]:
         """The step's scoring, ``log_probs(model, batch, prompt_ids=None)``: old and reference log-probs, and
         ``ctx.log_probs`` (:func:`score_log_probs` in this step's update groups; it holds no trainer)."""
-        return functools.partial(score_log_probs, cfg=self.cfg, device=self.device, world_size=self.dp.world_size,
+        return functools.partial(score_log_probs, cfg=self.cfg, precision=self.autocast, world_size=self.dp.world_size,
                                  shuffle_seed=self.seed_for("shuffle"))
 
     def score(self, batch: RolloutBatch) -> dict[str, float]:
@@ -404,7 +405,8 @@ def update_mini_batches(n_rows: int, seed: int, mini_batches: int) -> tuple[torc
 
 @torch.no_grad()
 def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]] | None = None, *, cfg: Config,
-                    device: torch.device, world_size: int, shuffle_seed: int) -> torch.Tensor:
+                    precision: Callable[[], contextlib.AbstractContextManager], world_size: int,
+                    shuffle_seed: int) -> torch.Tensor:
     """log-probs of the batch's response tokens under ``model`` (optionally after other prompts), no grad: in the
     trainer's precision and sampling temperature, and in the micro-batches of the update's first pass. [N, T], 0
     on padding.
@@ -419,6 +421,7 @@ def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]]
     the update's own forward as pi_old, as :meth:`StepPhases.score` does.
 
     Args:
+        precision: the trainer's precision context (``TrainerBuild.autocast``), the update's.
         world_size: data-parallel ranks; each scores every rank's rows (a sharded model: the same calls on each).
         shuffle_seed: the step's ``seed_for("shuffle")``, the update's.
     """
@@ -432,7 +435,7 @@ def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]]
                                               o.max_tokens_per_micro_batch):
             rows = [mini[i] for i in group]
             micro = narrowed(batch, rows, lengths)
-            with autocast(device, cfg.model.bf16_autocast):
+            with precision():
                 lp, _ = response_log_probs(model, [prompts[r] for r in rows], micro.response_ids,
                                            micro.response_mask, temperature=cfg.rollout.temperature,
                                            chunk_size=cfg.train.logprob_chunk_tokens)
