@@ -8,8 +8,8 @@ The rules (docs in :mod:`tether.methods.base`):
 
 The trainer holds one :class:`MethodSet` and calls it at fixed points of the step, each time with the
 :class:`~tether.methods.context.StepContext` of that point. A collector gets the set bound to the step's context
-(:meth:`MethodSet.generation_hooks`), which is all it sees of the methods; it folds the methods' generation metrics
-over the step's generation batches (:class:`GenerationFold`).
+(:meth:`MethodSet.generation_hooks`, a :class:`BoundHooks`), which is all it sees of the methods; the bound set,
+not the collector, folds the methods' generation metrics over the step's generation batches (:class:`GenerationFold`).
 """
 
 from __future__ import annotations

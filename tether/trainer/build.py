@@ -117,7 +117,6 @@ class TrainerBuild:
         if resume_from is not None:
             self.resume(resume_from)
 
-
     def _build_ref(self, policy: Any) -> Any:
         """The frozen reference: ``model.ref_name``, else the initial policy: a copy, or with LoRA the policy with
         its adapters off (no copy; it stays the initial policy since only the adapters train), or with a frozen
@@ -217,7 +216,6 @@ def configured_engine(model: Any, tokenizer: Any, cfg: Config) -> Any:
     settings = r.engine_kwargs if r.dtype is None else {**r.engine_kwargs, "dtype": r.dtype}
     return build_engine(r.engine, model, tokenizer, cfg.model, settings,
                         logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
-
 
 
 def layer_checkpointing(policy: Any, mode: bool | str) -> LayerCheckpointing | None:

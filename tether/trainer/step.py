@@ -357,7 +357,6 @@ def step_values(sums: dict[str, float], counts: dict[str, int],
     return out
 
 
-
 def loss_mini_batch(batch: RolloutBatch, rows: torch.Tensor, *, mask_truncated: bool) -> MiniBatch:
     """The mini-batch of ``batch``'s ``rows`` and the normalisers of its loss.
 
@@ -444,12 +443,10 @@ def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]]
     return out * batch.response_mask
 
 
-
 def narrowed(batch: RolloutBatch, rows: Sequence[int], lengths: Sequence[tuple[int, int]]) -> RolloutBatch:
     """``rows`` of ``batch``, cut to the longest response among them: a micro-batch of short rows does not run
     the padding columns of the batch's longest one (masked out, they change no log-prob)."""
     return batch.select(rows).narrow(max(1, *(lengths[r][1] for r in rows)))
-
 
 
 def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
