@@ -30,8 +30,8 @@ def char_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
 
 
-def write_config(tmp_path, name="arm.yaml", val=None, **task_kwargs):
-    cfg = {"model": {"name": "char-64x1"},
+def write_config(tmp_path, name="arm.yaml", val=None, model=None, **task_kwargs):
+    cfg = {"model": model or {"name": "char-64x1"},
            "task": {"name": "addition", "kwargs": {"digits": 1, "train_size": 8, "val_size": 6, "report_size": 6,
                                                    **task_kwargs}},
            "rollout": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
@@ -304,15 +304,62 @@ def test_validate_checks_a_protocol_as_tether_experiment_does(tmp_path):
     assert result.exit_code == 2 and "takes no overrides (seed=3); an arm's go in arms.NAME.overrides" in result.output
 
 
-def test_validate_passes_the_shipped_eapo_protocol(monkeypatch):
+def test_an_arm_whose_checkpoint_is_not_here_is_refused_before_any_run(tmp_path):
+    """An arm whose override named a checkpoint no command had written passed validate, and `tether experiment`
+    trained the other arms, failed that arm's runs, and locked a design that its checkpoint, once written, broke."""
     from typer.testing import CliRunner
 
     from tether.cli import app
 
-    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # its arms name their configs from the repository root
-    result = CliRunner().invoke(app, ["validate", "configs/lab/eapo/protocol.yaml"])
-    assert result.exit_code == 0 and result.output.startswith("ok: configs/lab/eapo/protocol.yaml (tether "
-                                                              "experiment protocol: 6 arms x 5 seeds"), result.output
+    config, checkpoint = write_config(tmp_path), tmp_path / "rft" / "checkpoint"
+    arms = {"low": {"config": str(config)},
+            "high": {"config": str(config), "overrides": [f"model.name={checkpoint}"]}}
+    unnamed = experiment_file(write_protocol(tmp_path / "unnamed", config, arms=arms))
+    result = CliRunner().invoke(app, ["validate", str(unnamed)])
+    assert result.exit_code == 2
+    assert f"arm 'high' ({config}): model.name: '{checkpoint}' is not a directory here" in result.output
+    # the protocol's `# written by:` lines name what writes the inputs its overrides set
+    named = write_protocol(tmp_path / "named", config, arms=arms)
+    named.write_text("# tether experiment protocol.yaml\n# written by: tether sft rft_sft.yaml\n" + named.read_text())
+    expected = (f"arm 'high': model.name={checkpoint}: not here yet; the protocol's inputs are written by "
+                "`tether sft rft_sft.yaml` (run that first)")
+    result = CliRunner().invoke(app, ["validate", str(named)])
+    assert result.exit_code == 2 and result.output.strip() == expected, result.output
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(named)
+    assert str(refused.value) == expected
+    assert not (tmp_path / "named" / "study").exists()  # no run, no lock
+    assert check_protocol(load_protocol(named), inputs=False)  # --report-only reads the runs, not their inputs
+    # with the checkpoint written, the protocol validates
+    checkpoint.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (checkpoint / name).write_text("{}")
+    result = CliRunner().invoke(app, ["validate", str(named)])
+    assert result.exit_code == 0 and result.output.startswith(f"ok: {named}"), result.output
+
+
+def test_an_input_an_arm_config_names_is_refused_with_its_written_by_lines(tmp_path):
+    config = write_config(tmp_path, model={"name": str(tmp_path / "base" / "checkpoint")})
+    config.write_text("# written by: tether sft base_sft.yaml\n" + config.read_text())
+    with pytest.raises(ConfigError) as refused:
+        check_protocol(load_protocol(write_protocol(tmp_path, config)))
+    assert str(refused.value) == (f"arm 'high': model.name={tmp_path}/base/checkpoint: not here yet; {config}'s "
+                                  "inputs are written by `tether sft base_sft.yaml` (run that first)")
+
+
+def test_validate_names_the_first_step_the_shipped_eapo3_protocol_needs(tmp_path, monkeypatch):
+    """The README's miniature lab: on a checkout without runs/, validate names the base's SFT first."""
+    from typer.testing import CliRunner
+
+    from tether.cli import app
+
+    (tmp_path / "configs").symlink_to(Path(__file__).resolve().parents[2] / "configs")
+    monkeypatch.chdir(tmp_path)  # its arms name their configs from the repository root; no runs/ here
+    result = CliRunner().invoke(app, ["validate", "configs/lab/eapo3/protocol.yaml"])
+    assert result.exit_code == 2
+    assert result.output.strip() == ("arm 'grpo': model.name=runs/lab/eapo3/base/checkpoint: not here yet; "
+                                     "configs/lab/eapo3/grpo.yaml's inputs are written by `tether sft "
+                                     "configs/lab/eapo3/base_sft.yaml` (run that first)")
 
 
 def write_env_config(tmp_path, env_name, **kwargs):

@@ -153,6 +153,7 @@ def test_a_checkpoint_directory_an_arm_names_is_locked_by_its_files(tmp_path, mo
     (checkpoint / "config.json").write_text('{"hidden_size": 64}')
     (checkpoint / "model.safetensors").write_bytes(b"weights one")
     (checkpoint / "tokenizer" / "vocab.json").write_text("{}")
+    (checkpoint / "tokenizer.json").write_text("{}")  # a directory without one is refused before any run
     path = three_arms(tmp_path)
     path.write_text(path.read_text().replace("optim.lr=1e-2", f"optim.lr=1e-2\n    - model.name={checkpoint}"))
     run_experiment(path)
@@ -162,7 +163,7 @@ def test_a_checkpoint_directory_an_arm_names_is_locked_by_its_files(tmp_path, mo
         return hashlib.sha256(data).hexdigest()
 
     files = [("config.json", b'{"hidden_size": 64}'), ("model.safetensors", b"weights one"),
-             ("tokenizer/vocab.json", b"{}")]  # sorted by relative path
+             ("tokenizer/vocab.json", b"{}"), ("tokenizer.json", b"{}")]  # sorted by path, part by part
     listing = "".join(f"{name}\0{sha(data)}\n" for name, data in files)
     assert lock["arms"]["high"]["directories"] == {str(checkpoint): sha(listing.encode())}
     assert lock["arms"]["low"]["directories"] == {}

@@ -28,8 +28,8 @@ from tether.checks.components import CONFIG_CHECKS
 from tether.checks.context import shared_tokenizers
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types, check_kwargs
-from tether.checks.machine import check_model, machine_checks
-from tether.checks.startup import check_prerequisites, startup_checks
+from tether.checks.machine import check_model, check_models, check_workload_inputs, machine_checks
+from tether.checks.startup import check_model_dirs, check_prerequisites, startup_checks
 from tether.checks.workload import check_workload
 from tether.config import (
     Config,
@@ -44,8 +44,8 @@ from tether.config import (
 from tether.methods.base import resolve_method_targets
 from tether.user_code import import_user_modules
 
-__all__ = ["Findings", "check_config", "check_kwarg_types", "check_kwargs", "check_model", "load_checked_config",
-           "run_checks"]
+__all__ = ["Findings", "check_config", "check_inputs", "check_kwarg_types", "check_kwargs", "check_model",
+           "load_checked_config", "run_checks"]
 
 
 def _run(checks: tuple, cfg: Config, found: Findings) -> list[str]:
@@ -98,6 +98,18 @@ def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True) -
     if errors:
         raise ConfigError("\n".join(errors))
     return found.warnings
+
+
+# What a run reads from this machine, of the machine and startup phases of check_config: each model an alias, a
+# cached Hub id or a directory holding a model; the task's or environment's data
+INPUT_CHECKS = (check_models, check_workload_inputs, check_model_dirs)
+
+
+def check_inputs(cfg: Config) -> list[str]:
+    """:data:`INPUT_CHECKS` alone, for a config whose other checks passed (an experiment's arm,
+    :mod:`tether.lab.protocol_checks`): the packages, tokenizers and device are each run's own start to check.
+    Returns the error lines, one per failed check (none: every input is here)."""
+    return _run(INPUT_CHECKS, cfg, Findings())
 
 
 def run_checks(cfg: RunConfig, *, policy: bool = True) -> None:

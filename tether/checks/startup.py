@@ -57,24 +57,33 @@ def _is_alias(name: str) -> bool:
     return is_alias(name)
 
 
+def missing_inputs(cfg: Config, *, policy: bool = True, sft: SFTConfig | None = None) -> dict[str, str]:
+    """Config key -> path of each model or data file the config names that is not here: no such path, and for a
+    model not a tether alias nor a Hub model in the local cache either."""
+    from tether.checks.context import hub_file
+
+    missing = {key: value for key, value in data_inputs(cfg, sft).items() if not Path(value).expanduser().exists()}
+    for key, value in model_inputs(cfg, policy=policy).items():
+        if not (_is_alias(value) or Path(value).expanduser().exists() or hub_file(value, "config.json") is not None):
+            missing[key] = value
+    return missing
+
+
+def prerequisite_line(missing: dict[str, str], written_by: list[str], whose: str = "this config's") -> str:
+    """One line naming ``missing`` (key -> path) and, to run first, the commands of ``# written by:`` lines."""
+    commands = "; then ".join(f"`{c}`" for c in written_by)
+    keys = ", ".join(f"{key}={value}" for key, value in missing.items())
+    return f"{keys}: not here yet; {whose} inputs are written by {commands} (run that first)"
+
+
 def check_prerequisites(cfg: Config, found: Findings, *, policy: bool = True, sft: SFTConfig | None = None) -> None:
     """A model or data path the config names that is not here yet, when the config says which command writes its
     inputs (``# written by: COMMAND`` comment lines): that command is named, to run first."""
-    written_by = cfg.written_by
-    if not written_by:
+    if not cfg.written_by:
         return
-    from tether.checks.context import hub_file
-
-    missing = [f"{key}={value}" for key, value in data_inputs(cfg, sft).items()
-               if not Path(value).expanduser().exists()]
-    for key, value in model_inputs(cfg, policy=policy).items():
-        if _is_alias(value) or Path(value).expanduser().exists() or hub_file(value, "config.json") is not None:
-            continue
-        missing.append(f"{key}={value}")
+    missing = missing_inputs(cfg, policy=policy, sft=sft)
     if missing:
-        commands = "; then ".join(f"`{c}`" for c in written_by)
-        raise ConfigError(f"{', '.join(missing)}: not here yet; this config's inputs are written by {commands} "
-                          "(run that first)")
+        raise ConfigError(prerequisite_line(missing, cfg.written_by))
 
 
 def check_model_dirs(cfg: Config, found: Findings, *, policy: bool = True) -> None:

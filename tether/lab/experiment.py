@@ -6,7 +6,7 @@ metrics and the comparisons. The runner
 
 1. checks everything before any run starts (:mod:`.protocol_checks`): each arm's config validates, seeds are
    distinct, the endpoint and secondary metrics are ones validation logs, the task's splits exist and never share a
-   prompt;
+   prompt, the models and data each arm reads are here;
 2. trains the calibration's runs first (``tether.lab.calibration``): if the endpoint does not move on the
    selection split by ``calibration.min_movement``, no other run starts and no endpoint is evaluated;
 3. runs ``tether train`` once per (arm, seed) in its own process with one thread, as many at once as
@@ -418,7 +418,7 @@ def run_experiment(path: str | Path, *, report_only: bool = False, allow_dirty: 
     """
     path = Path(path)
     protocol = load_protocol(path)
-    power = check_protocol(protocol)
+    power = check_protocol(protocol, inputs=not report_only)  # a report reads the runs, not their inputs
     code = code_state()
     if report_only and not (Path(protocol.run_root) / "protocol.lock.json").is_file():
         raise ConfigError(f"{path}: has not run (no {protocol.run_root}/protocol.lock.json), so there is nothing "

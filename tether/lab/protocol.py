@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from tether.checks import load_checked_config
-from tether.config import Config, ConfigError, string_override
+from tether.config import Config, ConfigError, string_override, written_by_lines
 
 
 class _Strict(BaseModel):
@@ -143,6 +143,13 @@ class Protocol(_Strict):
     parallel: int = Field(2, ge=1, description="runs at once, one thread each")
     requires: list[Requirement] = Field(default_factory=list, description="finished protocols whose results this "
                                         "one needs before any run (tether.lab.experiment.check_requirements)")
+    _written_by: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def written_by(self) -> list[str]:
+        """The commands of the protocol file's ``# written by: COMMAND`` lines: what writes the inputs its arms'
+        overrides name (an arm config's own lines name what writes the inputs of that file)."""
+        return list(self._written_by)
 
     @field_validator("seeds")
     @classmethod
@@ -217,14 +224,16 @@ def load_protocol(path: str | Path) -> Protocol:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"protocol file {str(path)!r} does not exist")
+    text = path.read_text()
     try:
-        data = yaml.safe_load(path.read_text())
-        return Protocol.model_validate(data)
+        protocol = Protocol.model_validate(yaml.safe_load(text))
     except yaml.YAMLError as err:
         raise ConfigError(f"protocol {path}: not valid YAML ({err})") from None
     except ValidationError as err:
         lines = [f"  {'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()]
         raise ConfigError(f"protocol {path} is invalid:\n" + "\n".join(lines)) from None
+    protocol._written_by = written_by_lines(text)
+    return protocol
 
 
 def arm_config(protocol: Protocol, arm: str, seed: int) -> Config:

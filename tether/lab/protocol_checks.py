@@ -1,6 +1,7 @@
 """What ``tether experiment`` checks before any run starts: each arm's config validates, seeds are distinct, the
-endpoint and secondary metrics are ones validation logs, the task's splits exist and never share a prompt, and the
-seeds reach the test size at a spread measured before registration (:func:`check_protocol`)."""
+endpoint and secondary metrics are ones validation logs, the task's splits exist and never share a prompt, the
+seeds reach the test size at a spread measured before registration, and every model and data file an arm reads is
+here (:func:`check_protocol`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import inspect
 import math
 import re
 
-from tether.config import Config, ConfigError
+from tether.checks import check_inputs
+from tether.checks.startup import missing_inputs, prerequisite_line
+from tether.config import Config, ConfigError, parse_override
 from tether.lab import stats
 from tether.lab.protocol import Protocol, arm_config, load_protocol
 
@@ -26,9 +29,10 @@ def higher_is_better(metric: str) -> bool:
     return metric not in NOT_HIGHER_IS_BETTER and not AGENT_FLAG_METRIC.fullmatch(metric)
 
 
-def check_protocol(protocol: Protocol) -> str:
+def check_protocol(protocol: Protocol, *, inputs: bool = True) -> str:
     """Everything that can be checked without a model: the seeds' power (:func:`check_power`), arm configs, metric
-    names, splits and their overlap. Returns :func:`check_power`'s line."""
+    names, splits and their overlap, and (``inputs``) the models and data each arm reads (:func:`check_arm_inputs`;
+    off to report on runs that exist). Returns :func:`check_power`'s line."""
     power = check_power(protocol)
     metrics = [protocol.endpoint.metric, *protocol.secondary]
     if protocol.endpoint.at == "best" and protocol.endpoint.split == "val":
@@ -47,8 +51,8 @@ def check_protocol(protocol: Protocol) -> str:
         if r.arm not in other.compared():
             raise ConfigError(f"requires[{i}].arm={r.arm!r} is not an arm {r.protocol} compares with its baseline; "
                               f"allowed: {', '.join(other.compared())}")
-    for arm in protocol.arms:
-        cfg = arm_config(protocol, arm, protocol.seeds[0])
+    configs = {arm: arm_config(protocol, arm, protocol.seeds[0]) for arm in protocol.arms}
+    for arm, cfg in configs.items():
         known = val_metric_names(cfg)
         for metric in metrics:
             if metric not in known and not (cfg.env is not None and AGENT_FLAG_METRIC.fullmatch(metric)):
@@ -69,7 +73,46 @@ def check_protocol(protocol: Protocol) -> str:
             check_splits(arm, cfg, protocol.endpoint.split)
         else:
             check_env_split(arm, cfg, protocol.endpoint.split)
+    if inputs:
+        check_arm_inputs(protocol, configs)
     return power
+
+
+def check_arm_inputs(protocol: Protocol, configs: dict[str, Config]) -> None:
+    """Every model and data file each arm's run reads (``configs``: each arm's resolved config, the calibration's
+    arms among them) is here, checked as ``tether validate CONFIG`` checks a config's (:func:`missing_inputs`,
+    :func:`tether.checks.check_inputs`): a study whose arm cannot start would train the others first, and lock a
+    design whose missing directory, once written, differs from the lock, so that no later invocation could resume it.
+
+    A missing input is named with the commands that write it where they are known: the arm config's
+    ``# written by:`` lines for a path its file sets, the protocol's own for one the arm's overrides set (the
+    arm config's lines say what writes *its* inputs, not an override's). Those with a known command come first,
+    over every arm: running it may write what other arms lack too.
+
+    Raises:
+        ConfigError: one line: the arm, each missing ``key=path``, and the commands to run first, or the first
+            failed input check of an arm.
+    """
+    for arm, cfg in configs.items():
+        a = protocol.arms[arm]
+        missing = missing_inputs(cfg)
+        overridden = {k: v for k, v in missing.items() if set_by_overrides(k, a.overrides)}
+        own = {k: v for k, v in missing.items() if k not in overridden}
+        for found, commands, whose in ((own, cfg.written_by, f"{a.config}'s"),
+                                       (overridden, protocol.written_by, "the protocol's")):
+            if found and commands:
+                raise ConfigError(f"arm {arm!r}: {prerequisite_line(found, commands, whose)}")
+    for arm, cfg in configs.items():
+        errors = check_inputs(cfg)
+        if errors:
+            raise ConfigError(f"arm {arm!r} ({protocol.arms[arm].config}): {errors[0]}")
+
+
+def set_by_overrides(key: str, overrides: list[str]) -> bool:
+    """Whether an override sets the dotted ``key`` or a section holding it (``methods.eapo={prior: ...}`` sets
+    ``methods.eapo.prior``)."""
+    parts = key.split(".")
+    return any(parts[:len(path)] == path for path in (parse_override(o)[0] for o in overrides))
 
 
 def check_power(protocol: Protocol) -> str:
