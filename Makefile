@@ -22,9 +22,11 @@ quickstart: install
 	$(BIN)/tether train configs/quickstart.yaml
 	$(BIN)/tether plot runs/quickstart
 
+# one pytest worker per core (pytest-xdist), each file on one worker so its module fixtures are built once;
+# `pytest tests/some_file.py` alone runs in one process
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile
 
 lint:
 	$(BIN)/ruff check .
