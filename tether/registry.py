@@ -93,8 +93,9 @@ class Registry(Mapping[str, T]):
         if self._check is not None:
             try:
                 self._check(entry)
-            except (TypeError, ValueError) as err:
-                raise type(err)(f"{self.kind} '{name}': {err}") from None
+            except (TypeError, ValueError) as err:  # the same error, its message prefixed, its traceback kept
+                err.args = (f"{self.kind} '{name}': {err}",)
+                raise
         return entry
 
     def register(self, name: str, *, needs: tuple[str, ...] = ()) -> Callable[[T], T]:

@@ -14,7 +14,7 @@ import yaml
 from scipy import stats as scipy_stats
 
 from tether.config import ConfigError
-from tether.lab import experiment, report
+from tether.lab import calibration, experiment, report, stats
 from tether.lab.calibration import measure
 from tether.lab.experiment import check_protocol, load_protocol, pool_experiments, run_experiment
 from tether.lab.protocol import run_dir
@@ -499,13 +499,31 @@ def test_a_published_report_is_rebuilt_from_its_report_json_alone(tmp_path):
 def test_a_recorded_calibration_gets_its_seeds_back_as_numbers():
     """report.json keeps the calibration's per-seed movements under string keys: read back as they are, the report
     listed seed 10 before seed 2."""
-    measured = {"kind": "rise", "arm": "a", "metric": "m", "min_movement": 0.1, "seeds": [2, 10], "why": "",
-                "added_after_registration": None, "status": "passed", "per_seed": {2: 0.5, 10: 0.25}, "mean": 0.375,
-                "ci_low": 0.1, "ci_high": 0.6}
+    per_seed = {2: 0.5, 10: 0.25, 3: 0.375}
+    measured = {"kind": "rise", "arm": "a", "metric": "m", "min_movement": 0.1, "seeds": [2, 3, 10], "why": "",
+                "added_after_registration": None, "per_seed": per_seed,
+                **calibration.judged(per_seed, dict.fromkeys(per_seed, 0.0), 0.1)}
     recorded = json.loads(json.dumps(measured))
-    assert list(recorded["per_seed"]) == ["2", "10"]
+    assert list(recorded["per_seed"]) == ["2", "10", "3"]
     assert report.recorded_calibration(recorded) == measured
-    assert "(per seed: 2: +0.500, 10: +0.250)" in report.calibration_lines(report.recorded_calibration(recorded))[-2]
+    assert "(per seed: 2: +0.500, 3: +0.375, 10: +0.250)" in \
+        report.calibration_lines(report.recorded_calibration(recorded))[-2]
+
+
+def test_a_recorded_calibration_is_judged_again_by_todays_rules():
+    """A report rebuilt from report.json labels its comparisons by the calibration's status: the status recorded
+    under older rules (one seed's movement "failed", which labelled every comparison not testable) is judged again,
+    here spread not estimable; its mean and interval are the recorded movements' own."""
+    recorded = {"kind": "rise", "arm": "a", "metric": "m", "min_movement": 0.1, "seeds": [4], "why": "",
+                "added_after_registration": None, "status": "failed", "per_seed": {"4": 0.3}, "mean": 0.3,
+                "ci_low": -math.inf, "ci_high": math.inf}
+    again = report.recorded_calibration(recorded)
+    assert again["status"] == stats.SPREAD_NOT_ESTIMABLE and again["per_seed"] == {4: 0.3}
+    assert again["mean"] == pytest.approx(0.3)
+    many = {**recorded, "seeds": [0, 1, 2], "status": "failed", "per_seed": {"0": 0.3, "1": 0.4, "2": 0.35}}
+    assert report.recorded_calibration(many)["status"] == calibration.PASSED  # mean 0.35, interval [0.23, 0.47]
+    incomplete = {**recorded, "status": calibration.INCOMPLETE, "per_seed": {}, "mean": None}
+    assert report.recorded_calibration(incomplete) == incomplete
 
 
 def test_a_protocol_that_requires_another_runs_only_after_that_result(tmp_path):

@@ -58,14 +58,14 @@ def make_batch(groups: dict[int, list[bool]], *, source: int = 0, width: int = 3
     )
 
 
+SAMPLING = "on-policy sampling params"  # what the context hands the reference's sampling
+
+
 class StubCollector:
     """Records generate() calls and answers with reference samples whose correctness is given per group."""
 
     def __init__(self, ref_correct: dict[int, list[bool]], width: int = 5) -> None:
         self.ref_correct, self.width, self.calls = ref_correct, width, []
-
-    def sampling(self) -> str:
-        return "on-policy sampling params"
 
     def generate(self, engine, items, n, params, seed, *, group_ids=None, source=0, intervention=None):
         self.calls.append(dict(engine=engine, items=items, n=n, params=params, seed=seed, group_ids=group_ids,
@@ -81,7 +81,7 @@ def stub_context(*, step: int = 0, collector: StubCollector | None = None, polic
     collector = collector or StubCollector({})
     return StepContext(step=step, cfg=SimpleNamespace(seed=0, task=object(), rollout=SimpleNamespace(group_size=N_ON)),
                        device=torch.device("cpu"), run_dir=Path("."), tokenizer=None, policy=policy,
-                       reference=reference or Reference("REF"), engine=None, sampling=collector.sampling(),
+                       reference=reference or Reference("REF"), engine=None, sampling=SAMPLING,
                        sample_groups=collector.generate, log_probs=None, make_engine=lambda model: f"engine({model})")
 
 

@@ -163,7 +163,8 @@ def config_with(tmp_path, **kwargs):
     ({"format_fn": f"{FMT}:no_args"}, "must take one argument"),
     ({"format_fn": f"{FMT}:not_a_dict"}, "returned list for row 0"),
     ({"format_fn": f"{FMT}:misspelt_column"},  # said only "(KeyError: 'mesages')", not what the row holds
-     r"failed on row 0 \(KeyError: 'mesages'; did you mean messages\? the row's columns: messages, target\)$"),
+     r"failed on row 0 \(KeyError: 'mesages'; did you mean messages\? "
+     r"the row's top-level columns: messages, target\)$"),
     ({"split": "validation"}, "split='validation'"),
 ])
 def test_bad_data_is_one_line_before_any_model_loads(tmp_path, saved, kwargs, message):

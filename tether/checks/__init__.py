@@ -107,7 +107,8 @@ INPUT_CHECKS = (check_models, check_workload_inputs, check_model_dirs)
 
 def check_inputs(cfg: Config) -> list[str]:
     """:data:`INPUT_CHECKS` alone, for a config whose other checks passed (an experiment's arm,
-    :mod:`tether.lab.protocol_checks`): the packages, tokenizers and device are each run's own start to check.
+    :mod:`tether.lab.protocol_checks`): an env whose package is missing is refused here (its module must import);
+    the other packages, the tokenizers and the device are each run's own start to check.
     Returns the error lines, one per failed check (none: every input is here)."""
     return _run(INPUT_CHECKS, cfg, Findings())
 

@@ -98,9 +98,16 @@ def measure(protocol: Protocol, locate: Callable[[str, int], Path]) -> dict[str,
         ends = {seed: movement_ends(protocol, locate, seed) for seed in seeds}
     except RuntimeError as err:  # a trained run without the validation the calibration reads
         return {**result, "status": INCOMPLETE, "per_seed": {}, "mean": None, "missing": [str(err)]}
-    diff = stats.paired_difference({s: e[0] for s, e in ends.items()}, {s: e[1] for s, e in ends.items()})
-    return {**result, "status": verdict(diff, c.min_movement), "per_seed": {s: a - b for s, (a, b) in ends.items()},
-            "mean": diff.mean, "ci_low": diff.low, "ci_high": diff.high}
+    return {**result, "per_seed": {s: a - b for s, (a, b) in ends.items()},
+            **judged({s: e[0] for s, e in ends.items()}, {s: e[1] for s, e in ends.items()}, c.min_movement)}
+
+
+def judged(first: dict[int, float], second: dict[int, float], min_movement: float) -> dict[str, Any]:
+    """The status, mean and interval of a calibration whose movement per seed is ``first - second``, by today's
+    rules: what :func:`measure` derives from the two ends, and a report rebuilt from a published ``report.json``
+    from the recorded movements (``second`` 0)."""
+    diff = stats.paired_difference(first, second)
+    return {"status": verdict(diff, min_movement), "mean": diff.mean, "ci_low": diff.low, "ci_high": diff.high}
 
 
 def verdict(diff: stats.Interval, min_movement: float) -> str:

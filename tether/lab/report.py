@@ -14,7 +14,7 @@ from typing import Any
 
 from tether.config import ConfigError
 from tether.lab import stats
-from tether.lab.calibration import FAILED, INCOMPLETE, PASSED, selection_values
+from tether.lab.calibration import FAILED, INCOMPLETE, PASSED, judged, selection_values
 from tether.lab.protocol import Protocol, arm_config, run_dir
 
 
@@ -203,7 +203,8 @@ def rebuilt_lines(rebuilt: dict[str, Any] | None) -> list[str]:
         return []
     return [f"**Rebuilt** from the published `{rebuilt['from']}` (the runs, calibration and registration recorded "
             f"there; the lock line above is as first reported) by the lab at commit `{rebuilt['commit'][:10]}` "
-            f"(tree clean: {rebuilt['clean']}): the intervals, tests and labels follow that commit's rules.", ""]
+            f"(tree clean: {rebuilt['clean']}): the calibration's verdict, the intervals, tests and labels follow that "
+            "commit's rules; the failures are as recorded.", ""]
 
 
 def calibration_lines(c: dict[str, Any]) -> list[str]:
@@ -388,9 +389,14 @@ def rebuild_published(folder: str | Path, code: dict[str, Any]) -> dict[str, Any
 
 
 def recorded_calibration(calibration: dict[str, Any]) -> dict[str, Any]:
-    """A calibration as ``report.json`` holds it, with its per-seed keys back to the seeds they were: JSON keys are
-    strings, which sort seed 10 before seed 2 in the report."""
-    return {**calibration, "per_seed": {int(seed): v for seed, v in calibration["per_seed"].items()}}
+    """A calibration as ``report.json`` holds it, with its per-seed keys back to the seeds they were (JSON keys are
+    strings, which sort seed 10 before seed 2 in the report), judged again by today's rules (:func:`judged`): the
+    comparisons' labels follow its status. One still incomplete stays as recorded."""
+    per_seed = {int(seed): v for seed, v in calibration["per_seed"].items()}
+    if calibration["status"] == INCOMPLETE or not per_seed:
+        return {**calibration, "per_seed": per_seed}
+    again = judged(per_seed, dict.fromkeys(per_seed, 0.0), calibration["min_movement"])
+    return {**calibration, "per_seed": per_seed, **again}
 
 
 def unfinished(data: dict[str, Any]) -> list[str]:

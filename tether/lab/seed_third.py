@@ -152,7 +152,7 @@ def seeds_needed(delta: float, spread: float = SPREAD) -> int:
     fewer than MIN_SEEDS.
 
     Raises:
-        ValueError: ``delta`` is not positive (no number of seeds reaches it).
+        ValueError: ``delta`` is not positive (no number of seeds reaches it), or ``spread`` is not (no MDE).
     """
     return max(seeds_for(spread, delta), MIN_SEEDS)
 

@@ -587,8 +587,8 @@ def _columns_hint(error: Exception, row: dict[str, Any]) -> str:
     columns the row has: the bare ``KeyError: 'questoin'`` leaves the user to open the data to see them."""
     if not isinstance(error, KeyError) or not error.args or not isinstance(error.args[0], str):
         return ""
-    columns = sorted(row)
-    return f"; {did_you_mean(error.args[0], columns)}the row's columns: {', '.join(columns)}"
+    columns = sorted(map(str, row))
+    return f"; {did_you_mean(error.args[0], columns)}the row's top-level columns: {', '.join(columns)}"
 
 
 def _apply(fn: Callable, name: str | None, row: dict[str, Any], index: int) -> dict[str, Any]:
