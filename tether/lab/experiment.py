@@ -39,7 +39,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import tether
 from tether.config import Config, ConfigError, move_saved_keys
 from tether.files import append_jsonl, write_text_atomic
 from tether.lab.calibration import PASSED, endpoint_step, measure, trained
@@ -47,25 +46,20 @@ from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_ar
 from tether.lab.protocol_checks import check_protocol, endpoint_split_overrides
 from tether.lab.report import unfinished, write_report
 from tether.processes import starter_env
+from tether.provenance import CODE_ROOT, git_state
 from tether.track.progress import StepLines, status
 from tether.trainer.rundir import fill_defaults, setting_defaults
 
 # -- the code a run imports ------------------------------------------------------------------------
 
-CODE_ROOT = Path(tether.__file__).resolve().parents[1]  # the checkout whose code every run's process imports
-
 
 def code_state(root: Path = CODE_ROOT) -> dict[str, Any]:
     """The commit checked out at ``root`` and whether the tree is clean: no tracked change and no untracked file
     outside .gitignore (``changed`` lists up to ten of them). Not a git checkout: commit ``unknown``, not clean."""
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True,
-                                check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
+    git = git_state(root)
+    if git is None:
         return {"commit": "unknown", "clean": False, "changed": ["(not a git checkout)"]}
-    return {"commit": commit, "clean": not status, "changed": [line[3:] for line in status[:10]]}
+    return {"commit": git.commit, "clean": not git.changed, "changed": git.changed[:10]}
 
 
 def refuse_dirty(code: dict[str, Any]) -> None:
