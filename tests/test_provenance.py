@@ -1,13 +1,27 @@
-"""The code a process runs (tether/provenance.py): the checkout's commit and changes from one git call, nothing where
-there is no checkout or no git."""
+"""What a run records of the code that made it (tether/provenance.py): the checkout's commit and changes from one git
+call, nothing where there is no checkout or no git, and the versions of tether and its libraries."""
 
 from __future__ import annotations
 
+import json
+import platform
 import subprocess
+from importlib.metadata import version
 
 import pytest
+import torch
+import transformers
 
-from tether.provenance import git_state
+from tether import provenance
+from tether.provenance import code_provenance, git_state, record_provenance
+
+
+@pytest.fixture
+def checkout_read_again():
+    """The checkout is read once per process: each test reads it afresh and leaves it to be read afresh."""
+    provenance._imported_checkout.cache_clear()
+    yield
+    provenance._imported_checkout.cache_clear()
 
 
 def git(root, *args: str) -> str:
@@ -49,3 +63,23 @@ def test_no_commit_where_tether_is_not_the_top_of_a_checkout(repo, tmp_path_fact
     assert git_state(tmp_path_factory.mktemp("plain")) is None
     monkeypatch.setenv("PATH", "")  # no git on this machine
     assert git_state(repo) is None
+
+
+def test_code_provenance_names_the_versions_and_the_commit(repo, monkeypatch, checkout_read_again):
+    monkeypatch.setattr(provenance, "CODE_ROOT", repo)
+    (repo / "a.py").write_text("changed\n")
+    assert code_provenance() == {
+        "tether": version("tether"), "commit": git(repo, "rev-parse", "HEAD"), "clean": False,
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+    }
+    git(repo, "checkout", "a.py")
+    assert code_provenance()["clean"] is False  # read once per process: the tree the run imported had the change
+
+
+def test_without_git_the_commit_is_none_and_nothing_fails(repo, monkeypatch, tmp_path, checkout_read_again):
+    monkeypatch.setattr(provenance, "CODE_ROOT", repo)
+    monkeypatch.setenv("PATH", "")
+    record_provenance(tmp_path, 0)
+    (entry,) = json.loads((tmp_path / "provenance.json").read_text())
+    assert (entry["commit"], entry["clean"], entry["from_step"]) == (None, None, 0)
+    assert entry["tether"] == version("tether") and entry["torch"] == torch.__version__

@@ -11,8 +11,6 @@ import os
 import signal
 import sys
 import warnings
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +28,7 @@ from tether.config import (
 )
 from tether.errors import TetherError
 from tether.processes import end_with_starter
+from tether.provenance import tether_version
 
 
 class _TetherGroup(TyperGroup):
@@ -59,16 +58,9 @@ app = typer.Typer(cls=_TetherGroup, add_completion=False, no_args_is_help=True,
 Overrides = Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. optim.lr=1e-5")]
 
 
-def tether_version() -> str:
-    try:
-        return package_version("tether")
-    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
-        return "unknown (not installed)"
-
-
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"tether {tether_version()}")
+        typer.echo(f"tether {tether_version() or 'unknown (not installed)'}")
         raise typer.Exit()
 
 

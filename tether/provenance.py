@@ -1,15 +1,30 @@
-"""Which code runs: the git commit of the checkout tether is imported from, and what differs from it.
+"""Which code made a run: tether's version, the git commit of its checkout, and the versions of the libraries.
 
-:func:`git_state` is the one reader of a checkout (the lab's code record, ``tether.lab.experiment.code_state``).
+:func:`code_provenance` is written into a run directory at each start (``provenance.json``: one entry per start or
+resume, :func:`record_provenance`), into each checkpoint's ``trainer_state.pt`` (its ``provenance`` key) and into the
+config the metric sinks record, so a run or a checkpoint read weeks later names the code that wrote it.
+:func:`git_state` is the one reader of a checkout: the lab's code record (``tether.lab.experiment.code_state``) uses it
+too.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import platform
 import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from tether.files import write_text_atomic
 
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) this process imports tether from
+PROVENANCE = "provenance.json"
+# libraries a run may not import: recorded only when this process has imported them
+OPTIONAL = ("peft", "vllm")
 
 
 class GitState(NamedTuple):
@@ -48,3 +63,67 @@ def _changed_path(line: str) -> str:
     fields = {"1": 8, "2": 9, "u": 10}.get(line[0], 1)
     return line.split(" ", fields)[fields].split("\t")[0]
 
+
+@functools.cache
+def _imported_checkout() -> GitState | None:
+    """Read once per process: what a process runs is what it imported when it started, whatever the tree holds by
+    its next checkpoint."""
+    return git_state(CODE_ROOT)
+
+
+def tether_version() -> str | None:
+    """tether's installed version; None for a source tree on ``PYTHONPATH`` that was never installed."""
+    try:
+        return version("tether")
+    except PackageNotFoundError:
+        return None
+
+
+def _library_version(name: str) -> str | None:
+    module = sys.modules.get(name)
+    if module is not None and isinstance(getattr(module, "__version__", None), str):
+        return module.__version__
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def code_provenance() -> dict[str, Any]:
+    """The code this process runs: ``tether`` (its version), ``commit`` and ``clean`` (None outside a git checkout),
+    ``python``, ``torch``, ``transformers``, and ``peft`` / ``vllm`` where this process imported them."""
+    git = _imported_checkout()
+    return {
+        "tether": tether_version(), "commit": git.commit if git else None, "clean": not git.changed if git else None,
+        "python": platform.python_version(), "torch": _library_version("torch"),
+        "transformers": _library_version("transformers"),
+        **{name: _library_version(name) for name in OPTIONAL if name in sys.modules},
+    }
+
+
+def describe(provenance: dict[str, Any] | None) -> str:
+    """``tether 0.1.0 (commit 1a2b3c4d, uncommitted changes)`` for a provenance entry; an entry without one, or none,
+    reads as tether of no recorded version."""
+    provenance = provenance or {}
+    text = f"tether {provenance.get('tether') or '(no recorded version)'}"
+    if provenance.get("commit"):
+        text += f" (commit {provenance['commit'][:8]}{'' if provenance.get('clean') else ', uncommitted changes'})"
+    return text
+
+
+def read_provenance(run_dir: Path) -> list[dict[str, Any]]:
+    """The entries of ``run_dir/provenance.json``, first start first; none for a run before it or an unreadable
+    file."""
+    try:
+        entries = json.loads((Path(run_dir) / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def record_provenance(run_dir: Path, from_step: int) -> None:
+    """Append this start's code to ``run_dir/provenance.json`` (``from_step``: 0 for a start, the checkpoint's step
+    for a resume), so a resumed run lists every code that trained it."""
+    entry = {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "from_step": from_step,
+             **code_provenance()}
+    write_text_atomic(Path(run_dir) / PROVENANCE, json.dumps([*read_provenance(run_dir), entry], indent=1) + "\n")

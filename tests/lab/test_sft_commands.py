@@ -15,6 +15,7 @@ import pytest
 from tests.rollout.helpers import ScriptedEngine, seed_sft_config
 from tests.trainer.helpers import RecordingSink
 from tether.config import ConfigError, load_command_config
+from tether.provenance import code_provenance
 from tether.recipes.seed_sft import run_skill_sft
 from tether.recipes.sft import run_sft
 from tether.track import JsonlSink, Tracker
@@ -57,7 +58,10 @@ def test_both_commands_hand_their_settings_to_the_sinks_and_write_the_summary(co
     cfg = command_config(command, tmp_path)
     summary = run(command, cfg, tiny_policy)
     assert summary["steps"] == 2 and sink.steps == [1, 2]
-    assert sink.configs == [cfg.model_dump(mode="json")]  # seed-sft's W&B/MLflow/TensorBoard runs had none
+    # seed-sft's W&B/MLflow/TensorBoard runs had none; beside them the code that ran it, when it started (peft,
+    # imported by the policy's load after that, is listed by code_provenance now)
+    (sent,) = sink.configs
+    assert sent.pop("provenance").items() <= code_provenance().items() and sent == cfg.model_dump(mode="json")
     # the tracker's summary.json (a W&B run's summary) is the command's own sft_summary.json
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written == json.loads((tmp_path / "run" / "sft_summary.json").read_text())

@@ -10,6 +10,13 @@ import torch
 
 from tether.track import JsonlSink, Tracker, build_tracker, mlflow_key, to_floats, write_json_atomic
 
+CODE = {"tether": "9.9", "commit": None}  # the code a run records beside its settings (tether/provenance.py)
+
+
+@pytest.fixture(autouse=True)
+def fixed_code(monkeypatch):
+    monkeypatch.setattr("tether.track.tracker.code_provenance", lambda: dict(CODE))
+
 
 class ListSink:
     def __init__(self):
@@ -147,8 +154,8 @@ def test_wandb_and_mlflow_sinks_call_their_apis(tmp_path, monkeypatch):
     assert ("wandb.init", {"dir": str(tmp_path), "project": "p", "mode": "offline"}) in calls
     assert ("wandb.log", 7, {"val/pass@k": 0.5}) in calls
     assert ("mlflow.log", 7, {"val/pass_at_k": 0.5}) in calls
-    assert ("mlflow.params", {"optim.lr": 1e-6}) in calls
-    assert ("wandb.config", {"optim": {"lr": 1e-6}}) in calls
+    assert ("mlflow.params", {"optim.lr": 1e-6, "provenance.tether": "9.9", "provenance.commit": None}) in calls
+    assert ("wandb.config", {"optim": {"lr": 1e-6}, "provenance": CODE}) in calls
     assert calls[-2:] == [("wandb.finish",), ("mlflow.end",)]
     with pytest.raises(ValueError, match="unknown mlflow settings"):
         build_tracker(tmp_path / "b", tensorboard=False, mlflow={"experimant": "e"})
@@ -230,7 +237,8 @@ def test_a_resumed_mlflow_run_keeps_the_params_a_resume_changed_instead_of_faili
           pytest.warns(UserWarning, match=r"train\.steps changed on resume")):
         tracker.log_config({"seed": 0, "train": {"steps": 20}, "logging": {"tensorboard": True}})
     assert trackers.reopened == ["m1"]
-    assert trackers.params["m1"] == {"seed": "0", "train.steps": "10", "logging.tensorboard": "True"}
+    assert trackers.params["m1"] == {"seed": "0", "train.steps": "10", "logging.tensorboard": "True",
+                                     "provenance.tether": "9.9", "provenance.commit": "None"}
 
 
 def test_a_wandb_id_or_resume_the_user_set_is_kept(tmp_path, trackers):

@@ -1,4 +1,5 @@
-"""The run's settings reach every tracker sink that records a config (W&B, MLflow, TensorBoard), once per start."""
+"""The run's settings, and the code that runs it, reach every tracker sink that records a config (W&B, MLflow,
+TensorBoard), once per start."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import yaml
 
 from tests.trainer.helpers import RecordingSink, tiny_config
 from tether.checks import load_checked_config
+from tether.provenance import code_provenance
 from tether.track import JsonlSink, Tracker
 from tether.trainer import Trainer
 
@@ -25,6 +27,7 @@ def test_the_trainer_hands_its_config_to_the_sinks_once(tmp_path, tiny_policy, m
     Trainer(cfg, policy=model, tokenizer=tok).fit()
     assert len(sink.configs) == 1 and sink.steps == [1]
     sent = sink.configs[0]
+    assert sent.pop("provenance") == code_provenance()  # the code that ran it, beside its settings
     assert sent == cfg.model_dump(mode="json")
     assert sent["optim"]["lr"] == 3e-4 and sent["task"]["name"] == "parity"
     assert yaml.safe_load((Path(cfg.run_dir) / "config.yaml").read_text()) == sent  # the file says the same

@@ -405,12 +405,13 @@ def test_a_checkpoint_of_an_older_tether_resumes_without_what_it_lacks_and_says_
     straight = run("straight", 2, copy.deepcopy(model))
     run("run", 1, copy.deepcopy(model))
     older_checkpoint(tmp_path / "run" / "run" / "checkpoints" / "step_000001", "step", "best_value", "val_history",
-                     "rng.python", "rng.numpy")
+                     "rng.python", "rng.numpy", "provenance")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         resumed = Trainer(tiny_config(tmp_path / "run", "train.steps=2", "val.every=1"), policy=copy.deepcopy(model),
                           tokenizer=tok)
     lines = [str(w.message) for w in caught if "older tether" in str(w.message)]
+    assert not [w for w in caught if "was written by" in str(w.message)]  # no version recorded: no version compared
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert "the global python generator" in lines[0] and "the global numpy generator" in lines[0]
     assert "torch generator" not in lines[0] and "the validations before it" in lines[0]
@@ -425,7 +426,7 @@ def test_a_checkpoint_of_an_older_tether_resumes_without_what_it_lacks_and_says_
 def test_a_checkpoint_lacking_what_the_run_cannot_continue_without_is_one_line(tmp_path, tiny_policy, field, named):
     """Without the optimiser's state, the schedule or the data position the run cannot continue as it would have: the
     resume stops with one line naming the file, the field and the section holding it (a field of the collector's
-    was named as if the file lacked it at the top), and guessing no other tether version: the state records none."""
+    was named as if the file lacked it at the top), and no other tether version: this one wrote it."""
     import copy
 
     from tether.config import ConfigError
@@ -437,4 +438,80 @@ def test_a_checkpoint_lacking_what_the_run_cannot_continue_without_is_one_line(t
     with pytest.raises(ConfigError, match=rf"^\S+step_000001/trainer_state\.pt lacks {named}, which this tether "
                                           r"needs to continue the run; set another run_dir \(or train\.resume=never "
                                           r"train\.overwrite=true: deletes this run\)$"):
+        Trainer(tiny_config(tmp_path, "train.steps=2"), policy=copy.deepcopy(model), tokenizer=tok)
+
+
+def test_each_start_and_each_checkpoint_records_the_code_that_ran_it(tmp_path, tiny_policy):
+    """A run directory and its checkpoints named no code: provenance.json gets an entry per start (a resume adds one,
+    from its step) and trainer_state.pt a provenance key, each what code_provenance says of this process."""
+    import copy
+
+    from tether.provenance import code_provenance
+    from tether.trainer import Trainer
+
+    model, tok = tiny_policy
+    Trainer(tiny_config(tmp_path, "train.steps=1"), policy=copy.deepcopy(model), tokenizer=tok).fit()
+    Trainer(tiny_config(tmp_path, "train.steps=2"), policy=copy.deepcopy(model), tokenizer=tok).fit()
+    run = tmp_path / "run"
+    entries = json.loads((run / "provenance.json").read_text())
+    assert [e.pop("from_step") for e in entries] == [0, 1]
+    assert [{k: v for k, v in e.items() if k != "at"} for e in entries] == [code_provenance()] * 2
+    for step in ("step_000001", "step_000002"):
+        assert torch.load(run / "checkpoints" / step / "trainer_state.pt", weights_only=False)["provenance"] == \
+            code_provenance()
+
+
+def written_by(step_dir: Path, tether: str | None) -> None:
+    """``step_dir`` as tether ``tether`` wrote it (None: one from before checkpoints recorded their code), its
+    manifest written again so the checkpoint verifies."""
+    from tether.trainer.checkpoint import write_manifest
+
+    state = torch.load(step_dir / "trainer_state.pt", weights_only=False)
+    if tether is None:
+        del state["provenance"]
+    else:
+        state["provenance"] = {**state["provenance"], "tether": tether, "commit": "01234567" * 5, "clean": True}
+    torch.save(state, step_dir / "trainer_state.pt")
+    write_manifest(step_dir)
+
+
+def test_a_checkpoint_of_another_tether_version_is_said_once_and_resumes(tmp_path, tiny_policy):
+    import copy
+    import warnings
+
+    from tether.provenance import tether_version
+    from tether.trainer import Trainer
+
+    model, tok = tiny_policy
+    Trainer(tiny_config(tmp_path, "train.steps=1"), policy=copy.deepcopy(model), tokenizer=tok).fit()
+    written_by(tmp_path / "run" / "checkpoints" / "step_000001", "0.0.1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = Trainer(tiny_config(tmp_path, "train.steps=2"), policy=copy.deepcopy(model), tokenizer=tok)
+    lines = [str(w.message) for w in caught if "was written by" in str(w.message)]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{tmp_path / 'run' / 'checkpoints' / 'step_000001'} was written by tether 0.0.1 "
+                               f"(commit 01234567); this is tether {tether_version()}")
+    assert lines[0].endswith(": the run continues with this version's code")
+    assert resumed.step == 1
+
+
+@pytest.mark.parametrize("tether,writer", [
+    ("0.0.1", r"\(tether 0\.0\.1 \(commit 01234567\) wrote it; this is tether [^;]+\)"),
+    (None, r"\(it records no tether version: a tether from before checkpoints recorded one wrote it\)")])
+def test_a_missing_field_names_the_tether_that_wrote_the_checkpoint(tmp_path, tiny_policy, tether, writer):
+    import copy
+    import warnings
+
+    from tether.config import ConfigError
+    from tether.trainer import Trainer
+
+    model, tok = tiny_policy
+    Trainer(tiny_config(tmp_path, "train.steps=1"), policy=copy.deepcopy(model), tokenizer=tok).fit()
+    step_dir = tmp_path / "run" / "checkpoints" / "step_000001"
+    older_checkpoint(step_dir, "scheduler")
+    written_by(step_dir, tether)
+    with pytest.raises(ConfigError, match=rf"trainer_state\.pt lacks 'scheduler', which this tether needs to continue "
+                                          rf"the run {writer}; set another run_dir"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         Trainer(tiny_config(tmp_path, "train.steps=2"), policy=copy.deepcopy(model), tokenizer=tok)

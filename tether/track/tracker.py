@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.files import write_text_atomic
+from tether.provenance import code_provenance
 from tether.track.sinks import (
     JsonlSink,
     MetricSink,
@@ -112,11 +113,13 @@ class Tracker:
         return floats
 
     def log_config(self, config: Mapping[str, Any]) -> None:
-        """Hand the config (JSON-mode values) to the sinks that record one (W&B, MLflow, TensorBoard's text).
+        """Hand the config (JSON-mode values) to the sinks that record one (W&B, MLflow, TensorBoard's text), with
+        the code that runs it under ``provenance`` (:func:`~tether.provenance.code_provenance`).
 
         ``run_dir/config.yaml`` is not written here: the command writes it once, with
         :func:`~tether.config.dump_config`, which keeps the config's own mapping keys (a JSON-mode dump would turn
         ``{0: 0.5}`` into ``{'0': 0.5}``, which ``tether eval --config`` then refuses)."""
+        config = {**config, "provenance": code_provenance()}
         for sink in self.sinks:
             if hasattr(sink, "log_config"):
                 sink.log_config(config)

@@ -27,6 +27,7 @@ import yaml
 from tether.config import Config, RunConfig, dump_config, move_saved_keys, read_yaml, schema_defaults
 from tether.distributed import DataParallel
 from tether.methods import METHODS
+from tether.provenance import PROVENANCE, record_provenance
 from tether.start import RunDirError, lock_run_dir
 from tether.track import TENSORBOARD_DIR, write_text_atomic
 from tether.track.progress import status
@@ -204,14 +205,15 @@ def _earlier_run(run_dir: Path, checkpoints: CheckpointManager) -> str | None:
 
 
 def _start_afresh(run_dir: Path, checkpoints: CheckpointManager) -> None:
-    """``train.overwrite``: the earlier run's checkpoints, metric rows and TensorBoard events go, so nothing of it is
-    resumed, evaluated or plotted as this run's later (TensorBoard would show the earlier run's values beside the new
-    ones at the same steps)."""
+    """``train.overwrite``: the earlier run's checkpoints, metric rows, ``provenance.json`` and TensorBoard events go,
+    so nothing of it is resumed, evaluated or plotted as this run's later (TensorBoard would show the earlier run's
+    values beside the new ones at the same steps)."""
     for path in [*checkpoints.step_dirs(), checkpoints.root / "best"]:
         if path.is_dir():
             shutil.rmtree(path)
     (checkpoints.root / "latest").unlink(missing_ok=True)
-    (run_dir / "best.txt").unlink(missing_ok=True)
+    for name in ("best.txt", PROVENANCE):
+        (run_dir / name).unlink(missing_ok=True)
     for name in ("metrics.jsonl", *SAMPLE_LOGS):
         truncate_metrics(run_dir / name, -1)
     shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
@@ -330,7 +332,7 @@ def finished_summary(cfg: Config) -> dict[str, Any] | None:
 
 def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParallel) -> Path | None:
     """Lock and tidy ``cfg.run_dir``, choose where the run starts (:func:`plan_start`), say it, and write its
-    ``config.yaml``.
+    ``config.yaml`` and this start's entry of ``provenance.json`` (:func:`~tether.provenance.record_provenance`).
 
     Collective under ``torchrun`` (rank 0 writes, every rank reads the same choice).
 
@@ -366,5 +368,6 @@ def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParalle
             _start_afresh(run_dir, checkpoints)
         status(start_line(run_dir, start, overwrites))
         write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+        record_provenance(run_dir, dir_step(start) if start is not None else 0)
     dp.barrier()
     return start

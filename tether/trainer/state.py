@@ -11,32 +11,46 @@ from typing import Any
 import torch
 
 from tether.config import ConfigError
+from tether.provenance import code_provenance, describe
 from tether.trainer.checkpoint import dir_step, load_state, restore_rng_state, rng_state, say_not_restored
 
 
 class MissingState(KeyError):
-    """A key ``trainer_state.pt`` lacks (``within``: the section of it that lacks ``key``, None at the top)."""
+    """A key ``trainer_state.pt`` lacks (``within``: the section of it that lacks ``key``, None at the top;
+    ``written_by``: the provenance the file records, None for one written before checkpoints recorded it)."""
 
-    def __init__(self, path: Path, key: Any, within: str | None = None) -> None:
+    def __init__(self, path: Path, key: Any, within: str | None = None,
+                 written_by: dict[str, Any] | None = None) -> None:
         super().__init__(key)
-        self.path, self.key, self.within = path, key, within
+        self.path, self.key, self.within, self.written_by = path, key, within, written_by
 
     def __str__(self) -> str:
         where = f" in its {self.within!r}" if self.within is not None else ""
-        return (f"{self.path} lacks {self.key!r}{where}, which this tether needs to continue the run; set another "
-                "run_dir (or train.resume=never train.overwrite=true: deletes this run)")
+        return (f"{self.path} lacks {self.key!r}{where}, which this tether needs to continue the run"
+                f"{self._writer()}; set another run_dir (or train.resume=never train.overwrite=true: deletes this run)")
+
+    def _writer(self) -> str:
+        """Who wrote the file, where that may be why it lacks the key: another tether version, or one from before
+        checkpoints recorded their version. Nothing where this version wrote it."""
+        if self.written_by is None:
+            return " (it records no tether version: a tether from before checkpoints recorded one wrote it)"
+        now = code_provenance()
+        if self.written_by.get("tether") == now["tether"]:
+            return ""
+        return f" ({describe(self.written_by)} wrote it; this is {describe(now)})"
 
 
 class StateFile(dict):
-    """``trainer_state.pt``'s dict: reading a key it lacks raises :class:`MissingState`, naming the key and the file
-    (a KeyError raised by what reads a value, such as torch's ``load_state_dict``, stays as it is)."""
+    """``trainer_state.pt``'s dict: reading a key it lacks raises :class:`MissingState`, naming the key, the file
+    and the tether that wrote it (a KeyError raised by what reads a value, such as torch's ``load_state_dict``, stays
+    as it is)."""
 
     def __init__(self, state: dict[str, Any], path: Path) -> None:
         super().__init__(state)
         self.path = path
 
     def __missing__(self, key: Any) -> Any:
-        raise MissingState(self.path, key)
+        raise MissingState(self.path, key, written_by=self.get("provenance"))
 
     def load(self, section: str, load: Callable[[Any], Any]) -> None:
         """``load(self[section])``, a key the section lacks named with it (the section's own ``load_state_dict``
@@ -45,7 +59,17 @@ class StateFile(dict):
         try:
             load(value)
         except KeyError as err:
-            raise MissingState(self.path, err.args[0], within=section) from None
+            raise MissingState(self.path, err.args[0], within=section, written_by=self.get("provenance")) from None
+
+
+def say_other_version(path: Path, written_by: dict[str, Any] | None) -> None:
+    """One warning line when the checkpoint at ``path`` records a tether version other than this one: what differs
+    in how the run continues is that version's change (none for a checkpoint that records none: older ones say so
+    through what they lack, :func:`~tether.trainer.checkpoint.say_not_restored`)."""
+    now = code_provenance()
+    if written_by is not None and written_by.get("tether") != now["tether"]:
+        warnings.warn(f"{path} was written by {describe(written_by)}; this is {describe(now)}: the run continues "
+                      "with this version's code", stacklevel=3)
 
 
 class RunState:
@@ -64,7 +88,7 @@ class RunState:
             "scheduler": self.scheduler.state_dict(), "collector": self.collector.state_dict(),
             "methods": self.methods.state_dict(), "strategy": self.strategy.name,
             "health": self.health.state_dict(),
-            "skipped_updates": self.skipped_updates,
+            "skipped_updates": self.skipped_updates, "provenance": code_provenance(),
         }
 
     def save(self) -> Path:
@@ -86,7 +110,8 @@ class RunState:
         directory's name, the best value from ``checkpoints/best``); the run goes on without the global generators,
         the validation history or a method's state, each at its default, said in one warning line
         (:func:`~tether.trainer.checkpoint.say_not_restored`); without the optimiser, the schedule or the data
-        position it cannot continue, and the resume stops with one line.
+        position it cannot continue, and the resume stops with one line. A checkpoint another tether version wrote
+        (its ``provenance``) is said in one warning line (:func:`say_other_version`).
 
         Raises:
             ConfigError: another distributed strategy wrote it, or it lacks what the run cannot continue without.
@@ -97,8 +122,9 @@ class RunState:
             raise ConfigError(f"{path} was written with distributed.strategy={written_by}; resume with that "
                               "strategy, or another run_dir (or train.resume=never train.overwrite=true: deletes this "
                               "run)")
-        # A field this tether reads that the checkpoint lacks. The state records no tether version, so nothing says
-        # whether another version wrote it: the message names the key and the file, and guesses no cause.
+        say_other_version(path, state.get("provenance"))
+        # A field this tether reads that the checkpoint lacks: the message names the key, the file, and the tether
+        # version that wrote it where it is another (or records none).
         try:
             moved = self.strategy.load_training_state(path, state, self.policy, self.optimizer, self.ref_policy)
             state.load("scheduler", self.scheduler.load_state_dict)
