@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 import torch
@@ -65,12 +65,25 @@ def test_no_commit_where_tether_is_not_the_top_of_a_checkout(repo, tmp_path_fact
     assert git_state(repo) is None
 
 
+def installed_optional() -> dict[str, str]:
+    """peft and vllm as pip knows them: recorded where installed, whether or not a test before imported them (the
+    entry named peft only after some test had loaded it)."""
+    found = {}
+    for name in ("peft", "vllm"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
 def test_code_provenance_names_the_versions_and_the_commit(repo, monkeypatch, checkout_read_again):
     monkeypatch.setattr(provenance, "CODE_ROOT", repo)
     (repo / "a.py").write_text("changed\n")
     assert code_provenance() == {
         "tether": version("tether"), "commit": git(repo, "rev-parse", "HEAD"), "clean": False,
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        **installed_optional(),
     }
     git(repo, "checkout", "a.py")
     assert code_provenance()["clean"] is False  # read once per process: the tree the run imported had the change

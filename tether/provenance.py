@@ -23,7 +23,8 @@ from tether.files import write_text_atomic
 
 CODE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) this process imports tether from
 PROVENANCE = "provenance.json"
-# libraries a run may not import: recorded only when this process has imported them
+# libraries a run may not use: recorded where installed (their metadata, no import), so every entry of a run names
+# them alike whatever the process had imported when it wrote one (peft loads with the model, after provenance.json)
 OPTIONAL = ("peft", "vllm")
 
 
@@ -91,13 +92,13 @@ def _library_version(name: str) -> str | None:
 
 def code_provenance() -> dict[str, Any]:
     """The code this process runs: ``tether`` (its version), ``commit`` and ``clean`` (None outside a git checkout),
-    ``python``, ``torch``, ``transformers``, and ``peft`` / ``vllm`` where this process imported them."""
+    ``python``, ``torch``, ``transformers``, and ``peft`` / ``vllm`` where installed."""
     git = _imported_checkout()
     return {
         "tether": tether_version(), "commit": git.commit if git else None, "clean": not git.changed if git else None,
         "python": platform.python_version(), "torch": _library_version("torch"),
         "transformers": _library_version("transformers"),
-        **{name: _library_version(name) for name in OPTIONAL if name in sys.modules},
+        **{name: found for name in OPTIONAL if (found := _library_version(name)) is not None},
     }
 
 
