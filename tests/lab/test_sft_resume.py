@@ -19,6 +19,7 @@ from tether.cli import app
 from tether.config import dump_config, load_command_config
 from tether.errors import TrainingStopped
 from tether.models import load_policy
+from tether.provenance import code_provenance, read_provenance
 from tether.recipes.sft import run_sft
 from tether.recipes.sft_state import check_sft_run_dir
 from tether.start import RunDirError
@@ -161,6 +162,12 @@ def test_a_resume_tells_the_metric_sinks_its_step_and_reads_each_file_it_checks_
     # choosing the start checks the example files and the state's checksums; the resumed state keeps what it found
     assert files and sorted(hashed) == files
     assert verified == [run_dir / "sft_state"]
+    # each start names the code that ran it, as train's runs do: the first at step 0, the resume at its step
+    entries = read_provenance(run_dir)
+    assert [e["from_step"] for e in entries] == [0, 2]
+    assert all(e == {**e, **code_provenance()} for e in entries)
+    run_sft(sft_config(run_dir, "train.resume=never", "train.overwrite=true"))  # the earlier run goes, with its code
+    assert [e["from_step"] for e in read_provenance(run_dir)] == [0]
 
 
 def test_a_changed_setting_or_example_file_is_refused_before_any_model_loads(tmp_path, monkeypatch):

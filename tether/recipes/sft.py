@@ -268,15 +268,18 @@ class SFTSession:
 
     def open(self) -> dict[str, Any] | None:
         """Claim the run directory (:func:`~tether.recipes.sft_state.open_sft_run`: locked; resumes, refuses or says a
-        finished run is finished) and write ``config.yaml``. Returns a finished run's summary, else None."""
+        finished run is finished) and write ``config.yaml`` and this start's ``provenance.json`` entry. Returns a
+        finished run's summary, else None."""
         from tether.config import dump_config
         from tether.files import write_text_atomic
+        from tether.provenance import record_provenance
 
         self.run_dir, self.begin = open_sft_run(self.cfg)
         if self.begin.action == "finished":
             return self.begin.summary
         (self.run_dir / "data").mkdir(exist_ok=True)
         write_text_atomic(self.run_dir / "config.yaml", dump_config(self.cfg))
+        record_provenance(self.run_dir, self.begin.step)  # as train's run directories: one entry per start or resume
         self.opened = time.perf_counter()
         return None
 

@@ -29,6 +29,7 @@ import torch
 
 from tether.config import SCHEMAS, move_saved_keys, read_yaml
 from tether.distributed import DataParallel
+from tether.provenance import PROVENANCE
 from tether.start import RunDirError, claim_run_dir
 from tether.track import TENSORBOARD_DIR, finite_or_none, write_json_atomic
 from tether.trainer.checkpoint import (
@@ -289,7 +290,7 @@ def delete_earlier_run(run_dir: Path) -> None:
     """``train.overwrite``: what an earlier SFT run wrote goes, so nothing of it passes for this run's."""
     for name in ("checkpoint", STATE, f"{STATE}.tmp", f"{STATE}.old", "data", TENSORBOARD_DIR):
         shutil.rmtree(run_dir / name, ignore_errors=True)
-    for name in (SUMMARY, "summary.json"):
+    for name in (SUMMARY, "summary.json", PROVENANCE):
         (run_dir / name).unlink(missing_ok=True)
     truncate_metrics(run_dir / "metrics.jsonl", -1)
 
