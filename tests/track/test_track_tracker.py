@@ -94,6 +94,26 @@ def test_build_tracker_writes_jsonl_and_tensorboard(tmp_path):
     assert len(events) == 1 and events[0].stat().st_size > 0
 
 
+def test_the_config_and_its_provenance_reach_tensorboard_as_yaml(tmp_path):
+    """torch's version is a TorchVersion, a str subclass yaml.safe_dump cannot represent: with the provenance in the
+    config, every run whose TensorBoard sink was on (the default) stopped at its start."""
+    import enum
+
+    import yaml
+
+    from tether.track.sinks import to_yaml
+
+    class Mode(enum.IntEnum):
+        ON = 1
+
+    with build_tracker(tmp_path / "run") as tracker:
+        tracker.log_config({"seed": 0, "model": {"name": "tiny"}})
+    config = {"torch": torch.__version__, "mode": Mode.ON, "seed": 0}
+    assert yaml.safe_load(to_yaml(config)) == {"torch": str(torch.__version__), "mode": 1, "seed": 0}
+    events = list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and b"provenance" in events[0].read_bytes()
+
+
 def test_a_resumed_run_hides_the_steps_an_earlier_process_logged_past_its_checkpoint(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

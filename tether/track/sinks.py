@@ -233,6 +233,9 @@ def to_plain(value: Any) -> Any:
         return {str(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or type(value) in (bool, int, float, str):
         return value
-    return str(value)
+    for plain in (bool, int, float):  # a subclass (numpy's bool_ is not one; an IntEnum is) as its plain value
+        if isinstance(value, plain):
+            return plain(value)
+    return str(value)  # a str subclass too (torch's TorchVersion), which yaml.safe_dump cannot represent
