@@ -20,6 +20,20 @@ def make_trainer(cfg):
     return Trainer(cfg, policy=model, tokenizer=tok)
 
 
+def test_a_run_with_the_default_tensorboard_sink_logs_its_config_and_its_metrics(tmp_path):
+    """The helpers turn TensorBoard off; it is on by default, and its config text once stopped every run at its
+    start (torch's version in the provenance, a str subclass yaml.safe_dump cannot write)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_config(tmp_path, "train.steps=1", "logging.tensorboard=true")
+    make_trainer(cfg).fit()
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    assert "actor/pg_loss" in events.Tags()["scalars"]
+    text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "provenance:" in text and f"torch: {torch.__version__}" in text
+
+
 def params(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
