@@ -153,10 +153,8 @@ def policy_reads_images(name: str) -> bool | None:
     config = local / "config.json" if local.is_dir() else hub_file(name, "config.json")
     if config is None or not Path(config).is_file():
         return None
-    try:
-        return "vision_config" in json.loads(Path(config).read_text())
-    except (OSError, ValueError):
-        return None
+    fields = _config_json(Path(config))
+    return "vision_config" in fields if fields else None  # unreadable: not known here
 
 
 def load_processor(name: str) -> Any | None:

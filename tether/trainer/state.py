@@ -34,10 +34,8 @@ class MissingState(KeyError):
         checkpoints recorded their version. Nothing where this version wrote it."""
         if self.written_by is None:
             return " (it records no tether version: a tether from before checkpoints recorded one wrote it)"
-        now = code_provenance()
-        if self.written_by.get("tether") == now["tether"]:
-            return ""
-        return f" ({describe(self.written_by)} wrote it; this is {describe(now)})"
+        now = this_tether_if_other(self.written_by)
+        return f" ({describe(self.written_by)} wrote it; this is {now})" if now else ""
 
 
 class StateFile(dict):
@@ -62,14 +60,21 @@ class StateFile(dict):
             raise MissingState(self.path, err.args[0], within=section, written_by=self.get("provenance")) from None
 
 
+def this_tether_if_other(written_by: dict[str, Any]) -> str | None:
+    """This tether, described (:func:`~tether.provenance.describe`), when ``written_by`` (a checkpoint's
+    provenance) names another tether version; None when it names this one."""
+    now = code_provenance()
+    return None if written_by.get("tether") == now["tether"] else describe(now)
+
+
 def say_other_version(path: Path, written_by: dict[str, Any] | None) -> None:
     """One warning line when the checkpoint at ``path`` records a tether version other than this one: what differs
     in how the run continues is that version's change (none for a checkpoint that records none: older ones say so
     through what they lack, :func:`~tether.trainer.checkpoint.say_not_restored`)."""
-    now = code_provenance()
-    if written_by is not None and written_by.get("tether") != now["tether"]:
-        warnings.warn(f"{path} was written by {describe(written_by)}; this is {describe(now)}: the run continues "
-                      "with this version's code", stacklevel=3)
+    now = this_tether_if_other(written_by) if written_by is not None else None
+    if now is not None:
+        warnings.warn(f"{path} was written by {describe(written_by)}; this is {now}: the run continues with this "
+                      "version's code", stacklevel=3)
 
 
 class RunState:
