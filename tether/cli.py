@@ -264,9 +264,11 @@ def experiment(protocol: Annotated[Path, typer.Argument(
 
     if pool and into is None:
         raise ConfigError("--pool needs --into DIR, the directory of the pooled report")
-    if from_published and (report_only or pool or into or publish or allow_dirty):
-        raise ConfigError("--from-published rewrites a published report from its report.json alone: it takes no "
-                          "--report-only, --pool, --into, --publish or --allow-dirty")
+    given = [flag for flag, value in (("--report-only", report_only), ("--pool", pool), ("--into", into),
+                                      ("--publish", publish), ("--allow-dirty", allow_dirty)) if value]
+    if from_published and given:
+        raise ConfigError(f"--from-published rewrites a published report from its report.json alone: it takes no "
+                          f"{', '.join(given)} (nor any of --report-only, --pool, --into, --publish, --allow-dirty)")
     if from_published:
         data, root = rebuild_published(protocol, code_state()), protocol
     else:

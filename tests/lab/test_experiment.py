@@ -491,7 +491,7 @@ def test_a_published_report_is_rebuilt_from_its_report_json_alone(tmp_path):
     assert (published / "protocol.lock.json").read_text() == lock
 
     refused = CliRunner().invoke(app, ["experiment", "--from-published", str(published), "--publish", "x"])
-    assert refused.exit_code == 2 and "takes no --report-only, --pool" in refused.output
+    assert refused.exit_code == 2 and "takes no --publish (nor any of --report-only, --pool" in refused.output
     with pytest.raises(ConfigError, match=r"no report\.json, so nothing to rebuild"):
         report.rebuild_published(tmp_path, CLEAN)
 

@@ -94,6 +94,8 @@ def check_arm_inputs(protocol: Protocol, configs: dict[str, Config]) -> None:
             failed input check of an arm.
     """
     for arm, cfg in configs.items():
+        if not (cfg.written_by or protocol.written_by):  # no command to name: check_inputs below says it
+            continue
         a = protocol.arms[arm]
         missing = missing_inputs(cfg)
         overridden = {k: v for k, v in missing.items() if set_by_overrides(k, a.overrides)}
@@ -128,11 +130,12 @@ def check_power(protocol: Protocol) -> str:
     if t.pilot_sd is None:
         return ("power at registration: not computed (no test_size.pilot_sd, so no spread before the runs); the "
                 "report's MDE is read after the fact from the observed spread")
-    mde, need = stats.mde(t.pilot_sd, n), stats.seeds_for(t.pilot_sd, t.delta)
+    mde = stats.mde(t.pilot_sd, n)
     read = (f"over {n} seed(s) at test_size.pilot_sd={t.pilot_sd:g} ({t.pilot_source}) the minimum detectable effect "
             f"is {'not defined (one seed)' if math.isnan(mde) else f'{mde:.4f}'}")
     if mde <= t.delta:
         return f"power at registration: {read}, at most delta={t.delta:g}"
+    need = stats.seeds_for(t.pilot_sd, t.delta)
     if t.underpowered is None:
         raise ConfigError(f"test_size: {read}, above delta={t.delta:g}: {need} seeds reach it (MDE "
                           f"{stats.mde(t.pilot_sd, need):.4f}); register {need} seeds, or set test_size.underpowered "
