@@ -154,7 +154,7 @@ def _seed(out: Path) -> dict[str, Any]:
     cfg = agent_config(out / "seed", *FSDP, methods={"seed": SEED}, algorithm={"kl": {"coef": 0.01}})
     model, tok = tiny_model(seed=0)
     trainer = Trainer(cfg, policy=model, tokenizer=tok)
-    trainer.engine = CannedAnalyzer(ScriptedEngine(tok), tok)  # scripted actions, canned skills (no GPU-free JSON)
+    trainer.use_engine(CannedAnalyzer(ScriptedEngine(tok), tok))  # scripted actions, canned skills (no GPU-free JSON)
     return trainer.train_step()
 
 

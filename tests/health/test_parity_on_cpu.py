@@ -98,7 +98,7 @@ def test_a_healthy_run_has_parity(tmp_path, tiny_policy, sampling):
 
 def test_an_engine_that_never_receives_the_weights_stops_the_run(tmp_path, tiny_policy):
     trainer = make_trainer(tmp_path, tiny_policy, "health.parity.patience=2")
-    trainer.engine = StaleEngine(trainer.policy, trainer.tokenizer)
+    trainer.use_engine(StaleEngine(trainer.policy, trainer.tokenizer))
     first = trainer.train_step()  # the copy still equals the policy: nothing is wrong yet
     assert first["health/logprob_mismatch_frac"] == 0.0
     second = trainer.train_step()  # the policy has moved, the engine has not
@@ -112,7 +112,7 @@ def test_an_engine_that_never_receives_the_weights_stops_the_run(tmp_path, tiny_
 
 def test_patience_zero_only_logs(tmp_path, tiny_policy):
     trainer = make_trainer(tmp_path, tiny_policy, "health.parity.patience=0")
-    trainer.engine = StaleEngine(trainer.policy, trainer.tokenizer)
+    trainer.use_engine(StaleEngine(trainer.policy, trainer.tokenizer))
     for _ in range(3):
         metrics = trainer.train_step()
     assert metrics["health/logprob_mismatch_frac"] > 0.05

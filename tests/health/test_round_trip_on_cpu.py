@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests.rollout.helpers import agent_config
-from tether.health import RecordingEngine, RoundTripError, check_round_trip
+from tests.trainer.helpers import tiny_config
+from tether.health import HealthMonitor, RecordingEngine, RoundTripError, check_round_trip
 from tether.health.round_trip import describe_mismatch
 from tether.rollout.batch import RolloutBatch
 from tether.trainer import Trainer
@@ -64,6 +65,24 @@ def test_the_recording_engine_is_the_engine_plus_a_record(tiny_policy):
     lengths = gen.response_mask.sum(1).long().tolist()
     assert samples == {((1, 2, 3), tuple(gen.response_ids[0, :lengths[0]].tolist())),
                        ((4, 5), tuple(gen.response_ids[1, :lengths[1]].tolist()))}
+
+
+def test_the_trainer_wraps_each_engine_once_in_a_named_call(tmp_path, tiny_policy, monkeypatch):
+    """The recorder goes round the run's engine in ``Trainer.use_engine``, the one call that sets it. It was the
+    hidden work of a property setter on ``trainer.engine``: building ran it twice (the engine, then the engine
+    :func:`~tether.rollout.asynchronous.asynchronous` returned, the same one), and a plain-looking assignment
+    replaced what the collector samples with."""
+    wrapped, wrap = [], HealthMonitor.wrap
+    monkeypatch.setattr(HealthMonitor, "wrap", lambda self, engine: wrapped.append(engine) or wrap(self, engine))
+    model, tok = tiny_policy
+    trainer = Trainer(tiny_config(tmp_path), policy=model, tokenizer=tok)
+    assert wrapped == [trainer.engine]
+    assert isinstance(trainer.sampling_engine, RecordingEngine) and trainer.sampling_engine.engine is trainer.engine
+    other = object()
+    trainer.use_engine(other)
+    assert wrapped[1:] == [other] and trainer.engine is other and trainer.sampling_engine.engine is other
+    with pytest.raises(AttributeError):  # no second way in that skips the recorder
+        trainer.engine = object()
 
 
 def agent_trainer(tmp_path, tiny_policy) -> Trainer:

@@ -61,7 +61,7 @@ def seed_trainer(tiny_policy, tmp_path, *overrides, fail_all=False, seed_setting
     cfg = agent_config(tmp_path, *overrides, methods={"seed": {**SEED, **(seed_settings or {})}}, **sections)
     model, tok = tiny_policy
     trainer = Trainer(cfg, policy=model, tokenizer=tok)
-    trainer.engine = CannedAnalyzer(ScriptedEngine(tok), tok, fail_all=fail_all)
+    trainer.use_engine(CannedAnalyzer(ScriptedEngine(tok), tok, fail_all=fail_all))
     return trainer
 
 
@@ -363,7 +363,7 @@ def test_both_stages_end_to_end(tiny_policy, tmp_path):
                       algorithm={"advantage": "episode", "kl": {"coef": 0.01}, "entropy_coef": 0.001},
                       methods={"seed": SEED})
     trainer = Trainer(rl)  # loads the SFT checkpoint; the KL reference is a frozen copy of it
-    trainer.engine = CannedAnalyzer(ScriptedEngine(trainer.tokenizer), trainer.tokenizer)
+    trainer.use_engine(CannedAnalyzer(ScriptedEngine(trainer.tokenizer), trainer.tokenizer))
     start = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
     metrics = trainer.train_step()
     assert metrics["seed/analysis_success_rate"] > 0 and torch.isfinite(torch.tensor(metrics["seed/opd_loss"]))

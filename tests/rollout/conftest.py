@@ -19,7 +19,7 @@ def agent_trainer(tiny_policy):
         model, tok = tiny_policy
         trainer = Trainer(cfg, policy=model, tokenizer=tok)
         if scripted:
-            trainer.engine = ScriptedEngine(tok, **engine_kwargs)
+            trainer.use_engine(ScriptedEngine(tok, **engine_kwargs))
         return trainer
 
     return build

@@ -50,7 +50,7 @@ def test_a_tiny_run_has_the_same_metrics_in_processes_as_in_process(tmp_path, ti
     for isolation in ("thread", "process"):
         cfg = agent_config(tmp_path / isolation, f"env.isolation={isolation}")
         trainer = Trainer(cfg, policy=copy.deepcopy(model), tokenizer=tok)  # each run from the same weights
-        trainer.engine = ScriptedEngine(tok)
+        trainer.use_engine(ScriptedEngine(tok))
         step = {**trainer.train_step(), **trainer.validate()}
         metrics[isolation] = {k: v for k, v in step.items() if not k.startswith(("time/", "perf/"))}
     assert metrics["process"] == metrics["thread"]

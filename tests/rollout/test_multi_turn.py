@@ -255,7 +255,7 @@ def test_gigpo_trains_end_to_end(tmp_path, tiny_policy):
     model, tok = tiny_policy
     trainer = Trainer(agent_config(tmp_path, "algorithm.advantage=gigpo", "train.steps=2"), policy=model,
                             tokenizer=tok)
-    trainer.engine = ScriptedEngine(tok)
+    trainer.use_engine(ScriptedEngine(tok))
     for _ in range(2):
         metrics = trainer.train_step()
         assert metrics["train/step_group_size"] == pytest.approx(2.0)

@@ -146,7 +146,7 @@ def test_seed_on_an_env_with_step_advantages(tmp_path, tiny_policy, place):
     cfg = agent_config(tmp_path, "algorithm.advantage=gigpo", "algorithm.kl.coef=0.01", "optim.mini_batches=2",
                        methods={"seed": SEED})
     trainer = Trainer(cfg, policy=model, tokenizer=tok)
-    trainer.engine = CannedAnalyzer(ScriptedEngine(tok), tok)  # host tensors, as vLLM returns them
+    trainer.use_engine(CannedAnalyzer(ScriptedEngine(tok), tok))  # host tensors, as vLLM returns them
     assert_models_on_the_device(place, trainer, trainer.ref_policy)
     metrics = run_steps(trainer, "ref_log_probs", "teacher_log_probs")
     assert metrics["seed/teacher_rows_frac"] > 0 and "train/step_adv_abs_mean" in metrics

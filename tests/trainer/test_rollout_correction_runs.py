@@ -129,7 +129,7 @@ def test_a_stale_engine_under_a_mask_still_stops_the_run(tmp_path, tiny_policy):
     cfg = tiny_config(tmp_path, "train.steps=4", "optim.lr=0.05", "health.parity.patience=0",
                       "rollout.correction.mode=mask_token", "rollout.correction.upper=1.01")
     trainer = Trainer(cfg, policy=model, tokenizer=tok)
-    trainer.engine = Stale(trainer.policy, trainer.tokenizer)
+    trainer.use_engine(Stale(trainer.policy, trainer.tokenizer))
     trainer.train_step()
     metrics = trainer.train_step()
     assert metrics["rollout_corr/masked_frac"] > 0.05

@@ -60,7 +60,7 @@ def test_the_in_process_engine_gets_no_weight_push(tmp_path, tiny_policy, monkey
     overrides = ["model.lora.rank=4"] if lora else []
     model, tok = tiny_policy
     pushed = Trainer(tiny_config(tmp_path / "pushed", *overrides), policy=copy.deepcopy(model), tokenizer=tok)
-    pushed.engine = OwnCopyLike(pushed.engine)
+    pushed.use_engine(OwnCopyLike(pushed.engine))
     shared = Trainer(tiny_config(tmp_path / "shared", *overrides), policy=copy.deepcopy(model), tokenizer=tok)
     built = counted_state_dicts(monkeypatch)
     expected = [without_timings(pushed.train_step()) for _ in range(2)]

@@ -48,8 +48,8 @@ class HealthMonitor:
 
     def wrap(self, engine: Any) -> Any:
         """The engine the run samples with: with the token round trip on, ``engine`` inside a recorder of what it
-        samples (:class:`~tether.health.round_trip.RecordingEngine`), else ``engine`` itself. Called once, when the
-        trainer builds its engine."""
+        samples (:class:`~tether.health.round_trip.RecordingEngine`), else ``engine`` itself. Called once per engine,
+        by the trainer's ``use_engine``."""
         return RecordingEngine(engine, self.samples) if self.cfg.round_trip.enabled else engine
 
     def start_collection(self) -> None:

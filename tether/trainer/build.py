@@ -96,10 +96,10 @@ class TrainerBuild:
         self.health = HealthMonitor(cfg, self.run_dir, tokenizer, is_main=self.dp.is_main,  # docs/health.md
                                     vocab_size=vocab_size(policy))
         self.status(f"starting the {cfg.rollout.engine} engine and the {'task' if cfg.task else 'environment'}")
-        self.engine = self.make_engine(self.policy)  # and sampling_engine, as the health checks see it
         # rollout.max_staleness > 0: batches sampled ahead in a thread, by an engine over weights of its own
-        self.collector, self.engine = asynchronous(cfg, build_collector(cfg, tokenizer), self.engine, self.policy,
-                                                   self.make_engine)
+        self.collector, engine = asynchronous(cfg, build_collector(cfg, tokenizer), self.make_engine(self.policy),
+                                              self.policy, self.make_engine)
+        self.use_engine(engine)
         a = cfg.algorithm
         self.advantage_fn = algos.get_advantage(a.advantage)
         self.policy_loss_fn = algos.get_policy_loss(a.policy_loss)
@@ -149,15 +149,15 @@ class TrainerBuild:
 
     @property
     def engine(self) -> Any:
-        """The rollout engine over the policy (``rollout.engine``); setting it (a test's scripted engine) also
-        rebuilds :attr:`sampling_engine`."""
+        """The rollout engine over the policy (``rollout.engine``), which :meth:`push_weights` feeds; set by
+        :meth:`use_engine` only (no setter), so nothing replaces it without its recorder."""
         return self._engine
 
-    @engine.setter
-    def engine(self, engine: Any) -> None:
+    def use_engine(self, engine: Any) -> None:
+        """Make ``engine`` the run's (at build, or a test's scripted engine) and :attr:`sampling_engine`, what the
+        collector and the methods sample with: ``engine`` inside the health checks' recorder when they record (the
+        token round trip), wrapped once here rather than swapped in around each collection."""
         self._engine = engine
-        # what the collector and the methods sample with: the engine inside the health checks' recorder when they
-        # record (the token round trip), wrapped once here rather than swapped in around each collection
         self.sampling_engine = self.health.wrap(engine)
 
     def seeds(self) -> StepSeeds:
