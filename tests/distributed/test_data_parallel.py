@@ -14,9 +14,7 @@ import torch
 
 from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_ranks
 from tests.trainer.helpers import tiny_config
-from tether.distributed import DataParallel, Replicate, concat_generations, rank_seed, split_evenly
-from tether.distributed.data_parallel import pack_by_tokens
-from tether.distributed.strategy import every_rank_micro_batches, own_micro_batches
+from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
 from tether.engine.base import Generation
 from tether.engine.hf import HFEngine
 from tether.methods import METHODS, method_config
@@ -112,31 +110,10 @@ def two_ranks():
     yield from spawn_ranks(_work)
 
 
-def test_split_and_micro_batches_cover_every_row_once():
+def test_split_evenly_covers_every_row_once():
     assert split_evenly(5, 2) == [(0, 3), (3, 5)]
     assert split_evenly(1, 3) == [(0, 1), (1, 1), (1, 1)]
-    assert DataParallel().micro_batches(5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
-    rows = [r for rank in range(3) for mb in DataParallel(rank, 3).micro_batches(7, 2) for r in mb]
-    assert rows == list(range(7))
     assert rank_seed(7, 0) == 7 and rank_seed(7, 1) != 7
-
-
-def test_token_budget_groups_cover_every_row_once_under_the_budget():
-    g = torch.Generator().manual_seed(0)
-    lengths = [(int(p), int(t)) for p, t in zip(torch.randint(1, 30, (40,), generator=g),
-                                                torch.randint(0, 60, (40,), generator=g), strict=True)]
-    lengths[7] = (50, 60)  # alone over the budget
-    groups = pack_by_tokens(range(40), lengths, 100)
-    assert sorted(r for mb in groups for r in mb) == list(range(40))
-    assert [7] in groups
-    for mb in groups:
-        if mb != [7]:
-            assert len(mb) * (max(lengths[r][0] for r in mb) + max(lengths[r][1] for r in mb)) <= 100
-    totals = [sum(lengths[r]) for mb in groups for r in mb]
-    assert totals == sorted(totals, reverse=True)  # longest first, so each group's rows have similar lengths
-    assert pack_by_tokens(range(3), [(1, 1)] * 3, 10**6) == [[0, 1, 2]]
-    per_rank = [r for rank in range(3) for mb in DataParallel(rank, 3).budget_micro_batches(lengths, 100) for r in mb]
-    assert sorted(per_rank) == list(range(40))
 
 
 def test_concat_generations_pads_to_the_widest():
@@ -226,24 +203,6 @@ def test_rank_zero_checkpoint_resumes_on_every_rank(two_ranks):
         assert torch.equal(r["resumed_optim"], r["trained_optim"])
     lines = (tmp / "fit" / "run" / "metrics.jsonl").read_text().splitlines()
     assert len([x for x in lines if "actor/pg_loss" in x]) == 1  # rank 0 alone logged the step
-
-
-def test_fixed_size_micro_batches_by_length_keep_their_sizes():
-    lengths = [(2, 1), (2, 6), (3, 2), (2, 5), (1, 1)]
-    assert own_micro_batches(DataParallel(), lengths, 2, None) == [[1, 3], [0, 2], [4]]
-    assert own_micro_batches(DataParallel(), lengths, 5, None) == [range(0, 5)]  # one: as it was
-    # each rank groups its own contiguous share
-    assert own_micro_batches(DataParallel(1, 2), lengths, 1, None) == [[3], [4]]
-
-
-def test_every_rank_micro_batches_are_each_ranks_own_in_rank_order():
-    """Scoring runs every rank's micro-batches of the update on each rank: rank 0's rows [0, 3), rank 1's [3, 5)."""
-    lengths = [(2, 1), (2, 6), (3, 2), (2, 5), (1, 1)]
-    own = [[list(mb.rows) for mb in Replicate(DataParallel(r, 2), torch.device("cpu")).micro_batches(lengths, 2, None)]
-           for r in range(2)]
-    assert own == [[[1, 2], [0]], [[3, 4]]]
-    assert [list(rows) for rows in every_rank_micro_batches(2, lengths, 2, None)] == own[0] + own[1]
-    assert [list(rows) for rows in every_rank_micro_batches(1, lengths, 2, None)] == [[1, 3], [0, 2], [4]]
 
 
 def test_a_checkpoint_write_that_fails_on_one_rank_stops_every_rank_with_one_line(two_ranks):

@@ -23,9 +23,8 @@ from transformers import AutoModelForCausalLM
 from tests.distributed.helpers import PROMPTS, SAMPLING, UPDATE, WORLD, fixed_batch, spawn_ranks
 from tests.trainer.helpers import tiny_config
 from tether.config import ConfigError
-from tether.distributed import DataParallel, concat_generations, rank_seed, split_evenly
+from tether.distributed import concat_generations, rank_seed, split_evenly
 from tether.distributed.fsdp import gathered
-from tether.distributed.strategy import lock_step_micro_batches
 from tether.engine.hf import HFEngine
 from tether.models import forward, tiny_model
 from tether.models.lora import REFERENCE, BaseModelView, add_lora, reference_parameters
@@ -188,22 +187,6 @@ def _work(rank: int, out: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def two_ranks():
     yield from spawn_ranks(_work)
-
-
-def test_lock_step_token_budget_pads_ranks_to_the_same_count():
-    lengths = [(2, 5), (2, 5), (2, 5), (2, 1), (2, 1)]  # rank 0: three long rows, one per micro-batch
-    plans = [lock_step_micro_batches(DataParallel(r, 2), lengths, 5, BUDGET) for r in range(2)]
-    assert [[list(mb.rows) for mb in p if not mb.padding] for p in plans] == [[[0], [1], [2]], [[3, 4]]]
-    assert [mb.padding for mb in plans[1]] == [False, True, True]
-
-
-def test_lock_step_micro_batches_pad_ranks_to_the_same_count_and_cover_every_row_once():
-    rows = [(1, 1)] * 7  # (prompt, response) lengths
-    plans = [lock_step_micro_batches(DataParallel(r, 3), rows, 2) for r in range(3)]  # shares 3, 2, 2 rows
-    assert [len(p) for p in plans] == [2, 2, 2]
-    assert sorted(r for p in plans for mb in p if not mb.padding for r in mb.rows) == list(range(7))
-    assert [mb.padding for mb in lock_step_micro_batches(DataParallel(1, 2), rows[:1], 4)] == [True]  # no rows
-    assert lock_step_micro_batches(DataParallel(0, 2), [], 4) == []
 
 
 def test_sharded_update_equals_the_single_process_update_in_float64(two_ranks, tmp_path):

@@ -15,13 +15,13 @@ import torch
 
 from tether.distributed.data_parallel import DataParallel, ShardedEngine, concat_generations, split_evenly
 from tether.distributed.device import resolve_device
-from tether.distributed.strategy import MicroBatch, Replicate, Strategy
+from tether.distributed.strategy import Replicate, Strategy
 from tether.seeding import rank_seed
 
 if TYPE_CHECKING:
     from tether.config import DistributedConfig
 
-__all__ = ["DataParallel", "MicroBatch", "Replicate", "ShardedEngine", "Strategy", "build_strategy",
+__all__ = ["DataParallel", "Replicate", "ShardedEngine", "Strategy", "build_strategy",
            "concat_generations", "rank_seed", "resolve_device", "split_evenly"]
 
 

@@ -6,12 +6,13 @@ Under ``torchrun`` every rank holds the whole policy (replicated, DDP semantics)
 * **rollouts** -- :class:`ShardedEngine` wraps the engine: each ``generate`` call samples only this
   rank's contiguous share of the prompts (seed mixed with the rank), then all ranks gather the parts,
   so collectors, method hooks, filters and advantages run unchanged on the full batch;
-* **update** -- each rank runs the micro-batches of its share of every mini-batch. The loss of a
-  micro-batch is already normalised by the *whole* mini-batch's token and sequence counts (every rank
-  holds the mini-batch, so those counts are global without a collective), hence the per-rank
-  gradients are partial sums of the single-process gradient: :meth:`DataParallel.all_reduce_grads`
-  *sums* them (one flat all-reduce per optimiser step) before clipping, so the clipped gradient, the
-  optimiser step and the parameters are those of one process, up to summation order;
+* **update** -- each rank runs the micro-batches of its share of every mini-batch (planned by
+  :mod:`tether.trainer.micro_batches`). The loss of a micro-batch is already normalised by the *whole*
+  mini-batch's token and sequence counts (every rank holds the mini-batch, so those counts are global
+  without a collective), hence the per-rank gradients are partial sums of the single-process gradient:
+  :meth:`DataParallel.all_reduce_grads` *sums* them (one flat all-reduce per optimiser step) before
+  clipping, so the clipped gradient, the optimiser step and the parameters are those of one process, up to
+  summation order;
 * **metrics** are partial sums (a mean's value times its units, and its units: response tokens, rows or the
   subset it averages over), summed over ranks the same way (:meth:`DataParallel.sum_metrics`; a ``*_max`` /
   ``*_min`` takes the largest / smallest rank's); rank 0 alone logs and writes checkpoints.
@@ -25,7 +26,7 @@ overlapping the all-reduce with backward -- is left for the GPU path. Sharded tr
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -50,48 +51,6 @@ def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((lo, hi))
         lo = hi
     return bounds
-
-
-def pack_by_tokens(rows: Iterable[int], lengths: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
-    """Group ``rows`` by length into micro-batches of at most ``max_tokens`` padded tokens each.
-
-    A micro-batch of ``n`` rows is padded to its longest prompt plus its longest response, so it costs
-    ``n * (max prompt + max response)`` tokens of activations. Rows are taken longest first (prompt plus
-    response; equal lengths keep their order) and added to the current micro-batch while that cost stays
-    within the budget; a row that alone exceeds it gets a micro-batch of its own (a row is never split).
-
-    Args:
-        rows: the rows to group (indices into ``lengths``).
-        lengths: ``(prompt tokens, response tokens)`` of every row of the mini-batch.
-        max_tokens: the budget of padded tokens per micro-batch.
-
-    >>> pack_by_tokens(range(4), [(2, 1), (2, 6), (2, 2), (2, 5)], 16)
-    [[1, 3], [2, 0]]
-    """
-    groups: list[list[int]] = []
-    prompt_w = response_w = 0
-    for row in sorted(rows, key=lambda r: -sum(lengths[r])):
-        p, t = lengths[row]
-        if groups and (len(groups[-1]) + 1) * (max(prompt_w, p) + max(response_w, t)) <= max_tokens:
-            groups[-1].append(row)
-            prompt_w, response_w = max(prompt_w, p), max(response_w, t)
-        else:
-            groups.append([row])
-            prompt_w, response_w = p, t
-    return groups
-
-
-def chunk_by_length(rows: Iterable[int], lengths: Sequence[tuple[int, int]], size: int) -> list[list[int]]:
-    """``rows`` in micro-batches of ``size`` rows, longest first (prompt plus response), each in row order.
-
-    A micro-batch is padded to its longest prompt and its longest response, so rows of similar length waste
-    little; the number of micro-batches, and each one's row count, are those of the fixed chunks.
-
-    >>> chunk_by_length(range(4), [(2, 1), (2, 6), (2, 2), (2, 5)], 2)
-    [[1, 3], [0, 2]]
-    """
-    by_length = sorted(rows, key=lambda r: -sum(lengths[r]))
-    return [sorted(by_length[s:s + size]) for s in range(0, len(by_length), size)]
 
 
 def extremum(key: str) -> Callable[[Any, Any], Any] | None:
@@ -164,25 +123,6 @@ class DataParallel:
         return next(((rank, line) for rank, line in enumerate(gathered) if line is not None), None)
 
     # -- the update ----------------------------------------------------------------------------
-
-    def micro_batches(self, n_rows: int, size: int) -> list[range]:
-        """Row ranges of this rank's micro-batches of an ``n_rows`` mini-batch.
-
-        One process: ``range(0, size), range(size, 2 * size), ...``. N processes: the same chunking
-        over this rank's contiguous share of the rows (possibly none).
-        """
-        lo, hi = split_evenly(n_rows, self.world_size)[self.rank]
-        return [range(s, min(s + size, hi)) for s in range(lo, hi, size)]
-
-    def budget_micro_batches(self, lengths: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
-        """This rank's share of the rows (as in :meth:`micro_batches`), grouped by :func:`pack_by_tokens`.
-
-        Args:
-            lengths: ``(prompt tokens, response tokens)`` of every row of the mini-batch.
-            max_tokens: padded tokens per micro-batch.
-        """
-        lo, hi = split_evenly(len(lengths), self.world_size)[self.rank]
-        return pack_by_tokens(range(lo, hi), lengths, max_tokens)
 
     def all_reduce_grads(self, params: Iterable[Tensor]) -> None:
         """Sum every parameter's gradient over ranks (missing gradients count as zeros), in place."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,6 @@ from torch.distributed.tensor import DTensor
 
 from tether.config import ConfigError
 from tether.distributed.data_parallel import DataParallel
-from tether.distributed.strategy import MicroBatch, lock_step_micro_batches
 from tether.engine.base import Generation, Intervention, SamplingParams
 from tether.models.forward import SHARDED_PASS, plain_head_pass
 from tether.models.layers import decoder_layers
@@ -122,6 +121,7 @@ class FSDP2:
     """
 
     name = "fsdp2"
+    lock_step = True  # every forward all-gathers and every backward reduce-scatters: ranks make the same calls
 
     def __init__(self, dp: DataParallel, device: torch.device, *, param_dtype: str | None = None,
                  reduce_dtype: str | None = None) -> None:
@@ -149,10 +149,6 @@ class FSDP2:
 
     def rollout_engine(self, engine: Any) -> Any:
         return GatheredEngine(self.dp.rollout_engine(engine), engine.model)
-
-    def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
-                      max_tokens: int | None) -> list[MicroBatch]:
-        return lock_step_micro_batches(self.dp, lengths, size, max_tokens)
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)

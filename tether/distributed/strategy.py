@@ -8,8 +8,8 @@ step                       :class:`Replicate`                    :class:`~tether
 ``prepare(model)``         the module, moved to this rank's      ``fully_shard`` per decoder layer, then root
                            device                                (the mesh puts the shards on the device)
 ``rollout_engine``         rows split by rank                    the same, over a model gathered per call
-``micro_batches``          this rank's share of the rows, in     the same, padded so every rank runs as many
-                           fixed-size or token-budget groups
+``lock_step``              False: a rank runs the micro-batches  True: padded so every rank runs as many
+                           of its share of the rows              (tether/trainer/micro_batches.py plans both)
 ``clip_grad_norm``         all-reduce (sum), then clip           clip (FSDP2 already reduce-scattered)
 ``save/load_training``     HF weights (LoRA: PEFT adapters) +    ``torch.distributed.checkpoint`` (DCP), one
                            optimiser in ``trainer_state.pt``     file per rank (LoRA is refused under FSDP2)
@@ -20,67 +20,14 @@ step                       :class:`Replicate`                    :class:`~tether
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from tether.distributed.data_parallel import DataParallel, chunk_by_length
+from tether.distributed.data_parallel import DataParallel
 from tether.models.lora import BaseModelView, is_lora, load_adapter, save_adapter
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """Rows of a mini-batch for one forward/backward; a ``padding`` one only keeps ranks in step (weight 0)."""
-
-    rows: Sequence[int]
-    padding: bool = False
-
-
-def own_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]], size: int,
-                      max_tokens: int | None) -> list[Sequence[int]]:
-    """This rank's rows of a mini-batch in micro-batches: ``size`` rows each, or, with ``max_tokens``, grouped by
-    length under that many padded tokens (:func:`~tether.distributed.data_parallel.pack_by_tokens`).
-
-    Several ``size``-row micro-batches are filled longest rows first
-    (:func:`~tether.distributed.data_parallel.chunk_by_length`), so that the update's shuffled short rows are not
-    padded to long ones; a single one keeps its rows as they were.
-
-    Args:
-        lengths: ``(prompt tokens, response tokens)`` of every row of the mini-batch.
-    """
-    if max_tokens is not None:
-        return dp.budget_micro_batches(lengths, max_tokens)
-    fixed = dp.micro_batches(len(lengths), size)
-    if len(fixed) < 2:
-        return fixed
-    return chunk_by_length([r for rows in fixed for r in rows], lengths, size)
-
-
-def lock_step_micro_batches(dp: DataParallel, lengths: Sequence[tuple[int, int]], size: int,
-                            max_tokens: int | None = None) -> list[MicroBatch]:
-    """This rank's micro-batches, padded to as many as any rank runs.
-
-    A sharded model all-gathers inside every forward and reduce-scatters inside every backward, so all
-    ranks must make the same number of calls; a padding micro-batch re-runs row 0 with weight 0. Every
-    rank holds the whole mini-batch, so it plans the other ranks' micro-batches too, without a collective.
-    """
-    own = [MicroBatch(rows) for rows in own_micro_batches(dp, lengths, size, max_tokens)]
-    most = max(len(own_micro_batches(DataParallel(r, dp.world_size), lengths, size, max_tokens))
-               for r in range(dp.world_size))
-    return own + [MicroBatch(range(0, 1), padding=True)] * (most - len(own))
-
-
-def every_rank_micro_batches(world_size: int, lengths: Sequence[tuple[int, int]], size: int,
-                             max_tokens: int | None) -> list[Sequence[int]]:
-    """Every rank's micro-batches of a mini-batch, rank 0's first, as :meth:`Strategy.micro_batches` gives each rank
-    its own (less the lock-step padding): the plan of a pass that each rank runs over the whole mini-batch
-    (the trainer's scoring), in the update's groups. Every rank makes the same calls, so none needs padding."""
-    return [rows for rank in range(world_size)
-            for rows in own_micro_batches(DataParallel(rank, world_size), lengths, size, max_tokens)]
 
 
 class Strategy(Protocol):
@@ -88,6 +35,9 @@ class Strategy(Protocol):
 
     name: str
     dp: DataParallel
+    # whether every rank must run as many micro-batches (tether.trainer.micro_batches.micro_batches pads): a sharded
+    # model gathers and reduces inside each forward and backward
+    lock_step: bool
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Lay ``model`` out on this rank's device for training and scoring (in place where possible); returns
@@ -95,12 +45,6 @@ class Strategy(Protocol):
 
     def rollout_engine(self, engine: Any) -> Any:
         """Wrap an in-process engine so that every rank samples its share of the prompts."""
-
-    def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
-                      max_tokens: int | None) -> list[MicroBatch]:
-        """This rank's micro-batches of a mini-batch whose rows have these ``(prompt, response)`` lengths:
-        ``size`` rows each, filled longest rows first, or grouped by length under ``max_tokens`` padded tokens
-        (see :func:`own_micro_batches`)."""
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         """Finish the gradient sum over ranks, clip it; returns the global norm before clipping (a plain tensor)."""
@@ -125,6 +69,7 @@ class Replicate:
     """Every rank holds the whole model (DDP semantics without the wrapper); one flat all-reduce per step."""
 
     name = "replicate"
+    lock_step = False  # a rank's forward and backward are its own until the one all-reduce
 
     def __init__(self, dp: DataParallel, device: torch.device) -> None:
         self.dp, self.device = dp, device
@@ -134,10 +79,6 @@ class Replicate:
 
     def rollout_engine(self, engine: Any) -> Any:
         return self.dp.rollout_engine(engine)
-
-    def micro_batches(self, lengths: Sequence[tuple[int, int]], size: int,
-                      max_tokens: int | None) -> list[MicroBatch]:
-        return [MicroBatch(rows) for rows in own_micro_batches(self.dp, lengths, size, max_tokens)]
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> Tensor:
         self.dp.all_reduce_grads(model.parameters())

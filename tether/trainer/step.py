@@ -24,13 +24,13 @@ from tether.advantage_inputs import advantage_inputs
 from tether.algos import LossInputs, LossOutput
 from tether.config import Config
 from tether.distributed.data_parallel import extremum
-from tether.distributed.strategy import every_rank_micro_batches
 from tether.errors import TrainingStopped
 from tether.health.parity import compared_tokens
 from tether.methods import MiniBatch
 from tether.models.forward import decoder_tokens, head_logits_can_be_kept, response_log_probs
 from tether.models.layers import activation_bytes, head_logit_bytes
 from tether.rollout.batch import RolloutBatch
+from tether.trainer.micro_batches import every_rank_micro_batches, micro_batches
 
 if TYPE_CHECKING:
     from tether.health import HealthMonitor
@@ -177,9 +177,12 @@ class StepPhases:
         lengths = mini.batch.row_lengths()
         metrics: dict[str, torch.Tensor] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        # this rank's share of the rows, by count or by token budget; normalisers stay the mini-batch's
+        # this rank's share of the rows (one process: all), by count or by token budget; normalisers stay the
+        # mini-batch's
+        plan = micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch, rank=self.dp.rank,
+                             world_size=self.dp.world_size, lock_step=self.strategy.lock_step)
         activations = []  # (estimated GiB, layers recomputed, head logits kept) of each micro-batch
-        for mb in self.strategy.micro_batches(lengths, o.micro_batch_size, o.max_tokens_per_micro_batch):
+        for mb in plan:
             micro = narrowed(mini.batch, mb.rows, lengths)
             # response columns: the tokens, or an upper bound where a row's mask has holes
             gb, layers, keep_head = self._choose_checkpointing(micro, sum(lengths[r][1] for r in mb.rows))
@@ -411,7 +414,7 @@ def score_log_probs(model: Any, batch: RolloutBatch, prompt_ids: list[list[int]]
     on padding.
 
     Its mini-batches (:func:`update_mini_batches`), each cut as the update cuts it on every rank
-    (:func:`~tether.distributed.strategy.every_rank_micro_batches`), so each row shares its forward with the same
+    (:func:`~tether.trainer.micro_batches.every_rank_micro_batches`), so each row shares its forward with the same
     rows, padded to the same width, as in the update. Under bf16 autocast a row's log-probs move by up to about
     1e-2 with the rows beside it (1e-6 in float32): scored in contiguous chunks, pi_old made the first ratio of an
     on-policy batch 1 only to that, with a nonzero ``actor/ppo_kl`` and clip fraction, and a reference equal to the
