@@ -28,7 +28,7 @@ from tether.config import (
 )
 from tether.errors import TetherError
 from tether.processes import end_with_starter
-from tether.provenance import tether_version
+from tether.provenance import history, tether_version
 
 
 class _TetherGroup(TyperGroup):
@@ -192,11 +192,12 @@ def plot(run_dir: Path) -> None:
 @app.command()
 def show(run_dir: Path, html: Annotated[bool, typer.Option(help="write RUN_DIR/transcripts.html")] = False,
          limit: int = 3) -> None:
-    """Print sampled episodes turn by turn (agents) or samples (single-turn tasks: prompt, completion, reward per
-    component), or write them as HTML."""
+    """Print which code made the run (each start and resume), then sampled episodes turn by turn (agents) or samples
+    (single-turn tasks: prompt, completion, reward per component), or write them as HTML."""
     from tether.rollout.transcripts import show_transcripts
 
-    typer.echo(show_transcripts(run_dir, html=html, limit=limit))
+    shown = show_transcripts(run_dir, html=html, limit=limit)  # first: a path that is no run is one line
+    typer.echo(f"{history(run_dir)}\n\n{shown}")
 
 
 recipe_app = typer.Typer(help="Multi-stage recipes.")

@@ -122,6 +122,20 @@ def read_provenance(run_dir: Path) -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 
+def history(run_dir: Path) -> str:
+    """Which code made the run in ``run_dir``, for ``tether show``: a line per start or resume of
+    ``provenance.json`` (its time, the step it resumed from, :func:`describe`), or one line saying it recorded none.
+    """
+    entries = read_provenance(run_dir)
+    if not entries:
+        return f"code: none recorded (no {PROVENANCE}: a run before tether wrote one)"
+    lines = [f"code ({PROVENANCE}, one line per start or resume):"]
+    for entry in entries:
+        when = f"resume at step {entry['from_step']}" if entry.get("from_step") else "start"
+        lines.append(f"  {entry.get('at', '(no time)')}  {when}: {describe(entry)}")
+    return "\n".join(lines)
+
+
 def record_provenance(run_dir: Path, from_step: int) -> None:
     """Append this start's code to ``run_dir/provenance.json`` (``from_step``: 0 for a start, the checkpoint's step
     for a resume), so a resumed run lists every code that trained it."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from tether.config import ConfigError, load_config
 from tether.config_docs import DOC_PATH, render_config_docs
 from tether.errors import EXIT_CONFIG, EXIT_HEALTH, TetherError
 from tether.health import HealthError
+from tether.provenance import code_provenance, describe
 from tether.trainer import Trainer
 
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
@@ -92,12 +94,41 @@ def test_show_prints_a_single_turn_runs_samples(tmp_path, tiny_policy):
     Trainer(cfg, policy=policy, tokenizer=tokenizer).fit()
     out = run("show", cfg.run_dir, "--limit", "1")
     assert out.exit_code == 0, out.output
-    first = out.output.split("\n\n")[0].splitlines()
+    header, *samples = out.output.split("\n\n")
+    assert header.splitlines()[1].endswith("start: " + describe(code_provenance()))  # this run's one start
+    first = samples[0].splitlines()
     assert first[0].startswith("step 0  group ") and " reward " in first[0] and "(task " in first[0]
     assert first[1].startswith("  prompt: ") and first[2].startswith("  completion: ")
-    assert len(out.output.split("\n\n")) == 1
+    assert len(samples) == 1
     assert run("show", cfg.run_dir, "--html").exit_code == 0
     assert (Path(cfg.run_dir) / "transcripts.html").read_text().count("<h3>") == 2  # one per group of the step
+
+
+def test_show_heads_the_samples_with_the_code_of_each_start_and_resume(tmp_path):
+    """``tether show`` printed the samples alone; ``provenance.json`` said which code made the run only to one who
+    opened it. Now a header gives one line per start or resume, first start first."""
+    row = {"step": 4, "group": 0, "reward": 1.0, "components": {"task": 1.0}, "correct": True, "prompt": "1+1",
+           "completion": "2", "answer": "2", "extracted": "2"}
+    (tmp_path / "samples.jsonl").write_text(json.dumps(row) + "\n")
+    sample = "\n".join(["step 4  group 0  reward 1 (task 1)  correct", "  prompt: 1+1", "  completion: 2",
+                        "  answer: '2'  extracted: '2'"])
+    out = run("show", str(tmp_path))
+    assert out.exit_code == 0, out.output
+    assert out.output == f"code: none recorded (no provenance.json: a run before tether wrote one)\n\n{sample}\n"
+    entries = [{"at": "2026-12-01T10:00:00+00:00", "from_step": 0, "tether": "0.1.0", "commit": "1a2b3c4d5e6f",
+                "clean": True},
+               {"at": "2026-12-02T11:30:00+00:00", "from_step": 40, "tether": "0.2.0", "commit": "9f8e7d6c5b4a",
+                "clean": False},
+               {"at": "2026-12-03T09:00:00+00:00", "from_step": 80, "tether": "0.2.0", "commit": None}]
+    (tmp_path / "provenance.json").write_text(json.dumps(entries))
+    out = run("show", str(tmp_path))
+    assert out.exit_code == 0, out.output
+    assert out.output == "\n".join([
+        "code (provenance.json, one line per start or resume):",
+        "  2026-12-01T10:00:00+00:00  start: tether 0.1.0 (commit 1a2b3c4d)",
+        "  2026-12-02T11:30:00+00:00  resume at step 40: tether 0.2.0 (commit 9f8e7d6c, uncommitted changes)",
+        "  2026-12-03T09:00:00+00:00  resume at step 80: tether 0.2.0",
+        "", sample, ""])
 
 
 def test_config_docs_prints_the_reference_and_leaves_the_file():

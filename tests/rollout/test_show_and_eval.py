@@ -46,7 +46,7 @@ def test_cli_show(tmp_path, agent_trainer):
     agent_trainer(agent_config(tmp_path)).train_step()
     runner = CliRunner()
     out = runner.invoke(app, ["show", str(tmp_path / "run"), "--limit", "1"])
-    assert out.exit_code == 0 and out.output.startswith("step 0  episode")
+    assert out.exit_code == 0 and out.output.split("\n\n")[1].startswith("step 0  episode")  # after the code
     out = runner.invoke(app, ["show", str(tmp_path / "run"), "--html"])
     assert out.exit_code == 0 and (tmp_path / "run" / "transcripts.html").is_file()
     out = runner.invoke(app, ["show", str(tmp_path)])  # no transcripts there
