@@ -497,3 +497,21 @@ def test_a_list_gold_accepts_any_of_its_answers(tmp_path):
         assert [whole.score(item, f"\\boxed{{{text}}}").correct for text in ("3", "4")] == [False, False]
     interval = next(item for item in whole.train + whole.val if item.answer == "[3, 4]")
     assert whole.score(interval, "\\boxed{[3,4]}").correct
+
+
+def test_a_data_file_held_out_by_val_split_is_read_once_for_the_checks(tmp_path, monkeypatch):
+    """A data file is one split (``load_split`` ignores the name), so ``val_split`` of one holds out rows of the same
+    file. The checks' source lists took it for a second source: ``check_inputs`` and ``longest_prompts`` each read
+    the file twice, and the latter ranked every row twice, so its 3 longest were 2 rows."""
+    import tether.tasks.dataset_task as dataset_task
+
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"prompt": "q" * (i + 1), "answer": "1"}) + "\n" for i in range(5)))
+    reads, load_split = [], dataset_task.load_split
+    monkeypatch.setattr(dataset_task, "load_split", lambda *a, **k: reads.append(a[0]) or load_split(*a, **k))
+    found = DatasetTask.longest_prompts(3, path=str(path), val_split="test")
+    assert [entry[:2] for entry in found] == [(f"row {i} of {path}", "q" * (i + 1)) for i in (4, 3, 2)]
+    assert reads == [str(path)]
+    reads.clear()
+    assert DatasetTask.check_inputs(path=str(path), val_split="test") == []
+    assert reads == [str(path)]

@@ -356,11 +356,8 @@ class DatasetTask(JsonlTask):
         """
         fn = load_format_fn(format_fn)
         key = "prompt" if fn else prompt_field
-        sources = [("path", (path, split, data_files))]
-        if val_path is not None or val_split is not None:
-            sources.append(("val_path", (val_path or path, val_split or split, None if val_path else data_files)))
         found = []
-        for setting, (source, split_name, files) in _unique(sources):  # data_files may be a dict: not hashable
+        for setting, (source, split_name, files) in _sources(path, split, data_files, val_path, val_split):
             if not _is_local(source, setting, files):
                 continue
             base = data_folder(source, files, split_name)
@@ -429,17 +426,11 @@ class DatasetTask(JsonlTask):
         Raises:
             ValueError: the first problem, naming the column, the row and what was expected.
         """
-        # (the setting a warning names, what it reads): the held-out split is val_path's, or val_split of path
-        sources = [("path", (path, split, data_files))]
-        if val_path is not None:
-            sources.append(("val_path", (val_path, val_split or split, None)))
-        elif val_split is not None:
-            sources.append((f"val_split {val_split!r}", (path, val_split, data_files)))
         fn = load_format_fn(format_fn)
         prompt_key, answer_key = ("prompt", "answer") if fn else (prompt_field, answer_field)
         kinds: dict[bool, str] = {}  # text prompt or not -> the first row of that kind
         warnings = []
-        for key, (source, split_name, files) in _unique(sources):
+        for key, (source, split_name, files) in _sources(path, split, data_files, val_path, val_split):
             if not _is_local(source, key, files):
                 continue
             rows = load_split(source, config or name, split_name, files)
@@ -531,10 +522,25 @@ def task_prompt(prompt: str | list[dict[str, Any]], template: str, system: str |
                                                                            *prompt]
 
 
-def _unique(sources: list[tuple[str, Source]]) -> list[tuple[str, Source]]:
-    """``(setting, source)`` pairs without a repeated source (a held-out split that is the training one is read
-    once, under the first setting)."""
-    return [(key, source) for i, (key, source) in enumerate(sources) if source not in [s for _, s in sources[:i]]]
+def _sources(path: str, split: str, data_files: DataFiles | None, val_path: str | None,
+             val_split: str | None) -> list[tuple[str, Source]]:
+    """What the checks read, as ``(the setting a message names, (source, split, data_files))``: ``path``'s split, and
+    the held-out one (``val_path``'s, or ``val_split`` of ``path``) unless it is the same data, read once under the
+    first setting: the same split, or any split of a data file (a file is one split, :func:`load_split`)."""
+    sources = [("path", (path, split, data_files))]
+    if val_path is not None:
+        sources.append(("val_path", (val_path, val_split or split, None)))
+    elif val_split is not None:
+        sources.append((f"val_split {val_split!r}", (path, val_split, data_files)))
+    read: list[tuple[str, str | None, DataFiles | None]] = []  # data_files may be a dict: no set
+    unique = []
+    for setting, (source, split_name, files) in sources:
+        one_split = files is None and Path(source).expanduser().is_file()
+        data = (source, None if one_split else split_name, files)
+        if data not in read:
+            read.append(data)
+            unique.append((setting, (source, split_name, files)))
+    return unique
 
 
 def _is_local(source: str, key: str, data_files: DataFiles | None = None) -> bool:
