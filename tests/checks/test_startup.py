@@ -15,6 +15,7 @@ from tests.trainer.helpers import tiny_config
 from tether.checks import check_config, load_checked_config
 from tether.cli import app
 from tether.config import ConfigError, config_command, load_command_config, load_config
+from tether.tasks.base import prompt_text
 from tether.trainer import Trainer
 
 
@@ -82,6 +83,59 @@ def test_a_reward_function_requiring_an_argument_no_row_has_fails_validate(tmp_p
     assert str(info.value) == f"task.rewards[1].fn: {fn!r} {message}"
     data["task"]["rewards"] = data["task"]["rewards"][:1]  # solution_match's `solution` is a column
     assert check_config(load_config(data=data), policy=False) == []
+
+
+def rewarded_rows(tmp_path: Path, fn: str, **spec) -> dict:
+    return {"run_dir": str(tmp_path / "run"), "task": {
+        "name": "dataset", "kwargs": {"path": str(dataset_rows(tmp_path)), "answer_field": "solution", "val_size": 4},
+        "rewards": [{"fn": "tests.rewards.user_rewards:solution_match"},
+                    {"fn": f"tests.rewards.user_rewards:{fn}", **spec}]}}
+
+
+RETURNS = "a reward function returns one finite number (or None) per completion"
+
+
+def called(tmp_path: Path) -> str:
+    """How the line names the call: the first training row (of the task's seeded shuffle), its gold the completion."""
+    from tether.tasks import make_task
+
+    first = make_task("dataset", **rewarded_rows(tmp_path, "scaled")["task"]["kwargs"]).train[0]
+    assert first.answer == str(int(prompt_text(first.prompt).split("+")[0]) + 1)  # the gold of that row's prompt
+    return f"called on training row {first.id!r} with the completion {first.answer!r}, "
+
+
+@pytest.mark.parametrize("fn, came_back", [
+    ("returns_text", "returned str for 1 completions"),
+    ("returns_nothing", "returned NoneType for 1 completions"),
+    ("short_list", "returned 0 values for 1 completions"),
+])
+def test_a_reward_function_that_returns_no_value_per_completion_fails_validate_and_train(tmp_path, fn, came_back):
+    """A reward returning a string, None or a list of another length passed validate; the run then warned once and
+    faulted every row of every batch (nothing trains). Called once on a real row, it is refused before any model."""
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps(rewarded_rows(tmp_path, fn)))
+    for command in ("validate", "train"):
+        out = CliRunner().invoke(app, [command, str(config)])
+        assert out.exit_code == 2, out.output
+        assert out.output.strip() == (f"task.rewards[1].fn: 'tests.rewards.user_rewards:{fn}', {called(tmp_path)}"
+                                      f"{came_back}; "
+                                      f"{RETURNS}, a list as long as completions: every call of the run would fault "
+                                      "all its rows")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("fn, spec, came_back", [
+    ("broken", {}, "raised RuntimeError: reward server down"),
+    ("nan_on_first", {}, "returned nan, not a finite number or None"),
+    ("sleeps", {"timeout_s": 0.1}, "the call timed out after 0.1s (its process was killed)"),  # the run's limit
+])
+def test_a_reward_function_that_faults_on_the_first_row_is_a_warning_of_validate(tmp_path, fn, spec, came_back):
+    """A raise, a NaN or a timeout on that row: the run contains them (faulted rows), and the fault may be that row's,
+    so it is a warning; it passed validate without a word."""
+    warnings = check_config(load_config(data=rewarded_rows(tmp_path, fn, **spec)), policy=False)
+    assert warnings == [f"task.rewards[1].fn: 'tests.rewards.user_rewards:{fn}', {called(tmp_path)}{came_back}; "
+                        f"{RETURNS}: the run counts each row it faults on in reward/faults"]
+    assert check_config(load_config(data=rewarded_rows(tmp_path, "completions_only")), policy=False) == []
 
 
 @pytest.mark.parametrize("files, message", [

@@ -148,3 +148,12 @@ def solution_typo(completions, soluton, scale=1.0, **kwargs):
 def completion_typo(completion, scale=1.0, **kwargs):
     """``completions`` misspelt (a required argument nothing passes; ``completions`` lands in ``kwargs``)."""
     return [scale] * len(completion)
+
+
+def returns_text(prompts, completions, **kwargs):
+    """One string for the batch: not a value per completion."""
+    return "1.0"
+
+
+def returns_nothing(prompts, completions, **kwargs):
+    """A function that forgot its ``return``."""

@@ -119,7 +119,9 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
     """Build the task as the trainer will (reading, splitting and typing its data): a 50-row file with
     ``val_size=100``, or a prompt field holding a list, fails here as one line. A task whose prompts carry images
     (its ``image_column``: a data set's ``image`` column, say) needs a vision-language policy (``policy``: the run
-    loads it), as an env that renders images does."""
+    loads it), as an env that renders images does. Each reward function is called once on the first training row
+    (:func:`~tether.rewards.task.check_reward_calls`): a return that is not one value per completion is an error, a
+    fault of that row's call (a raise, a NaN, a timeout) a warning."""
     if cfg.task is None:
         return
     hub_id = _offline_hub_dataset(cfg)
@@ -150,10 +152,12 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
                           "is a text model (no vision_config): use a vision-language model (e.g. "
                           "Qwen/Qwen2.5-VL-3B-Instruct; tiny-qwen2.5-vl for a smoke run), or a format_fn that "
                           "returns no images")
-    if cfg.task.rewards:  # the reward functions' arguments against the columns the rows give them
-        from tether.rewards import check_reward_columns, item_columns
+    if cfg.task.rewards:  # the reward functions' arguments against the columns the rows give them, then one call
+        from tether.rewards import check_reward_calls, check_reward_columns, item_columns
 
         check_reward_columns(cfg.task.rewards, item_columns([*task.train, *held_out]))
+        for line in check_reward_calls(cfg.task.rewards, task.train[0]):
+            found.warn(line)
 
 
 def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:

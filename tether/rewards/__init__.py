@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tether.rewards.judge import Judge
     from tether.rewards.model import RewardModel
-    from tether.rewards.task import FAULT_LOG, RewardedTask, build_config_task, build_task, item_columns
+    from tether.rewards.task import (
+        FAULT_LOG,
+        RewardedTask,
+        build_config_task,
+        build_task,
+        check_reward_calls,
+        item_columns,
+    )
     from tether.rewards.terms import (
         RewardTerm,
         TermResult,
@@ -28,12 +35,13 @@ if TYPE_CHECKING:
 
 #: Each public name's module.
 _MODULES = {"Judge": "judge", "RewardModel": "model", "VerlScore": "verl_score",
-            **dict.fromkeys(["FAULT_LOG", "RewardedTask", "build_config_task", "build_task", "item_columns"], "task"),
+            **dict.fromkeys(["FAULT_LOG", "RewardedTask", "build_config_task", "build_task", "check_reward_calls",
+                             "item_columns"], "task"),
             **dict.fromkeys(["RewardTerm", "TermResult", "check_batch_signature", "check_reward_columns",
                              "check_reward_terms", "probe_reward_terms"], "terms")}
 
 __all__ = ["FAULT_LOG", "Judge", "RewardModel", "RewardTerm", "RewardedTask", "TermResult", "VerlScore",
-           "build_config_task", "build_task", "check_batch_signature", "check_reward_columns",
+           "build_config_task", "build_task", "check_batch_signature", "check_reward_calls", "check_reward_columns",
            "check_reward_terms", "item_columns", "probe_reward_terms"]
 
 

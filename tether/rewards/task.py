@@ -12,15 +12,17 @@ function raised nothing but returned a bad value), with a warning.
 from __future__ import annotations
 
 import functools
+import inspect
 import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tether.config import Config, TaskConfig
+from tether.config import Config, ConfigError, RewardTermConfig, TaskConfig
 from tether.faults import FaultLog
 from tether.rewards.terms import RewardTerm, TermResult
 from tether.tasks.base import Score, Task, TaskItem, score_batch
+from tether.user_code import resolve_target
 
 FAULT_LOG = Path("health") / "reward_faults.jsonl"
 
@@ -43,6 +45,45 @@ def item_columns(items: Sequence[TaskItem]) -> dict[str, list]:
 def completion_of(item: TaskItem, text: str) -> str | list[dict[str, str]]:
     """The completion as TRL passes it: the text, or one assistant message when the prompt is a conversation."""
     return [{"role": "assistant", "content": text}] if isinstance(item.prompt, list) else text
+
+
+def check_reward_calls(specs: list[RewardTermConfig], item: TaskItem) -> list[str]:
+    """Each reward *function* of ``specs`` called once, as the run calls it (a :class:`RewardTerm`: in its process
+    under its ``timeout_s`` where it has one), on ``item`` (a training row) with the row's gold answer as the
+    completion (``""`` where it has none). A class (a reward model, a judge, ``VerlScore``, a class of your own) is
+    neither built nor called: building one may load a model or reach a server.
+
+    Returns:
+        A warning line per function that faulted on this row (a raise, a value that is not a finite number or None,
+        a timeout): the run would fault such rows, and this row may be the only one.
+
+    Raises:
+        ConfigError: one line per function whose return is not one value per completion (a string, None, a list of
+            another length): every call of the run would fault its rows.
+    """
+    text = "" if item.answer is None else str(item.answer)
+    prompts, completions, columns = [item.prompt], [completion_of(item, text)], item_columns([item])
+    errors, warnings = [], []
+    for index, spec in enumerate(specs):
+        key = f"task.rewards[{index}]"
+        if inspect.isclass(resolve_target(f"{key}.fn", spec.fn)):
+            continue
+        result = RewardTerm(spec, key)(prompts, completions, columns)
+        fault = result.faults[0]
+        if fault is None:
+            continue
+        # the message is the run's own (RewardTerm's); a raise, in or out of a process, carries its traceback
+        raised = result.trace is not None and result.kind is None
+        line = (f"{key}.fn: {spec.fn!r}, called on training row {item.id!r} with the completion {text!r}, "
+                f"{'raised ' if raised else ''}{fault.splitlines()[0]}; a reward function returns one finite number "
+                "(or None) per completion")
+        if result.unusable:
+            errors.append(f"{line}, a list as long as completions: every call of the run would fault all its rows")
+        else:
+            warnings.append(f"{line}: the run counts each row it faults on in reward/faults")
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return warnings
 
 
 class TaskWrapper:

@@ -52,12 +52,15 @@ class TermResult:
         trace: the traceback of an exception the function raised, for the run's health folder.
         kind: what went wrong in the term's process (``"timeout"``, ``"process ended"``, the type of what escaped
             the term); None for a fault of the function itself, in or out of a process.
+        unusable: the function returned something that is not one value per completion (a string, None, a list of
+            another length): every call faults whatever its rows, so ``tether validate`` refuses it.
     """
 
     values: list[float]
     faults: list[str | None]
     trace: str | None = None
     kind: str | None = None
+    unusable: bool = False
 
 
 def _accepts(fn: Callable) -> tuple[bool, set[str]]:
@@ -186,7 +189,7 @@ class RewardTerm:
         listed = _as_list(out)
         if listed is None or len(listed) != n:
             got = type(out).__name__ if listed is None else f"{len(listed)} values"
-            return TermResult([0.0] * n, [f"returned {got} for {n} completions"] * n)
+            return TermResult([0.0] * n, [f"returned {got} for {n} completions"] * n, unusable=True)
         out = listed
         reasons = getattr(self.fn, "last_errors", None)  # a judge says why a row has no score
         reasons = reasons if isinstance(reasons, list) and len(reasons) == n else [None] * n
