@@ -35,6 +35,25 @@ def relative_to_cwd(path: str | Path) -> str:
     return f" (relative to the working directory {Path.cwd()})"
 
 
+def written_as_local_path(name: str) -> bool:
+    """Whether ``name`` (not here) was written as a path on this machine, not a Hub id (``org/name``): it starts with
+    ``./``, ``../``, ``/`` or ``~``, has more than two parts, or its first part is a directory here (``runs/x`` where
+    ``runs/`` exists). Read as a Hub id, such a missing path was left to a download that fails only after the
+    Hub's retries. The one rule for models and data sets alike."""
+    parts = Path(name).parts
+    return name.startswith((".", "/", "~")) or len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())
+
+
+def sibling_paths(name: str) -> list[str]:
+    """The entries of the folder ``name`` would be in, written as ``name`` is written (``runs/x`` -> ``runs/y``, ...):
+    what a did-you-mean of a path that is not here picks from; none when that folder is not here either."""
+    path = Path(name)
+    folder = path.parent.expanduser()
+    if not folder.is_dir():
+        return []
+    return [str(path.parent / entry.name) for entry in folder.iterdir()]
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file and ``os.replace``: readers never see half a file."""
     path = Path(path)

@@ -77,7 +77,8 @@ def test_jsonl_fields_can_be_renamed(tmp_path):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("./no/such/checkpoint", r"^model\.name: './no/such/checkpoint' is not a directory here, nor a tether alias"),
+    ("./no/such/checkpoint", r"^model\.name: './no/such/checkpoint' is not a directory here \(relative to the "
+                             r"working directory .*\), and is not a Hub id \(org/name\)$"),
     ("org/never-downloaded", r"^model\.name: 'org/never-downloaded' is not in the local Hugging Face cache and "
                              r"HF_HUB_OFFLINE is set"),
 ])
@@ -90,6 +91,27 @@ def test_a_model_that_is_not_here_is_one_line(tmp_path, monkeypatch, name, messa
     check_config(tiny_config(tmp_path, f"model.name={model_dir(tmp_path / 'local')}"))  # a local directory
     for alias in ("smollm2-135m-instruct", "char-64x2", "tiny-64x2"):  # tether's aliases, never built here
         check_config(tiny_config(tmp_path, f"model.name={alias}"))
+
+
+@pytest.mark.parametrize("key, overrides", [
+    ("model.name", ["model.name=runs/run-b"]),
+    ("task.kwargs: path", ["task.name=dataset", "task.kwargs={path: runs/run-b}"]),
+])
+def test_a_missing_path_whose_first_folder_is_here_is_not_read_as_a_hub_id(tmp_path, monkeypatch, key, overrides):
+    """``runs/run-b`` (a typo of ``runs/run-a``) reads as a Hub id by its shape: validate said ok and left it to a
+    download that failed after the Hub's retries. Its first part is a folder here, so it is a path that is not here."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    model_dir(tmp_path / "runs" / "run-a")
+    (tmp_path / "data.jsonl").write_text(GOOD + "\n" + GOOD + "\n")
+    cfg = load_config(data={"run_dir": str(tmp_path / "run"),
+                            "task": {"name": "jsonl", "kwargs": {"path": "data.jsonl", "val_size": 1}}},
+                      overrides=overrides)
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg, policy=key == "model.name")
+    state = "is not a directory" if key == "model.name" else "does not exist"
+    assert str(info.value) == (f"{key}: 'runs/run-b' {state} here (relative to the working directory {tmp_path}), and "
+                               "is not a Hub id (org/name); did you mean runs/run-a?")
 
 
 @pytest.mark.parametrize("offline", ["0", "1"])

@@ -16,7 +16,8 @@ from pathlib import Path
 from tether.checks.context import hub_file, warn_context
 from tether.checks.findings import Findings
 from tether.checks.workload import beside_the_config, workload_class
-from tether.config import Config, ConfigError, SFTConfig, SkillSFTSettings
+from tether.config import Config, ConfigError, SFTConfig, SkillSFTSettings, did_you_mean
+from tether.files import relative_to_cwd, sibling_paths, written_as_local_path
 
 HUB_ID_PARTS = 2  # "org/name"
 HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or repository name
@@ -24,7 +25,9 @@ HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or r
 
 def check_model(key: str, name: str) -> None:
     """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
-    offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download). A one-word
+    offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download). A name written
+    as a local path (:func:`~tether.files.written_as_local_path`: ``runs/x`` where ``runs/`` is here) that is not
+    here is refused, with the nearest entries of its folder. A one-word
     name close to an alias (``smollm2-135m``) that is neither here nor cached is refused with the alias: it reads as
     a Hub id, which would cost a run directory, the Hub's retries and a traceback before failing."""
     from tether.models.char import char_size_problem, parse_char_alias
@@ -37,6 +40,10 @@ def check_model(key: str, name: str) -> None:
         raise ConfigError(f"{key}: {sized}")
     if name == SMOLLM2 or name in TINY_VLMS or char or tiny or Path(name).expanduser().is_dir():
         return
+    if written_as_local_path(name):  # runs/x where runs/ is here: read as a Hub id, it was left to a download
+        guess = did_you_mean(name, sibling_paths(name)).rstrip()
+        raise ConfigError(f"{key}: {name!r} is not a directory here{relative_to_cwd(name)}, and is not a Hub id "
+                          f"(org/name){f'; {guess}' if guess else ''}")
     parts = name.split("/")
     # "org/name", or a one-word id of the Hub's oldest models (gpt2, bert-base-uncased)
     looks_like_hub_id = len(parts) <= HUB_ID_PARTS and all(HUB_ID_PART.fullmatch(p) for p in parts)

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from tether.files import written_as_local_path
+
 
 def conversation(prompt: str | list[dict[str, str]], completion: str | list[dict[str, str]]) -> list[dict[str, str]]:
     """The prompt and the completion as one message list (TRL's conversational shape)."""
@@ -84,7 +86,7 @@ class RewardModel:
             raise ValueError(f"model: {model!r} is a tether alias of a policy (a causal LM without a reward head), not "
                              "a reward model: give a local directory or a Hub id (org/name) of an "
                              "AutoModelForSequenceClassification checkpoint")
-        if model.startswith((".", "/", "~")) or model.count("/") > 1:
+        if written_as_local_path(model):
             raise ValueError(f"model: {model!r} is not a directory holding a model (no config.json)")
         if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") and not _cached(model):
             raise ValueError(f"model: {model!r} is not a local directory, nor in the local Hugging Face cache, and "

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import did_you_mean
-from tether.files import DATA_FORMATS, relative_to_cwd
+from tether.files import DATA_FORMATS, relative_to_cwd, sibling_paths, written_as_local_path
 from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, prompt_text
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
@@ -547,8 +547,9 @@ def _is_local(source: str, key: str, data_files: DataFiles | None = None) -> boo
     """Whether ``source`` is here (then it is checked); a Hub id is not (it is read by the run).
 
     Raises:
-        ValueError: ``source`` looks like a local path (a data-file suffix, ``./``, more than one ``/``) that is not
-            here.
+        ValueError: ``source`` looks like a local path (a data-file suffix, or
+            :func:`~tether.files.written_as_local_path`: ``./``, more than one ``/``, ``runs/x`` where ``runs/`` is
+            here) that is not here; with the nearest entries of its folder.
         FileNotFoundError: a builder's data file that is not here.
     """
     if source in BUILDERS:
@@ -556,9 +557,10 @@ def _is_local(source: str, key: str, data_files: DataFiles | None = None) -> boo
         return True
     if Path(source).expanduser().exists():
         return True
-    if Path(source).suffix.lower() in DATA_FORMATS or source.startswith((".", "/", "~")) or source.count("/") > 1:
+    if Path(source).suffix.lower() in DATA_FORMATS or written_as_local_path(source):
+        guess = did_you_mean(source, sibling_paths(source)).rstrip()
         raise ValueError(f"{key}: {source!r} does not exist here{relative_to_cwd(source)}, and is not a Hub id "
-                         "(org/name)")
+                         f"(org/name){f'; {guess}' if guess else ''}")
     return False
 
 
