@@ -5,6 +5,7 @@ and inputs an earlier command writes named with that command."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,50 @@ def test_a_reward_function_that_faults_on_the_first_row_is_a_warning_of_validate
     assert warnings == [f"task.rewards[1].fn: 'tests.rewards.user_rewards:{fn}', {called(tmp_path)}{came_back}; "
                         f"{RETURNS}: the run counts each row it faults on in reward/faults"]
     assert check_config(load_config(data=rewarded_rows(tmp_path, "completions_only")), policy=False) == []
+
+
+def hub_dataset_config(tmp_path: Path, monkeypatch, cached: bool) -> dict:
+    """A config reading ``openai/gsm8k`` with nothing answering at the Hub's endpoint (a port nothing listens on),
+    the Hub cache in ``tmp_path``, holding that data set's README when ``cached``."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    if cached:  # the cache's layout: refs/main names the snapshot
+        repo = tmp_path / "hub" / "datasets--openai--gsm8k"
+        (repo / "snapshots" / "abc").mkdir(parents=True)
+        (repo / "snapshots" / "abc" / "README.md").write_text("# gsm8k")
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("abc")
+    return {"run_dir": str(tmp_path / "run"), "task": {"name": "dataset", "kwargs": {
+        "path": "openai/gsm8k", "config": "main", "prompt_field": "question", "answer_field": "answer"}}}
+
+
+NO_HUB = "the Hub does not answer (cannot connect to http://127.0.0.1:9/models (Connection refused))"
+
+
+def test_a_hub_dataset_with_no_hub_fails_validate_at_once(tmp_path, monkeypatch):
+    """With no network, datasets retried the Hub for about 25 s (23 of them sleeps between its 5 retries; measured:
+    `tether validate` 36 s, 12 s under HF_HUB_OFFLINE=1) before the one line; one probe of the endpoint says it."""
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        check_config(load_config(data=hub_dataset_config(tmp_path, monkeypatch, cached=False)), policy=False)
+    assert str(info.value) == (f"task.kwargs.path='openai/gsm8k': {NO_HUB} and the data set is not in the local "
+                               "Hugging Face cache; connect, download it first (hf download --repo-type dataset "
+                               "openai/gsm8k) or give a local path")
+    assert time.perf_counter() - start < 5.0
+
+
+def test_a_cached_hub_dataset_with_no_hub_is_left_to_the_run_with_a_warning(tmp_path, monkeypatch):
+    """datasets reads its cached copy after the retries: the run works, so validate passes, saying why it is slow."""
+    cfg = load_config(data=hub_dataset_config(tmp_path, monkeypatch, cached=True))
+    assert check_config(cfg, policy=False) == [
+        f"task.kwargs.path='openai/gsm8k': {NO_HUB}; the run reads the local cache's copy after the Hub's retries "
+        "(HF_HUB_OFFLINE=1 skips them), so its rows, columns and splits are checked when the run loads it"]
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # switched off: no probe, as before
+    assert check_config(cfg, policy=False) == [
+        "task.kwargs.path='openai/gsm8k': a Hub dataset cannot be read offline (HF_HUB_OFFLINE), so its rows, columns "
+        "and splits are checked when the run loads it"]
 
 
 @pytest.mark.parametrize("files, message", [

@@ -8,7 +8,8 @@
 * What it names on this machine (:mod:`~tether.checks.machine`): models, data files, packages, the engine;
   inputs an earlier command writes are named with that command (``# written by:`` lines of the config).
 * What ``tether train`` would otherwise find only after its model loads (:mod:`~tether.checks.startup`): the task
-  built from its data, a local model directory's contents, the device, the launch, the batch arithmetic.
+  built from its data (a Hub data set after one short probe of the Hub), each reward function called once on its
+  first training row, a local model directory's contents, the device, the launch, the batch arithmetic.
 * In ``tether validate`` only (:func:`~tether.checks.machine.probe_endpoints`): whether the servers the config calls
   (an LLM judge's, ``tether seed-sft``'s analyzer) answer, as warning lines; a start never waits on the network.
 

@@ -18,6 +18,7 @@ checked.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import warnings
@@ -245,12 +246,13 @@ def _model_dir(name: str, alias_dir: Path) -> Path | None:
     return None if cached is None else Path(cached).parent
 
 
-def hub_file(repo_id: str, filename: str) -> str | None:
-    """``filename`` of ``repo_id`` in the local Hugging Face cache, or None (not cached, or not a Hub id)."""
+def hub_file(repo_id: str, filename: str, repo_type: str = "model") -> str | None:
+    """``filename`` of ``repo_id`` (a ``model``, or a ``dataset``) in the local Hugging Face cache, or None (not
+    cached, or not a Hub id)."""
     from huggingface_hub import try_to_load_from_cache
 
     try:
-        found = try_to_load_from_cache(repo_id, filename)
+        found = try_to_load_from_cache(repo_id, filename, repo_type=repo_type)
     except ValueError:  # not a valid Hub id (HFValidationError)
         return None
     return found if isinstance(found, str) else None
@@ -295,3 +297,21 @@ def _quietly(load: Callable[[], Any]) -> Any:
         return load()
     except Exception:  # whatever a broken tokenizer file raises: KeyError, TypeError, JSON errors...
         return None
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub (``HF_ENDPOINT``) does not answer from here, or None: one request of
+    :data:`~tether.rewards.judge.PROBE_TIMEOUT_S`, made once per endpoint and process. Asked before a check reads a
+    Hub data set: with no network, ``datasets`` retries each request with backoff (about 25 s) before it fails,
+    and huggingface_hub has no setting for those retries but ``HF_HUB_OFFLINE``."""
+    from huggingface_hub import constants
+
+    return _endpoint_unreachable(constants.ENDPOINT)
+
+
+@functools.cache
+def _endpoint_unreachable(endpoint: str) -> str | None:
+    from tether.openai_chat import unreachable
+    from tether.rewards.judge import PROBE_TIMEOUT_S
+
+    return unreachable(endpoint, timeout=PROBE_TIMEOUT_S)

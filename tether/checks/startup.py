@@ -105,14 +105,46 @@ def check_model_dirs(cfg: Config, found: Findings, *, policy: bool = True) -> No
                               f"tokenizer.model); {listing}")
 
 
-def _offline_hub_dataset(cfg: Config) -> str | None:
-    """The task's data ``path`` when it can only come from the Hub and the Hub is switched off, else ``None``."""
+def _hub_dataset(cfg: Config) -> str | None:
+    """The task's data ``path`` when it can only come from the Hub (not here, not a ``datasets`` builder), else
+    ``None``."""
+    from tether.tasks.dataset_task import BUILDERS
+
     path = cfg.task.kwargs.get("path") if cfg.task is not None else None
-    if not isinstance(path, str) or Path(path).expanduser().exists():
+    if not isinstance(path, str) or path in BUILDERS or Path(path).expanduser().exists():
         return None
+    return path
+
+
+def hub_dataset_left_to_run(cfg: Config, found: Findings) -> bool:
+    """Whether the task's Hub data set is left to the run to read (said in a warning): with the Hub switched off
+    (``HF_HUB_OFFLINE``), or not answering (:func:`~tether.checks.context.hub_unreachable`) with the data set in
+    the local cache, which ``datasets`` falls back to after its retries.
+
+    Raises:
+        ConfigError: the Hub does not answer and the data set is not in the local cache: the run could not read it.
+    """
     from huggingface_hub import constants
 
-    return path if constants.HF_HUB_OFFLINE else None
+    from tether.checks.context import hub_file, hub_unreachable
+
+    hub_id = _hub_dataset(cfg)
+    if hub_id is None:
+        return False
+    later = "so its rows, columns and splits are checked when the run loads it"
+    if constants.HF_HUB_OFFLINE:
+        found.warn(f"task.kwargs.path={hub_id!r}: a Hub dataset cannot be read offline (HF_HUB_OFFLINE), {later}")
+        return True
+    problem = hub_unreachable()
+    if problem is None:
+        return False
+    if hub_file(hub_id, "README.md", repo_type="dataset") is None:
+        raise ConfigError(f"task.kwargs.path={hub_id!r}: the Hub does not answer ({problem}) and the data set is not "
+                          "in the local Hugging Face cache; connect, download it first (hf download --repo-type "
+                          f"dataset {hub_id}) or give a local path")
+    found.warn(f"task.kwargs.path={hub_id!r}: the Hub does not answer ({problem}); the run reads the local cache's "
+               f"copy after the Hub's retries (HF_HUB_OFFLINE=1 skips them), {later}")
+    return True
 
 
 def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> None:
@@ -122,12 +154,7 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
     loads it), as an env that renders images does. Each reward function is called once on the first training row
     (:func:`~tether.rewards.task.check_reward_calls`): a return that is not one value per completion is an error, a
     fault of that row's call (a raise, a NaN, a timeout) a warning."""
-    if cfg.task is None:
-        return
-    hub_id = _offline_hub_dataset(cfg)
-    if hub_id is not None:
-        found.warn(f"task.kwargs.path={hub_id!r}: a Hub dataset cannot be read offline (HF_HUB_OFFLINE), so its rows, "
-                   "columns and splits are checked when the run loads it")
+    if cfg.task is None or hub_dataset_left_to_run(cfg, found):
         return
     from tether.tasks import make_task
     from tether.tasks.base import task_split
