@@ -12,6 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tests.rewards.user_tasks import waves
 from tests.trainer.helpers import tiny_config
 from tether.checks import check_config, load_checked_config
 from tether.cli import app
@@ -137,6 +138,38 @@ def test_a_reward_function_that_faults_on_the_first_row_is_a_warning_of_validate
     assert warnings == [f"task.rewards[1].fn: 'tests.rewards.user_rewards:{fn}', {called(tmp_path)}{came_back}; "
                         f"{RETURNS}: the run counts each row it faults on in reward/faults"]
     assert check_config(load_config(data=rewarded_rows(tmp_path, "completions_only")), policy=False) == []
+
+
+T = "tests.rewards.user_tasks"
+
+
+@pytest.mark.parametrize("task, message", [
+    ({"name": f"{T}:Stalling", "kwargs": {"stall_split": "train", "stall": "raise"}},
+     "raised RuntimeError: verifier down; the run would stop at its first batch (set task.timeout_s to count such "
+     "rows as faults instead)"),
+    ({"name": f"{T}:BareReward"}, f"gave {waves('')!r}; a task's score returns one tether.tasks.Score(reward, correct, "
+                                  "extracted) per response, reward a number"),
+])
+def test_a_task_of_ones_own_whose_score_the_run_cannot_take_fails_validate(tmp_path, task, message):
+    """A raise in one's own task's score (without task.timeout_s), or a bare number for a Score, passed validate and
+    stopped the run at its first batch, after the model loaded (AttributeError: 'float' object has no attribute
+    'reward')."""
+    with pytest.raises(ConfigError) as info:
+        check_config(load_config(data={"run_dir": str(tmp_path / "run"), "task": task}), policy=False)
+    scoring = f"task.name={task['name']}: scoring training row 'stalling/train/0' with the response ''"
+    assert str(info.value) == f"{scoring} {message}"
+
+
+def test_a_task_score_that_faults_under_its_limit_is_a_warning(tmp_path):
+    """Under task.timeout_s the run counts a raise as a fault of its rows: validate warns."""
+    task = {"name": f"{T}:Stalling", "kwargs": {"stall_split": "train", "stall": "raise"}, "timeout_s": 5}
+    warnings = check_config(load_config(data={"run_dir": str(tmp_path / "run"), "task": task}), policy=False)
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"task.name={T}:Stalling: scoring training row 'stalling/train/0' with the response '' faulted (") and \
+        "RuntimeError: verifier down" in warnings[0] and warnings[0].endswith(
+        "; the run counts each row it faults on in reward/faults")
+    task["kwargs"] = {}  # the same task, scoring: no line
+    assert check_config(load_config(data={"run_dir": str(tmp_path / "run"), "task": task}), policy=False) == []
 
 
 def hub_dataset_config(tmp_path: Path, monkeypatch, cached: bool) -> dict:

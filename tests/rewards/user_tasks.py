@@ -58,3 +58,10 @@ class CountedPickles(Stalling):
     def __getstate__(self) -> dict:
         type(self).pickles += 1
         return self.__dict__
+
+
+class BareReward(Stalling):
+    """:class:`Stalling` whose score is the bare number, not a :class:`Score`."""
+
+    def score(self, item: TaskItem, text: str) -> float:
+        return waves(text)

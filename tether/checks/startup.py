@@ -179,6 +179,10 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
                           "is a text model (no vision_config): use a vision-language model (e.g. "
                           "Qwen/Qwen2.5-VL-3B-Instruct; tiny-qwen2.5-vl for a smoke run), or a format_fn that "
                           "returns no images")
+    from tether.rewards.task import check_task_score
+
+    for line in check_task_score(task, cfg.task):
+        found.warn(line)
     if cfg.task.rewards:  # the reward functions' arguments against the columns the rows give them, then one call
         from tether.rewards import check_reward_calls, check_reward_columns, item_columns
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import pickle
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,53 @@ class ProcessScoredTask(TaskWrapper):
         return [Score(0.0, False, None, fault=True, error=message) for _ in items]
 
 
+def timed_task(task: Task, task_cfg: TaskConfig, fault_log: Path | None = None) -> Task:
+    """``task`` scored in a process of its own under ``task.timeout_s`` (:class:`ProcessScoredTask`) when it is set,
+    else ``task`` itself."""
+    if task_cfg.timeout_s is None:
+        return task
+    return ProcessScoredTask(task, scorer_factory(task, task_cfg), task_cfg.timeout_s, fault_log=fault_log)
+
+
+def check_task_score(task: Task, task_cfg: TaskConfig) -> list[str]:
+    """A task of the user's own (its class outside tether) scored once, as the run scores it (:func:`timed_task`),
+    on its first training row with the row's gold answer as the response (``""`` where it has none). The run reads
+    each :class:`~tether.tasks.base.Score`'s ``reward`` into a tensor, and contains a scorer's raise only under
+    ``task.timeout_s``. tether's own tasks are not called: their scoring is tested.
+
+    Returns:
+        A warning line when the score is a fault (a raise or a timeout under ``task.timeout_s``, contained by the
+        run): it may be that row's alone.
+
+    Raises:
+        ConfigError: the score raised without ``task.timeout_s`` (the run would stop at its first batch, after the
+            model loads), or is not one :class:`~tether.tasks.base.Score` with a real-number ``reward``.
+    """
+    if type(task).__module__.partition(".")[0] == "tether":
+        return []
+    from tether.rewards.terms import as_real
+
+    item = task.train[0]
+    text = "" if item.answer is None else str(item.answer)
+    where = f"task.name={task_cfg.name}: scoring training row {item.id!r} with the response {text!r}"
+    try:
+        with warnings.catch_warnings():  # a contained fault is told once by the line below, not twice
+            warnings.simplefilter("ignore")
+            scores = list(score_batch(timed_task(task, task_cfg), [item], [text]))
+    except Exception as error:  # the user's scorer, outside a process: the run's first batch would stop here
+        first = f"{type(error).__name__}: {error}".splitlines()[0]
+        raise ConfigError(f"{where} raised {first}; the run would stop at its first batch (set task.timeout_s to "
+                          "count such rows as faults instead)") from None
+    score = scores[0] if len(scores) == 1 else None
+    if score is None or as_real(getattr(score, "reward", None)) is None:
+        got = f"{len(scores)} scores" if score is None else repr(getattr(score, "reward", score))
+        raise ConfigError(f"{where} gave {got}; a task's score returns one tether.tasks.Score(reward, correct, "
+                          "extracted) per response, reward a number")
+    if getattr(score, "fault", False):
+        return [f"{where} faulted ({score.error}); the run counts each row it faults on in reward/faults"]
+    return []
+
+
 def build_task(task_cfg: TaskConfig, run_dir: str | Path | None = None) -> Task:
     """The task ``task_cfg`` names, with its ``rewards`` and ``score`` applied.
 
@@ -256,9 +304,7 @@ def build_task(task_cfg: TaskConfig, run_dir: str | Path | None = None) -> Task:
     from tether.tasks import make_task
 
     fault_log = None if run_dir is None else Path(run_dir) / FAULT_LOG
-    task = make_task(task_cfg.name, **task_cfg.kwargs)
-    if task_cfg.timeout_s is not None:
-        task = ProcessScoredTask(task, scorer_factory(task, task_cfg), task_cfg.timeout_s, fault_log=fault_log)
+    task = timed_task(make_task(task_cfg.name, **task_cfg.kwargs), task_cfg, fault_log)
     if not task_cfg.rewards and task_cfg.score:
         return task
     terms = [RewardTerm(spec, f"task.rewards[{i}]") for i, spec in enumerate(task_cfg.rewards)]
