@@ -9,6 +9,7 @@ sequence-classification model, a stub OpenAI-compatible server on 127.0.0.1.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -107,6 +108,26 @@ def test_validate_on_a_fresh_clone_names_the_command_that_writes_the_input(folde
     assert f"{missing}={tmp_path / 'not_yet'}: not here yet" in validated.output
     assert f"written by `{command}`" in validated.output
     assert (ROOT / command.split()[-1]).is_file()
+
+
+def readme_programs() -> list[tuple[str, str]]:
+    """(README:line, program) of each command a shell block of an example's README runs."""
+    from tests.docs.test_docs_commands import shell_lines
+
+    return [(f"{page.relative_to(ROOT)}:{number}", command.split()[0])
+            for page in sorted(EXAMPLES.glob("*/README.md")) for number, command in shell_lines(page)
+            if command and not command.startswith("#")]
+
+
+def test_every_program_an_example_readme_runs_is_installed():
+    """examples/reward_model said `huggingface-cli download`: huggingface_hub 1.0 dropped that command for `hf`,
+    so the step failed with "command not found" in tether's environment."""
+    venv_bin = str(Path(sys.executable).parent)
+    programs = readme_programs()
+    assert {program for _, program in programs} >= {"tether", "python"}  # the parse found the commands
+    missing = [f"{where}: {program}" for where, program in programs
+               if shutil.which(program, path=venv_bin) is None and shutil.which(program) is None]
+    assert missing == []
 
 
 def test_trl_reward_function(tmp_path, tiny_policy_dir):
