@@ -130,9 +130,11 @@ def _train(cfg: Config) -> dict:
 
 
 @app.command("eval")
-def evaluate(path: Path, overrides: Overrides = None,
+def evaluate(path: Annotated[Path, typer.Argument(help="a checkpoint, or a run directory (its checkpoints/best)")],
+             overrides: Overrides = None,
              config: Annotated[Path | None, typer.Option(help="config with the task/env")] = None) -> None:
     """Evaluate a checkpoint (or a run's best) on the held-out set: avg@k / pass@k, or an env's success rate."""
+    path = _checkpoint_of(path)
     if config is None and not path.exists():
         raise ConfigError(_no_checkpoint(path))
     run_config = config or _find_run_config(path)
@@ -154,6 +156,12 @@ def evaluate(path: Path, overrides: Overrides = None,
     if audit is not None:  # to stderr: stdout stays one JSON object for scripts (tether experiment reads it)
         typer.echo(audit, err=True)
     typer.echo(json.dumps(result, indent=2))
+
+
+def _checkpoint_of(path: Path) -> Path:
+    """A run directory (it holds ``checkpoints/``) stands for its best checkpoint, as the help says; without this
+    ``tether eval runs/x`` took the run directory as the model and said it "holds no model: no config.json"."""
+    return path / "checkpoints" / "best" if (path / "checkpoints").is_dir() else path
 
 
 def _no_checkpoint(path: Path) -> str:

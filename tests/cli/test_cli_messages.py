@@ -191,6 +191,24 @@ def test_eval_of_a_checkpoint_that_is_not_there_names_it_and_what_the_run_holds(
                                  "CONFIG.yaml"
 
 
+def test_eval_of_a_run_directory_evaluates_its_best_checkpoint(tmp_path, monkeypatch):
+    """The help says "Evaluate a checkpoint (or a run's best)": `tether eval RUN` went on with RUN as model.name and
+    stopped with "model.name: RUN holds no model: no config.json"."""
+    seen = []
+    monkeypatch.setattr("tether.trainer.evaluate", lambda cfg: seen.append(cfg.model.name) or {})
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "best").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(Path(QUICKSTART).read_text())
+    out = run("eval", str(run_dir))
+    assert out.exit_code == 0, out.output
+    assert seen == [str(run_dir / "checkpoints" / "best")]
+    (run_dir / "checkpoints" / "best").rmdir()  # val.every=0: no best, said as for the path written out
+    out = run("eval", str(run_dir))
+    assert out.exit_code == EXIT_CONFIG
+    assert out.output.strip() == (f"{run_dir / 'checkpoints' / 'best'} does not exist (best is written when "
+                                  "validation runs: val.every > 0); or pass a model with --config CONFIG.yaml")
+
+
 def test_warnings_are_one_line_and_progress_bars_stay_out_of_logs(monkeypatch):
     # the CLI sets both for its process; restored here after the in-process run
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
