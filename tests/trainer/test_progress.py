@@ -45,7 +45,24 @@ def test_a_run_says_each_phase_before_its_first_step(tmp_path, tiny_policy, caps
     assert phases[:2] == [f"starting {cfg.run_dir}", "starting the hf engine and the task"]
     assert phases[2].startswith("validating at step 0 on split 'val' (all prompts x 2 samples)")
     assert re.fullmatch(r"validation at step 0: val/avg@k=\d\.\d{4} \(\d+ s\)", phases[3])
-    assert phases[4].startswith("validating at step 1") and "step 1/1  reward" in err
+    assert phases[6].startswith("validating at step 1") and "step 1/1  reward" in err
+
+
+def test_each_checkpoint_save_is_said_before_and_after(tmp_path, tiny_policy, capsys, monkeypatch):
+    """The save after a step (10-20 s for SmolLM2-135M on a CPU) and a new best printed nothing: the log stood still
+    after the step's validation line."""
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    cfg = tiny_config(tmp_path, "train.steps=1", "val.every=1", "logging.progress=true")
+    policy, tokenizer = tiny_policy
+    Trainer(cfg, policy=policy, tokenizer=tokenizer).fit()
+    phases = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines() if line.startswith("[tether ")]
+    best = float((tmp_path / "run" / "best.txt").read_text().split("=")[1].split()[0])  # what the run picked
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert phases[4] == f"saving checkpoints/best (val/avg@k={best:.4f} at step 0)"
+    assert re.fullmatch(re.escape(f"saved {checkpoints / 'best'} (") + r"\d+ s\)", phases[5])
+    saves = [p for p in phases if p.startswith(("saving the", "saved"))]
+    assert saves[-2] == "saving the checkpoint of step 1"
+    assert re.fullmatch(re.escape(f"saved {checkpoints / 'step_000001'} (") + r"\d+ s\)", saves[-1])
 
 
 def test_sft_prints_a_line_per_step_and_each_held_out_loss(capsys):

@@ -70,7 +70,7 @@ class TrainingLoop:
                     metrics.update(self.validate())
                 save, stop = self._save_or_stop(saved_at, signals.signal is not None)
                 if save:
-                    path = self.save()
+                    path = self._said(f"saving the checkpoint of step {self.step}", self.save)
                     saved_at = time.monotonic()
                 bar.update(self.step, metrics)
                 last.update(metrics)
@@ -114,13 +114,24 @@ class TrainingLoop:
         value = metrics.get(self.cfg.train.best_metric)
         if value is not None and self.step >= self.cfg.train.best_from_step and value > self.best_value:
             self.best_value = value
-            self.checkpoints.save_best(self._best_writer({"step": self.step, "metric": value,
-                                                          "name": self.cfg.train.best_metric}))
+            writer = self._best_writer({"step": self.step, "metric": value, "name": self.cfg.train.best_metric})
+            self._said(f"saving checkpoints/best ({self.cfg.train.best_metric}={value:.4f} at step {self.step})",
+                       lambda: self.checkpoints.save_best(writer))
             if self.dp.is_main:
                 write_text_atomic(self.run_dir / "best.txt",
                                   f"{self.cfg.train.best_metric}={value} step={self.step}\n")
         self.health.stop_if_unhealthy()
         return metrics
+
+    def _said(self, what: str, save: Callable[[], Path]) -> Path:
+        """Run ``save``, one status line before it and one with its path and seconds after: the weights, the optimiser
+        state and the manifest's hashes take 10-20 s for 135M parameters on a CPU (minutes for billions), which read
+        as a hang after the step's last line."""
+        start = time.monotonic()
+        self.status(what)
+        path = save()
+        self.status(f"saved {path} ({time.monotonic() - start:.0f} s)")
+        return path
 
     def _best_writer(self, state: dict[str, Any]) -> Callable[[Path], None]:
         def write(directory: Path) -> None:  # every rank: a sharded policy is gathered to rank 0 first
