@@ -276,3 +276,14 @@ def test_each_turn_records_whether_the_engine_cut_it(tmp_path, agent_trainer):
     batch, _ = collect(trainer)
     assert batch.info["truncated"] == [not v for v in VALID]
     assert trainer.train_step()["train/masked_truncated_frac"] == pytest.approx(2 / 12)
+
+
+def test_a_training_rollout_shows_its_episodes_as_they_finish(tmp_path, agent_trainer, capsys, monkeypatch):
+    """A step's episodes printed nothing until the step's own line: examples/my_environment's first step was 54 s of
+    silence on 2 shared cores (its README: about 6 minutes a step). Without a terminal, plain lines: the first count,
+    then the last (the scripted plan ends 2 episodes at turn 1, 2 at turn 2, the last 2 at turn 3)."""
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    trainer = agent_trainer(agent_config(tmp_path, "logging.progress=true"))
+    collect(trainer)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rollout ")]
+    assert [line.split("  ")[0] for line in lines] == ["rollout 2/6 episodes", "rollout 6/6 episodes"]

@@ -87,6 +87,16 @@ def test_without_a_terminal_a_validation_prints_sparse_lines_with_rate_and_eta(m
         "validation 256/256 samples  0.1 s/sample  eta 0:00"]
 
 
+def test_a_count_reported_twice_is_one_line(capsys):
+    """The agent loop reports its last count after the last chunk and again at the end: an agent validation's last
+    line was printed twice."""
+    with CountProgress("validation", 6, "episodes", plain=True) as bar:
+        for done in (2, 6, 6):
+            bar.update(done, 6)
+    assert [line.split("  ")[0] for line in capsys.readouterr().err.splitlines()] == [
+        "validation 2/6 episodes", "validation 6/6 episodes"]
+
+
 def test_on_a_terminal_a_validation_has_a_bar_of_its_own_or_a_row_under_the_training_bar():
     screen = Console(file=io.StringIO(), force_terminal=True, width=120)
     with CountProgress("validation", 8, "samples", plain=False, console=screen) as first:  # before the first step

@@ -52,6 +52,7 @@ from tether.models.vision import encode_message, is_processor, observation_image
 from tether.rollout.batch import RolloutBatch
 from tether.rollout.chunks import generate_in_chunks
 from tether.rollout.single_turn import PromptStream, validation_progress
+from tether.track.progress import CountProgress
 
 if TYPE_CHECKING:
     from tether.config import Config, EnvConfig
@@ -322,8 +323,11 @@ class AgentCollector:
         tasks = [self.train_seeds[i] for i in self.stream.take(r.prompts_per_step)]
         before = self.faults
         episodes = self.start_episodes(tasks, r.group_size)
-        rows = self.run_episodes(engine, episodes, sampling_params(r), seeds("rollout"),
-                                 intervention=hooks.intervention())
+        # a step of several turns per episode takes minutes (examples/my_environment: about 6 on 2 CPU cores), and
+        # the step's own line comes only at its end
+        with CountProgress("rollout", len(episodes), "episodes", enabled=self.cfg.logging.progress) as bar:
+            rows = self.run_episodes(engine, episodes, sampling_params(r), seeds("rollout"),
+                                     intervention=hooks.intervention(), on_turn=bar.update)
         self._warn_faults(before, len(episodes), f"step {seeds.step + 1}", f"env/faults={self.faults} so far")
         if not rows:
             raise no_episode_started(self.env_cfg, episodes, f"step {seeds.step + 1}")

@@ -126,6 +126,7 @@ class CountProgress:
         self._own_bar = False
         self._task: int | None = None
         self._printed_at: float | None = None
+        self._printed_done: int | None = None
 
     def __enter__(self) -> CountProgress:
         if self.enabled and not self.plain:
@@ -152,6 +153,8 @@ class CountProgress:
             self._bar.update(self._task, completed=done)
             return
         now = time.monotonic()
+        if done == self._printed_done:  # a caller may report the same count twice (the agent loop's end)
+            return
         if done >= self.total or self._printed_at is None or now - self._printed_at >= self.every_s:
-            self._printed_at = now
+            self._printed_at, self._printed_done = now, done
             self._lines.update(done)
