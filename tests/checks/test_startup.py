@@ -216,6 +216,17 @@ def test_a_cached_hub_dataset_with_no_hub_is_left_to_the_run_with_a_warning(tmp_
         "and splits are checked when the run loads it"]
 
 
+def test_a_missing_reward_argument_is_never_matched_to_one_the_function_already_takes(tmp_path):
+    """TRL's accuracy_reward(completions, solution) on rows whose gold column is `answer`: the line ended "did you
+    mean 'completions'?", a parameter the function already has."""
+    data = jsonl_run(tmp_path, rows_file(tmp_path, 12), val_size=4)
+    data["task"]["rewards"] = [{"fn": "tests.rewards.user_rewards:solution_match"}]
+    with pytest.raises(ConfigError) as info:
+        check_config(load_config(data=data), policy=False)
+    assert str(info.value) == ("task.rewards[0].fn: 'solution_match' requires 'solution', which neither the call nor "
+                               "a column of the task's rows gives (columns: answer)")
+
+
 @pytest.mark.parametrize("files, message", [
     ({}, "holds no model: no config.json (nor adapter_config.json); it is empty"),
     ({"config.json": "{}"}, "has no weights (*.safetensors or *.bin); config.json"),

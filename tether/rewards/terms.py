@@ -326,7 +326,10 @@ def check_reward_columns(specs: list[RewardTermConfig], columns: Collection[str]
         missing = [p.name for p in params if p.default is p.empty and p.name not in passed
                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         if missing:
-            close = difflib.get_close_matches(missing[0], sorted(passed), n=1, cutoff=0.6)
+            # never a name the function already takes: `def f(completions, solution)` on rows without `solution`
+            # was told "did you mean 'completions'?"
+            candidates = sorted(passed - {p.name for p in params})
+            close = difflib.get_close_matches(missing[0], candidates, n=1, cutoff=0.6)
             raise ConfigError(f"{key}: {_name(fn)!r} requires {missing[0]!r}, which neither the call nor a column of "
                               f"the task's rows gives (columns: {', '.join(sorted(columns))})"
                               + (f"; did you mean {close[0]!r}?" if close else ""))
