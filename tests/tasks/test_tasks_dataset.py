@@ -147,7 +147,9 @@ def config_with(tmp_path, **kwargs):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"prompt_field": "question"}, "prompt_field: no column 'question' in row 0"),
+    ({"prompt_field": "question"}, r"prompt_field: no column 'question' in row 0 of .* \(columns: messages, target\)$"),
+    ({"prompt_field": "mesages"},  # a misspelt column named the columns but not the one meant, as a format_fn's does
+     r"prompt_field: no column 'mesages' in row 0 of .* \(did you mean messages\? columns: messages, target\)$"),
     ({"prompt_field": "messages", "answer_field": "nope"}, "answer_field: no column 'nope'"),
     ({"prompt_field": "target", "answer_field": "target", "format_fn": f"{FMT}:bad_messages"},
      "message 0 is 'hello', not"),

@@ -444,7 +444,8 @@ class DatasetTask(JsonlTask):
                     if column is not None and column not in formatted:
                         what = f"format_fn {format_fn!r} returned no {column!r}" if fn else \
                             f"{setting}: no column {column!r}"
-                        raise ValueError(f"{what} in row {i} of {source} (columns: {', '.join(formatted)})")
+                        raise ValueError(f"{what} in row {i} of {source} ({did_you_mean(column, map(str, formatted))}"
+                                         f"columns: {', '.join(formatted)})")
                 prompt = formatted[prompt_key]
                 if not isinstance(prompt, str):
                     check_messages(prompt, f"column {prompt_key!r} of row {i} of {source}")
