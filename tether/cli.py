@@ -159,9 +159,14 @@ def evaluate(path: Annotated[Path, typer.Argument(help="a checkpoint, or a run d
 
 
 def _checkpoint_of(path: Path) -> Path:
-    """A run directory (it holds ``checkpoints/``) stands for its best checkpoint, as the help says; without this
-    ``tether eval runs/x`` took the run directory as the model and said it "holds no model: no config.json"."""
-    return path / "checkpoints" / "best" if (path / "checkpoints").is_dir() else path
+    """A run directory stands for its checkpoint, as the help says: an RL run's ``checkpoints/best``, an SFT run's
+    ``checkpoint``; without this ``tether eval runs/x`` took the run directory as the model and said it "holds no
+    model: no config.json". A directory that holds a model itself is that model."""
+    if any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
+        return path
+    if (path / "checkpoints").is_dir():
+        return path / "checkpoints" / "best"
+    return path / "checkpoint" if (path / "checkpoint" / "config.json").is_file() else path
 
 
 def _no_checkpoint(path: Path) -> str:

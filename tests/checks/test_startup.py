@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from tests.rewards.user_tasks import waves
 from tests.trainer.helpers import tiny_config
 from tether.checks import check_config, load_checked_config
+from tether.checks.context import PROXY_VARIABLES
 from tether.cli import app
 from tether.config import ConfigError, config_command, load_command_config, load_config
 from tether.tasks.base import prompt_text
@@ -179,6 +180,9 @@ def hub_dataset_config(tmp_path: Path, monkeypatch, cached: bool) -> dict:
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
     monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("datasets.config.HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    for variable in PROXY_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
     if cached:  # the cache's layout: refs/main names the snapshot
         repo = tmp_path / "hub" / "datasets--openai--gsm8k"
         (repo / "snapshots" / "abc").mkdir(parents=True)
@@ -189,7 +193,7 @@ def hub_dataset_config(tmp_path: Path, monkeypatch, cached: bool) -> dict:
         "path": "openai/gsm8k", "config": "main", "prompt_field": "question", "answer_field": "answer"}}}
 
 
-NO_HUB = "the Hub does not answer (cannot connect to http://127.0.0.1:9/models (Connection refused))"
+NO_HUB = "the Hub cannot be reached (cannot connect to 127.0.0.1:9 (Connection refused))"
 
 
 def test_a_hub_dataset_with_no_hub_fails_validate_at_once(tmp_path, monkeypatch):
@@ -198,10 +202,48 @@ def test_a_hub_dataset_with_no_hub_fails_validate_at_once(tmp_path, monkeypatch)
     start = time.perf_counter()
     with pytest.raises(ConfigError) as info:
         check_config(load_config(data=hub_dataset_config(tmp_path, monkeypatch, cached=False)), policy=False)
-    assert str(info.value) == (f"task.kwargs.path='openai/gsm8k': {NO_HUB} and the data set is not in the local "
-                               "Hugging Face cache; connect, download it first (hf download --repo-type dataset "
-                               "openai/gsm8k) or give a local path")
+    assert str(info.value) == (f"task.kwargs.path='openai/gsm8k': {NO_HUB} and the data set is in no local cache; "
+                               "load it once where the Hub answers, or download its files (hf download --repo-type "
+                               "dataset openai/gsm8k --local-dir DIR) and give path: DIR")
     assert time.perf_counter() - start < 5.0
+
+
+def test_a_hub_dataset_in_datasets_own_cache_is_left_to_the_run_and_a_slow_or_proxied_hub_is_not_refused(
+        tmp_path, monkeypatch):
+    """datasets falls back to its own Arrow cache (HF_DATASETS_CACHE/org___name), which the first check did not
+    look in: it refused a data set the run reads. A slow connection, or one through a proxy, is no proof that the Hub
+    is down: the check leaves those to the run, as before the probe."""
+    import socket
+
+    from tether.checks.context import hub_unreachable
+
+    cfg = load_config(data=hub_dataset_config(tmp_path, monkeypatch, cached=False))
+    (tmp_path / "datasets" / "openai___gsm8k").mkdir(parents=True)
+    assert check_config(cfg, policy=False) == [
+        f"task.kwargs.path='openai/gsm8k': {NO_HUB}; the run reads the local cache's copy after the Hub's retries "
+        "(HF_HUB_OFFLINE=1 skips them), so its rows, columns and splits are checked when the run loads it"]
+
+    def slow(address, timeout):
+        raise TimeoutError
+
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:10")  # a new endpoint: probed anew
+    monkeypatch.setattr(socket, "create_connection", slow)
+    assert hub_unreachable() is None
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert hub_unreachable() is None
+
+
+def test_only_the_dataset_task_probes_the_hub_for_its_path(tmp_path, monkeypatch):
+    """A task of one's own may take a `path` that is no Hub id (s3://...): it was refused when the Hub did not
+    answer."""
+    from tether.checks.startup import _hub_dataset
+
+    data = hub_dataset_config(tmp_path, monkeypatch, cached=False)
+    assert _hub_dataset(load_config(data=data)) == "openai/gsm8k"
+    own = {"run_dir": data["run_dir"], "task": {"name": f"{T}:WithPath", "kwargs": {"path": "openai/gsm8k"}}}
+    assert _hub_dataset(load_config(data=own)) is None
+    assert check_config(load_config(data=own), policy=False) == []
 
 
 def test_a_cached_hub_dataset_with_no_hub_is_left_to_the_run_with_a_warning(tmp_path, monkeypatch):
@@ -390,3 +432,31 @@ def test_a_tokenizer_without_a_chat_template_is_a_warning_of_validate_for_every_
     template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     data["model"]["chat_template"] = str(template)
     assert not [line for line in check_config(load_config(data=data)) if "chat template" in line]
+
+
+def test_a_reward_function_or_score_that_does_not_return_is_a_warning_after_the_checks_limit(tmp_path, monkeypatch):
+    """Without timeout_s, a reward function waiting on a server that is not up, or one's own task's score that hangs,
+    held validate and every start (the check called it with no limit); now the call is abandoned at the limit."""
+    monkeypatch.setattr("tether.rewards.task.CHECK_LIMIT_S", 0.3)
+    start = time.perf_counter()
+    warnings = check_config(load_config(data=rewarded_rows(tmp_path, "sleeps")), policy=False)
+    assert warnings == [f"task.rewards[1].fn: 'tests.rewards.user_rewards:sleeps', {called(tmp_path)}did not return "
+                        "within 0.3 s; the run calls it without a limit (set task.rewards[1].timeout_s to bound it)"]
+    task = {"name": f"{T}:Stalling", "kwargs": {"stall_split": "train", "stall": "hang"}}
+    assert check_config(load_config(data={"run_dir": str(tmp_path / "run"), "task": task}), policy=False) == [
+        f"task.name={T}:Stalling: scoring training row 'stalling/train/0' with the response '' did not return within "
+        "0.3 s; the run scores without a limit (set task.timeout_s to bound it)"]
+    assert time.perf_counter() - start < 10.0
+
+
+def test_only_the_first_rank_calls_the_reward_functions_and_the_score(tmp_path, monkeypatch):
+    """Every rank runs the checks: under torchrun a paid reward function was called once per rank at every start."""
+    import tests.rewards.user_rewards as rewards
+
+    calls = []
+    monkeypatch.setattr(rewards, "counted", lambda prompts, completions, **kw: calls.append(1) or [1.0],
+                        raising=False)
+    for rank, expected in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("RANK", rank)
+        assert check_config(load_config(data=rewarded_rows(tmp_path, "counted")), policy=False) == []
+        assert len(calls) == expected

@@ -209,6 +209,22 @@ def test_eval_of_a_run_directory_evaluates_its_best_checkpoint(tmp_path, monkeyp
                                   "validation runs: val.every > 0); or pass a model with --config CONFIG.yaml")
 
 
+def test_eval_of_a_model_directory_is_that_model_and_of_an_sft_run_its_checkpoint(tmp_path):
+    """A model directory that also holds a `checkpoints/` folder was taken for a run and swapped for its
+    `checkpoints/best`; an SFT run's model is its `checkpoint`."""
+    from tether.cli import _checkpoint_of
+
+    model = tmp_path / "model"
+    (model / "checkpoints").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    assert _checkpoint_of(model) == model
+    sft = tmp_path / "sft"
+    (sft / "checkpoint").mkdir(parents=True)
+    (sft / "checkpoint" / "config.json").write_text("{}")
+    assert _checkpoint_of(sft) == sft / "checkpoint"
+    assert _checkpoint_of(tmp_path / "nothing") == tmp_path / "nothing"
+
+
 def test_warnings_are_one_line_and_progress_bars_stay_out_of_logs(monkeypatch):
     # the CLI sets both for its process; restored here after the in-process run
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)

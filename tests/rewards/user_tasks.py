@@ -65,3 +65,11 @@ class BareReward(Stalling):
 
     def score(self, item: TaskItem, text: str) -> float:
         return waves(text)
+
+
+class WithPath(Stalling):
+    """A task of one's own that takes a ``path`` of its own kind (not a Hub id)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path

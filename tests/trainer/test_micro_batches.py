@@ -48,7 +48,6 @@ def test_fixed_size_micro_batches_by_length_keep_their_sizes():
     assert rank_micro_batches(lengths, 5, None) == [range(0, 5)]  # one: as it was
     # each rank groups its own contiguous share
     assert rank_micro_batches(lengths, 1, None, rank=1, world_size=2) == [[3], [4]]
-    assert micro_batches(lengths, 2, None) == micro_batches(lengths, 2, None, lock_step=True)  # alone: no padding
 
 
 def test_every_rank_micro_batches_are_each_ranks_own_in_rank_order():

@@ -20,12 +20,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import re
+import socket
 import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tether.checks.findings import Findings
 from tether.checks.workload import workload_class
@@ -299,19 +302,45 @@ def _quietly(load: Callable[[], Any]) -> Any:
         return None
 
 
+# a proxy reaches the Hub for huggingface_hub, not for a direct connection: the probe cannot tell, so it is not made
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
 def hub_unreachable() -> str | None:
-    """Why the Hugging Face Hub (``HF_ENDPOINT``) does not answer from here, or None: one request of
-    :data:`~tether.rewards.judge.PROBE_TIMEOUT_S`, made once per endpoint and process. Asked before a check reads a
-    Hub data set: with no network, ``datasets`` retries each request with backoff (about 25 s) before it fails,
-    and huggingface_hub has no setting for those retries but ``HF_HUB_OFFLINE``."""
+    """Why the Hugging Face Hub (``HF_ENDPOINT``) surely cannot be reached from here, or None (it can, or that cannot
+    be told). Asked before a check reads a Hub data set: with no network, ``datasets`` retries each request with
+    backoff (about 25 s) before it fails, and huggingface_hub has no setting for those retries but
+    ``HF_HUB_OFFLINE``.
+
+    One TCP connection to the endpoint's host, of :data:`~tether.rewards.judge.PROBE_TIMEOUT_S`, once per endpoint and
+    process: a name that does not resolve, or a refused or unreachable address, is a reason. A slow connection is
+    not (the run's own requests, with their longer limits, decide), and no TLS or HTTP is spoken, so a certificate
+    store or a server's answer that differ from huggingface_hub's cannot refuse a working setup; with a proxy set no
+    probe is made."""
     from huggingface_hub import constants
 
+    if any(os.environ.get(variable) for variable in PROXY_VARIABLES):
+        return None
     return _endpoint_unreachable(constants.ENDPOINT)
 
 
 @functools.cache
 def _endpoint_unreachable(endpoint: str) -> str | None:
-    from tether.openai_chat import unreachable
     from tether.rewards.judge import PROBE_TIMEOUT_S
 
-    return unreachable(endpoint, timeout=PROBE_TIMEOUT_S)
+    url = urlsplit(endpoint)
+    try:
+        host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number: huggingface_hub's own requests will say so
+        return None
+    if host is None:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+            return None
+    except socket.gaierror as err:
+        return f"the name {host} does not resolve ({err.strerror})"
+    except TimeoutError:
+        return None
+    except OSError as err:  # refused, or no route to the address
+        return f"cannot connect to {host}:{port} ({err.strerror or type(err).__name__})"

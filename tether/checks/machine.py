@@ -23,6 +23,12 @@ HUB_ID_PARTS = 2  # "org/name"
 HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or repository name
 
 
+def looks_like_hub_id(name: str) -> bool:
+    """Whether ``name`` is written as a Hub id: ``org/name``, or one word (the Hub's oldest models: gpt2)."""
+    parts = name.split("/")
+    return len(parts) <= HUB_ID_PARTS and all(HUB_ID_PART.fullmatch(p) for p in parts)
+
+
 def check_model(key: str, name: str) -> None:
     """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
     offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download). A name written
@@ -44,11 +50,8 @@ def check_model(key: str, name: str) -> None:
         guess = did_you_mean(name, sibling_paths(name)).rstrip()
         raise ConfigError(f"{key}: {name!r} is not a directory here{relative_to_cwd(name)}, and is not a Hub id "
                           f"(org/name){f'; {guess}' if guess else ''}")
-    parts = name.split("/")
-    # "org/name", or a one-word id of the Hub's oldest models (gpt2, bert-base-uncased)
-    looks_like_hub_id = len(parts) <= HUB_ID_PARTS and all(HUB_ID_PART.fullmatch(p) for p in parts)
     alias = close_alias(name)
-    if not looks_like_hub_id:
+    if not looks_like_hub_id(name):
         guess = f"; did you mean {alias}?" if alias is not None else ""
         raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({ALIAS_LIST}), "
                           f"nor a Hub id (org/name, or one word like gpt2){guess}")

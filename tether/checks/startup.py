@@ -17,7 +17,7 @@ from typing import Any
 
 from tether.checks.context import policy_reads_images
 from tether.checks.findings import Findings
-from tether.checks.workload import beside_the_config
+from tether.checks.workload import beside_the_config, workload_class
 from tether.config import Config, ConfigError, SFTConfig
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.gguf")
@@ -106,27 +106,41 @@ def check_model_dirs(cfg: Config, found: Findings, *, policy: bool = True) -> No
 
 
 def _hub_dataset(cfg: Config) -> str | None:
-    """The task's data ``path`` when it can only come from the Hub (not here, not a ``datasets`` builder), else
-    ``None``."""
-    from tether.tasks.dataset_task import BUILDERS
+    """The dataset task's ``path`` when it can only come from the Hub (not here, not a ``datasets`` builder, written
+    as a Hub id), else ``None``: a task of one's own may take a ``path`` of another kind (``s3://...``)."""
+    from tether.checks.machine import looks_like_hub_id
+    from tether.files import written_as_local_path
+    from tether.tasks.dataset_task import BUILDERS, DatasetTask
 
     path = cfg.task.kwargs.get("path") if cfg.task is not None else None
-    if not isinstance(path, str) or path in BUILDERS or Path(path).expanduser().exists():
+    if (not isinstance(path, str) or workload_class(cfg)[1] is not DatasetTask or path in BUILDERS
+            or Path(path).expanduser().exists() or written_as_local_path(path) or not looks_like_hub_id(path)):
         return None
     return path
 
 
+def _dataset_cached(hub_id: str) -> bool:
+    """Whether ``datasets`` can read ``hub_id`` with the Hub not answering: from its own Arrow cache
+    (``HF_DATASETS_CACHE/org___name``, where a data set loaded once is kept) or the Hub cache's snapshot."""
+    from datasets import config as datasets_config
+
+    from tether.checks.context import hub_file
+
+    arrow = Path(datasets_config.HF_DATASETS_CACHE).expanduser() / hub_id.replace("/", "___")
+    return arrow.is_dir() or hub_file(hub_id, "README.md", repo_type="dataset") is not None
+
+
 def hub_dataset_left_to_run(cfg: Config, found: Findings) -> bool:
     """Whether the task's Hub data set is left to the run to read (said in a warning): with the Hub switched off
-    (``HF_HUB_OFFLINE``), or not answering (:func:`~tether.checks.context.hub_unreachable`) with the data set in
-    the local cache, which ``datasets`` falls back to after its retries.
+    (``HF_HUB_OFFLINE``), or surely not reachable (:func:`~tether.checks.context.hub_unreachable`) with the data set
+    in a local cache, which ``datasets`` falls back to after its retries.
 
     Raises:
-        ConfigError: the Hub does not answer and the data set is not in the local cache: the run could not read it.
+        ConfigError: the Hub cannot be reached and the data set is in no local cache: the run could not read it.
     """
     from huggingface_hub import constants
 
-    from tether.checks.context import hub_file, hub_unreachable
+    from tether.checks.context import hub_unreachable
 
     hub_id = _hub_dataset(cfg)
     if hub_id is None:
@@ -138,11 +152,11 @@ def hub_dataset_left_to_run(cfg: Config, found: Findings) -> bool:
     problem = hub_unreachable()
     if problem is None:
         return False
-    if hub_file(hub_id, "README.md", repo_type="dataset") is None:
-        raise ConfigError(f"task.kwargs.path={hub_id!r}: the Hub does not answer ({problem}) and the data set is not "
-                          "in the local Hugging Face cache; connect, download it first (hf download --repo-type "
-                          f"dataset {hub_id}) or give a local path")
-    found.warn(f"task.kwargs.path={hub_id!r}: the Hub does not answer ({problem}); the run reads the local cache's "
+    if not _dataset_cached(hub_id):
+        raise ConfigError(f"task.kwargs.path={hub_id!r}: the Hub cannot be reached ({problem}) and the data set is in "
+                          "no local cache; load it once where the Hub answers, or download its files (hf download "
+                          f"--repo-type dataset {hub_id} --local-dir DIR) and give path: DIR")
+    found.warn(f"task.kwargs.path={hub_id!r}: the Hub cannot be reached ({problem}); the run reads the local cache's "
                f"copy after the Hub's retries (HF_HUB_OFFLINE=1 skips them), {later}")
     return True
 
@@ -179,16 +193,16 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
                           "is a text model (no vision_config): use a vision-language model (e.g. "
                           "Qwen/Qwen2.5-VL-3B-Instruct; tiny-qwen2.5-vl for a smoke run), or a format_fn that "
                           "returns no images")
-    from tether.rewards.task import check_task_score
-
-    for line in check_task_score(task, cfg.task):
-        found.warn(line)
-    if cfg.task.rewards:  # the reward functions' arguments against the columns the rows give them, then one call
-        from tether.rewards import check_reward_calls, check_reward_columns, item_columns
+    if cfg.task.rewards:  # the reward functions' arguments against the columns the rows give them
+        from tether.rewards import check_reward_columns, item_columns
 
         check_reward_columns(cfg.task.rewards, item_columns([*task.train, *held_out]))
-        for line in check_reward_calls(cfg.task.rewards, task.train[0]):
-            found.warn(line)
+    if os.environ.get("RANK", "0") != "0":
+        return  # a call may cost (a paid API, a sandbox): once per start, by the first rank, not once per rank
+    from tether.rewards.task import check_reward_calls, check_task_score
+
+    for line in check_task_score(task, cfg.task) + check_reward_calls(cfg.task.rewards or [], task.train[0]):
+        found.warn(line)
 
 
 def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:

@@ -27,6 +27,7 @@ images are those of the observations it shows (the history's, then the current o
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -325,7 +326,9 @@ class AgentCollector:
         episodes = self.start_episodes(tasks, r.group_size)
         # a step of several turns per episode takes minutes (examples/my_environment: about 6 on 2 CPU cores), and
         # the step's own line comes only at its end
-        with CountProgress("rollout", len(episodes), "episodes", enabled=self.cfg.logging.progress) as bar:
+        # not from rollout.max_staleness's sampling thread: a display started there could outlive the run's own
+        shown = self.cfg.logging.progress and threading.current_thread() is threading.main_thread()
+        with CountProgress("rollout", len(episodes), "episodes", enabled=shown) as bar:
             rows = self.run_episodes(engine, episodes, sampling_params(r), seeds("rollout"),
                                      intervention=hooks.intervention(), on_turn=bar.update)
         self._warn_faults(before, len(episodes), f"step {seeds.step + 1}", f"env/faults={self.faults} so far")
