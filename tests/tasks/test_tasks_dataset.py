@@ -517,3 +517,12 @@ def test_a_data_file_held_out_by_val_split_is_read_once_for_the_checks(tmp_path,
     reads.clear()
     assert DatasetTask.check_inputs(path=str(path), val_split="test") == []
     assert reads == [str(path)]
+
+
+def test_a_misspelt_format_fn_names_its_key_once(tmp_path, saved):
+    """The line read "task.kwargs: task.kwargs.format_fn: ...": the task check put its key in front of an error
+    that already named the one inside it."""
+    with pytest.raises(ConfigError) as err:
+        check_config(config_with(tmp_path, path=str(saved), format_fn=f"{FMT}:to_chta"), policy=False)
+    assert str(err.value) == (f"task.kwargs.format_fn: '{FMT}:to_chta': '{FMT}' has no 'to_chta'; "
+                              "did you mean 'to_chat'?")

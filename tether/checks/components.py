@@ -71,7 +71,7 @@ def check_advantage(cfg: Config, found: Findings) -> None:
     try:
         adv = fn(probe, **a.advantage_kwargs).advantages
     except ValueError as err:
-        raise ConfigError(f"algorithm.advantage_kwargs: {err}") from None
+        raise ConfigError.under("algorithm.advantage_kwargs", err) from None
     if cfg.rollout.group_size == 1 and not adv.any():
         raise ConfigError(f"rollout.group_size: 1 gives every row an advantage of 0 under algorithm.advantage="
                           f"{a.advantage} (a group of one has no baseline), so nothing trains; use 2 or more")
@@ -104,7 +104,7 @@ def check_policy_loss(cfg: Config, found: Findings) -> None:
     try:
         fn(_toy_loss_inputs(with_ref=True), agg=a.loss_agg, **a.loss_kwargs)
     except ValueError as err:
-        raise ConfigError(f"algorithm.loss_kwargs: {err}") from None
+        raise ConfigError.under("algorithm.loss_kwargs", err) from None
     # the per-token tensors reach the loss only from the methods that declare them (Method.loss_tokens)
     added = {t for name in cfg.methods if name in METHODS for t in METHODS[name].loss_tokens}
     for token in sorted(set(_toy_loss_inputs(with_ref=True).tokens) - added):
@@ -147,7 +147,7 @@ def check_engine(cfg: Config, found: Findings) -> None:
         try:
             check_decode_mode(r.engine_kwargs["decode"], torch.device("cpu" if runs_on_cpu(cfg) else "cuda"))
         except ValueError as err:
-            raise ConfigError(f"rollout.engine_kwargs.decode: {err}") from None
+            raise ConfigError.under("rollout.engine_kwargs.decode", err) from None
     actors = r.engine_kwargs.get("num_actors", 1)
     if r.engine == "ray" and actors < 1:  # an int (its type is checked above); RayEngine refuses 0 after the load
         raise ConfigError(f"rollout.engine_kwargs.num_actors={actors!r}: the ray engine's replicas, an int >= 1")

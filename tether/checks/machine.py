@@ -143,7 +143,7 @@ def check_workload_inputs(cfg: Config, found: Findings) -> None:
         for line in hook(**getattr(cfg, section).kwargs) or []:
             found.warn(f"{section}.kwargs: {line}")
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{section}.kwargs: {err}{beside_the_config(cfg, section, str(err))}") from None
+        raise ConfigError.under(f"{section}.kwargs", err, f"{err}{beside_the_config(cfg, section, str(err))}") from None
 
 
 def check_chat_template(cfg: Config, found: Findings) -> None:

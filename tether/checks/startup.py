@@ -178,7 +178,7 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
         held_out = task_split(task, cfg.val.split) if cfg.val.every else task.val
     except (ValueError, TypeError, KeyError, OSError) as err:
         message = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
-        raise ConfigError(f"task.kwargs: {message}{beside_the_config(cfg, 'task', message)}") from None
+        raise ConfigError.under("task.kwargs", err, message + beside_the_config(cfg, "task", message)) from None
     if not task.train:
         raise ConfigError(f"task.kwargs: the task {cfg.task.name!r} has no training prompts")
     if cfg.val.every and not held_out:

@@ -79,7 +79,7 @@ def check_workload(cfg: Config, found: Findings) -> None:
     try:
         hook(**kwargs)
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"{section}.kwargs: {err}") from None
+        raise ConfigError.under(f"{section}.kwargs", err) from None
 
 
 def _path_values(kwargs: dict[str, Any], prefix: str) -> Iterator[tuple[str, str]]:

@@ -12,6 +12,15 @@ class ConfigError(TetherError, ValueError):
 
     exit_code = EXIT_CONFIG
 
+    @classmethod
+    def under(cls, key: str, err: BaseException, message: str | None = None) -> ConfigError:
+        """``err``, raised while checking what ``key`` holds, as one line that names its key once: a ConfigError
+        already names its own (a key inside ``key``, e.g. ``task.kwargs.format_fn`` under ``task.kwargs``) and is
+        kept as it is; anything else becomes ``key: message`` (``message`` defaults to ``str(err)``)."""
+        if isinstance(err, ConfigError):
+            return err
+        return cls(f"{key}: {str(err) if message is None else message}")
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
