@@ -331,8 +331,9 @@ def config_docs(check: Annotated[bool, typer.Option(help="only say whether docs/
 def validate(config: Path, overrides: Overrides = None) -> None:
     """Check a config (names, types, ranges, component settings) and that the files, models and packages it names
     are here, without loading any model. The schema is that of the command the file's first line names
-    (``# tether sft ...``), else sft's for a config with an ``sft:`` section, else train's. An experiment's protocol
-    (``# tether experiment ...``) gets the checks ``tether experiment`` runs before its first run."""
+    ('# tether sft ...'), else sft's for a config with an 'sft:' section, else train's. An experiment's protocol
+    ('# tether experiment ...') gets the checks tether experiment runs before its first run."""
+    # the docstring is the help text Typer prints, so it is written as plain text, not reST
     from tether.checks import run_checks
     from tether.checks.machine import probe_endpoints
     from tether.trainer.rundir import check_run_dir

@@ -38,6 +38,23 @@ def test_version_and_short_help():
     assert run("validate", "-h").exit_code == 0
 
 
+def command_paths(command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and subcommand of the CLI, as the words that invoke it (the top level is ``()``)."""
+    subcommands = getattr(command, "commands", {})
+    return [path, *(p for name, sub in subcommands.items() for p in command_paths(sub, (*path, name)))]
+
+
+def test_every_commands_help_reads_as_plain_text():
+    """Typer prints a command's docstring as its help: `tether validate -h` showed reST's ``literals`` as typed."""
+    import typer.main
+
+    paths = command_paths(typer.main.get_command(cli.app))
+    assert {("validate",), ("recipe", "armor"), ("seed-sft",)} <= set(paths)
+    for path in paths:
+        out = run(*path, "-h")
+        assert out.exit_code == 0 and "Usage: " in out.output and "``" not in out.output, (path, out.output)
+
+
 @pytest.mark.parametrize("override, expected", [
     ("optim.learning_rate=1e-5", "optim.learning_rate: unknown key; did you mean lr? optim allows: betas,"),
     ("rollout.group_sise=4", "rollout.group_sise: unknown key; did you mean group_size?"),
