@@ -85,9 +85,11 @@ def test_a_warm_start_is_reproducible_bit_for_bit(tmp_path, monkeypatch):
     assert any(not torch.equal(moved.state_dict()[k], weights[0][k]) for k in weights[0])
 
 
-def test_max_steps_stops_early(tmp_path):
+def test_max_steps_stops_early_and_the_summary_counts_them_as_an_int(tmp_path):
+    """The summary (what tether sft prints, and sft_summary.json) said "steps": 2.0, a float for a count."""
     summary = run_sft(sft_config(tmp_path, {"data": "task", "max_steps": 2, "val_fraction": 0.0}))
-    assert summary["steps"] == 2 and summary["val_examples"] == 0
+    assert summary["steps"] == 2 and type(summary["steps"]) is int and summary["val_examples"] == 0
+    assert '"steps": 2,' in (tmp_path / "sft" / "sft_summary.json").read_text()
 
 
 def strict_json(text: str):

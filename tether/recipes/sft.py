@@ -158,7 +158,8 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
     an epoch), so a resumed run logs each row once.
 
     Returns:
-        ``steps``, ``train_loss`` (last step), ``val_loss`` (after the last epoch; NaN without val data).
+        ``steps`` (an int: the summary's JSON says 3, not 3.0), ``train_loss`` (last step), ``val_loss`` (after the
+        last epoch; NaN without val data).
 
     Raises:
         TrainingStopped: SIGTERM or SIGINT arrived; the loop stopped after the optimiser step (or the held-out
@@ -211,7 +212,7 @@ def train_sft(model: Any, tokenizer: Any, train: list, val: list, s: SFTSettings
                 if log is not None:
                     log({"sft/val_loss": at.val_loss}, at.step)
                 boundary(signals)
-    return {"steps": float(at.step), "train_loss": at.train_loss, "val_loss": at.val_loss}
+    return {"steps": at.step, "train_loss": at.train_loss, "val_loss": at.val_loss}
 
 
 def written_examples(run_dir: Path) -> tuple[list[Example], list[Example]]:
