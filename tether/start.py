@@ -45,14 +45,15 @@ class RunDirError(ConfigError):
     """The run directory cannot be used as configured (in use, unwritable, or an earlier run in the way)."""
 
 
-def start_run(cfg: RunConfig, *, policy: bool = True) -> torch.device:
+def start_run(cfg: RunConfig, *, policy: bool = True, training: bool = True) -> torch.device:
     """Resolve ``train.device`` on this machine (raises ``ConfigError`` naming the key), run the checks of
-    :func:`tether.checks.run_checks` (``policy=False`` when the caller brings the policy), set ``train.threads`` and
-    seed Python's, NumPy's and torch's global generators with ``seed``. Returns the device."""
+    :func:`tether.checks.run_checks` (``policy=False`` when the caller brings the policy, ``training=False`` for a
+    command that trains nothing), set ``train.threads`` and seed Python's, NumPy's and torch's global generators
+    with ``seed``. Returns the device."""
     from tether.checks import run_checks  # the checks import the registries: every layer below this one
 
     device = resolve_device(cfg.train.device)
-    run_checks(cfg, policy=policy)
+    run_checks(cfg, policy=policy, training=training)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.seed)

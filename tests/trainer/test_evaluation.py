@@ -12,6 +12,7 @@ import torch
 from tests.engine.test_rollout_dtype import cast_equal
 from tests.rollout.helpers import agent_config
 from tests.trainer.helpers import tiny_config
+from tether.checks import check_config
 from tether.engine import registry
 from tether.seeding import step_seed
 from tether.trainer import Trainer, evaluate
@@ -74,3 +75,21 @@ def test_eval_samples_in_the_runs_rollout_dtype(tmp_path, tiny_policy, monkeypat
     [(dtype, engine)] = built
     assert dtype == "bfloat16"
     assert cast_equal(engine.model, model, torch.bfloat16)  # it samples from the checkpoint cast to bfloat16
+
+
+def test_eval_warns_about_what_it_samples_and_not_about_training_settings(tmp_path, tiny_policy, capsys):
+    """tether eval of a run's config repeated the run's training-only warnings (measured: "optim.micro_batch_size=32
+    exceeds the 8 rows of a mini-batch ... changes nothing"), though eval makes no update; a warning about how it
+    samples (rollout.dtype on the CPU) is still its own."""
+    model, tok = tiny_policy
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    training = ["optim.micro_batch_size=12", "optim.mini_batches=100", "optim.lr=0.5"]  # a step has 8 rows
+    cfg = tiny_config(tmp_path, *training, "rollout.dtype=float16", "rollout.correction.mode=tis",
+                      "train.device=cpu", f"model.name={tmp_path / 'model'}", "val.samples=1")
+    capsys.readouterr()
+    evaluate(cfg)
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert [line.split("=")[0] for line in warned] == ["warning: rollout.dtype"]
+    assert {line.split("=")[0] for line in check_config(cfg, policy=False)} >= {
+        "rollout.dtype", "optim.micro_batch_size", "optim.mini_batches", "optim.lr"}  # what tether train warns

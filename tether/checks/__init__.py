@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tether.checks.components import CONFIG_CHECKS
+from tether.checks.components import CONFIG_CHECKS, TRAINING_CONFIG_CHECKS
 from tether.checks.context import shared_tokenizers
 from tether.checks.findings import Findings
 from tether.checks.kwargs import check_kwarg_types, check_kwargs
@@ -68,7 +68,7 @@ def prerequisites(policy: bool, sft: SFTConfig | None) -> Callable[[Config, Find
     return check
 
 
-def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True) -> list[str]:
+def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True, training: bool = True) -> list[str]:
     """Run the checks; return the warning lines.
 
     Args:
@@ -78,6 +78,8 @@ def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True) -
         machine: also check that what it names is on this machine (after the config checks pass, since those
             say whether the names mean anything).
         policy: check ``model.name`` too (False when the caller brings the policy).
+        training: also the checks about training alone, such as the batch arithmetic's warnings (False for
+            ``tether eval``, which only samples: a warning that its settings change nothing there would be noise).
 
     Raises:
         ConfigError: one line per failed check.
@@ -89,14 +91,14 @@ def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True) -
     import_user_modules(cfg.imports)  # what they register is what the checks below look up
     resolve_method_targets(cfg.methods)  # methods: {"my_module:MyMethod": {...}}
     found = Findings()
-    errors = _run((*CONFIG_CHECKS, check_workload), cfg, found)
+    errors = _run((*CONFIG_CHECKS, *(TRAINING_CONFIG_CHECKS if training else ()), check_workload), cfg, found)
     with shared_tokenizers():  # the machine and startup checks read the policy's tokenizer up to three times
         if machine and not errors:
             # a missing input an earlier command writes is named with that command, instead of what is missing
             errors = _run((prerequisites(policy, sft),), cfg, found) or \
                 _run(machine_checks(policy=policy, sft=sft, skills=skills), cfg, found)
         if machine and not errors:  # what train would otherwise find after its model loads (tether.checks.startup)
-            errors = _run(startup_checks(policy=policy), cfg, found)
+            errors = _run(startup_checks(policy=policy, training=training), cfg, found)
     if errors:
         raise ConfigError("\n".join(errors))
     return found.warnings
@@ -115,9 +117,9 @@ def check_inputs(cfg: Config) -> list[str]:
     return _run(INPUT_CHECKS, cfg, Findings())
 
 
-def run_checks(cfg: RunConfig, *, policy: bool = True) -> None:
+def run_checks(cfg: RunConfig, *, policy: bool = True, training: bool = True) -> None:
     """:func:`check_config` with the machine checks, its warnings printed to stderr (by the first rank only)."""
-    warnings = check_config(cfg, policy=policy)
+    warnings = check_config(cfg, policy=policy, training=training)
     if os.environ.get("RANK", "0") == "0":
         for line in warnings:
             print(f"warning: {line}", file=sys.stderr)

@@ -367,4 +367,6 @@ def warn_suspicious(cfg: Config, found: Findings) -> None:
 
 CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, check_rollout_dtype,
                  check_ignore_eos, check_mask_truncated, check_overlong, check_rollout_staleness, check_engine,
-                 check_refill, check_refill_with_env, check_methods, check_saving, warn_suspicious)
+                 check_refill, check_refill_with_env, check_methods, check_saving)
+# of the config checks, those about training alone: `tether eval` of a run's config trains nothing
+TRAINING_CONFIG_CHECKS = (warn_suspicious,)

@@ -339,8 +339,9 @@ def warn_batch_arithmetic(cfg: Config, found: Findings) -> None:
                    "micro-batch, so the setting changes nothing")
 
 
-def startup_checks(*, policy: bool = True) -> tuple:
-    """The checks of this module; ``policy=False`` when the caller brings the policy itself."""
+def startup_checks(*, policy: bool = True, training: bool = True) -> tuple:
+    """The checks of this module; ``policy=False`` when the caller brings the policy itself, ``training=False``
+    without those about training alone (the launch, the batch arithmetic) for a command that trains nothing."""
     def models(cfg: Config, found: Findings) -> None:
         check_model_dirs(cfg, found, policy=policy)
 
@@ -351,4 +352,5 @@ def startup_checks(*, policy: bool = True) -> tuple:
         check_task_builds(cfg, found, policy=policy)
 
     policy_checks = (warn_no_chat_template,) if policy else ()
-    return (models, task, env, *policy_checks, check_device, warn_launch, warn_batch_arithmetic)
+    training_checks = (warn_launch, warn_batch_arithmetic) if training else ()
+    return (models, task, env, *policy_checks, check_device, *training_checks)

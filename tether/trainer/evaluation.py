@@ -30,7 +30,8 @@ def checkpoint_step(path: str | Path) -> int:
 
 def evaluate(cfg: Config) -> dict[str, float]:
     """Validation metrics of ``cfg.model.name`` (a checkpoint directory, say) on the held-out set."""
-    device = start_run(cfg)  # a missing GPU fails now, then the checks, before any model loads
+    # a missing GPU fails now, then the checks (not those about training: eval only samples), before any model loads
+    device = start_run(cfg, training=False)
     status(f"loading {cfg.model.name}")
     with model_load_errors("model.name", cfg.model.name):
         policy, tokenizer = load_policy(cfg.model.name)
