@@ -7,13 +7,16 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
 from rich.console import Console
 
 from tests.trainer.helpers import tiny_config
+from tether.config import ValConfig
 from tether.recipes.sft import progress_log
 from tether.track import progress as progress_module
 from tether.track.progress import CountProgress, Progress, StepLines, format_eta
 from tether.trainer import Trainer
+from tether.trainer.loop import validation_scope
 
 
 def test_eta_is_the_rate_of_this_sessions_steps_times_the_steps_left(monkeypatch):
@@ -37,15 +40,25 @@ def test_without_a_terminal_every_step_is_one_plain_line(capsys):
 
 def test_a_run_says_each_phase_before_its_first_step(tmp_path, tiny_policy, capsys, monkeypatch):
     monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
-    cfg = tiny_config(tmp_path, "train.steps=1", "val.every=1", "logging.progress=true")
+    cfg = tiny_config(tmp_path, "train.steps=1", "val.every=1", "val.samples=1", "logging.progress=true")
     policy, tokenizer = tiny_policy
     Trainer(cfg, policy=policy, tokenizer=tokenizer).fit()
     err = capsys.readouterr().err
     phases = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[tether ")]
     assert phases[:2] == [f"starting {cfg.run_dir}", "starting the hf engine and the task"]
-    assert phases[2].startswith("validating at step 0 on split 'val' (all prompts x 2 samples)")
+    assert phases[2].startswith("validating at step 0 on split 'val' (all prompts x 1 sample)")  # was "1 samples"
     assert re.fullmatch(r"validation at step 0: val/avg@k=\d\.\d{4} \(\d+ s\)", phases[3])
     assert phases[6].startswith("validating at step 1") and "step 1/1  reward" in err
+
+
+@pytest.mark.parametrize("settings, scope", [
+    ({"samples": 1}, "all prompts x 1 sample"),
+    ({"samples": 4, "max_prompts": 1}, "1 prompt x 4 samples"),
+    ({"samples": 4, "max_prompts": 8, "greedy": True}, "8 prompts x 1 sample"),
+])
+def test_a_validations_status_line_counts_its_prompts_and_samples_in_words(settings, scope):
+    """It said "x 1 samples" (and "1 prompts"): tether eval's line and the run's."""
+    assert validation_scope(ValConfig(**settings)) == scope
 
 
 def test_each_checkpoint_save_is_said_before_and_after(tmp_path, tiny_policy, capsys, monkeypatch):

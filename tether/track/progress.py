@@ -29,6 +29,11 @@ def _is_main_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1 (by adding an s): ``1 sample``, ``4 samples``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def status(message: str, *, stream: TextIO | None = None) -> None:
     """``[tether 12.3s] message`` on stderr (rank 0 only): what the run is doing before its progress starts."""
     if _is_main_rank():

@@ -19,6 +19,7 @@ from tether.start import start_run
 from tether.track.progress import status
 from tether.trainer.build import build_collector, configured_engine
 from tether.trainer.checkpoint import load_state
+from tether.trainer.loop import validation_scope
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -36,8 +37,7 @@ def evaluate(cfg: Config) -> dict[str, float]:
     with model_load_errors("model.name", cfg.model.name):
         policy, tokenizer = load_policy(cfg.model.name)
     policy.to(device).eval()
-    status(f"evaluating on split {cfg.val.split!r} ({cfg.val.max_prompts or 'all'} prompts x "
-           f"{1 if cfg.val.greedy else cfg.val.samples} samples)")
+    status(f"evaluating on split {cfg.val.split!r} ({validation_scope(cfg.val)})")
     engine = configured_engine(policy, tokenizer, cfg)  # rollout.dtype too: the run validated in it
     seed = step_seed(cfg.seed, checkpoint_step(cfg.model.name), "val")  # the run's validation seed at that step
     return build_collector(cfg, tokenizer).validate(engine, seed)

@@ -15,9 +15,16 @@ from tether.errors import RefillShortfall, TrainingStopped
 from tether.health import HealthError
 from tether.start import StopSignals
 from tether.track import finite_or_none, write_text_atomic
+from tether.track.progress import counted
 
 if TYPE_CHECKING:
-    from tether.config import Config
+    from tether.config import Config, ValConfig
+
+
+def validation_scope(v: ValConfig) -> str:
+    """What one validation samples, for its status line: ``all prompts x 1 sample``, ``8 prompts x 4 samples``."""
+    prompts = counted(v.max_prompts, "prompt") if v.max_prompts else "all prompts"
+    return f"{prompts} x {counted(1 if v.greedy else v.samples, 'sample')}"
 
 
 class TrainingLoop:
@@ -103,8 +110,7 @@ class TrainingLoop:
 
     def validate(self) -> dict[str, float]:
         v, start = self.cfg.val, time.monotonic()
-        self.status(f"validating at step {self.step} on split {v.split!r} ({v.max_prompts or 'all'} prompts x "
-                    f"{1 if v.greedy else v.samples} samples)")
+        self.status(f"validating at step {self.step} on split {v.split!r} ({validation_scope(v)})")
         metrics = self.collector.validate(self.sampling_engine, self.seed_for("val"))
         self.status(f"validation at step {self.step}: {self.cfg.train.best_metric}="
                     f"{metrics.get(self.cfg.train.best_metric, float('nan')):.4f} ({time.monotonic() - start:.0f} s)")
