@@ -76,6 +76,18 @@ def test_bad_imports_are_one_line_exit_2(tmp_path, imports, message):
     assert out.exit_code == 2 and len(out.output.strip().splitlines()) == 1, out.output
 
 
+def test_a_misspelt_imports_file_names_the_nearest_files_of_its_folder(tmp_path):
+    """imports: [my_reward.py] beside my_rewards.py said only that it is not a file."""
+    for name in ("my_rewards.py", "my_rewards.txt", "tasks.py"):  # a .py file is what an entry names
+        (tmp_path / name).write_text("")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"imports": ["my_reward.py"], "task": {"name": "parity"}}))
+    with pytest.raises(ConfigError) as err:
+        check_config(load_config(config), machine=False)
+    assert str(err.value).startswith(f"imports[0]: '{tmp_path / 'my_reward.py'}' is not a file (a relative path ")
+    assert str(err.value).endswith("when set on the command line); did you mean my_rewards.py?")
+
+
 def test_a_missing_file_says_which_base_a_relative_path_was_read_from(tmp_path, monkeypatch):
     """An override ``imports=[x.py]`` is read from the working directory; its error said "relative to the config
     file". The message now shows the path read and both rules, naming the working directory."""

@@ -18,7 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tether.config import ConfigError, anchoring_rule
+from tether.config import ConfigError, anchoring_rule, did_you_mean
+from tether.files import sibling_paths
 
 
 def is_target(name: str) -> bool:
@@ -58,7 +59,10 @@ def _import_file(key: str, file: Path) -> None:
     """Import ``file`` as the top-level module named by its stem, its directory put first on ``sys.path`` (so its
     ``module:Name`` references and its imports of sibling files work, here and in the processes a run starts)."""
     if not file.is_file():
-        raise ConfigError(f"{key}: {str(file)!r} is not a file ({anchoring_rule()})")
+        # the entry is absolute by now, so the guess compares names: the .py files of the folder it points into
+        files = [Path(path).name for path in sibling_paths(str(file)) if path.endswith(".py")]
+        guess = did_you_mean(file.name, files).rstrip()
+        raise ConfigError(f"{key}: {str(file)!r} is not a file ({anchoring_rule()}){f'; {guess}' if guess else ''}")
     name = file.stem
     loaded = sys.modules.get(name)
     if loaded is not None:
