@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from tests.trainer.helpers import tiny_config
 from tether.checks import check_config
+from tether.checks.machine import check_model
 from tether.cli import app
 from tether.config import ConfigError, load_config
 from tether.tasks.jsonl_task import unparsable_answers
@@ -139,8 +141,30 @@ def test_a_name_close_to_an_alias_is_taken_when_it_is_a_directory_or_cached(tmp_
     monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: "/cache/config.json")
     check_config(tiny_config(tmp_path, "model.name=smollm2-135m-instrct"))  # a Hub model in the cache
     monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: None)
+    monkeypatch.setattr("tether.checks.machine.hub_unreachable", lambda: None)  # the Hub answers: no network here
     for hub_id in ("gpt2", "distilgpt2", "HuggingFaceTB/SmolLM2-135M"):  # online, left to download
         check_config(tiny_config(tmp_path, f"model.name={hub_id}"))
+
+
+def test_a_hub_model_not_cached_with_no_hub_fails_validate_at_once(tmp_path, monkeypatch):
+    """With no network, validate said ok and train left the model to a download that retried the Hub (measured:
+    `tether train` with model.name=Qwen/Qwen2.5-0.5B-Instruct ended after 30 s with a line from the load). One
+    probe of the endpoint (a closed local port here: no network) says it; a cached copy is the run's to read."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: None)
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        check_config(tiny_config(tmp_path, "model.name=org/not-cached"))
+    assert str(info.value) == (
+        "model.name: 'org/not-cached' is not in the local Hugging Face cache and the Hub does not answer (cannot "
+        "connect to http://127.0.0.1:9/models (Connection refused)); connect and download it first (hf download "
+        "org/not-cached), or run with HF_HUB_OFFLINE=1 where a cached copy is, or give a local directory")
+    assert time.perf_counter() - start < 5.0
+    with pytest.raises(ConfigError, match=r"^model\.ref_name: 'org/not-cached' is not in the local Hugging Face "):
+        check_config(tiny_config(tmp_path, "model.ref_name=org/not-cached", "algorithm.kl.coef=0.1"))
+    monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: "/cache/config.json")
+    assert check_model("model.name", "org/cached") is None  # transformers reads the cached copy
 
 
 def test_train_stops_at_a_misspelt_alias_before_the_run_directory(tmp_path):

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from tether.checks.context import hub_file, warn_context
+from tether.checks.context import hub_file, hub_unreachable, warn_context
 from tether.checks.findings import Findings
 from tether.checks.workload import beside_the_config, workload_class
 from tether.config import Config, ConfigError, SFTConfig, SkillSFTSettings, did_you_mean
@@ -31,7 +31,8 @@ def looks_like_hub_id(name: str) -> bool:
 
 def check_model(key: str, name: str) -> None:
     """``name`` is a tether alias, a local directory, or a Hub id already in the local cache (tether loads
-    offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download). A name written
+    offline when ``HF_HUB_OFFLINE`` is set; otherwise a Hub id not cached yet is left to download, when the Hub
+    answers: :func:`~tether.checks.context.hub_unreachable`, one probe). A name written
     as a local path (:func:`~tether.files.written_as_local_path`: ``runs/x`` where ``runs/`` is here) that is not
     here is refused, with the nearest entries of its folder. A one-word
     name close to an alias (``smollm2-135m``) that is neither here nor cached is refused with the alias: it reads as
@@ -64,6 +65,11 @@ def check_model(key: str, name: str) -> None:
     if offline and not cached:
         raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
                           f"download it first (hf download {name}) or give a local directory")
+    # with no network, the download retries the Hub for about 25 s, after the run directory is written, and fails
+    if not cached and (problem := hub_unreachable()) is not None:
+        raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and the Hub does not answer "
+                          f"({problem}); connect and download it first (hf download {name}), or run with "
+                          "HF_HUB_OFFLINE=1 where a cached copy is, or give a local directory")
 
 
 def check_models(cfg: Config, found: Findings, *, policy: bool = True) -> None:
