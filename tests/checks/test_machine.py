@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tests.trainer.helpers import tiny_config
 from tether.checks import check_config
+from tether.checks.context import PROXY_VARIABLES
 from tether.checks.machine import check_model
 from tether.cli import app
 from tether.config import ConfigError, load_config
@@ -116,6 +117,18 @@ def test_a_missing_path_whose_first_folder_is_here_is_not_read_as_a_hub_id(tmp_p
                                "is not a Hub id (org/name); did you mean runs/run-a?")
 
 
+def test_a_cached_hub_model_beside_a_folder_named_as_its_org_is_the_hub_model(tmp_path, monkeypatch):
+    """A folder Qwen/ in the working directory made Qwen/Qwen2.5-0.5B-Instruct read as a missing path, though the
+    Hub cache holds it and transformers loads it from there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Qwen").mkdir()
+    monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: "/cache/config.json")
+    assert check_model("model.name", "Qwen/Qwen2.5-0.5B-Instruct") is None
+    monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: None)
+    with pytest.raises(ConfigError, match=r"^model\.name: 'Qwen/Qwen2\.5-0\.5B-Instruct' is not a directory here"):
+        check_model("model.name", "Qwen/Qwen2.5-0.5B-Instruct")
+
+
 @pytest.mark.parametrize("offline", ["0", "1"])
 @pytest.mark.parametrize("name, alias", [
     ("smollm2-135m", "smollm2-135m-instruct"),
@@ -153,12 +166,14 @@ def test_a_hub_model_not_cached_with_no_hub_fails_validate_at_once(tmp_path, mon
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setattr("tether.checks.machine.hub_file", lambda repo, file: None)
+    for variable in PROXY_VARIABLES:  # with a proxy, no probe is made
+        monkeypatch.delenv(variable, raising=False)
     start = time.perf_counter()
     with pytest.raises(ConfigError) as info:
         check_config(tiny_config(tmp_path, "model.name=org/not-cached"))
     assert str(info.value) == (
-        "model.name: 'org/not-cached' is not in the local Hugging Face cache and the Hub does not answer (cannot "
-        "connect to http://127.0.0.1:9/models (Connection refused)); connect and download it first (hf download "
+        "model.name: 'org/not-cached' is not in the local Hugging Face cache and the Hub cannot be reached (cannot "
+        "connect to 127.0.0.1:9 (Connection refused)); connect and download it first (hf download "
         "org/not-cached), or run with HF_HUB_OFFLINE=1 where a cached copy is, or give a local directory")
     assert time.perf_counter() - start < 5.0
     with pytest.raises(ConfigError, match=r"^model\.ref_name: 'org/not-cached' is not in the local Hugging Face "):

@@ -47,7 +47,9 @@ def check_model(key: str, name: str) -> None:
         raise ConfigError(f"{key}: {sized}")
     if name == SMOLLM2 or name in TINY_VLMS or char or tiny or Path(name).expanduser().is_dir():
         return
-    if written_as_local_path(name):  # runs/x where runs/ is here: read as a Hub id, it was left to a download
+    # runs/x where runs/ is here: read as a Hub id, it was left to a download; a cached Hub id is still one (Qwen/...
+    # beside a folder Qwen/)
+    if written_as_local_path(name) and hub_file(name, "config.json") is None:
         guess = did_you_mean(name, sibling_paths(name)).rstrip()
         raise ConfigError(f"{key}: {name!r} is not a directory here{relative_to_cwd(name)}, and is not a Hub id "
                           f"(org/name){f'; {guess}' if guess else ''}")
@@ -67,7 +69,7 @@ def check_model(key: str, name: str) -> None:
                           f"download it first (hf download {name}) or give a local directory")
     # with no network, the download retries the Hub for about 25 s, after the run directory is written, and fails
     if not cached and (problem := hub_unreachable()) is not None:
-        raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and the Hub does not answer "
+        raise ConfigError(f"{key}: {name!r} is not in the local Hugging Face cache and the Hub cannot be reached "
                           f"({problem}); connect and download it first (hf download {name}), or run with "
                           "HF_HUB_OFFLINE=1 where a cached copy is, or give a local directory")
 
