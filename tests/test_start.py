@@ -26,7 +26,7 @@ def sft_config(tmp_path: Path, *overrides: str):
 
 def test_start_sets_threads_and_the_seed_after_the_checks(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("tether.checks.run_checks", lambda cfg, policy: calls.append(("checks", policy)))
+    monkeypatch.setattr("tether.checks.run_checks", lambda cfg, policy, training: calls.append(("checks", policy)))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(("threads", n)))
     monkeypatch.setattr("tether.start.seed_everything", lambda s: calls.append(("seed", s)))
     assert start_run(sft_config(tmp_path, "seed=5", "train.threads=3", "train.device=cpu"), policy=False) == \
