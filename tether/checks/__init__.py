@@ -9,7 +9,7 @@
   inputs an earlier command writes are named with that command (``# written by:`` lines of the config).
 * What ``tether train`` would otherwise find only after its model loads (:mod:`~tether.checks.startup`): the task
   built from its data (a Hub data set after one short probe of the Hub), each reward function called once on its
-  first training row (by the first rank, 60 s at most), a local model directory's contents, the device, the
+  first training row (by the first rank), a local model directory's contents, the device, the
   launch, the batch arithmetic.
 * In ``tether validate`` only (:func:`~tether.checks.machine.probe_endpoints`): whether the servers the config calls
   (an LLM judge's, ``tether seed-sft``'s analyzer) answer, as warning lines; a start does not wait on those.

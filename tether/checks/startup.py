@@ -123,10 +123,13 @@ def _dataset_cached(hub_id: str) -> bool:
     """Whether ``datasets`` can read ``hub_id`` with the Hub not answering: from its own Arrow cache
     (``HF_DATASETS_CACHE/org___name``, where a data set loaded once is kept) or the Hub cache's snapshot."""
     from datasets import config as datasets_config
+    from datasets.naming import camelcase_to_snakecase
 
     from tether.checks.context import hub_file
 
-    arrow = Path(datasets_config.HF_DATASETS_CACHE).expanduser() / hub_id.replace("/", "___")
+    org, _, name = hub_id.rpartition("/")  # datasets snake-cases the name: HuggingFaceH4___math-500
+    folder = "___".join(part for part in (org, camelcase_to_snakecase(name)) if part)
+    arrow = Path(datasets_config.HF_DATASETS_CACHE).expanduser() / folder
     return arrow.is_dir() or hub_file(hub_id, "README.md", repo_type="dataset") is not None
 
 
@@ -197,7 +200,7 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
         from tether.rewards import check_reward_columns, item_columns
 
         check_reward_columns(cfg.task.rewards, item_columns([*task.train, *held_out]))
-    if os.environ.get("RANK", "0") != "0":
+    if os.environ.get("RANK", "0") != "0":  # a failed call raises on the first rank; torchrun then stops the others
         return  # a call may cost (a paid API, a sandbox): once per start, by the first rank, not once per rank
     from tether.rewards.task import check_reward_calls, check_task_score
 

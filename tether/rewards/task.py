@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import Config, ConfigError, RewardTermConfig, TaskConfig
-from tether.envs.safe import EnvFault, call_with_timeout
 from tether.faults import FaultLog
 from tether.rewards.terms import RewardTerm, TermResult
 from tether.tasks.base import Score, Task, TaskItem, score_batch
@@ -49,28 +48,6 @@ def completion_of(item: TaskItem, text: str) -> str | list[dict[str, str]]:
     return [{"role": "assistant", "content": text}] if isinstance(item.prompt, list) else text
 
 
-# a start's one call of a reward function, or of a task's score, that has no limit of its own (no timeout_s)
-CHECK_LIMIT_S = 60.0
-
-
-class LateCheckCall(Exception):
-    """A check's call of a user's function outlived :data:`CHECK_LIMIT_S` (it is left running in its thread)."""
-
-
-def _checked_call(call: Callable[[], Any], limited: bool) -> Any:
-    """``call()``; when nothing else bounds it (``limited`` False: no ``timeout_s``), in a thread of its own that is
-    abandoned after :data:`CHECK_LIMIT_S` (:class:`LateCheckCall`): a reward function waiting on a server that is not
-    up yet must not hang validate or a start. A raise of ``call`` is its own."""
-    if limited:
-        return call()
-    try:
-        return call_with_timeout(call, CHECK_LIMIT_S, "the check's call")
-    except EnvFault as fault:
-        if fault.timed_out:
-            raise LateCheckCall(f"did not return within {CHECK_LIMIT_S:g} s") from None
-        raise fault.__cause__ from None
-
-
 def check_reward_calls(specs: list[RewardTermConfig], item: TaskItem) -> list[str]:
     """Each reward *function* of ``specs`` called once, as the run calls it (a :class:`RewardTerm`: in its process
     under its ``timeout_s`` where it has one), on ``item`` (a training row) with the row's gold answer as the
@@ -93,12 +70,8 @@ def check_reward_calls(specs: list[RewardTermConfig], item: TaskItem) -> list[st
         if inspect.isclass(resolve_target(f"{key}.fn", spec.fn)):
             continue
         called = f"{key}.fn: {spec.fn!r}, called on training row {item.id!r} with the completion {text!r},"
-        term = RewardTerm(spec, key)
-        try:
-            result = _checked_call(functools.partial(term, prompts, completions, columns), spec.timeout_s is not None)
-        except LateCheckCall as late:
-            cautions.append(f"{called} {late}; the run calls it without a limit (set {key}.timeout_s to bound it)")
-            continue
+        # in this thread, as the run calls it: math-verify's own limit (signal.alarm) works in the main thread only
+        result = RewardTerm(spec, key)(prompts, completions, columns)
         fault = result.faults[0]
         if fault is None:
             continue
@@ -304,13 +277,10 @@ def check_task_score(task: Task, task_cfg: TaskConfig) -> list[str]:
     item = task.train[0]
     text = "" if item.answer is None else str(item.answer)
     where = f"task.name={task_cfg.name}: scoring training row {item.id!r} with the response {text!r}"
-    scored = timed_task(task, task_cfg)
     try:
         with warnings.catch_warnings():  # a contained fault is told once by the line below, not twice
             warnings.simplefilter("ignore")
-            scores = _checked_call(lambda: list(score_batch(scored, [item], [text])), task_cfg.timeout_s is not None)
-    except LateCheckCall as late:
-        return [f"{where} {late}; the run scores without a limit (set task.timeout_s to bound it)"]
+            scores = list(score_batch(timed_task(task, task_cfg), [item], [text]))
     except Exception as error:  # the user's scorer, outside a process: the run's first batch would stop here
         first = f"{type(error).__name__}: {error}".splitlines()[0]
         raise ConfigError(f"{where} raised {first}; the run would stop at its first batch (set task.timeout_s to "
