@@ -54,6 +54,15 @@ def sibling_paths(name: str) -> list[str]:
     return [str(path.parent / entry.name) for entry in folder.iterdir()]
 
 
+def nearest_path_guess(name: str) -> str:
+    """``"; did you mean runs/run-a?"``, the entries of :func:`sibling_paths` closest to ``name`` (a path that is not
+    here), else ``""``: the end of a missing path's one line, for models and data sets alike."""
+    from tether.config import did_you_mean
+
+    guess = did_you_mean(name, sibling_paths(name)).rstrip()
+    return f"; {guess}" if guess else ""
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temporary file and ``os.replace``: readers never see half a file."""
     path = Path(path)

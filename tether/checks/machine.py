@@ -16,8 +16,8 @@ from pathlib import Path
 from tether.checks.context import hub_file, hub_unreachable, warn_context
 from tether.checks.findings import Findings
 from tether.checks.workload import beside_the_config, workload_class
-from tether.config import Config, ConfigError, SFTConfig, SkillSFTSettings, did_you_mean
-from tether.files import relative_to_cwd, sibling_paths, written_as_local_path
+from tether.config import Config, ConfigError, SFTConfig, SkillSFTSettings
+from tether.files import nearest_path_guess, relative_to_cwd, written_as_local_path
 
 HUB_ID_PARTS = 2  # "org/name"
 HUB_ID_PART = re.compile(r"[A-Za-z0-9][\w.-]*")  # a Hub user, organisation or repository name
@@ -47,18 +47,17 @@ def check_model(key: str, name: str) -> None:
         raise ConfigError(f"{key}: {sized}")
     if name == SMOLLM2 or name in TINY_VLMS or char or tiny or Path(name).expanduser().is_dir():
         return
+    cached = hub_file(name, "config.json") is not None
     # runs/x where runs/ is here: read as a Hub id, it was left to a download; a cached Hub id is still one (Qwen/...
     # beside a folder Qwen/)
-    if written_as_local_path(name) and hub_file(name, "config.json") is None:
-        guess = did_you_mean(name, sibling_paths(name)).rstrip()
+    if written_as_local_path(name) and not cached:
         raise ConfigError(f"{key}: {name!r} is not a directory here{relative_to_cwd(name)}, and is not a Hub id "
-                          f"(org/name){f'; {guess}' if guess else ''}")
+                          f"(org/name){nearest_path_guess(name)}")
     alias = close_alias(name)
     if not looks_like_hub_id(name):
         guess = f"; did you mean {alias}?" if alias is not None else ""
         raise ConfigError(f"{key}: {name!r} is not a directory here, nor a tether alias ({ALIAS_LIST}), "
                           f"nor a Hub id (org/name, or one word like gpt2){guess}")
-    cached = hub_file(name, "config.json") is not None
     if not cached and alias is not None:
         raise ConfigError(f"{key}: {name!r} is not a tether alias, a directory here or a cached Hub model; did you "
                           f"mean {alias}? (tether's aliases: {ALIAS_LIST})")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import did_you_mean
-from tether.files import DATA_FORMATS, relative_to_cwd, sibling_paths, written_as_local_path
+from tether.files import DATA_FORMATS, nearest_path_guess, relative_to_cwd, written_as_local_path
 from tether.splits import shuffled
 from tether.tasks.base import RewardMap, Score, TaskItem, prompt_text
 from tether.tasks.extract import check_extract_mode, check_template, format_prompt
@@ -559,9 +559,8 @@ def _is_local(source: str, key: str, data_files: DataFiles | None = None) -> boo
     if Path(source).expanduser().exists():
         return True
     if Path(source).suffix.lower() in DATA_FORMATS or written_as_local_path(source):
-        guess = did_you_mean(source, sibling_paths(source)).rstrip()
         raise ValueError(f"{key}: {source!r} does not exist here{relative_to_cwd(source)}, and is not a Hub id "
-                         f"(org/name){f'; {guess}' if guess else ''}")
+                         f"(org/name){nearest_path_guess(source)}")
     return False
 
 
