@@ -83,7 +83,7 @@ def tether_version() -> str | None:
 def _library_version(name: str) -> str | None:
     module = sys.modules.get(name)
     if module is not None and isinstance(getattr(module, "__version__", None), str):
-        return str(module.__version__)  # a plain str: torch's is a TorchVersion, which yaml.safe_dump refuses
+        return str(module.__version__)  # a plain str in provenance.json (torch's is a TorchVersion)
     try:
         return version(name)
     except PackageNotFoundError:

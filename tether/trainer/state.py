@@ -40,8 +40,10 @@ class MissingState(KeyError):
 
 class StateFile(dict):
     """``trainer_state.pt``'s dict: reading a key it lacks raises :class:`MissingState`, naming the key, the file
-    and the tether that wrote it (a KeyError raised by what reads a value, such as torch's ``load_state_dict``, stays
-    as it is)."""
+    and the tether that wrote it. A KeyError raised by what reads a value (torch's ``load_state_dict``) is named
+    with its section when the value is read through :meth:`load` (the scheduler's, the collector's), and stays as it
+    is otherwise (the strategy's loads of the optimiser and the reference: their dicts are torch's own, checksummed
+    with the checkpoint)."""
 
     def __init__(self, state: dict[str, Any], path: Path) -> None:
         super().__init__(state)
