@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import warnings
@@ -49,6 +50,20 @@ class _TetherGroup(TyperGroup):
                 raise
             typer.secho(f"tether {ctx.invoked_subcommand} stopped by Ctrl-C (SIGINT)", fg=typer.colors.RED, err=True)
             raise typer.Exit(128 + signal.SIGINT) from None
+
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.short_help is None and command.help:
+            command.short_help = first_sentence(command.help)
+        return command
+
+
+def first_sentence(help_text: str) -> str:
+    """A command's line in ``tether -h``: its help's first sentence, on one line. Typer's rich list prints the whole
+    first paragraph with its line breaks, so long ones broke mid-sentence over several rows."""
+    paragraph = " ".join(help_text.split("\n\n")[0].split())
+    return re.split(r"(?<=\.)\s+(?=[A-Z])", paragraph)[0]
 
 
 app = typer.Typer(cls=_TetherGroup, add_completion=False, no_args_is_help=True,

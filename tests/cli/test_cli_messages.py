@@ -55,6 +55,20 @@ def test_every_commands_help_reads_as_plain_text():
         assert out.exit_code == 0 and "Usage: " in out.output and "``" not in out.output, (path, out.output)
 
 
+def test_each_command_is_one_sentence_on_one_line_of_the_command_list(monkeypatch):
+    """`tether -h` listed validate's whole first paragraph with its docstring's line breaks: one command over five
+    rows, broken mid-sentence."""
+    monkeypatch.setenv("COLUMNS", "200")
+    out = run("-h")
+    assert out.exit_code == 0, out.output
+    rows = {line.split()[1]: line for line in out.output.splitlines() if line.startswith("│ ") and line.split()[1:]}
+    assert rows["validate"].split(" validate ", 1)[1].strip(" │") == (
+        "Check a config (names, types, ranges, component settings) and that the files, models and packages it names "
+        "are here, without loading any model.")
+    assert "first line names" not in out.output  # the rest of the paragraph is validate's own -h
+    assert cli.first_sentence("Run it. Then stop (e.g. this).\nMore.") == "Run it."
+
+
 @pytest.mark.parametrize("override, expected", [
     ("optim.learning_rate=1e-5", "optim.learning_rate: unknown key; did you mean lr? optim allows: betas,"),
     ("rollout.group_sise=4", "rollout.group_sise: unknown key; did you mean group_size?"),
