@@ -13,6 +13,7 @@ from tests.engine.test_rollout_dtype import cast_equal
 from tests.rollout.helpers import agent_config
 from tests.trainer.helpers import tiny_config
 from tether.checks import check_config
+from tether.config import ConfigError
 from tether.engine import registry
 from tether.seeding import step_seed
 from tether.trainer import Trainer, evaluate
@@ -93,3 +94,23 @@ def test_eval_warns_about_what_it_samples_and_not_about_training_settings(tmp_pa
     assert [line.split("=")[0] for line in warned] == ["warning: rollout.dtype"]
     assert {line.split("=")[0] for line in check_config(cfg, policy=False)} >= {
         "rollout.dtype", "optim.micro_batch_size", "optim.mini_batches", "optim.lr"}  # what tether train warns
+
+
+
+@pytest.mark.parametrize("moved", [["model.ref_name=./gone/reference"],
+                                   ["algorithm.policy_loss=eapo", "methods.eapo.prior=./gone/prior"]])
+def test_eval_loads_and_checks_the_policy_alone(tmp_path, tiny_policy, capsys, moved):
+    """tether eval samples with the policy alone, yet checked every model the run loads: a run whose reference or
+    EAPO prior had moved could not have its checkpoint evaluated ("methods.eapo.prior: './gone/prior' is not a
+    directory here ..."), and the methods' own warnings about training were repeated. tether train still refuses."""
+    model, tok = tiny_policy
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    cfg = tiny_config(tmp_path, *moved, "train.device=cpu", f"model.name={tmp_path / 'model'}", "val.samples=1")
+    key = moved[-1].split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key}: './gone/"):
+        check_config(cfg)
+    capsys.readouterr()
+    result = evaluate(cfg)
+    assert 0.0 <= result["val/avg@k"] <= 1.0
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: methods")]

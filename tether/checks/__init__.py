@@ -60,10 +60,10 @@ def _run(checks: tuple, cfg: Config, found: Findings) -> list[str]:
     return errors
 
 
-def prerequisites(policy: bool, sft: SFTConfig | None) -> Callable[[Config, Findings], None]:
+def prerequisites(policy: bool, training: bool, sft: SFTConfig | None) -> Callable[[Config, Findings], None]:
     """:func:`~tether.checks.startup.check_prerequisites` as a check of the machine phase."""
     def check(cfg: Config, found: Findings) -> None:
-        check_prerequisites(cfg, found, policy=policy, sft=sft)
+        check_prerequisites(cfg, found, policy=policy, training=training, sft=sft)
 
     return check
 
@@ -78,8 +78,10 @@ def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True, t
         machine: also check that what it names is on this machine (after the config checks pass, since those
             say whether the names mean anything).
         policy: check ``model.name`` too (False when the caller brings the policy).
-        training: also the checks about training alone, such as the batch arithmetic's warnings (False for
-            ``tether eval``, which only samples: a warning that its settings change nothing there would be noise).
+        training: also the checks about training alone, such as the batch arithmetic's warnings and the methods'
+            own checks, and of the models those the training loads: the reference and the methods' (False for
+            ``tether eval``, which samples with the policy alone: a warning that its settings change nothing there
+            would be noise, and a run's moved reference would refuse the evaluation of its checkpoint).
 
     Raises:
         ConfigError: one line per failed check.
@@ -95,8 +97,8 @@ def check_config(cfg: RunConfig, *, machine: bool = True, policy: bool = True, t
     with shared_tokenizers():  # the machine and startup checks read the policy's tokenizer up to three times
         if machine and not errors:
             # a missing input an earlier command writes is named with that command, instead of what is missing
-            errors = _run((prerequisites(policy, sft),), cfg, found) or \
-                _run(machine_checks(policy=policy, sft=sft, skills=skills), cfg, found)
+            errors = _run((prerequisites(policy, training, sft),), cfg, found) or \
+                _run(machine_checks(policy=policy, training=training, sft=sft, skills=skills), cfg, found)
         if machine and not errors:  # what train would otherwise find after its model loads (tether.checks.startup)
             errors = _run(startup_checks(policy=policy, training=training), cfg, found)
     if errors:

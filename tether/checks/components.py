@@ -320,19 +320,25 @@ def _yaml_value(value: Any) -> str:
 
 
 def check_methods(cfg: Config, found: Findings) -> None:
-    """Each ``methods.<name>`` section against its settings class, then the method's own check of the config; at
-    most one of them intervenes in sampling (the MethodSet's rule, which otherwise stops the first generation)."""
-    from tether.methods import METHODS, method_config
+    """At most one method of a run intervenes in sampling (the MethodSet's rule, which otherwise stops the first
+    generation)."""
+    from tether.methods import METHODS
     from tether.methods.base import Method
 
-    for name, section in cfg.methods.items():
-        settings = method_config(name, section)
-        for line in METHODS[name].check_config(settings, cfg):
-            found.warn(line)
     intervening = [name for name in cfg.methods if METHODS[name].intervention is not Method.intervention]
     if len(intervening) > 1:
         raise ConfigError(f"methods {' and '.join(intervening)} each intervene in sampling (Method.intervention); "
                           "at most one method of a run may")
+
+
+def check_method_settings(cfg: Config, found: Findings) -> None:
+    """Each ``methods.<name>`` section against its settings class, then the method's own check of the config: about
+    training alone, since validation runs no method (``tether eval`` of an ARMOR run said the anchors' warnings)."""
+    from tether.methods import METHODS, method_config
+
+    for name, section in cfg.methods.items():
+        for line in METHODS[name].check_config(method_config(name, section), cfg):
+            found.warn(line)
 
 
 def check_saving(cfg: Config, found: Findings) -> None:
@@ -369,4 +375,4 @@ CONFIG_CHECKS = (check_advantage, check_policy_loss, check_rollout_correction, c
                  check_ignore_eos, check_mask_truncated, check_overlong, check_rollout_staleness, check_engine,
                  check_refill, check_refill_with_env, check_methods, check_saving)
 # of the config checks, those about training alone: `tether eval` of a run's config trains nothing
-TRAINING_CONFIG_CHECKS = (warn_suspicious,)
+TRAINING_CONFIG_CHECKS = (warn_suspicious, check_method_settings)

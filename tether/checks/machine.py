@@ -73,17 +73,26 @@ def check_model(key: str, name: str) -> None:
                           "HF_HUB_OFFLINE=1 where a cached copy is, or give a local directory")
 
 
-def check_models(cfg: Config, found: Findings, *, policy: bool = True) -> None:
-    """The policy (unless the caller brings it), the reference, and every model a method loads."""
+def model_inputs(cfg: Config, *, policy: bool = True, training: bool = True) -> dict[str, str]:
+    """Config key -> model name or path, for every model the command loads: the policy unless the caller brings it;
+    the reference and each model a method loads unless the command trains nothing (``tether eval`` samples with the
+    policy alone, so a run's moved reference or EAPO prior does not stop the evaluation of its checkpoint)."""
     from tether.methods import METHODS, method_config
 
-    if policy:
-        check_model("model.name", cfg.model.name)
+    found = {"model.name": cfg.model.name} if policy else {}
+    if not training:
+        return found
     if cfg.model.ref_name:
-        check_model("model.ref_name", cfg.model.ref_name)
+        found["model.ref_name"] = cfg.model.ref_name
     for name, section in cfg.methods.items():
-        for key, model in METHODS[name].named_models(method_config(name, section)).items():
-            check_model(key, model)
+        found.update(METHODS[name].named_models(method_config(name, section)))
+    return found
+
+
+def check_models(cfg: Config, found: Findings, *, policy: bool = True, training: bool = True) -> None:
+    """Each model the command loads (:func:`model_inputs`) is an alias, a directory here or a cached Hub model."""
+    for key, model in model_inputs(cfg, policy=policy, training=training).items():
+        check_model(key, model)
 
 
 def check_tokenizers(cfg: Config, found: Findings) -> None:
@@ -285,12 +294,13 @@ def _linear_layer_names(name: str) -> list[str] | None:
     return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
-def machine_checks(*, policy: bool = True, sft: SFTConfig | None = None,
+def machine_checks(*, policy: bool = True, training: bool = True, sft: SFTConfig | None = None,
                    skills: SkillSFTSettings | None = None) -> tuple:
-    """The checks of this module; ``policy=False`` when the caller brings the policy itself; ``sft``, the section of
-    a ``tether sft`` config, adds the check of its data; ``skills``, a ``tether seed-sft`` config's, its analyzer's."""
+    """The checks of this module; ``policy=False`` when the caller brings the policy itself; ``training=False`` for a
+    command that loads the policy alone (:func:`model_inputs`); ``sft``, the section of a ``tether sft`` config, adds
+    the check of its data; ``skills``, a ``tether seed-sft`` config's, its analyzer's."""
     def models(cfg: Config, found: Findings) -> None:
-        check_models(cfg, found, policy=policy)
+        check_models(cfg, found, policy=policy, training=training)
 
     def sft_data(cfg: Config, found: Findings) -> None:
         check_sft_data(cfg, sft)
@@ -298,7 +308,9 @@ def machine_checks(*, policy: bool = True, sft: SFTConfig | None = None,
     def analyzer(cfg: Config, found: Findings) -> None:
         check_analyzer_env(skills)
 
-    optional = ((warn_context, check_lora_targets, check_tokenizers) if policy else ()) + \
+    # the reference's and the methods' tokenizers against the policy's: only where the command loads them
+    tokenizers = (check_tokenizers,) if policy and training else ()
+    optional = ((warn_context, check_lora_targets, *tokenizers) if policy else ()) + \
         ((sft_data,) if sft is not None else ()) + ((analyzer,) if skills is not None else ())
     return (models, check_packages, check_engine_here, check_chat_template, check_workload_inputs,
             check_rewards_here, *optional)

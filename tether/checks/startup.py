@@ -17,24 +17,13 @@ from typing import Any
 
 from tether.checks.context import policy_reads_images
 from tether.checks.findings import Findings
+from tether.checks.machine import looks_like_hub_id, model_inputs
 from tether.checks.workload import beside_the_config, workload_class
 from tether.config import Config, ConfigError, SFTConfig
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json", "*.gguf")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
                    "preprocessor_config.json")
-
-
-def model_inputs(cfg: Config, *, policy: bool = True) -> dict[str, str]:
-    """Config key -> model name or path, for every model the run loads (the policy unless the caller brings it)."""
-    from tether.methods import METHODS, method_config
-
-    found = {"model.name": cfg.model.name} if policy else {}
-    if cfg.model.ref_name:
-        found["model.ref_name"] = cfg.model.ref_name
-    for name, section in cfg.methods.items():
-        found.update(METHODS[name].named_models(method_config(name, section)))
-    return found
 
 
 def data_inputs(cfg: Config, sft: SFTConfig | None = None) -> dict[str, str]:
@@ -57,13 +46,14 @@ def _is_alias(name: str) -> bool:
     return is_alias(name)
 
 
-def missing_inputs(cfg: Config, *, policy: bool = True, sft: SFTConfig | None = None) -> dict[str, str]:
+def missing_inputs(cfg: Config, *, policy: bool = True, training: bool = True,
+                   sft: SFTConfig | None = None) -> dict[str, str]:
     """Config key -> path of each model or data file the config names that is not here: no such path, and for a
     model not a tether alias nor a Hub model in the local cache either."""
     from tether.checks.context import hub_file
 
     missing = {key: value for key, value in data_inputs(cfg, sft).items() if not Path(value).expanduser().exists()}
-    for key, value in model_inputs(cfg, policy=policy).items():
+    for key, value in model_inputs(cfg, policy=policy, training=training).items():
         if not (_is_alias(value) or Path(value).expanduser().exists() or hub_file(value, "config.json") is not None):
             missing[key] = value
     return missing
@@ -76,21 +66,22 @@ def prerequisite_line(missing: dict[str, str], written_by: list[str], whose: str
     return f"{keys}: not here yet; {whose} inputs are written by {commands} (run that first)"
 
 
-def check_prerequisites(cfg: Config, found: Findings, *, policy: bool = True, sft: SFTConfig | None = None) -> None:
+def check_prerequisites(cfg: Config, found: Findings, *, policy: bool = True, training: bool = True,
+                        sft: SFTConfig | None = None) -> None:
     """A model or data path the config names that is not here yet, when the config says which command writes its
     inputs (``# written by: COMMAND`` comment lines): that command is named, to run first."""
     if not cfg.written_by:
         return
-    missing = missing_inputs(cfg, policy=policy, sft=sft)
+    missing = missing_inputs(cfg, policy=policy, training=training, sft=sft)
     if missing:
         raise ConfigError(prerequisite_line(missing, cfg.written_by))
 
 
-def check_model_dirs(cfg: Config, found: Findings, *, policy: bool = True) -> None:
+def check_model_dirs(cfg: Config, found: Findings, *, policy: bool = True, training: bool = True) -> None:
     """Each local model directory holds a model: a config (or a LoRA adapter's), weights, and a tokenizer (a LoRA
     adapter directory of tether's carries its tokenizer too). An empty directory fails here, not in
     ``from_pretrained`` after the run directory is created."""
-    for key, value in model_inputs(cfg, policy=policy).items():
+    for key, value in model_inputs(cfg, policy=policy, training=training).items():
         directory = Path(value).expanduser()
         if _is_alias(value) or not directory.is_dir():
             continue
@@ -108,7 +99,6 @@ def check_model_dirs(cfg: Config, found: Findings, *, policy: bool = True) -> No
 def _hub_dataset(cfg: Config) -> str | None:
     """The dataset task's ``path`` when it can only come from the Hub (not here, not a ``datasets`` builder, written
     as a Hub id), else ``None``: a task of one's own may take a ``path`` of another kind (``s3://...``)."""
-    from tether.checks.machine import looks_like_hub_id
     from tether.files import written_as_local_path
     from tether.tasks.dataset_task import BUILDERS, DatasetTask
 
@@ -346,7 +336,7 @@ def startup_checks(*, policy: bool = True, training: bool = True) -> tuple:
     """The checks of this module; ``policy=False`` when the caller brings the policy itself, ``training=False``
     without those about training alone (the launch, the batch arithmetic) for a command that trains nothing."""
     def models(cfg: Config, found: Findings) -> None:
-        check_model_dirs(cfg, found, policy=policy)
+        check_model_dirs(cfg, found, policy=policy, training=training)
 
     def env(cfg: Config, found: Findings) -> None:
         check_env(cfg, found, policy=policy)
