@@ -539,3 +539,16 @@ def test_a_reference_or_prior_with_another_tokenizer_is_refused_by_validate(tmp_
         assert why in line and "\n" not in line
     for mine, theirs in (("char-64x1", "char-128x4"), (policy, "tiny-64x1")):  # one tokenizer, other models
         check_config(tiny_config(tmp_path, f"model.name={mine}", f"model.ref_name={theirs}"))
+
+
+def test_a_missing_chat_template_file_names_the_nearest_file_of_its_folder(tmp_path, monkeypatch):
+    """A mistyped ``model.chat_template`` said only that it is not a file; models and data sets named the nearest
+    entry of the folder (``tether.files.nearest_path_guess``), and so does it now."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "chatml.jinja").write_text("{{ messages[0]['content'] }}")
+    cfg = jsonl_config(tmp_path, [GOOD, GOOD])
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"chat_template": "templates/chatm.jinja"})})
+    with pytest.raises(ConfigError, match=r"^model.chat_template: 'templates/chatm.jinja' is not a file .*"
+                                          r"; did you mean templates/chatml.jinja\?$"):
+        check_config(cfg, policy=False)

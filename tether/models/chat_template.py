@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.config import anchoring_rule
+from tether.files import nearest_path_guess
 
 
 def read_chat_template(path: str) -> str:
@@ -24,7 +25,8 @@ def read_chat_template(path: str) -> str:
 
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"model.chat_template: {path!r} is not a file (a Jinja chat template; {anchoring_rule()})")
+        raise ValueError(f"model.chat_template: {path!r} is not a file (a Jinja chat template; {anchoring_rule()})"
+                         f"{nearest_path_guess(path)}")
     text = file.read_text(encoding="utf-8")
     try:
         ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
