@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import time
+
 import pytest
 
 from tether.envs import SafeEnv, make_env
-from tether.envs.textworld_env import clean_feedback, default_cache_dir, settings_slug
+from tether.envs.textworld_env import clean_feedback, default_cache_dir, game_file, settings_slug
 
 pytest.importorskip("textworld")
 
@@ -94,3 +98,33 @@ def test_clean_feedback():
     assert clean_feedback(raw) == "Welcome! Find the key.\n\n-= Attic =-\nAn attic."
     end = "\nYou win.\n\n\n          *** The End ***\n\nYou scored 1 out of a possible 1.\n\nWould you like"
     assert clean_feedback(end) == "You win.\n\n*** The End ***"
+
+
+def _slow_compile(log, settings, seed, path):
+    """A stand-in of textworld's compile: logs each call, takes a while, writes the two files."""
+    with open(log, "a") as f:
+        f.write(f"{seed}\n")
+    time.sleep(0.5)
+    path.write_text("z8")
+    path.with_suffix(".json").write_text("{}")
+    return path
+
+
+def test_processes_that_want_one_game_compile_it_once(tmp_path, monkeypatch):
+    """The clones of a task reset at once: each compiled the same game, and on a loaded machine every reset of
+    configs/agents/textworld_grpo.yaml's first step passed its 30 s limit (exit 5, 72 half-written folders left).
+    Now one process compiles while the others wait on the game's lock; a killed holder's folder is cleared."""
+    log = tmp_path / "compiles.log"
+    monkeypatch.setattr("tether.envs.textworld_env._compile", functools.partial(_slow_compile, log))
+    settings = {"kind": "custom", "world_size": 1, "nb_objects": 3, "quest_length": 1}
+    import textworld
+
+    leftover = tmp_path / "cache" / f"tw-{textworld.__version__}" / settings_slug(settings) / ".tmp-seed7"
+    leftover.mkdir(parents=True)
+    (leftover / "seed7.z8").write_text("half")  # what a holder killed at the reset limit left
+    fork = multiprocessing.get_context("fork")
+    with fork.Pool(4) as pool:
+        paths = pool.starmap(game_file, [(settings, 7, tmp_path / "cache")] * 4)
+    assert log.read_text().split() == ["7"]
+    assert len(set(paths)) == 1 and paths[0].read_text() == "z8"
+    assert not leftover.exists()

@@ -8,9 +8,9 @@ setting; the custom presets accept overrides of the three size knobs.
 Each game is a pure function of (settings, seed, textworld version) and is compiled once into
 ``<cache>/tw-<version>/<settings>/seed<seed>.z8`` (about 1-3 s per game) and reused afterwards. The
 cache root is the ``cache_dir`` argument, else ``$TETHER_CACHE/textworld``, else
-``~/.cache/tether/textworld``: outside the repository, shared by all runs. Generation writes into a
-temporary folder and renames the finished files into place, so concurrent processes never read a
-half-written game.
+``~/.cache/tether/textworld``: outside the repository, shared by all runs. One process compiles a game
+while the others wait on its lock, into a temporary folder whose finished files are renamed into place, so
+concurrent processes never read a half-written game nor compile one twice.
 
 Splits: train seeds ``0..`` and eval seeds ``EVAL_SEED_OFFSET..`` (see :mod:`tether.envs.base`) give
 two disjoint sets of generated games; :meth:`TextWorldEnv.game_files` generates a split ahead of a run.
@@ -23,11 +23,11 @@ Commands outside the admissible list are not sent to the game: they are no-ops (
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import re
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,12 @@ def settings_slug(settings: dict[str, Any]) -> str:
 def game_file(settings: dict[str, Any], seed: int, cache_dir: Path) -> Path:
     """The compiled game for (settings, seed), generating it on a cache miss.
 
+    One process compiles a game while the others that want it wait on its lock (an advisory ``flock`` on
+    ``seed<seed>.lock``, released by the kernel however its holder ends): the ``group_size`` clones of a task reset at
+    once, and each compiling the same game on a loaded 2-core machine took past the 30 s reset limit of
+    ``configs/agents/textworld_grpo.yaml``, whose first step then had no episode to start. The holder writes into
+    ``.tmp-seed<seed>``, cleared first: a holder killed at the reset limit leaves its half-written folder to the next.
+
     Args:
         settings (dict): a preset's settings (``kind`` plus its knobs).
         seed (int): the game seed (textworld derives its map, object, quest and grammar seeds from it).
@@ -84,18 +90,28 @@ def game_file(settings: dict[str, Any], seed: int, cache_dir: Path) -> Path:
 
     folder = cache_dir / f"tw-{textworld.__version__}" / settings_slug(settings)
     path = folder / f"seed{seed}.z8"
-    if path.is_file() and path.with_suffix(".json").is_file():
+    if _compiled(path):
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder))
-    try:
-        built = _compile(settings, seed, tmp / path.name)
-        # json first: a reader takes the .z8 as the sign that both files are complete.
-        os.replace(built.with_suffix(".json"), path.with_suffix(".json"))
-        os.replace(built, path)
-    finally:
+    with (folder / f"seed{seed}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if _compiled(path):  # another process compiled it while this one waited
+            return path
+        tmp = folder / f".tmp-seed{seed}"
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            built = _compile(settings, seed, tmp / path.name)
+            # json first: a reader takes the .z8 as the sign that both files are complete.
+            os.replace(built.with_suffix(".json"), path.with_suffix(".json"))
+            os.replace(built, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _compiled(path: Path) -> bool:
+    return path.is_file() and path.with_suffix(".json").is_file()
 
 
 def _compile(settings: dict[str, Any], seed: int, path: Path) -> Path:
