@@ -8,6 +8,7 @@
 #   scripts/run_all_configs.sh --dry-run [...]     # list what would run and why, and what would be skipped; run nothing
 #   scripts/run_all_configs.sh --report [...]      # which configs have run to their end, when and at which commit
 #   scripts/run_all_configs.sh --report --also DIR # ... counting the ledger of another WORK too (repeatable)
+#   scripts/run_all_configs.sh --smoke [...]       # each config two steps, SmolLM2 swapped for a tiny model: minutes
 #
 # (ONLY=PATTERN and DRY=1 in the environment do the same.) Everything runs inside WORK (default runs/all_configs),
 # which links configs/ and scripts/ of this checkout: every relative runs/... path of a config (its run_dir, the
@@ -20,8 +21,14 @@
 # WORK/summary.tsv has one line per config or command of this invocation; the exit code is the number that failed.
 # WORK/finished.tsv keeps, across invocations, a line for each command that ran to its end (time, commit, command,
 # seconds): runs resume, so a config can finish over several invocations, and --report reads this ledger.
+# --smoke (SMOKE=1) runs the same commands cut short, in WORK runs/all_configs_smoke: two steps, each validated on 4
+# prompts (train); one epoch of 16 examples (sft); 4 tasks x 2 rollouts, one epoch (seed-sft); the policy
+# smollm2-135m-instruct replaced by tiny-64x2 (same tokenizer) where the command does not name one. Minutes per
+# config, where a SmolLM2 agent chain takes more than a day on a CPU: what it finds is a config that cannot start or
+# get through its first steps (TextWorld's compiling resets did). Its ledger is smoked.tsv: no finish is recorded.
 set -u
-usage() { sed -n '2,22s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,28s/^# \{0,1\}//p' "$0"; }
+SMOKE=${SMOKE:-}
 ONLY=${ONLY:-}
 DRY=${DRY:-}
 REPORT=
@@ -32,13 +39,16 @@ while [[ $# -gt 0 ]]; do
         --only=*) ONLY=${1#--only=}; shift ;;
         --dry-run|-n) DRY=1; shift ;;
         --report) REPORT=1; shift ;;
+        --smoke) SMOKE=1; shift ;;
         --also) [[ $# -ge 2 ]] || { echo "--also needs a WORK directory" >&2; exit 2; }; ALSO+=("$(realpath -m "$2")"); shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        *) echo "unknown argument: $1 (allowed: --only PATTERN, --dry-run, --report, --also DIR, -h)" >&2; exit 2 ;;
+        *) echo "unknown argument: $1 (allowed: --only PATTERN, --dry-run, --report, --also DIR, --smoke, -h)" >&2
+           exit 2 ;;
     esac
 done
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-WORK=${WORK:-$REPO/runs/all_configs}
+[[ -n "$SMOKE" && -n "$REPORT" ]] && { echo "--smoke records no finish: --report reads the full runs' ledger" >&2; exit 2; }
+WORK=${WORK:-$REPO/runs/all_configs${SMOKE:+_smoke}}
 PYTHON=${PYTHON:-"$REPO/.venv/bin/python"}
 TETHER=${TETHER:-"$PYTHON -m tether"}
 mkdir -p "$WORK"
@@ -46,6 +56,7 @@ ln -sfn "$REPO/configs" "$WORK/configs"
 ln -sfn "$REPO/scripts" "$WORK/scripts"
 cd "$WORK" || exit 1
 ledger=finished.tsv
+[[ -n "$SMOKE" ]] && ledger=smoked.tsv
 shipped() { (cd "$REPO" && find configs -name '*.yaml' -not -path 'configs/gpu/*' -not -path '*/gpu/*' \
                  -not -name 'protocol*.yaml' | sort); }
 if [[ -n "$REPORT" ]]; then  # one line per selected config: its first finish (a later one may be a resume
@@ -75,6 +86,22 @@ failed=0
 declare -A state  # config or cmd:COMMAND -> ok | failed | skipped (| started, while its inputs run)
 
 outcome() { case $1 in failed) echo failed ;; skipped) echo "was skipped" ;; *) echo "waits on itself" ;; esac; }
+cut_short() {  # COMMAND: the command with --smoke's settings added (module docstring); others as they are
+    local command=$1 words config
+    read -ra words <<< "$command"
+    [[ -z "$SMOKE" || "${words[0]}" != tether ]] && { echo "$command"; return; }
+    config=${words[2]:-}
+    case ${words[1]} in
+        train) command+=" train.steps=2 train.save_every=1 val.every=1 val.max_prompts=4" ;;
+        sft) command+=" sft.epochs=1 sft.examples=16" ;;
+        seed-sft) command+=" sft.tasks=4 sft.rollouts_per_task=2 sft.epochs=1 sft.eval_examples=2" ;;
+    esac
+    if [[ "$command" != *" model.name="* && -f "$config" ]] && \
+        awk '/^model:/ {m = 1; next} m && /^[^ #]/ {m = 0} m && /^ +name: *smollm2-135m-instruct( |$)/ {f = 1} END {exit !f}' "$config"; then
+        command+=" model.name=tiny-64x2"
+    fi
+    echo "$command"
+}
 first_command() { sed -n '1s/^# *\(tether [a-z-]* configs\/[^ ]*\.yaml\).*/\1/p' "$1"; }
 writers() { sed -n 's/^# *written by: *//p' "$1"; }
 
@@ -123,7 +150,8 @@ run_config() {  # CONFIG [WHY]: run what CONFIG needs, then CONFIG; its state sa
 }
 
 run_command() {  # KEY COMMAND WHY: run COMMAND once, log it, and record how it went under KEY
-    local key=$1 command=$2 why=$3 start rc log
+    local key=$1 command why=$3 start rc log
+    command=$(cut_short "$2")
     [[ -n "${state[$key]:-}" && "${state[$key]}" != started ]] && return 0
     if [[ -n "$DRY" ]]; then
         printf 'run   %s  (%s)\n' "$command" "$why"

@@ -153,3 +153,24 @@ def test_report_counts_another_ledger_where_work_has_none_yet(checkout):
     alone = run(checkout, "--report").stdout.splitlines()  # no ledger at all: every config "never", none skipped
     assert alone[-1].startswith("0 of 8 configs have run to their end")
     assert sum(line.startswith("never") for line in alone) == 8
+
+
+def test_smoke_cuts_each_command_short_and_records_no_finish(checkout):
+    """--smoke: train two steps, sft one epoch of 16 examples, SmolLM2 swapped for tiny-64x2 where the command names
+    no policy; the ledger is smoked.tsv, so a smoke run never counts as a config run to its end."""
+    (checkout / "configs" / "base.yaml").write_text(
+        "# tether train configs/base.yaml\nseed: 0\nmodel:\n  name: smollm2-135m-instruct   # the policy\n")
+    (checkout / "configs" / "named.yaml").write_text(
+        "# tether train configs/named.yaml\n# written by: tether train configs/base.yaml model.name=runs/other\n")
+    out = run(checkout, "--smoke", "--only", "with_data")
+    assert out.returncode == 0, out.stderr
+    run(checkout, "--smoke", "--only", "named")
+    calls = (checkout / "calls.txt").read_text().splitlines()
+    short = "train.steps=2 train.save_every=1 val.every=1 val.max_prompts=4"
+    assert f"train configs/base.yaml {short} model.name=tiny-64x2" in calls
+    assert "sft configs/with_data.yaml sft.epochs=1 sft.examples=16" in calls  # its config names no SmolLM2
+    assert "python scripts/write_data.py out.jsonl --seed 3" in calls  # data scripts as they are
+    assert f"train configs/base.yaml model.name=runs/other {short}" in calls  # the command's own policy stays
+    assert f"train configs/named.yaml {short}" in calls
+    assert (checkout / "work" / "smoked.tsv").is_file() and not (checkout / "work" / "finished.tsv").exists()
+    assert run(checkout, "--smoke", "--report").returncode == 2
