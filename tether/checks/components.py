@@ -320,11 +320,13 @@ def _yaml_value(value: Any) -> str:
 
 
 def check_methods(cfg: Config, found: Findings) -> None:
-    """At most one method of a run intervenes in sampling (the MethodSet's rule, which otherwise stops the first
-    generation)."""
-    from tether.methods import METHODS
+    """Each ``methods.<name>`` names a method and its section fits the method's settings; at most one of them
+    intervenes in sampling (the MethodSet's rule, which otherwise stops the first generation)."""
+    from tether.methods import METHODS, method_config
     from tether.methods.base import Method
 
+    for name, section in cfg.methods.items():
+        method_config(name, section)
     intervening = [name for name in cfg.methods if METHODS[name].intervention is not Method.intervention]
     if len(intervening) > 1:
         raise ConfigError(f"methods {' and '.join(intervening)} each intervene in sampling (Method.intervention); "
@@ -332,12 +334,16 @@ def check_methods(cfg: Config, found: Findings) -> None:
 
 
 def check_method_settings(cfg: Config, found: Findings) -> None:
-    """Each ``methods.<name>`` section against its settings class, then the method's own check of the config: about
-    training alone, since validation runs no method (``tether eval`` of an ARMOR run said the anchors' warnings)."""
+    """Each method's own check of the config: about training alone, since validation runs no method (``tether eval``
+    of an ARMOR run said the anchors' warnings)."""
     from tether.methods import METHODS, method_config
 
     for name, section in cfg.methods.items():
-        for line in METHODS[name].check_config(method_config(name, section), cfg):
+        try:
+            settings = method_config(name, section)
+        except ConfigError:  # an unknown name or a section that does not fit: check_methods says it
+            continue
+        for line in METHODS[name].check_config(settings, cfg):
             found.warn(line)
 
 
