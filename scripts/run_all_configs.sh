@@ -115,7 +115,7 @@ skip() {  # NAME REASON: record NAME as skipped, one line
 }
 
 run_config() {  # CONFIG [WHY]: run what CONFIG needs, then CONFIG; its state says how it went
-    local config=$1 why=${2:-selected} command writer needed key what reason
+    local config=$1 why=${2:-selected} command writer needed key what reason words
     [[ -n "${state[$config]:-}" ]] && return 0
     state[$config]=started
     while read -r writer; do
@@ -142,7 +142,9 @@ run_config() {  # CONFIG [WHY]: run what CONFIG needs, then CONFIG; its state sa
         skip "$config" 'no "# tether COMMAND CONFIG" first line'
         return 0
     fi
-    if [[ -z "$DRY" ]] && ! reason=$($TETHER validate "$config" 2>&1); then
+    # with the settings it will run with: --smoke's, which a run directory it finished before records
+    read -ra words <<< "$(cut_short "$command")"
+    if [[ -z "$DRY" ]] && ! reason=$($TETHER validate "${words[@]:2}" 2>&1); then
         skip "$config" "tether validate: $(echo "$reason" | grep -v '^\s*$' | head -1)"
         return 0
     fi

@@ -172,5 +172,7 @@ def test_smoke_cuts_each_command_short_and_records_no_finish(checkout):
     assert "python scripts/write_data.py out.jsonl --seed 3" in calls  # data scripts as they are
     assert f"train configs/base.yaml model.name=runs/other {short}" in calls  # the command's own policy stays
     assert f"train configs/named.yaml {short}" in calls
+    # validated with the settings it runs with: a run directory finished with tiny-64x2 refused SmolLM2's validate
+    assert f"validate configs/base.yaml {short} model.name=tiny-64x2" in calls
     assert (checkout / "work" / "smoked.tsv").is_file() and not (checkout / "work" / "finished.tsv").exists()
     assert run(checkout, "--smoke", "--report").returncode == 2
