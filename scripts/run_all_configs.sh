@@ -153,8 +153,8 @@ run_config() {  # CONFIG [WHY]: run what CONFIG needs, then CONFIG; its state sa
 
 run_command() {  # KEY COMMAND WHY: run COMMAND once, log it, and record how it went under KEY
     local key=$1 command why=$3 start rc log
-    command=$(cut_short "$2")
     [[ -n "${state[$key]:-}" && "${state[$key]}" != started ]] && return 0
+    command=$(cut_short "$2")
     if [[ -n "$DRY" ]]; then
         printf 'run   %s  (%s)\n' "$command" "$why"
         state[$key]=ok
