@@ -195,3 +195,21 @@ def test_gradient_checkpointing_gives_the_same_adapters(tiny_policy, tmp_path):
         if ".lora_" in name:
             torch.testing.assert_close(checkpointed[name], p, rtol=0, atol=1e-6, msg=name)
     assert any(p.abs().sum() > 0 for n, p in plain.items() if "lora_B" in n)
+
+
+@pytest.mark.parametrize("written,resumed,holds", [
+    ([], LORA, r"full weights \(a run without model\.lora wrote it\), and this run sets model\.lora"),
+    (LORA, [], r"LoRA adapters alone \(a run with model\.lora wrote it\), and this run sets no model\.lora"),
+    (LORA, ["model.lora.rank=4", "model.lora.alpha=8"],
+     r"the saved adapters do not fit this model's \(model\.lora differs from the run that wrote them\): size mismatch "
+     r"for \S+: copying a param with shape torch\.Size\(\[8, 64\]\) from checkpoint, the shape in current model is "
+     r"torch\.Size\(\[4, 64\]\)"),
+])
+def test_a_checkpoint_of_other_lora_settings_is_one_line(tiny_policy, tmp_path, written, resumed, holds):
+    """Once a run's config.yaml is deleted, a resume compares no settings (the Trainer built here reads none): a
+    checkpoint of the other kind of weights, or of adapters of another rank, was a traceback from PEFT or from a Hub
+    download of a folder that is not a model."""
+    make_trainer(tiny_policy, tiny_config(tmp_path, *written, "train.steps=1")).fit()
+    with pytest.raises(ConfigError, match=rf"^\S+step_000001\b.*{holds}.*; resume with the settings of the run that "
+                                          r"wrote it .* or set another run_dir .*\)$"):
+        make_trainer(tiny_policy, tiny_config(tmp_path, *resumed, "train.steps=2"))

@@ -239,9 +239,11 @@ def load_adapter(model: nn.Module, directory: Path) -> None:
     try:
         result = set_peft_model_state_dict(model, {k.removeprefix(PEFT_PREFIX): v for k, v in saved.items()},
                                            adapter_name=ADAPTER)
-    except RuntimeError as err:  # a size mismatch: another rank
+    except RuntimeError as err:  # a size mismatch: another rank; torch names every tensor, one line each
+        lines = [line.strip() for line in str(err).splitlines()]
+        first = next((line for line in lines if line.startswith("size mismatch")), lines[0]).rstrip(".")
         raise ValueError(f"{directory}: the saved adapters do not fit this model's (model.lora differs from the "
-                         f"run that wrote them): {err}") from None
+                         f"run that wrote them): {first}") from None
     missing = own & set(result.missing_keys)
     if result.unexpected_keys or missing:
         raise ValueError(f"{directory}: the saved adapters do not fit this model's (model.lora differs from the "

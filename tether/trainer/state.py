@@ -11,8 +11,30 @@ from typing import Any
 import torch
 
 from tether.config import ConfigError
+from tether.models.lora import is_adapter_dir, is_lora
 from tether.provenance import code_provenance, describe
 from tether.trainer.checkpoint import dir_step, load_state, restore_rng_state, rng_state, say_not_restored
+
+RESUME_WAYS_OUT = ("resume with the settings of the run that wrote it (its config.yaml records them), or set another "
+                   "run_dir (or train.resume=never train.overwrite=true: deletes this run)")
+
+
+def check_weights_fit(path: Path, *, lora: bool) -> None:
+    """The checkpoint holds the kind of weights the run trains: a LoRA run's adapters alone, another run's full
+    weights. The run's ``config.yaml`` refuses a changed ``model.lora`` before any model loads; once that file is
+    deleted (which resumes without comparing settings), loading the other kind was a traceback from PEFT or
+    Hugging Face (a Hub download of a folder that is not a model).
+
+    Raises:
+        ConfigError: the kinds differ; it says which the checkpoint holds.
+    """
+    adapters = is_adapter_dir(path)
+    if adapters == lora:
+        return
+    holds = ("LoRA adapters alone (a run with model.lora wrote it)" if adapters else
+             "full weights (a run without model.lora wrote it)")
+    raise ConfigError(f"{path} holds {holds}, and this run {'sets' if lora else 'sets no'} model.lora; "
+                      f"{RESUME_WAYS_OUT}")
 
 
 class MissingState(KeyError):
@@ -130,6 +152,7 @@ class RunState:
                               "strategy, or another run_dir (or train.resume=never train.overwrite=true: deletes this "
                               "run)")
         say_other_version(path, state.get("provenance"))
+        check_weights_fit(path, lora=is_lora(self.policy))
         # A field this tether reads that the checkpoint lacks: the message names the key, the file, and the tether
         # version that wrote it where it is another (or records none).
         try:
@@ -138,6 +161,8 @@ class RunState:
             state.load("collector", self.collector.load_state_dict)
         except MissingState as err:
             raise ConfigError(str(err)) from None
+        except ValueError as err:  # adapters of another rank or targets (load_adapter says so, naming the folder)
+            raise ConfigError(f"{err}; {RESUME_WAYS_OUT}") from None
         if self.reference is not None:
             self.reference.moved = moved
         methods_lost = self.methods.load_state_dict(state.get("methods", {}))
