@@ -192,3 +192,29 @@ def test_ignore_eos_reaches_the_training_rollouts_only(tmp_path, tiny_policy):
                       policy=copy.deepcopy(model), tokenizer=tok)
     batch, _ = trainer.collect()
     assert batch.response_mask.shape[1] == 5 and batch.response_mask.all()
+
+
+def test_an_agent_run_with_a_batch_in_flight_saves_and_resumes_exactly(tmp_path, tiny_policy):
+    """The batch in flight that a checkpoint holds keeps its episodes (SEED and GiGPO read them), which kept their
+    closed envs: under env.isolation=process each held its pool and the pool's lock, so the first save stopped the
+    run with `cannot pickle '_thread.lock' object`."""
+    from tests.rollout.helpers import agent_config
+
+    model, tok = tiny_policy
+    overrides = (*ASYNC, "env.isolation=process", "rollout.prompts_per_step=1", "rollout.group_size=2",
+                 "rollout.max_new_tokens=4", "env.max_turns=2")
+
+    def make_agent(where):
+        return Trainer(agent_config(where, *overrides), policy=copy.deepcopy(model), tokenizer=tok)
+
+    straight = make_agent(tmp_path / "a")
+    want = [straight.train_step() for _ in range(3)]
+    first = make_agent(tmp_path / "b")
+    first.train_step()
+    first.save()
+    resumed = make_agent(tmp_path / "b")
+    assert resumed.step == 1 and [s for s, *_ in resumed.collector.pending] == [1]
+    got = [resumed.train_step() for _ in range(2)]
+    for w, g in zip(want[1:], got, strict=True):
+        assert g["train/reward_mean"] == w["train/reward_mean"] and g["actor/pg_loss"] == w["actor/pg_loss"]
+    assert torch.equal(params(resumed.policy), params(straight.policy))

@@ -65,7 +65,7 @@ FAULT_LOG = Path("health") / "env_faults.jsonl"  # in the run directory: the fir
 
 @dataclass
 class Episode:
-    env: Any
+    env: Any  # None once the episode is over (run_episodes closed it)
     task: str
     group_id: int
     episode_id: int
@@ -235,6 +235,8 @@ class AgentCollector:
                 on_turn(len(episodes), len(episodes))
         finally:
             self.envs.close_all([ep.env for ep in episodes])
+            for ep in episodes:  # a finished episode keeps no env: its batch may be pickled (a checkpoint of
+                ep.env = None    # rollout.max_staleness's batches in flight), and a process env's pool holds a lock
         return rows
 
     def encode(self, ep: Episode) -> list[int]:
