@@ -116,3 +116,27 @@ def ended(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_a_solution_past_its_limit_ends_the_episode_as_a_fault_and_a_raising_one_does_not():
+    """seed-sft asks each started episode's env for its solution. One past the limit killed the env's process while
+    the episode went on: its next call went to a fresh process without an env (an AttributeError fault) or to an
+    idle one holding another episode's closed env (EpisodeOverError out of the loop, a traceback)."""
+    envs = pool(timeout_s=0.5, fault="solution_hang", hang_s=60.0)
+    idle = [envs.make() for _ in range(2)]  # an idle process with a closed env of seed 1 waits in the pool
+    for env in idle:
+        env.reset(1)
+    for env in idle:
+        env.close()
+    env = envs.make()
+    env.reset(0)
+    assert env.solution() is None and env.faults == 1
+    (action, valid, step), = envs.act_all([env], ["<action>apple</action>"])
+    assert (action, valid, step.done, step.won) == ("", False, True, False)
+    assert step.info["fault"] == "scripted solution() timed out after 0.5s (its process was killed)"
+    assert step.info["fault_report"].phase == "solution"
+
+    raising = pool(fault="solution_raise").make()
+    raising.reset(0)
+    assert raising.solution() is None and raising.faults == 0
+    assert raising.step("apple").won  # the episode goes on with its env

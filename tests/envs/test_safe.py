@@ -53,6 +53,18 @@ def test_step_hang_times_out():
     assert _win(env)
 
 
+def test_a_solution_past_its_limit_ends_the_episode_without_touching_the_busy_env_again():
+    """In a thread the timed-out solver is still running on the env: the episode's next step would race with it."""
+    busy = ScriptedEnv(fault="solution_hang", hang_s=3.0)
+    env = SafeEnv(_factory(busy, ScriptedEnv()), timeout_s=0.2)
+    env.reset(0)
+    assert env.solution() is None and env.faults == 1
+    step = env.step("apple")
+    assert step.done and not step.won and step.info["fault"] == "scripted solution() timed out after 0.2s"
+    assert busy._steps == 0  # never stepped
+    assert _win(env)  # the next episode gets a fresh env
+
+
 @pytest.mark.parametrize("fault", ["reset_raise", "reset_hang"])
 def test_reset_fault_is_reported_and_ends_the_episode_at_the_first_step(fault):
     env = SafeEnv(_factory(ScriptedEnv(), ScriptedEnv(fault=fault, hang_s=3.0), ScriptedEnv()),

@@ -61,7 +61,8 @@ class FaultReport:
 
     Attributes:
         message (str): one line naming the env, the call and the error (also ``info["fault"]``).
-        phase (str): the call that faulted: ``"constructor"``, ``"reset"``, ``"parse_action"`` or ``"step"``.
+        phase (str): the call that faulted: ``"constructor"``, ``"reset"``, ``"parse_action"``, ``"step"`` or
+            ``"solution"`` (one past its limit).
         kind (str): :attr:`EnvFault.kind` (``"worker died"`` for a Ray worker that died).
         traceback (str | None): :attr:`EnvFault.traceback`.
     """
@@ -234,12 +235,16 @@ class SafeEnv:
             return "", False
 
     def solution(self) -> list[str] | None:
-        """The env's solution, or None if it faults (a solver fault does not end the episode)."""
-        if self._env is None:
+        """The env's solution, or None if it faults. A solver that raises leaves the episode going; one past the
+        limit ends it as a counted fault, reported by the next ``step``: its env is gone (its process killed) or
+        still busy in its thread, and the next call would go to another process's env, or race with the solver."""
+        if self._env is None or self._pending_fault is not None:
             return None
         try:
             return self._call("solution", timeout_s=self.timeout_s, what=f"{self.name} solution()")
-        except EnvFault:
+        except EnvFault as fault:
+            if fault.timed_out:
+                self._pending_fault = self._record(fault, "solution")
             return None
 
     def close(self) -> None:

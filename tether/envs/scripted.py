@@ -8,8 +8,8 @@ env-side termination and its own ``max_turns`` truncation (set ``turns`` above `
 
 ``fault`` makes the env misbehave on purpose, to test :class:`tether.envs.SafeEnv`:
 ``"reset_raise"``, ``"step_raise"``, ``"reset_hang"``, ``"step_hang"`` (a hang sleeps ``hang_s``), ``"reset_spin"`` or
-``"step_spin"`` (a busy loop of ``hang_s`` that never sleeps: a thread's timeout cannot stop it, a process's can).
-Step faults fire on step number ``fault_turn`` (1-based).
+``"step_spin"`` (a busy loop of ``hang_s`` that never sleeps: a thread's timeout cannot stop it, a process's can),
+``"solution_raise"`` or ``"solution_hang"``. Step faults fire on step number ``fault_turn`` (1-based).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from tether.envs.base import (
     train_seeds,
 )
 
-_FAULTS = (None, "reset_raise", "step_raise", "reset_hang", "step_hang", "reset_spin", "step_spin")
+_FAULTS = (None, "reset_raise", "step_raise", "reset_hang", "step_hang", "reset_spin", "step_spin", "solution_raise",
+           "solution_hang")
 
 
 class ScriptedEnv:
@@ -124,6 +125,7 @@ class ScriptedEnv:
     def solution(self) -> list[str] | None:
         if not self._started or self._done:
             return None
+        self._misbehave("solution")
         return [self._secret]
 
     def close(self) -> None:
