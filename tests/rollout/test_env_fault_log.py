@@ -61,7 +61,7 @@ def test_reset_faults_and_timeouts_are_kinds_of_their_own(tmp_path, tokenizer):
                                                                            "hang_s": 1.0}})
     collector = AgentCollector(cfg, tokenizer)
     episodes = collector.start_episodes(collector.train_seeds[:1], 2)
-    assert collector.faults == 2
+    assert collector.faults == 6  # 2 episodes x 3 tries (env.reset_retries=2): every try's fault
     [row] = read_jsonl(tmp_path / "run" / FAULT_LOG, "env fault log", FIELDS)
     assert (row["phase"], row["kind"], row["turn"], row["seed"]) == ("reset", "timeout", None, episodes[0].seed)
     assert row["error"] == f"scripted reset({episodes[0].seed}) timed out after 0.2s" == episodes[0].fault

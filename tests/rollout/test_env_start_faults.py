@@ -74,7 +74,24 @@ def test_no_episode_can_start_is_one_line_naming_env_phase_and_first_error(tmp_p
     assert str(stop.value) == (
         "env scripted (reset), step 1: none of 6 episodes could start, each after env.reset_retries=1 retries; the "
         "first error: scripted reset(4) raised RuntimeError: scripted fault: reset raised on purpose")
-    assert trainer.collector.faults == 6
+    assert trainer.collector.faults == 12  # 6 episodes x 2 tries: every try's fault
+
+
+def test_a_reset_that_a_retry_outlives_is_counted_logged_and_told(tmp_path, agent_trainer, registered):
+    """Only the fault that ended an episode reached env/faults: a flaky reset that a retry outlived was counted
+    nowhere but in the env wrapper, with no warning and no row of health/env_faults.jsonl."""
+    import json
+
+    name = registered("flaky_reset", FlakyResetEnv)
+    trainer = agent_trainer(agent_config(tmp_path, f"env.name={name}", "env.reset_retries=2"))
+    FlakyResetEnv.resets = 0  # the first two resets of the step raise, the first episode's third try stands
+    with pytest.warns(UserWarning, match=r"faulted in reset \(seed \d+\): scripted reset\(\d+\) raised OSError: "
+                                         r"flaky reset 1; it was tried again with a fresh env \(env.reset_retries\) "
+                                         r"and counts in env/faults"):
+        metrics = trainer.train_step()
+    assert trainer.collector.faults == 2 and metrics["env/faults"] == 2.0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "health" / "env_faults.jsonl").read_text().splitlines()]
+    assert [(r["phase"], r["error"]) for r in rows] == [("reset", "scripted reset(4) raised OSError: flaky reset 1")]
 
 
 def test_a_constructor_that_fails_is_named_as_the_constructor(tmp_path, agent_trainer, registered):

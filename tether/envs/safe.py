@@ -179,13 +179,15 @@ class SafeEnv:
 
     def reset(self, seed: int) -> EnvReset:
         """Build the env if needed and reset it; a fault of either is tried again ``reset_retries`` times with a
-        fresh env. When every try faulted, the first fault is the episode's (later ones often only echo it)."""
+        fresh env. When every try faulted, the first fault is the episode's (later ones often only echo it). The
+        faults of the tries that are not the episode's (all of them when a try succeeded) ride along in
+        ``info[RETRIED_FAULTS]``, so that the rollout loop counts and reports every try's fault."""
         self._pending_fault, self._episode_over = None, False
-        first: FaultReport | None = None
+        reports: list[FaultReport] = []
         for _ in range(self.reset_retries + 1):
             if self._construction_fault is not None:  # the constructor faulted in __init__: that is this try
                 report, self._construction_fault = self._construction_fault, None
-                first = first or report
+                reports.append(report)
                 continue
             phase = "constructor"
             try:
@@ -195,12 +197,11 @@ class SafeEnv:
                 reset = self._call("reset", seed, timeout_s=self.reset_timeout_s, what=what)
                 if (problem := reset_problem(reset)) is not None:  # gymnasium's tuple would fail the loop later
                     raise EnvFault(f"{what} {problem}", timed_out=False, kind="bad result")
-                return reset
+                return with_retried_faults(reset, reports)
             except EnvFault as fault:
-                report = self._record(fault, phase)  # every try's fault is counted
-                first = first or report
-        self._pending_fault = first
-        return fault_reset(first)
+                reports.append(self._record(fault, phase))  # every try's fault is counted
+        self._pending_fault = reports[0]
+        return with_retried_faults(fault_reset(reports[0]), reports[1:])
 
     def step(self, action: str) -> EnvStep:
         if self._pending_fault is not None:
@@ -281,6 +282,16 @@ def step_problem(step: Any) -> str | None:
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
         return f"returned the reward {reward!r}, not a finite number"
     return None
+
+
+RETRIED_FAULTS = "retried_faults"  # EnvReset.info: the FaultReports of a reset's earlier tries that it outlived
+
+
+def with_retried_faults(reset: EnvReset, reports: list[FaultReport]) -> EnvReset:
+    """``reset`` with ``info[RETRIED_FAULTS] = reports`` where there are any (the env's own info is copied)."""
+    if not reports:
+        return reset
+    return dataclasses.replace(reset, info={**reset.info, RETRIED_FAULTS: reports})
 
 
 def fault_reset(report: FaultReport) -> EnvReset:

@@ -44,7 +44,7 @@ from tether.envs import (
     observation_key,
     observation_text,
 )
-from tether.envs.safe import EnvFault, FaultReport
+from tether.envs.safe import RETRIED_FAULTS, EnvFault, FaultReport
 from tether.envs.workers import make_env_pool, probe_env
 from tether.errors import EnvFaultError
 from tether.faults import FaultLog
@@ -205,6 +205,8 @@ class AgentCollector:
                          observation=reset.observation, admissible=reset.admissible_actions,
                          available=reset.info.get("available_actions"), infos=[reset.info])
             self._next_episode += 1
+            for report in reset.info.get(RETRIED_FAULTS, ()):  # tries before the one that ended the reset
+                self._count_fault(ep, None, report, ended=False)
             if reset.info.get("fault"):
                 ep.done = True
                 self._fault(ep, None, reset.info)
@@ -269,20 +271,25 @@ class AgentCollector:
                 "truncated": bool(gen.truncated[j])}
 
     def _fault(self, ep: Episode, turn: int | None, info: dict[str, Any]) -> None:
-        """Record and count an episode's fault; the first of its phase and kind warns and is a row of
-        :data:`FAULT_LOG`."""
-        self.faults += 1
+        """Record the fault that ended an episode, and count it (:meth:`_count_fault`)."""
         report = info.get("fault_report") or FaultReport(info["fault"], "step" if turn is not None else "reset",
                                                          "error")  # an env's own info["fault"]: no report
         ep.fault, ep.fault_phase = info["fault"], report.phase
+        self._count_fault(ep, turn, report, ended=True)
+
+    def _count_fault(self, ep: Episode, turn: int | None, report: FaultReport, *, ended: bool) -> None:
+        """Count a fault of the episode's env (one that ``ended`` it, or a reset's try that a later try
+        outlived); the first of its phase and kind warns and is a row of :data:`FAULT_LOG`."""
+        self.faults += 1
         name = self.env_cfg.name
         row = {"env": name, "phase": report.phase, "kind": report.kind, "seed": ep.seed, "turn": turn,
                "episode": ep.episode_id, "error": report.message, "traceback": report.traceback}
         at = f"seed {ep.seed}" + ("" if turn is None else f", turn {turn}")
+        then = "the episode ends as failed" if ended else "it was tried again with a fresh env (env.reset_retries)"
         self.fault_log.first((report.phase, report.kind), row,
-                             f"env {name} faulted in {report.phase} ({at}): {report.message}; the episode ends as "
-                             f"failed and counts in env/faults (later {report.phase} faults of this kind are only "
-                             "counted); the run goes on")
+                             f"env {name} faulted in {report.phase} ({at}): {report.message}; {then} and counts in "
+                             f"env/faults (later {report.phase} faults of this kind are only counted); the run goes "
+                             "on")
 
     def _warn_faults(self, before: int, episodes: int, when: str, metric: str) -> None:
         """One warning line for a step's (or a validation's) faults, when it had any."""
