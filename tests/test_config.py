@@ -43,6 +43,26 @@ def test_out_of_range_value():
     assert "optim.lr" in msg and "greater than 0" in msg
 
 
+@pytest.mark.parametrize("override, key", [
+    ("algorithm.entropy_coef=nan", "algorithm.entropy_coef"), ("algorithm.entropy_coef=.inf", "algorithm.entropy_coef"),
+    ("methods.armor.tau=.nan", "methods.armor.tau"),
+    ('task.rewards=[{fn: "my.rewards:fmt", weight: .nan}]', "task.rewards[0].weight"),
+])
+def test_a_number_that_is_not_finite_is_refused_naming_its_key(override, key):
+    """NaN and infinity passed every check: a NaN reward weight faulted every row, a NaN entropy coefficient stopped
+    the run later on non-finite losses ("check the rewards or lower optim.lr")."""
+    assert f"{key}: Input should be a finite number" in error_of([override])
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_a_task_reward_that_is_not_finite_is_refused_naming_it(value):
+    from tether.checks import check_config
+
+    cfg = load_checked_config(data=BASE, overrides=[f"task.kwargs.reward_wrong={value}"])
+    with pytest.raises(ConfigError, match=r"^task.kwargs: reward_wrong=-?(nan|inf) is not a finite number$"):
+        check_config(cfg)
+
+
 @pytest.mark.parametrize("value", ["gpu", "cuda:x", "cuda:1.5", "cuda:-1", "CUDA", "mps", "cuda0"])
 def test_train_device_names_the_allowed_forms(value):
     msg = error_of([f"train.device={value}"])

@@ -23,4 +23,5 @@ class ConfigError(TetherError, ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN or infinity is never a setting: a NaN weight or coefficient faults every row or every update, later
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

@@ -20,7 +20,7 @@ from tether.config import Config, ConfigError, string_override, written_by_lines
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Arm(_Strict):

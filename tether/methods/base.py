@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 
 class MethodSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Method:

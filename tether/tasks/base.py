@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -143,6 +144,9 @@ class RewardMap:
         if self.mode not in REWARD_MODES:
             raise ValueError(f"reward={self.mode!r} is not supported; "
                              f"expected one of {', '.join(REWARD_MODES)}")
+        for name, value in (("reward_correct", self.correct), ("reward_wrong", self.wrong)):
+            if not math.isfinite(value):  # every row's reward would be a fault
+                raise ValueError(f"{name}={value} is not a finite number")
 
     def __call__(self, score: float, correct: bool) -> float:
         if self.mode == "binary":
