@@ -161,6 +161,21 @@ def test_a_task_of_ones_own_whose_score_the_run_cannot_take_fails_validate(tmp_p
     assert str(info.value) == f"{scoring} {message}"
 
 
+@pytest.mark.parametrize("task, message", [
+    ("NoSystemPrompt", "the task has no system_prompt, which the run reads (a task has name, train, val, system_prompt "
+                       "and score: tether.tasks.Task, docs/tasks.md)"),
+    ("NumberPrompts", "val[3] has the prompt 103 (int): a prompt is a text or a non-empty list of {role, content} "
+                      "messages"),
+])
+def test_a_task_of_ones_own_the_run_cannot_read_fails_validate(tmp_path, task, message):
+    """Without system_prompt, or with a number for a prompt, a task passed validate and stopped the run after the
+    policy had loaded (AttributeError: ... no attribute 'system_prompt'; TypeError: 'int' object is not iterable)."""
+    with pytest.raises(ConfigError) as info:
+        check_config(load_config(data={"run_dir": str(tmp_path / "run"), "task": {"name": f"{T}:{task}"}}),
+                     policy=False)
+    assert str(info.value) == f"task.name={T}:{task}: {message}"
+
+
 def test_a_task_score_that_faults_under_its_limit_is_a_warning(tmp_path):
     """Under task.timeout_s the run counts a raise as a fault of its rows: validate warns."""
     task = {"name": f"{T}:Stalling", "kwargs": {"stall_split": "train", "stall": "raise"}, "timeout_s": 5}

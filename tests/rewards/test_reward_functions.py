@@ -192,3 +192,38 @@ def test_training_logs_each_term_and_counts_faults(tmp_path):
     assert step["reward/faults"] >= 1  # the first row of each 64-row scoring chunk
     assert [row["term"] for row in read_jsonl(tmp_path / "run" / "health" / "reward_faults.jsonl", "fault log")] == \
         ["nan_on_first"]
+
+
+class Composite(Exact):
+    """A composite score: accuracy plus a length bonus, its components by name."""
+
+    def score(self, item, text):
+        ok = item.answer is not None and text == item.answer
+        return Score(ok + len(text) / 100, ok, text, components={"accuracy": float(ok), "len": len(text) / 100})
+
+
+def test_a_term_named_like_a_component_of_the_task_adds_to_the_tasks_reward_not_to_its_other_components():
+    """The reward was the sum of the components, so a term named `len` replaced the task's `len` component in the
+    reward itself: the task's length bonus dropped out of what the policy optimised."""
+    first, second = RewardedTask(Composite(), [term("length_reward", name="len")]).score_batch(ITEMS, ["a", "xyz"])
+    assert first.reward == pytest.approx(1.01 + 1.0) and second.reward == pytest.approx(0.03 + 3.0)
+
+
+def test_a_users_task_whose_components_clash_or_do_not_sum_to_its_reward_is_refused():
+    from tether.rewards.task import check_task_score
+
+    class Items(Composite):
+        train, val = ITEMS[:1], ITEMS[1:]
+
+    class Unsummed(Items):
+        def score(self, item, text):
+            return Score(1.0, True, text, components={"chars": len(text) + 1.0})
+
+    clash = TaskConfig(name="composite", rewards=[RewardTermConfig(fn=f"{M}:length_reward", name="len")])
+    with pytest.raises(ConfigError, match=r"^task.rewards\[0\]: its name 'len' is also a component of the task's "
+                                          r"score \(accuracy, len\); give it another name \(name: \.\.\.\)$"):
+        check_task_score(Items(), clash)
+    assert check_task_score(Items(), TaskConfig(name="composite", rewards=[RewardTermConfig(
+        fn=f"{M}:length_reward")])) == []
+    with pytest.raises(ConfigError, match=r"gave components \{'chars': 2\.0\} that sum to 2\.0, not its reward 1\.0; "):
+        check_task_score(Unsummed(), TaskConfig(name="unsummed"))

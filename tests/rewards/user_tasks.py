@@ -73,3 +73,24 @@ class WithPath(Stalling):
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
+
+
+class NoSystemPrompt:
+    """A task of one's own without the ``system_prompt`` the run reads."""
+
+    name = "no_system_prompt"
+
+    def __init__(self) -> None:
+        self.train = [TaskItem("Say something.", None, id="nsp/train/0")]
+        self.val = [TaskItem("Say nothing.", None, id="nsp/val/0")]
+
+    def score(self, item: TaskItem, text: str) -> Score:
+        return Score(waves(text), True, text)
+
+
+class NumberPrompts(Stalling):
+    """:class:`Stalling` whose fourth held-out prompt is a number, not a text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.val[3] = TaskItem(103, None, id="stalling/val/3")

@@ -168,6 +168,7 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
 
     try:
         task = make_task(cfg.task.name, **cfg.task.kwargs)
+        check_task_shape(cfg.task.name, task)
         held_out = task_split(task, cfg.val.split) if cfg.val.every else task.val
     except (ValueError, TypeError, KeyError, OSError) as err:
         message = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
@@ -252,6 +253,49 @@ def check_env(cfg: Config, found: Findings, *, policy: bool = True) -> None:
         raise ConfigError(f"env.name={cfg.env.name} observes images (env.kwargs), but model.name={cfg.model.name} is a "
                           "text model (no vision_config): use a vision-language model, or env.kwargs.observation: "
                           "text")
+
+
+# What the run reads of a task (tether.tasks.Task): a task of one's own without one stopped the run after the policy
+# had loaded (AttributeError: ... no attribute 'system_prompt')
+TASK_READS = ("name", "train", "val", "system_prompt")
+
+
+def check_task_shape(name: str, task: Any) -> None:
+    """``task`` has what the run reads of a :class:`~tether.tasks.Task` (:data:`TASK_READS`, a callable ``score``
+    or ``score_batch``), its splits are lists of :class:`~tether.tasks.TaskItem`, and every prompt is a text or a
+    list of ``{role, content}`` messages: an ``int`` prompt stopped the run at its first batch, after the model
+    loaded.
+
+    Raises:
+        ConfigError: naming the task and what is missing or which item holds what.
+    """
+    from tether.tasks.base import TaskItem
+
+    missing = [member for member in TASK_READS if not hasattr(task, member)]
+    if not any(callable(getattr(task, method, None)) for method in ("score", "score_batch")):
+        missing.append("score")
+    if missing:
+        raise ConfigError(f"task.name={name}: the task has no {', '.join(missing)}, which the run reads (a task has "
+                          "name, train, val, system_prompt and score: tether.tasks.Task, docs/tasks.md)")
+    for split in ("train", "val"):
+        items = getattr(task, split)
+        if not isinstance(items, list):
+            raise ConfigError(f"task.name={name}: its {split} is {type(items).__name__}, not a list of TaskItem")
+        for index, item in enumerate(items):
+            problem = task_item_problem(item, TaskItem)
+            if problem is not None:
+                raise ConfigError(f"task.name={name}: {split}[{index}] {problem}")
+
+
+def task_item_problem(item: Any, item_type: type) -> str | None:
+    """What makes ``item`` no :class:`~tether.tasks.TaskItem` the run can encode, or None."""
+    if not isinstance(item, item_type):
+        return f"is {type(item).__name__}, not a tether.tasks.TaskItem"
+    prompt = item.prompt
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)):
+        return None
+    return (f"has the prompt {prompt!r:.60} ({type(prompt).__name__}): a prompt is a text or a non-empty list of "
+            "{role, content} messages")
 
 
 # What the run reads of an env (tether.envs.base.TextEnv), which the collector would find missing only after the

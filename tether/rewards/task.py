@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import pickle
 import warnings
 from collections.abc import Callable, Sequence
@@ -142,9 +143,10 @@ class RewardedTask(TaskWrapper):
         errors = [f"{term.name}: {result.faults[i]}" for term, result in results if result.faults[i] is not None]
         if errors:  # components None marks a term fault, given the floor reward in score_batch
             return Score(0.0, False, base.extracted, fault=True, error="; ".join(errors))
-        components = dict(base.components or {"task": base.reward}) if self.keep_score else {}
-        components.update({term.name: term.weight * result.values[i] for term, result in results})
-        reward = sum(components.values())
+        terms = {term.name: term.weight * result.values[i] for term, result in results}
+        components = {**(base.components or {"task": base.reward}), **terms} if self.keep_score else terms
+        # the task's reward itself, not its components: a component a term shares the name of is overwritten above
+        reward = (base.reward if self.keep_score else 0.0) + sum(terms.values())
         correct, extracted = base.correct, base.extracted
         if not self.keep_score and item.answer is None:  # no verifier: a positive reward is the success
             correct, extracted = reward > 0, text
@@ -292,7 +294,26 @@ def check_task_score(task: Task, task_cfg: TaskConfig) -> list[str]:
                           "extracted) per response, reward a number")
     if getattr(score, "fault", False):
         return [f"{where} faulted ({score.error}); the run counts each row it faults on in reward/faults"]
+    check_score_components(score, task_cfg, where)
     return []
+
+
+def check_score_components(score: Score, task_cfg: TaskConfig, where: str) -> None:
+    """A task's ``Score.components`` are its reward's terms by name (the reward audit's shares): they sum to the
+    reward, and no reward function of ``task.rewards`` shares a name with one, whose audit would overwrite it.
+
+    Raises:
+        ConfigError: naming the components and the reward, or the name both use.
+    """
+    components = score.components or {}
+    if components and not math.isclose(sum(components.values()), score.reward, rel_tol=1e-6, abs_tol=1e-9):
+        raise ConfigError(f"{where} gave components {components} that sum to {sum(components.values())!r}, not its "
+                          f"reward {score.reward!r}; a Score's components are its reward's terms by name")
+    for index, spec in enumerate(task_cfg.rewards or []):
+        name = RewardTerm(spec, f"task.rewards[{index}]", build=False, settings=False).name
+        if name in components:
+            raise ConfigError(f"task.rewards[{index}]: its name {name!r} is also a component of the task's score "
+                              f"({', '.join(components)}); give it another name (name: ...)")
 
 
 def build_task(task_cfg: TaskConfig, run_dir: str | Path | None = None) -> Task:
