@@ -142,6 +142,27 @@ def test_no_answer_column_needs_rewards(tmp_path):
     assert score.reward == 0.0 and not score.correct and score.extracted == "anything" and not score.fault
 
 
+@pytest.mark.parametrize("name", ["dataset", "jsonl"])
+@pytest.mark.parametrize("size", [-1, 0])
+def test_train_size_below_one_is_refused_not_sliced(tmp_path, name, size):
+    """train_size=-1 kept every training row but the last (a Python slice), silently."""
+    file = tmp_path / "p.jsonl"
+    file.write_text("".join(json.dumps({"prompt": f"p{i}", "answer": str(i)}) + "\n" for i in range(6)))
+    with pytest.raises(ConfigError, match=rf"^task.kwargs: train_size={size} must be at least 1 \(or null: every "
+                                          r"training row\)$"):
+        check_config(tiny_config(tmp_path, task={"name": name, "kwargs": {"path": str(file), "val_size": 2,
+                                                                           "train_size": size}}), policy=False)
+
+
+def test_no_answer_column_without_rewards_is_refused():
+    """answer_field: null scores every row wrong: without task.rewards every group's rewards were equal."""
+    from tether.config import TaskConfig
+
+    with pytest.raises(ValueError, match=r"task.kwargs.answer_field=null \(no gold answer\) leaves no reward; add "
+                                         r"task.rewards or name the answer column"):
+        TaskConfig(name="dataset", kwargs={"path": "p.jsonl", "answer_field": None})
+
+
 def config_with(tmp_path, **kwargs):
     return tiny_config(tmp_path, task={"name": "dataset", "kwargs": kwargs})
 

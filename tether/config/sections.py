@@ -88,6 +88,10 @@ class TaskConfig(Section):
     def _some_reward(self) -> TaskConfig:
         if not self.score and not self.rewards:
             raise ValueError("task.score=false leaves no reward; add task.rewards or set task.score=true")
+        if "answer_field" in self.kwargs and self.kwargs["answer_field"] is None and not self.rewards:
+            # no gold answer: every row would be scored wrong, every group's rewards equal
+            raise ValueError("task.kwargs.answer_field=null (no gold answer) leaves no reward; add task.rewards or "
+                             "name the answer column")
         return self
 
 

@@ -47,7 +47,14 @@ from tether.tasks.images import (
     resolve_image,
     without_image_data,
 )
-from tether.tasks.jsonl_task import JsonlTask, answer_warnings, carve, load_rows, no_progress_bars
+from tether.tasks.jsonl_task import (
+    JsonlTask,
+    answer_warnings,
+    carve,
+    check_train_size,
+    load_rows,
+    no_progress_bars,
+)
 from tether.tasks.registry import register_task
 from tether.user_code import resolve_target
 
@@ -388,7 +395,8 @@ class DatasetTask(JsonlTask):
     def check_config(*, path: str | None = None, config: str | None = None, name: str | None = None,
                      data_files: DataFiles | None = None, revision: str | None = None, val_path: str | None = None,
                      prompt_template: str = "{question}", extract: str = "auto", val_size: int = 100,
-                     report_size: int = 0, format_fn: str | None = None, **_: Any) -> None:
+                     report_size: int = 0, format_fn: str | None = None, train_size: int | None = None,
+                     **_: Any) -> None:
         """The settings, without reading the data: the source, the template, the extraction rule, the sizes,
         ``format_fn``.
 
@@ -399,6 +407,7 @@ class DatasetTask(JsonlTask):
         check_extract_mode(extract)
         if val_size < 1 or report_size < 0:
             raise ValueError(f"val_size={val_size}, report_size={report_size}: val needs a row, report none or more")
+        check_train_size(train_size)
         fn = load_format_fn(format_fn)
         if fn is not None and not takes_one_argument(fn):
             raise ValueError(f"format_fn: {format_fn!r} must take one argument, the row (a dict)")

@@ -206,6 +206,12 @@ def carve(rows: list[Any], sizes: dict[str, int], seed: int) -> dict[str, list[A
     return out
 
 
+def check_train_size(train_size: int | None) -> None:
+    """``train_size`` keeps the first N shuffled training rows: a Python slice took ``-1`` as "all but the last"."""
+    if train_size is not None and train_size < 1:
+        raise ValueError(f"train_size={train_size} must be at least 1 (or null: every training row)")
+
+
 def _split(rows: list[dict[str, Any]], val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
     """Seeded shuffle, then the first ``val_size`` rows are val and the rest train."""
     if val_size < 1:
@@ -269,8 +275,10 @@ class JsonlTask:
 
     @staticmethod
     def check_config(*, path: str | None = None, train_path: str | None = None, val_path: str | None = None,
-                     extract: str = "auto", prompt_template: str = DEFAULT_PROMPT_TEMPLATE, **_: Any) -> None:
-        """The settings, checked without reading the files: which files, the extraction rule, the template.
+                     extract: str = "auto", prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+                     train_size: int | None = None, **_: Any) -> None:
+        """The settings, checked without reading the files: which files, the extraction rule, the template, the
+        training rows kept.
 
         Raises:
             ValueError: the first problem.
@@ -285,6 +293,7 @@ class JsonlTask:
                 raise ValueError(f"{key}: {file!r} is not one of {', '.join(DATA_FORMATS)}")
         check_extract_mode(extract)
         check_template(prompt_template)
+        check_train_size(train_size)
 
     @staticmethod
     def check_inputs(*, path: str | None = None, train_path: str | None = None, val_path: str | None = None,
