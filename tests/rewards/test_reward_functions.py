@@ -227,3 +227,17 @@ def test_a_users_task_whose_components_clash_or_do_not_sum_to_its_reward_is_refu
         fn=f"{M}:length_reward")])) == []
     with pytest.raises(ConfigError, match=r"gave components \{'chars': 2\.0\} that sum to 2\.0, not its reward 1\.0; "):
         check_task_score(Unsummed(), TaskConfig(name="unsummed"))
+
+
+@pytest.mark.parametrize("keyword, what", [("completions", "the batch's own argument"),
+                                           ("topic", "a column of the task's rows")])
+def test_a_keyword_named_like_a_batch_argument_or_a_column_is_refused(keyword, what):
+    """A keyword named like a column replaced the column's values in every call, and one named `completions` was
+    dropped for the batch's own, both silently."""
+    from tether.rewards import check_reward_columns
+
+    spec = RewardTermConfig(fn=f"{M}:scaled", kwargs={"scale": 2.0, keyword: 1})
+    with pytest.raises(ConfigError, match=rf"^task.rewards\[0\].kwargs: '{keyword}' is also {what}, which a keyword "
+                                          "of that name would hide"):
+        check_reward_columns([spec], item_columns(ITEMS))
+    check_reward_columns([RewardTermConfig(fn=f"{M}:scaled", kwargs={"scale": 2.0})], item_columns(ITEMS))

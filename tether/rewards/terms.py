@@ -318,6 +318,10 @@ def check_reward_columns(specs: list[RewardTermConfig], columns: Collection[str]
         # a class's kwargs are its constructor's; its __call__ (without self) gets the batch
         fn, given = ((functools.partial(target.__call__, None), set()) if inspect.isclass(target)
                      else (target, set(spec.kwargs)))
+        for name in sorted(given & {*BATCH_ARGS, *columns}):  # the call's keywords are one mapping: one name wins
+            what = "the batch's own argument" if name in BATCH_ARGS else "a column of the task's rows"
+            raise ConfigError(f"task.rewards[{index}].kwargs: {name!r} is also {what}, which a keyword of that name "
+                              "would hide (or be hidden by) in every call; name the keyword otherwise")
         try:
             params = inspect.signature(fn).parameters.values()
         except (TypeError, ValueError):  # a builtin without a signature: nothing to check
