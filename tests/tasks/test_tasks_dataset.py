@@ -152,6 +152,8 @@ def test_train_size_below_one_is_refused_not_sliced(tmp_path, name, size):
                                           r"training row\)$"):
         check_config(tiny_config(tmp_path, task={"name": name, "kwargs": {"path": str(file), "val_size": 2,
                                                                            "train_size": size}}), policy=False)
+    with pytest.raises(ValueError, match=rf"^train_size={size} must be at least 1"):  # the Python API too
+        make_task(name, path=str(file), val_size=2, train_size=size)
 
 
 def test_no_answer_column_without_rewards_is_refused():

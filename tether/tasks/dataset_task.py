@@ -303,7 +303,7 @@ class DatasetTask(JsonlTask):
                  timeout_s: int = 5) -> None:
         self.check_config(path=path, config=config, name=name, data_files=data_files, revision=revision,
                           val_path=val_path, prompt_template=prompt_template, extract=extract, val_size=val_size,
-                          report_size=report_size, format_fn=format_fn)
+                          report_size=report_size, format_fn=format_fn, train_size=train_size)
         config = config or name
         self.prompt_field = "prompt" if format_fn else prompt_field
         self.answer_field = "answer" if format_fn else answer_field

@@ -254,6 +254,7 @@ class JsonlTask:
                  timeout_s: int = 5) -> None:
         check_extract_mode(extract)
         check_template(prompt_template)
+        check_train_size(train_size)
         self.prompt_field, self.answer_field = prompt_field, answer_field
         self.extract = extract
         self.prompt_template = prompt_template
