@@ -53,9 +53,9 @@ def test_a_prompt_field_holding_a_list_fails_before_any_model_and_names_the_task
     data = jsonl_run(tmp_path, rows_file(tmp_path, 20, prompt=messages), val_size=5)
     with pytest.raises(ConfigError) as info:
         check_config(load_config(data=data), policy=False)
-    assert str(info.value) == ("task.kwargs: field 'prompt' must be a string, got list; a conversation (a list of "
-                               "{role, content} messages) is read by the dataset task: task.name=dataset, with the "
-                               "same path (docs/tasks.md)")
+    assert str(info.value) == (f"task.kwargs: row 0 of {data['task']['kwargs']['path']}: field 'prompt' must be a "
+                               "string, got list; a conversation (a list of {role, content} messages) is read by the "
+                               "dataset task: task.name=dataset, with the same path (docs/tasks.md)")
     data["task"]["name"] = "dataset"
     assert check_config(load_config(data=data), policy=False) == []
 

@@ -156,6 +156,21 @@ def test_train_size_below_one_is_refused_not_sliced(tmp_path, name, size):
         make_task(name, path=str(file), val_size=2, train_size=size)
 
 
+@pytest.mark.parametrize("name, problem", [
+    ("dataset", "column 'prompt' is NoneType, not a string nor a non-empty list of \\{role, content\\} messages"),
+    ("jsonl", "field 'prompt' must be a string, got NoneType"),
+])
+def test_a_bad_prompt_past_the_rows_checked_first_names_its_row(tmp_path, name, problem):
+    """The first rows are checked before the task is built; a bad prompt later was found by the build without its
+    row: `column 'prompt' is NoneType, ...` in a file of thousands."""
+    file = tmp_path / "p.jsonl"
+    rows = [{"prompt": None if i == 130 else f"p{i}", "answer": str(i)} for i in range(150)]
+    file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ConfigError, match=rf"^task.kwargs: row 130 of .*p\.jsonl: {problem}$"):
+        check_config(tiny_config(tmp_path, task={"name": name, "kwargs": {"path": str(file), "val_size": 5}}),
+                     policy=False)
+
+
 def test_no_answer_column_without_rewards_is_refused():
     """answer_field: null scores every row wrong: without task.rewards every group's rewards were equal."""
     from tether.config import TaskConfig

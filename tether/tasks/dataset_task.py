@@ -472,9 +472,11 @@ class DatasetTask(JsonlTask):
         for i, row in enumerate(rows):
             values = _apply(self._format, None, row, i) if self._format else row
             try:
+                self._prompt_value(values)  # here, where the row's number is known: row 130 of 5,000 can be found
                 images, origin = row_images(values, self.prompt_field, base)
-            except ValueError as err:
-                raise ValueError(f"row {i} of {source}: {err}") from None
+            except (ValueError, KeyError) as err:
+                message = err.args[0] if isinstance(err, KeyError) and err.args else err
+                raise type(err)(f"row {i} of {source}: {message}") from None
             read.append(Row(values, images, origin))
         return read
 

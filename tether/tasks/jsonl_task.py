@@ -346,13 +346,25 @@ class JsonlTask:
     def _load(self, path: str | None, train_path: str | None, val_path: str | None, val_size: int,
               seed: int) -> tuple[list[dict], list[dict], str]:
         if path is not None and train_path is None and val_path is None:
-            train_rows, val_rows = _split(load_rows(path), val_size, seed)
+            train_rows, val_rows = _split(self._rows(path), val_size, seed)
             return train_rows, val_rows, Path(path).stem
         if path is None and train_path is not None and val_path is not None:
-            train_rows = shuffled(load_rows(train_path), seed)  # so train_size takes a seeded subset
-            return train_rows, load_rows(val_path), Path(train_path).stem
+            train_rows = shuffled(self._rows(train_path), seed)  # so train_size takes a seeded subset
+            return train_rows, self._rows(val_path), Path(train_path).stem
         raise ValueError("jsonl task needs either path=... (split into train/val) or both train_path=... "
                          "and val_path=...")
+
+    def _rows(self, path: str) -> list[dict[str, Any]]:
+        """The rows of ``path``, each prompt checked where its number is known (the first rows are checked before
+        the build; a bad prompt past them was told without its row)."""
+        rows = load_rows(path)
+        for i, row in enumerate(rows):
+            try:
+                self._prompt(row)
+            except (TypeError, KeyError) as err:
+                message = err.args[0] if isinstance(err, KeyError) and err.args else err
+                raise type(err)(f"row {i} of {path}: {message}") from None
+        return rows
 
     def _prompt(self, row: dict[str, Any]) -> str:
         if self.prompt_field not in row:
