@@ -104,5 +104,20 @@ def test_a_stuck_worker_is_timed_out_killed_and_replaced(ray_session, tmp_path, 
     stuck = remote.envs.actors[0]
     rows, episodes = play(remote, tokenizer, tasks=1, copies=2)
     assert rows == [] and remote.faults == 2
-    assert all("env worker did not answer within 3s" in e[2] for e in episodes), [e[2] for e in episodes]
+    # 2 resets queued on the one worker, each allowed 2 s (a build and a reset of 1 s each), and the grace
+    assert all("env worker did not answer within 5s" in e[2] for e in episodes), [e[2] for e in episodes]
     assert remote.envs.actors[0] != stuck
+
+
+def test_a_slow_worker_within_its_limits_is_not_killed(ray_session, tmp_path, tokenizer, monkeypatch):
+    """A reset may build the env and reset it, an act parse and step, each call up to its limit inside the worker;
+    the worker's deadline allowed one limit for the two, so a healthy worker (0.8 s + 0.8 s under limits of 1 s)
+    was killed as "did not answer" and its episodes faulted."""
+    monkeypatch.setattr(workers_module, "GRACE_S", 0.3)
+    with ENVS.restored():
+        ENVS.add("slow", "tests.envs.worker_envs:SlowEnv")
+        remote = collector(tmp_path, tokenizer, 1, "env.name=slow", "env.kwargs={reset_s: 0.8, act_s: 0.6}",
+                           "env.timeout_s=1", "env.reset_timeout_s=1", "env.reset_retries=0", "env.max_turns=1")
+        ray_session.get(remote.envs.actors[0].close.remote(-1))  # the actor is up: its start is not the env's time
+        _, episodes = play(remote, tokenizer, tasks=1, copies=1)
+    assert remote.faults == 0 and [e[2] for e in episodes] == [None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from tether.envs.scripted import ScriptedEnv
 
@@ -37,3 +38,25 @@ class ParseFaultEnv(ScriptedEnv):
 
     def parse_action(self, response_text: str) -> tuple[str, bool]:
         raise RuntimeError("parser crashed")
+
+
+class SlowEnv(ScriptedEnv):
+    """The scripted env, slow but within its limits: its constructor and ``reset`` each take ``reset_s``, its
+    ``parse_action`` and ``step`` each ``act_s``."""
+
+    def __init__(self, *, reset_s: float, act_s: float, **kwargs) -> None:
+        time.sleep(reset_s)
+        super().__init__(**kwargs)
+        self.reset_s, self.act_s = reset_s, act_s
+
+    def reset(self, seed: int):
+        time.sleep(self.reset_s)
+        return super().reset(seed)
+
+    def parse_action(self, response_text: str) -> tuple[str, bool]:
+        time.sleep(self.act_s)
+        return super().parse_action(response_text)
+
+    def step(self, action: str):
+        time.sleep(self.act_s)
+        return super().step(action)

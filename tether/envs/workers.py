@@ -150,8 +150,10 @@ class RayEnvPool:
         self._ray = connect("env.workers", local_cpus=workers * worker_cpus)
         self._worker = self._ray.remote(EnvWorker).options(num_cpus=worker_cpus)
         self._args = (factory, timeout_s, reset_timeout_s, reset_retries)
-        self.step_limit_s = timeout_s
-        self.reset_limit_s = (reset_timeout_s or timeout_s) * (reset_retries + 1)  # every try may take the limit
+        # what a healthy worker may take: an act parses, then steps, each up to the step limit; every try of a reset
+        # may build the env, then reset it, each up to the reset limit
+        self.step_limit_s = 2 * timeout_s
+        self.reset_limit_s = 2 * (reset_timeout_s or timeout_s) * (reset_retries + 1)
         self.actors = [self._worker.remote(*self._args) for _ in range(workers)]
         self._keys = itertools.count()
 
