@@ -62,11 +62,12 @@ ANCHORS = [1, 3, 7]  # rows of tests.distributed.helpers.fixed_batch marked as A
 
 
 def update_with_anchors(policy: Any, run_dir: Path, micro_batch_size: int, *overrides: str,
-                        sample_log_probs: torch.Tensor | None = None, **tokens: torch.Tensor) -> dict[str, float]:
+                        sample_log_probs: torch.Tensor | None = None, truncated: tuple[int, ...] = (),
+                        **tokens: torch.Tensor) -> dict[str, float]:
     """The metrics of one update (two mini-batches of 5 rows) of the fixed batch with :data:`ANCHORS` as anchors,
     in micro-batches of ``micro_batch_size`` rows: ``tokens`` (e.g. ``old_log_probs``, ``ref_log_probs``, float64
     ``[10, 6]``) and ``sample_log_probs`` replace what scoring and the engine gave, so every metric follows from
-    them."""
+    them; the rows ``truncated`` hit the length limit (``info["truncated"]``)."""
     from tests.distributed.helpers import UPDATE, fixed_batch
     from tether.trainer import Trainer
 
@@ -75,6 +76,7 @@ def update_with_anchors(policy: Any, run_dir: Path, micro_batch_size: int, *over
                       policy=copy.deepcopy(model), tokenizer=tok)
     batch = fixed_batch()
     batch.source[ANCHORS] = 1
+    batch.info["truncated"] = [row in truncated for row in range(len(batch))]
     trainer.score(batch)
     for name, value in tokens.items():
         batch.token[name] = value.float() * batch.response_mask

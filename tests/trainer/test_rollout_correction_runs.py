@@ -136,6 +136,23 @@ def test_a_stale_engine_under_a_mask_still_stops_the_run(tmp_path, tiny_policy):
     assert metrics["health/logprob_mismatch_frac"] > 0.05
 
 
+def test_the_corrected_share_is_of_every_response_token_whatever_the_micro_batches(tmp_path, tiny_policy):
+    """rollout_corr/corrected_frac (corrected tokens / response tokens) was folded over micro-batches weighted by the
+    loss's tokens: with algorithm.mask_truncated a micro-batch of one truncated row weighed nothing, and the share
+    moved with optim.micro_batch_size (0.5 against 0.71 on two micro-batches)."""
+    batch = fixed_batch()
+    anchors = torch.zeros(len(batch), dtype=torch.bool)
+    anchors[ANCHORS] = True
+    response = batch.response_mask > 0
+    want = (response & ~anchors[:, None]).sum() / response.sum()
+    old = -torch.rand(batch.response_mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for micro in (1, 5):
+        got = update_with_anchors(tiny_policy, tmp_path / str(micro), micro, "rollout.correction.mode=tis",
+                                  "algorithm.mask_truncated=true", old_log_probs=old, sample_log_probs=old - 0.1,
+                                  truncated=(0, 4))
+        assert got["rollout_corr/corrected_frac"] == pytest.approx(want.item(), abs=1e-6), micro
+
+
 def test_corrected_token_means_are_over_every_corrected_token_whatever_the_micro_batches(tmp_path, tiny_policy):
     """The corrected tokens exclude anchors (rows the reference sampled): here rows 1, 3 and 7 of the fixed batch.
     rollout_corr/weight_mean, masked_frac, kl_k1 and kl_k3 are means over corrected tokens; they were folded over

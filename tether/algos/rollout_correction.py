@@ -214,5 +214,7 @@ def rollout_correction(mode: str, old_log_probs: Tensor, behaviour_log_probs: Te
         corrected_tokens = mask.sum()
         counts = {k: corrected_tokens for k in ("rollout_corr/weight_mean", "rollout_corr/masked_frac",
                                                 "rollout_corr/kl_k1", "rollout_corr/kl_k3")}
+        # a share of the response tokens: folded by them, not by the loss's (algorithm.mask_truncated drops rows)
+        counts["rollout_corr/corrected_frac"] = response_mask.sum()
     return RolloutCorrection(weights=weights, dropped=dropped, effective_log_probs=effective, metrics=metrics,
                              counts=counts)
