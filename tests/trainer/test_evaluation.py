@@ -114,3 +114,19 @@ def test_eval_loads_and_checks_the_policy_alone(tmp_path, tiny_policy, capsys, m
     result = evaluate(cfg)
     assert 0.0 <= result["val/avg@k"] <= 1.0
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: methods")]
+
+
+def test_eval_of_a_lora_runs_checkpoint_checks_the_targets_against_its_base(tmp_path, tiny_policy):
+    """The LoRA target check read the checkpoint's adapter folder as a model's config: `tether eval` (and validate)
+    of any LoRA run's checkpoint stopped with a traceback ("Unrecognized model in .../checkpoints/best")."""
+    lora = ["model.lora.rank=4", "model.lora.alpha=8", "model.name=tiny-64x2"]
+    model, tok = tiny_policy
+    Trainer(tiny_config(tmp_path, *lora, *RUN), policy=model, tokenizer=tok).fit()
+    best = tmp_path / "run" / "checkpoints" / "best"
+    again = tiny_config(tmp_path, *lora, *RUN, f"model.name={best}", "train.resume=false", f"run_dir={tmp_path / 'e'}")
+    assert check_config(again) == []
+    wrong = tiny_config(tmp_path, *lora, *RUN, f"model.name={best}", "model.lora.target_modules=[c_attn]",
+                        f"run_dir={tmp_path / 'e'}")
+    with pytest.raises(ConfigError, match=r"c_attn name no linear layer of .*best; its linear layers end in: "):
+        check_config(wrong)
+    assert 0.0 <= evaluate(again)["val/avg@k"] <= 1.0

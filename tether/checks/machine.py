@@ -275,12 +275,18 @@ def _linear_layer_names(name: str) -> list[str] | None:
 
     from tether.models.char import parse_char_alias
     from tether.models.loading import SMOLLM2, TINY_ALIAS
+    from tether.models.lora import adapter_base_name, is_adapter_dir
 
     if name == SMOLLM2 or parse_char_alias(name) is not None or TINY_ALIAS.fullmatch(name):
         # tether's text aliases are Llamas; the names of the layers do not depend on their sizes
         config = LlamaConfig(vocab_size=8, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                              num_attention_heads=1, num_key_value_heads=1)
     elif (local := Path(name).expanduser()).is_dir():
+        if is_adapter_dir(local):  # a LoRA run's checkpoint: the layers are those of the base it names
+            try:
+                return _linear_layer_names(adapter_base_name(local))
+            except ValueError:  # it names none: left to the load, which says so
+                return None
         config = AutoConfig.from_pretrained(local)
     elif hub_file(name, "config.json") is not None:
         config = AutoConfig.from_pretrained(name)
