@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,13 +42,13 @@ class _TetherGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except TetherError as err:
-            if ctx.params.get("debug"):
-                raise
+            if ctx.params.get("debug"):  # the traceback, and still the error's own exit code: 1 means a crash
+                traceback.print_exc()
             typer.secho(str(err), fg=typer.colors.RED, err=True)
             raise typer.Exit(err.exit_code) from None
         except KeyboardInterrupt:
             if ctx.params.get("debug"):
-                raise
+                traceback.print_exc()
             typer.secho(f"tether {ctx.invoked_subcommand} stopped by Ctrl-C (SIGINT)", fg=typer.colors.RED, err=True)
             raise typer.Exit(128 + signal.SIGINT) from None
 

@@ -99,7 +99,10 @@ def test_errors_are_one_line_with_their_exit_code_and_a_traceback_only_with_debu
     out = run("validate", QUICKSTART, "optim.lr=-1")
     assert out.exit_code == EXIT_CONFIG and "optim.lr" in out.output and "Traceback" not in out.output
     out = run("--debug", "validate", QUICKSTART, "optim.lr=-1")
-    assert isinstance(out.exception, ConfigError)  # raised, not turned into an exit: the traceback is shown
+    # the traceback, and the error's own exit code: re-raised, it exited 1, a crash's code
+    assert out.exit_code == EXIT_CONFIG and "Traceback (most recent call last)" in out.output
+    assert "tether.config.base.ConfigError" in out.output or "ConfigError:" in out.output
+    assert out.output.rstrip().splitlines()[-1] == "  optim.lr: Input should be greater than 0 (got -1)"
 
 
 def test_every_tether_error_is_caught_with_its_own_exit_code(monkeypatch):
