@@ -131,7 +131,7 @@ def test_show_prints_a_single_turn_runs_samples(tmp_path, tiny_policy):
     header, *samples = out.output.split("\n\n")
     assert header.splitlines()[1].endswith("start: " + describe(code_provenance()))  # this run's one start
     first = samples[0].splitlines()
-    assert first[0].startswith("step 0  group ") and " reward " in first[0] and "(task " in first[0]
+    assert first[0].startswith("step 1  group ") and " reward " in first[0] and "(task " in first[0]
     assert first[1].startswith("  prompt: ") and first[2].startswith("  completion: ")
     assert len(samples) == 1
     assert run("show", cfg.run_dir, "--html").exit_code == 0
@@ -144,7 +144,7 @@ def test_show_heads_the_samples_with_the_code_of_each_start_and_resume(tmp_path)
     row = {"step": 4, "group": 0, "reward": 1.0, "components": {"task": 1.0}, "correct": True, "prompt": "1+1",
            "completion": "2", "answer": "2", "extracted": "2"}
     (tmp_path / "samples.jsonl").write_text(json.dumps(row) + "\n")
-    sample = "\n".join(["step 4  group 0  reward 1 (task 1)  correct", "  prompt: 1+1", "  completion: 2",
+    sample = "\n".join(["step 5  group 0  reward 1 (task 1)  correct", "  prompt: 1+1", "  completion: 2",
                         "  answer: '2'  extracted: '2'"])
     out = run("show", str(tmp_path))
     assert out.exit_code == 0, out.output

@@ -24,7 +24,8 @@ def test_transcripts_are_written_and_shown_as_text_and_html(tmp_path, agent_trai
     assert first["turns"][0]["valid"] and first["turns"][0]["reward"] == 1.0
 
     text = show_transcripts(run, limit=2)
-    assert text.count("step 1  episode") == 2 and "WON" in text
+    # the newest two, of the second step: shown as the run counts its steps, from 1 (the log keeps the 0-based one)
+    assert text.count("step 2  episode") == 2 and "WON" in text
     assert "task: Say the secret word." in text and "(valid, reward 1)" in text
     assert "response: <action>" in text and "observation: You have 3 guesses." in text
 
@@ -46,7 +47,7 @@ def test_cli_show(tmp_path, agent_trainer):
     agent_trainer(agent_config(tmp_path)).train_step()
     runner = CliRunner()
     out = runner.invoke(app, ["show", str(tmp_path / "run"), "--limit", "1"])
-    assert out.exit_code == 0 and out.output.split("\n\n")[1].startswith("step 0  episode")  # after the code
+    assert out.exit_code == 0 and out.output.split("\n\n")[1].startswith("step 1  episode")  # after the code
     out = runner.invoke(app, ["show", str(tmp_path / "run"), "--html"])
     assert out.exit_code == 0 and (tmp_path / "run" / "transcripts.html").is_file()
     out = runner.invoke(app, ["show", str(tmp_path)])  # no transcripts there

@@ -41,7 +41,8 @@ def format_sample(row: dict[str, Any]) -> str:
     """One single-turn sample: its step and group, reward (per component), prompt, completion, gold answer."""
     parts = ", ".join(f"{name} {value:g}" for name, value in (row.get("components") or {}).items())
     verdict = "correct" if row["correct"] else ("no answer" if row.get("extracted") is None else "wrong")
-    return "\n".join([f"step {row['step']}  group {row['group']}  reward {row['reward']:g} ({parts})  {verdict}",
+    # the logs keep the 0-based step the batch was sampled in (a resume truncates by it); shown as the run counts
+    return "\n".join([f"step {row['step'] + 1}  group {row['group']}  reward {row['reward']:g} ({parts})  {verdict}",
                       f"  prompt: {row['prompt']}", f"  completion: {row['completion']}",
                       f"  answer: {row.get('answer')!r}  extracted: {row.get('extracted')!r}"])
 
@@ -49,7 +50,7 @@ def format_sample(row: dict[str, Any]) -> str:
 def _head(ep: dict[str, Any]) -> str:
     fault = f"  FAULT {ep['fault']}" if ep.get("fault") else ""
     seed = f"  seed {ep['seed']}" if "seed" in ep else ""
-    return (f"step {ep['step']}  episode {ep['episode']}  group {ep['group']}{seed}  "
+    return (f"step {ep['step'] + 1}  episode {ep['episode']}  group {ep['group']}{seed}  "
             f"{'WON' if ep['won'] else 'lost'}  return {ep['return']:.2f}  turns {len(ep['turns'])}{fault}")
 
 
