@@ -122,6 +122,15 @@ def test_plot_and_show_on_a_wrong_path_say_so_in_one_line(tmp_path):
         assert "Traceback" not in out.output
 
 
+def test_a_run_directory_given_as_the_config_names_its_config_yaml(tmp_path):
+    """`tether validate runs/q` said "config file 'runs/q' does not exist" of a directory that does."""
+    (tmp_path / "config.yaml").write_text("task: {name: parity}\n")
+    for command in ("validate", "train", "sft"):
+        out = run(command, str(tmp_path))
+        assert out.exit_code == EXIT_CONFIG and out.output.strip() == (
+            f"config file {str(tmp_path)!r} is a directory, not a YAML file; did you mean {tmp_path / 'config.yaml'}?")
+
+
 def test_show_prints_a_single_turn_runs_samples(tmp_path, tiny_policy):
     cfg = tiny_config(tmp_path, "train.steps=1")
     policy, tokenizer = tiny_policy

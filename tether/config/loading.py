@@ -426,6 +426,10 @@ def load_command_config(command: str, path: str | Path | None = None, overrides:
 
 
 def _config_text(path: Path) -> str:
+    if path.is_dir():  # a run directory: its settings are its config.yaml
+        saved = path / "config.yaml"
+        hint = f"; did you mean {saved}?" if saved.is_file() else ""
+        raise ConfigError(f"config file {str(path)!r} is a directory, not a YAML file{hint}")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     return path.read_text()
