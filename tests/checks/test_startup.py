@@ -483,3 +483,12 @@ def test_a_reward_function_that_uses_math_verify_passes_the_check(tmp_path):
     """A check that called the function in a thread (to bound it) made math-verify raise "doesn't support threaded
     environment": a false warning, and for one's own task's score a refused config."""
     assert check_config(load_config(data=rewarded_rows(tmp_path, "math_verified")), policy=False) == []
+
+
+def test_a_split_the_task_lacks_is_named_as_val_split(tmp_path):
+    """`val.split=trian` was blamed on task.kwargs, the settings that were right."""
+    data = {"run_dir": str(tmp_path / "run"), "task": {"name": "parity", "kwargs": {"train_size": 12, "val_size": 4}},
+            "val": {"split": "trian"}}
+    with pytest.raises(ConfigError, match=r"^val.split='trian': task 'parity' has no split 'trian'; it has: train, "
+                                          r"val; did you mean train\?$"):
+        check_config(load_config(data=data), policy=False)

@@ -169,10 +169,13 @@ def check_task_builds(cfg: Config, found: Findings, *, policy: bool = True) -> N
     try:
         task = make_task(cfg.task.name, **cfg.task.kwargs)
         check_task_shape(cfg.task.name, task)
-        held_out = task_split(task, cfg.val.split) if cfg.val.every else task.val
     except (ValueError, TypeError, KeyError, OSError) as err:
         message = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
         raise ConfigError.under("task.kwargs", err, message + beside_the_config(cfg, "task", message)) from None
+    try:
+        held_out = task_split(task, cfg.val.split) if cfg.val.every else task.val
+    except ValueError as err:  # a split the task does not have: val.split's value, not the task's settings
+        raise ConfigError(f"val.split={cfg.val.split!r}: {err}") from None
     if not task.train:
         raise ConfigError(f"task.kwargs: the task {cfg.task.name!r} has no training prompts")
     if cfg.val.every and not held_out:
