@@ -220,7 +220,7 @@ def plot(run_dir: Path) -> None:
 
 @app.command()
 def show(run_dir: Path, html: Annotated[bool, typer.Option(help="write RUN_DIR/transcripts.html")] = False,
-         limit: int = 3) -> None:
+         limit: Annotated[int, typer.Option(min=1, help="the newest N samples or episodes")] = 3) -> None:
     """Print which code made the run (each start and resume), then sampled episodes turn by turn (agents) or samples
     (single-turn tasks: prompt, completion, reward per component), or write them as HTML."""
     from tether.rollout.transcripts import show_transcripts

@@ -131,6 +131,17 @@ def test_a_run_directory_given_as_the_config_names_its_config_yaml(tmp_path):
             f"config file {str(tmp_path)!r} is a directory, not a YAML file; did you mean {tmp_path / 'config.yaml'}?")
 
 
+def test_show_of_an_sft_run_says_it_samples_nothing_and_a_limit_below_one_is_refused(tmp_path):
+    """`tether show` of a finished SFT run called it "a run before its first step"; `--limit -1` showed all but the
+    oldest sample (a Python slice)."""
+    (tmp_path / "config.yaml").write_text("# tether sft (the settings this run started with)\nseed: 0\n")
+    out = run("show", str(tmp_path))
+    assert out.exit_code == EXIT_CONFIG and out.output.strip().endswith(
+        "a tether sft run, which samples nothing (its losses are in metrics.jsonl: tether plot)")
+    out = run("show", str(tmp_path), "--limit", "-1")
+    assert out.exit_code == 2 and "greater than or equal to 1" in out.output
+
+
 def test_show_prints_a_single_turn_runs_samples(tmp_path, tiny_policy):
     cfg = tiny_config(tmp_path, "train.steps=1")
     policy, tokenizer = tiny_policy

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tether.config import ConfigError
+from tether.config import ConfigError, first_line_command
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -68,6 +68,17 @@ def format_episode(ep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _what_has_no_samples(run_dir: Path) -> str:
+    """Why ``run_dir`` has no samples to show: an SFT run samples nothing, an RL run has not finished a step."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return "not a run directory"
+    command = first_line_command(saved)
+    if command in ("sft", "seed-sft"):
+        return f"a tether {command} run, which samples nothing (its losses are in metrics.jsonl: tether plot)"
+    return "a run before its first step"
+
+
 def show_transcripts(run_dir: Path, *, html: bool = False, limit: int = 3) -> str:
     """The last ``limit`` episodes (or single-turn samples) as text; with ``html`` write them to
     RUN_DIR/transcripts.html instead.
@@ -79,7 +90,7 @@ def show_transcripts(run_dir: Path, *, html: bool = False, limit: int = 3) -> st
     if not (run_dir / "transcripts.jsonl").is_file():
         samples = run_dir / "samples.jsonl"
         if not samples.is_file():
-            what = "a run before its first step" if (run_dir / "config.yaml").is_file() else "not a run directory"
+            what = _what_has_no_samples(run_dir)
             raise ConfigError(f"{run_dir} has neither transcripts.jsonl (agent runs) nor samples.jsonl (single-turn "
                               f"runs): {what}")
         rows = _read_jsonl(samples)[-limit:]
