@@ -226,7 +226,12 @@ def test_resume_never_refuses_an_earlier_run_without_overwrite_and_deletes_nothi
 
 def test_resume_must_stops_without_a_checkpoint_and_resumes_with_one(tmp_path):
     cfg = tiny_config(tmp_path, "train.resume=must")
-    with pytest.raises(RunDirError, match=r"train\.resume=must but run_dir .* has no checkpoint to resume"):
+    with pytest.raises(RunDirError, match=r"train\.resume=must but run_dir .* has no checkpoint to resume \(it does "
+                                          r"not exist\)$"):
+        prepare_run_dir(cfg, manager(cfg), DataParallel())
+    assert not Path(cfg.run_dir).exists()  # a misspelt run_dir is not made (with its lock)
+    with pytest.raises(RunDirError, match=r"train\.resume=must but run_dir .* has no checkpoint to resume$"):
+        Path(cfg.run_dir).mkdir()
         prepare_run_dir(cfg, manager(cfg), DataParallel())
     ckpts = manager(cfg)
     ckpts.save(3, write_marker("three"))

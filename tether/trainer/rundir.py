@@ -344,6 +344,8 @@ def prepare_run_dir(cfg: Config, checkpoints: CheckpointManager, dp: DataParalle
             be resumed and may not be overwritten, or the run being resumed had other settings.
     """
     run_dir = Path(cfg.run_dir)
+    if cfg.train.resume == "must" and not run_dir.exists():  # a misspelt run_dir: refused before it is made
+        raise RunDirError(f"train.resume=must but run_dir {run_dir} has no checkpoint to resume (it does not exist)")
     if dp.is_main:
         try:
             check_layout(run_dir)
