@@ -99,3 +99,16 @@ def test_the_reader_names_the_key_file_and_line_of_the_first_bad_row(tmp_path):
         read_jsonl(path, "k")
     path.write_text('\n{"a": 1}\n')
     assert numbered_jsonl(path, "k") == [(2, {"a": 1})]
+
+
+def test_the_nearest_path_guess_of_a_file_where_a_folder_was_meant_is_another_entry(tmp_path, monkeypatch):
+    """`tether eval runs/q/checkpoints/latest` (the pointer file) was told "did you mean runs/q/checkpoints/latest
+    ...?": the path that had just failed."""
+    from tether.files import nearest_path_guess
+
+    monkeypatch.chdir(tmp_path)
+    Path("ckpts").mkdir()
+    Path("ckpts/latest").write_text("step_000003\n")
+    Path("ckpts/step_000003").mkdir()
+    assert "ckpts/latest" not in nearest_path_guess("ckpts/latest")
+    assert nearest_path_guess("ckpts/step_000002") == "; did you mean ckpts/step_000003?"

@@ -59,7 +59,8 @@ def nearest_path_guess(name: str) -> str:
     here), else ``""``: the end of a missing path's one line, for models and data sets alike."""
     from tether.config import did_you_mean
 
-    guess = did_you_mean(name, sibling_paths(name)).rstrip()
+    others = [entry for entry in sibling_paths(name) if entry != str(Path(name))]  # a file where a folder was meant
+    guess = did_you_mean(name, others).rstrip()
     return f"; {guess}" if guess else ""
 
 
