@@ -494,6 +494,10 @@ def test_a_published_report_is_rebuilt_from_its_report_json_alone(tmp_path):
     assert refused.exit_code == 2 and "takes no --publish (nor any of --report-only, --pool" in refused.output
     with pytest.raises(ConfigError, match=r"no report\.json, so nothing to rebuild"):
         report.rebuild_published(tmp_path, CLEAN)
+    # a folder that is not there was told it lacked report.json, "a study published before the lab wrote one"
+    with pytest.raises(ConfigError, match=rf"^{published}x: no such folder \(a published study's: docs/results/\.\.\.\)"
+                                          rf"; did you mean {published}\b"):
+        report.rebuild_published(Path(f"{published}x"), CLEAN)
 
 
 def test_a_recorded_calibration_gets_its_seeds_back_as_numbers():

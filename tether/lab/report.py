@@ -375,6 +375,11 @@ def rebuild_published(folder: str | Path, code: dict[str, Any]) -> dict[str, Any
     """
     folder = Path(folder)
     path = folder / "report.json"
+    if not folder.is_dir():
+        from tether.files import nearest_path_guess
+
+        guess = nearest_path_guess(str(folder))
+        raise ConfigError(f"{folder}: no such folder (a published study's: docs/results/...){guess}")
     if not path.is_file():
         raise ConfigError(f"{folder}: no report.json, so nothing to rebuild the report from (a study published "
                           "before the lab wrote one keeps its report.md as written)")
