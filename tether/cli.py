@@ -150,6 +150,10 @@ def evaluate(path: Annotated[Path, typer.Argument(help="a checkpoint, or a run d
              overrides: Overrides = None,
              config: Annotated[Path | None, typer.Option(help="config with the task/env")] = None) -> None:
     """Evaluate a checkpoint (or a run's best) on the held-out set: avg@k / pass@k, or an env's success rate."""
+    named = [o for o in overrides or [] if o.partition("=")[0].strip() == "model.name"]
+    if named:  # the path is the model: an override was silently replaced by it
+        raise ConfigError(f"{named[0]}: tether eval evaluates the model it is given as its path ({path}); give that "
+                          f"model as the path (tether eval MODEL --config {path}/config.yaml, for a run's settings)")
     path = _checkpoint_of(path)
     if config is None and not path.exists():
         raise ConfigError(_no_checkpoint(path))

@@ -142,6 +142,14 @@ def test_show_of_an_sft_run_says_it_samples_nothing_and_a_limit_below_one_is_ref
     assert out.exit_code == 2 and "greater than or equal to 1" in out.output
 
 
+def test_eval_refuses_a_model_name_override_which_its_path_replaced(tmp_path):
+    """`tether eval runs/q model.name=other` evaluated runs/q's best and said nothing of the override."""
+    out = run("eval", str(tmp_path), "model.name=tiny-32x2")
+    assert out.exit_code == EXIT_CONFIG and out.output.strip().startswith(
+        f"model.name=tiny-32x2: tether eval evaluates the model it is given as its path ({tmp_path}); give that model "
+        "as the path")
+
+
 def test_show_prints_a_single_turn_runs_samples(tmp_path, tiny_policy):
     cfg = tiny_config(tmp_path, "train.steps=1")
     policy, tokenizer = tiny_policy
