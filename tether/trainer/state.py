@@ -29,8 +29,8 @@ def check_weights_fit(path: Path, *, lora: bool) -> None:
         ConfigError: the kinds differ; it says which the checkpoint holds.
     """
     adapters = is_adapter_dir(path)
-    if adapters == lora:
-        return
+    if adapters == lora or not (adapters or (path / "config.json").is_file()):  # fsdp2's step checkpoints hold
+        return  # shards alone (torch.distributed.checkpoint checks their keys)
     holds = ("LoRA adapters alone (a run with model.lora wrote it)" if adapters else
              "full weights (a run without model.lora wrote it)")
     raise ConfigError(f"{path} holds {holds}, and this run {'sets' if lora else 'sets no'} model.lora; "
