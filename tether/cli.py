@@ -133,16 +133,9 @@ def train(config: Path, overrides: Overrides = None) -> None:
 
 def _train(cfg: Config) -> dict:
     """One run's summary; a finished run's without loading anything."""
-    from tether.track.progress import status
-    from tether.trainer import Trainer
-    from tether.trainer.rundir import finished_summary
+    from tether.trainer import train_run
 
-    if (done := finished_summary(cfg)) is not None:
-        status(f"{cfg.run_dir} is finished at step {done['steps']}: nothing to do")
-        return done
-    trainer = Trainer(cfg)
-    trainer.fit()
-    return trainer.summary()
+    return train_run(cfg)
 
 
 @app.command("eval")

@@ -282,6 +282,12 @@ def test_two_stage_recipe_starts_stage_two_from_the_best_checkpoint(tiny, tmp_pa
     written = load_config(tmp_path / "s2" / "config.yaml")
     assert written.model.name == str(best) and written.model.ref_name is None
     assert earlier_alive == [[], [False]]  # stage 1's trainer (models, optimiser, engines) was freed first
+    # again, resuming (TINY starts afresh): both stages ended before, so nothing loads (stage 1 built its trainer,
+    # models and all, every time)
+    for stage in (stage1, stage2):
+        stage.train.resume = "auto"
+    again = run_two_stage(stage1, stage2)
+    assert len(trainers) == 2 and again["stage1"] == out["stage1"] and again["stage2"]["steps"] == 1
 
 
 def test_the_losss_kl_metrics_are_over_their_own_tokens_whatever_the_micro_batches(tmp_path, tiny_policy):

@@ -297,7 +297,8 @@ def finished_run(tmp_path, steps_done: int = 2, *overrides: str):
 
 
 def test_train_over_a_finished_run_returns_its_summary_without_loading_a_model(tmp_path, monkeypatch, capsys):
-    from tether import cli, trainer
+    from tether import cli
+    from tether.trainer import trainer
     from tether.trainer.rundir import check_run_dir, finished_summary
 
     cfg, summary = finished_run(tmp_path)

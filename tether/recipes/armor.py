@@ -33,7 +33,7 @@ import torch
 from tether.config import Config, ConfigError, load_config
 from tether.health import CollapseError
 from tether.track import write_text_atomic
-from tether.trainer import Trainer
+from tether.trainer import Trainer, train_run
 from tether.trainer.checkpoint import load_state
 
 STAGE2_DIR = "armor"  # the after-collapse stage 2's run_dir, inside stage 1's
@@ -67,10 +67,7 @@ def run_two_stage(stage1: Config, stage2: Config) -> dict[str, Any]:
                           "remove it")
     if Path(stage1.run_dir).resolve() == Path(stage2.run_dir).resolve():
         raise ConfigError(f"stage 1 and stage 2 share run_dir {stage1.run_dir!r}; give them different ones")
-    first = Trainer(stage1)
-    first.fit()
-    first_summary = first.summary()
-    del first
+    first_summary = train_run(stage1)  # a stage 1 that ended before loads nothing
     _free_memory()
     best = Path(stage1.run_dir) / "checkpoints" / "best"
     if not (best / "trainer_state.pt").is_file():
@@ -79,11 +76,9 @@ def run_two_stage(stage1: Config, stage2: Config) -> dict[str, Any]:
     picked = load_state(best)
     cfg = stage2.model_copy(deep=True)
     cfg.model.name = str(best)
-    second = Trainer(cfg)
-    second.fit()
     return {"best_checkpoint": str(best), "best_step": picked["step"],
             "best_metric": {picked["name"]: picked["metric"]},
-            "stage1": first_summary, "stage2": second.summary()}
+            "stage1": first_summary, "stage2": train_run(cfg)}
 
 
 def _free_memory() -> None:

@@ -14,6 +14,9 @@ file                   what it holds
 
 from __future__ import annotations
 
+from typing import Any
+
+from tether.config import Config
 from tether.trainer.build import TrainerBuild
 from tether.trainer.loop import TrainingLoop
 from tether.trainer.state import RunState
@@ -22,3 +25,17 @@ from tether.trainer.step import StepPhases
 
 class Trainer(TrainerBuild, StepPhases, TrainingLoop, RunState):
     """On-policy RL of ``cfg``: ``Trainer(cfg).fit()``. ``policy``/``tokenizer`` override ``cfg.model``."""
+
+
+def train_run(cfg: Config) -> dict[str, Any]:
+    """Train ``cfg`` to its end and return its summary; a run already finished with these settings returns its
+    summary without loading anything (``tether train`` again, or a recipe's stage that ended before)."""
+    from tether.track.progress import status
+    from tether.trainer.rundir import finished_summary
+
+    if (done := finished_summary(cfg)) is not None:
+        status(f"{cfg.run_dir} is finished at step {done['steps']}: nothing to do")
+        return done
+    trainer = Trainer(cfg)
+    trainer.fit()
+    return trainer.summary()
