@@ -164,7 +164,7 @@ def test_a_task_of_ones_own_whose_score_the_run_cannot_take_fails_validate(tmp_p
 @pytest.mark.parametrize("task, message", [
     ("NoSystemPrompt", "the task has no system_prompt, which the run reads (a task has name, train, val, system_prompt "
                        "and score: tether.tasks.Task, docs/tasks.md)"),
-    ("NumberPrompts", "val[3] has the prompt 103 (int): a prompt is a text or a non-empty list of {role, content} "
+    ("NumberPrompts", "val[3] has a prompt that is int, not a string nor a non-empty list of {role, content} "
                       "messages"),
 ])
 def test_a_task_of_ones_own_the_run_cannot_read_fails_validate(tmp_path, task, message):

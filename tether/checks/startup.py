@@ -266,14 +266,12 @@ TASK_READS = ("name", "train", "val", "system_prompt")
 def check_task_shape(name: str, task: Any) -> None:
     """``task`` has what the run reads of a :class:`~tether.tasks.Task` (:data:`TASK_READS`, a callable ``score``
     or ``score_batch``), its splits are lists of :class:`~tether.tasks.TaskItem`, and every prompt is a text or a
-    list of ``{role, content}`` messages: an ``int`` prompt stopped the run at its first batch, after the model
-    loaded.
+    conversation as the data set task reads one (:func:`~tether.tasks.dataset_task.check_messages`): an ``int``
+    prompt stopped the run at its first batch, after the model loaded.
 
     Raises:
         ConfigError: naming the task and what is missing or which item holds what.
     """
-    from tether.tasks.base import TaskItem
-
     missing = [member for member in TASK_READS if not hasattr(task, member)]
     if not any(callable(getattr(task, method, None)) for method in ("score", "score_batch")):
         missing.append("score")
@@ -285,20 +283,25 @@ def check_task_shape(name: str, task: Any) -> None:
         if not isinstance(items, list):
             raise ConfigError(f"task.name={name}: its {split} is {type(items).__name__}, not a list of TaskItem")
         for index, item in enumerate(items):
-            problem = task_item_problem(item, TaskItem)
+            problem = task_item_problem(item)
             if problem is not None:
                 raise ConfigError(f"task.name={name}: {split}[{index}] {problem}")
 
 
-def task_item_problem(item: Any, item_type: type) -> str | None:
+def task_item_problem(item: Any) -> str | None:
     """What makes ``item`` no :class:`~tether.tasks.TaskItem` the run can encode, or None."""
-    if not isinstance(item, item_type):
+    from tether.tasks.base import TaskItem
+    from tether.tasks.dataset_task import check_messages
+
+    if not isinstance(item, TaskItem):
         return f"is {type(item).__name__}, not a tether.tasks.TaskItem"
-    prompt = item.prompt
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)):
+    if isinstance(item.prompt, str):
         return None
-    return (f"has the prompt {prompt!r:.60} ({type(prompt).__name__}): a prompt is a text or a non-empty list of "
-            "{role, content} messages")
+    try:
+        check_messages(item.prompt, "has a prompt that")
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 # What the run reads of an env (tether.envs.base.TextEnv), which the collector would find missing only after the

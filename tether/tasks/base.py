@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -164,7 +163,9 @@ def task_split(task: Task, split: str) -> list[TaskItem]:
     """
     splits = getattr(task, "splits", None) or {"train": task.train, "val": task.val}
     if split not in splits:
-        close = difflib.get_close_matches(split, list(splits), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        raise ValueError(f"task {task.name!r} has no split {split!r}; it has: {', '.join(splits)}{hint}")
+        from tether.config import did_you_mean
+
+        guess = did_you_mean(split, splits).rstrip()
+        raise ValueError(f"task {task.name!r} has no split {split!r}; it has: {', '.join(splits)}"
+                         + (f"; {guess}" if guess else ""))
     return splits[split]

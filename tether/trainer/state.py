@@ -15,8 +15,9 @@ from tether.models.lora import is_adapter_dir, is_lora
 from tether.provenance import code_provenance, describe
 from tether.trainer.checkpoint import dir_step, load_state, restore_rng_state, rng_state, say_not_restored
 
-RESUME_WAYS_OUT = ("resume with the settings of the run that wrote it (its config.yaml records them), or set another "
-                   "run_dir (or train.resume=never train.overwrite=true: deletes this run)")
+ANOTHER_RUN_DIR = "set another run_dir (or train.resume=never train.overwrite=true: deletes this run)"
+RESUME_WAYS_OUT = ("resume with the settings of the run that wrote it (its config.yaml records them), or "
+                   + ANOTHER_RUN_DIR)
 
 
 def check_weights_fit(path: Path, *, lora: bool) -> None:
@@ -49,7 +50,7 @@ class MissingState(KeyError):
     def __str__(self) -> str:
         where = f" in its {self.within!r}" if self.within is not None else ""
         return (f"{self.path} lacks {self.key!r}{where}, which this tether needs to continue the run"
-                f"{self._writer()}; set another run_dir (or train.resume=never train.overwrite=true: deletes this run)")
+                f"{self._writer()}; {ANOTHER_RUN_DIR}")
 
     def _writer(self) -> str:
         """Who wrote the file, where that may be why it lacks the key: another tether version, or one from before
