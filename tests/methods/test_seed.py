@@ -113,6 +113,18 @@ def test_empty_skill_parses_but_does_not_count(skill):
     assert result.error is None and not result.ok
 
 
+@pytest.mark.parametrize("value", [None, [], {}, 3, ["", "  "]])
+def test_a_null_or_non_text_skill_is_no_skill_not_its_python_spelling(value):
+    """``"episode_skill": null`` was the skill "None": a success, and a teacher prompt holding ``[None]``."""
+    result = parse_analysis(json.dumps({"episode_summary": None, "episode_skill": value}))
+    assert result.error is None and not result.ok and result.skill == "" and result.summary == ""
+
+
+def test_a_skill_written_as_a_list_of_lines_is_those_lines():
+    result = parse_analysis(json.dumps({"episode_summary": "s", "episode_skill": ["avoid thin ice", "", 4, "go"]}))
+    assert result.ok and result.skill == "avoid thin ice\ngo"
+
+
 def test_parse_without_summary_and_the_sft_target():
     assert parse_analysis(GOOD, include_summary=False).summary == ""
     assert parse_analysis(analysis_target("a", "b")).skill == "b"

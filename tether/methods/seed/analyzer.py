@@ -253,8 +253,18 @@ def parse_analysis(text: str, *, include_summary: bool = True) -> Analysis:
         obj = extract_json_object(text)
     except ValueError as exc:
         return Analysis("", "", str(exc), str(text or ""))
-    summary = str(obj.get("episode_summary", "")) if include_summary else ""
-    return Analysis(summary, str(obj.get("episode_skill", "")), None, str(text or ""))
+    summary = _field_text(obj.get("episode_summary")) if include_summary else ""
+    return Analysis(summary, _field_text(obj.get("episode_skill")), None, str(text or ""))
+
+
+def _field_text(value: object) -> str:
+    """A field's text: a string as it is, a list its strings one per line; null, a number or an object is no text
+    (``str(None)`` was the skill "None", which passed as a written skill and was distilled from)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(item for item in value if isinstance(item, str) and item.strip())
+    return ""
 
 
 def is_nontrivial_skill(text: object, min_words: int = 5) -> bool:
