@@ -94,6 +94,19 @@ def overlapping_task():
      "arm 'low': val.split=report makes training validate, and choose checkpoints/best, on the endpoint split"),
     ({"endpoint": {"split": "report", "overrides": ["val.samples=2", "val.split=val"]}},
      "endpoint.overrides: 'val.split=val' sets the split the endpoint is read on; set endpoint.split instead"),
+    # a section holding the split (the exact keys alone were compared), the model, a key eval refuses
+    ({"endpoint": {"split": "report", "overrides": ["val={every: 1, samples: 1, split: val}"]}},
+     "endpoint.overrides: 'val={every: 1, samples: 1, split: val}' sets the split the endpoint is read on"),
+    ({"endpoint": {"split": "report", "overrides": ["model.name=tiny-64x2"]}},
+     "endpoint.overrides: 'model.name=tiny-64x2' sets the model; the endpoint is read from each run's checkpoint"),
+    ({"endpoint": {"split": "report", "overrides": ["val.samplez=8"]}},
+     r"endpoint.overrides \(the evaluation of arm 'high'\): invalid configuration:\n  val.samplez: unknown key; "
+     "did you mean samples"),
+    ({"endpoint": {"split": "report", "overrides": ["val.samples"]}},
+     "endpoint.overrides: override 'val.samples' is not of the form key.path=value"),
+    # the endpoint on the prompts the arms trained on (train was never checked against itself)
+    ({"endpoint": {"split": "train", "at": "final"}}, "endpoint.split=train would report on the prompts the arms "
+     "trained on"),
     ({"arms": {"low": {"config": "missing.yaml"}, "high": {"config": "ARM"}}},
      "arm 'low' \\(missing.yaml\\): config file 'missing.yaml' does not exist"),
     ({"arms": {"low": {"config": "ARM", "overrides": ["optim.lr=-1"]}, "high": {"config": "ARM"}}},
@@ -127,6 +140,12 @@ def overlapping_task():
                                         "extra": {"config": "ARM", "seeds": [1]}},
       "calibration": {"kind": "positive_control", "arm": "extra", "min_movement": 0.1, "why": "w"}},
      r"arms.extra.seeds leave out calibration seed\(s\) \[0\]"),
+    # the baseline against itself, or an arm twice, still counted in Holm's family
+    ({"comparisons": ["low", "high"]}, "comparisons name the baseline 'low', which every arm is compared with"),
+    ({"comparisons": ["high", "high"]}, r"comparisons name arm\(s\) \['high'\] more than once"),
+    # the advice was to widen arms.high.seeds, which a compared arm may not set
+    ({"calibration": {"kind": "positive_control", "arm": "high", "min_movement": 0.1, "why": "w", "seeds": [7]}},
+     r"calibration.seeds \[7\] are not among the protocol's seeds \[0, 1\]"),
 ])
 def test_bad_protocols_stop_before_any_run(tmp_path, change, match):
     config = write_config(tmp_path)
@@ -149,8 +168,8 @@ def nct_power(effect, sd, n):
 
 
 def test_registration_refuses_seeds_whose_mde_at_a_pilot_spread_exceeds_delta(tmp_path):
-    """Nothing compared the seeds with the test size: every committed 5-seed study's MDE is 1.5 to 8.4 times its
-    delta (armor_smollm2: 0.251 against 0.03), registered without a word. With a spread measured before
+    """Nothing compared the seeds with the test size: every committed 5-seed study's MDE is 1.5 to 8.5 times its
+    delta (armor_smollm2: 0.254 against 0.03), registered without a word. With a spread measured before
     registration the check reads the MDE and names the seeds that reach delta; without one it says so."""
     config = write_config(tmp_path)
     size = {"delta": 0.1, "derivation": "a smoke test's number", "pilot_sd": 0.05, "pilot_source": "a pilot"}
@@ -374,7 +393,7 @@ def write_env_config(tmp_path, env_name, **kwargs):
 
 
 def test_an_env_with_a_report_split_is_evaluated_there_and_others_are_refused(tmp_path):
-    from tether.lab.experiment import endpoint_split_overrides
+    from tether.lab.protocol_checks import endpoint_split_overrides
 
     endpoint = {"metric": "val/success_rate", "split": "report", "at": "best"}
     thin = write_protocol(tmp_path, write_env_config(tmp_path, "thin_ice", size=5), endpoint=endpoint,

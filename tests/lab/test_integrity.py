@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -178,6 +179,60 @@ def test_a_checkpoint_directory_an_arm_names_is_locked_by_its_files(tmp_path, mo
     monkeypatch.setattr(experiment, "directory_sha256", lambda directory: reads.append(directory) or read(directory))
     assert run_experiment(path, report_only=True)["registration"]["arms_changed"] == []
     assert reads == [checkpoint]  # once: the comparison with the lock reuses the hashes the lock's content made
+
+
+def test_a_checkpoint_named_without_a_slash_is_locked_too(tmp_path, monkeypatch, fake_runner):
+    """``model.name: ckpt`` loads the folder ``ckpt`` of the working directory, but only names with a ``/`` were
+    hashed: new weights there ran as the registered arm."""
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text('{"hidden_size": 64}')
+    (tmp_path / "ckpt" / "tokenizer.json").write_text("{}")
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"weights one")
+    (tmp_path / "report").mkdir()  # a folder called like a split, which a config names as a word, is not read
+    path = three_arms(tmp_path)
+    path.write_text(path.read_text().replace("optim.lr=1e-2", "optim.lr=1e-2\n    - model.name=ckpt"))
+    run_experiment(path)
+    lock = json.loads((tmp_path / "study" / "protocol.lock.json").read_text())
+    assert list(lock["arms"]["high"]["directories"]) == ["ckpt"] and lock["arms"]["low"]["directories"] == {}
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"weights two")
+    with pytest.raises(ConfigError, match="since then arm 'high': directory ckpt changed\\. Runs"):
+        run_experiment(path)
+
+
+def test_user_modules_an_arm_imports_by_name_or_from_its_files_are_locked(tmp_path, monkeypatch, fake_runner):
+    """Only ``.py`` paths were hashed: a module in ``imports`` by name, a ``module:Name`` reference's module, and a
+    module an imported file imports in turn ran edited as the registered arm."""
+    monkeypatch.setattr(experiment, "code_state", lambda root=None: dict(CLEAN))
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "ext").mkdir()
+    by_name = tmp_path / "mods" / "lock_test_by_name.py"
+    by_name.write_text("import json\nimport tether\nSCALE = 1\n")  # the standard library and tether: not hashed
+    target = tmp_path / "mods" / "lock_test_target.py"
+    target.write_text("def weight(prompts, completions, **columns):\n    return [0.0] * len(completions)\n")
+    entry, helper = tmp_path / "ext" / "lock_test_entry.py", tmp_path / "ext" / "lock_test_helper.py"
+    entry.write_text("from lock_test_helper import VALUE\n")
+    helper.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    for name in ("lock_test_by_name", "lock_test_target", "lock_test_entry", "lock_test_helper"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    path = three_arms(tmp_path)
+    config = tmp_path / "arm.yaml"
+    config.write_text(config.read_text() + f"imports: [lock_test_by_name, {entry}]\n")
+    path.write_text(path.read_text().replace(
+        "optim.lr=1e-2", "optim.lr=1e-2\n    - 'task.rewards=[{fn: \"lock_test_target:weight\", weight: 0.0}]'"))
+    assert experiment.user_code_files(resolved_arm_config(load_protocol(path), "high")) == {
+        str(p.resolve()): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted([by_name, target, helper])}
+    run_experiment(path)
+    for changed in (by_name, helper, target):
+        changed.write_text(changed.read_text() + "# edited\n")
+        fake_runner.trained.clear()
+        with pytest.raises(ConfigError, match=f"arm 'high': module {changed.resolve()} changed"):
+            run_experiment(path)
+        assert fake_runner.trained == []
+        changed.write_text(changed.read_text().removesuffix("# edited\n"))
+    assert run_experiment(path, report_only=True)["registration"]["arms_changed"] == []
 
 
 def test_a_run_on_another_commit_or_an_unclean_tree_is_flagged(tmp_path, monkeypatch, fake_runner):

@@ -26,11 +26,15 @@ registered after the first) as one, over all their seeds.
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -39,11 +43,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import tether
 from tether.config import Config, ConfigError, move_saved_keys
 from tether.files import append_jsonl, write_text_atomic
 from tether.lab.calibration import PASSED, endpoint_step, measure, trained
 from tether.lab.protocol import Protocol, arm_config, load_protocol, resolved_arm_config, run_dir, run_overrides
-from tether.lab.protocol_checks import check_protocol, endpoint_split_overrides
+from tether.lab.protocol_checks import check_protocol, evaluation_overrides
 from tether.lab.report import unfinished, write_report
 from tether.processes import starter_env
 from tether.provenance import CODE_ROOT, git_state
@@ -152,8 +157,7 @@ def evaluate_one(protocol: Protocol, arm: str, seed: int) -> dict[str, Any]:
     record_code(directory, "eval")
     evaluation = subprocess.run(
         _tether("eval", str(checkpoint), "--config", str(directory / "config.yaml"),
-                *endpoint_split_overrides(arm_config(protocol, arm, seed), e.split), "train.threads=1",
-                *e.overrides),
+                *evaluation_overrides(protocol, arm_config(protocol, arm, seed))),
         capture_output=True, text=True, env=_one_thread_env(), check=False)
     if evaluation.returncode != 0:
         raise RuntimeError(f"endpoint evaluation of {arm}/seed{seed} failed: {evaluation.stderr[-2000:]}")
@@ -233,6 +237,92 @@ def named_files(config: Any) -> dict[str, str]:
     return {}
 
 
+LOADABLE_MARKERS = ("config.json", "adapter_config.json", "state.json", "dataset_dict.json")
+TARGET = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_][\w.]*")  # a ``module:Name`` reference (user_code.resolve_target)
+# code no lock of a study needs to hash: the standard library, installed packages (their versions are the
+# environment's), and tether itself (the lock's commit)
+NOT_USER_CODE = tuple({Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+                      | {Path(tether.__file__).resolve().parent})
+
+
+def user_code_files(config: dict[str, Any]) -> dict[str, str]:
+    """path -> sha256 of each source file of user code a resolved config runs: each ``imports`` entry (a module name
+    or a ``.py`` file), the module of each ``module:Name`` reference, and the user modules those import, followed
+    through their ``import`` statements. A config names its modules by name, not by path, so an edit to one, or to
+    a file one of them imports, ran as the registered arm without a word."""
+    entries = [*(config.get("imports") or []), *(m.group(1) for m in _targets(config))]
+    found: dict[Path, str] = {}
+    todo = [path for entry in entries if (path := _module_file(entry, None)) is not None]
+    while todo:
+        path = todo.pop()
+        if path in found:
+            continue
+        source = path.read_bytes()
+        found[path] = hashlib.sha256(source).hexdigest()
+        todo += [p for name in _imported_names(source, path) if (p := _module_file(name, path)) is not None]
+    named = {Path(entry).resolve() for entry in config.get("imports") or [] if entry.endswith(".py")}
+    return {str(path): digest for path, digest in sorted(found.items()) if path not in named}  # named_files has them
+
+
+def _targets(config: Any) -> list[re.Match[str]]:
+    if isinstance(config, dict):
+        return [m for value in config.values() for m in _targets(value)]
+    if isinstance(config, list):
+        return [m for value in config for m in _targets(value)]
+    return [m] if isinstance(config, str) and (m := TARGET.fullmatch(config)) else []
+
+
+def _imported_names(source: bytes, path: Path) -> list[str]:
+    """The absolute module names a source file imports (``from x import y`` gives ``x`` and ``x.y``, either may be
+    the module); a relative import is resolved against the file's package, a file that does not parse gives none."""
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except (SyntaxError, ValueError):
+        return []
+    package = path.parent.name if (path.parent / "__init__.py").is_file() else None
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                if package is None:
+                    continue
+                base = ".".join(filter(None, [package, base]))
+            names += [base, *(f"{base}.{alias.name}" for alias in node.names)] if base else []
+    return names
+
+
+def _module_file(name: str, importer: Path | None) -> Path | None:
+    """The source file of user module ``name`` (or of a ``.py`` entry), looked up as the run finds it: beside the
+    importing file first (user_code puts a file's folder on ``sys.path``), then on ``sys.path``; None for code
+    that is not the user's (:data:`NOT_USER_CODE`) or that is not found."""
+    if name.endswith(".py"):
+        path = Path(name)
+    else:
+        path = None
+        if importer is not None:
+            parts = name.split(".")
+            for candidate in (importer.parent.joinpath(*parts).with_suffix(".py"),
+                              importer.parent.joinpath(*parts, "__init__.py")):
+                if candidate.is_file():
+                    path = candidate
+                    break
+        if path is None:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):  # a parent that is not a package, a name that does not import
+                return None
+            if spec is None or not spec.origin or not spec.has_location:
+                return None
+            path = Path(spec.origin)
+    if not path.is_file() or path.suffix != ".py":
+        return None
+    path = path.resolve()
+    return None if any(path.is_relative_to(root) for root in NOT_USER_CODE) else path
+
+
 def named_directories(config: Any, hashed: dict[str, str] | None = None) -> dict[str, str]:
     """path -> :func:`directory_sha256` of each directory a resolved config names by a path: a checkpoint as
     ``model.name``, an EAPO prior, an SFT sampler, a task's data folder. The config holds only the path, so new
@@ -244,12 +334,18 @@ def named_directories(config: Any, hashed: dict[str, str] | None = None) -> dict
         return {k: v for value in config.values() for k, v in named_directories(value, hashed).items()}
     if isinstance(config, list):
         return {k: v for value in config for k, v in named_directories(value, hashed).items()}
-    if isinstance(config, str) and "/" in config and Path(config).is_dir() \
+    if isinstance(config, str) and Path(config).is_dir() and ("/" in config or _loadable(Path(config))) \
             and not Path.cwd().resolve().is_relative_to(Path(config).resolve()):
         if config not in hashed:
             hashed[config] = directory_sha256(Path(config))
         return {config: hashed[config]}
     return {}
+
+
+def _loadable(directory: Path) -> bool:
+    """Whether a directory named without a ``/`` (``model.name: ckpt``) is one a loader reads: a model, an adapter or
+    a saved data set. Others of such names (a split called like a folder here) are words, not paths."""
+    return any((directory / name).is_file() for name in LOADABLE_MARKERS)
 
 
 def directory_sha256(directory: Path) -> str:
@@ -265,7 +361,8 @@ def directory_sha256(directory: Path) -> str:
 def lock_content(protocol: Protocol, path: Path, code: dict[str, Any]) -> dict[str, Any]:
     """What the lock covers: the protocol file, every arm's resolved config (its overrides and the runner's,
     without seed and run directory) with the files and directories it names (:func:`named_files`,
-    :func:`named_directories`), and the code (commit, clean tree); ``sha256`` hashes protocol, configs and code."""
+    :func:`named_directories`) and the user code it runs (:func:`user_code_files`), and the code (commit, clean
+    tree); ``sha256`` hashes protocol, configs and code."""
     arms = {arm: resolved_arm_config(protocol, arm) for arm in protocol.arms}
     hashed: dict[str, str] = {}  # a checkpoint directory several arms name is read once
     hashes = {arm: _sha256(json.dumps(cfg, sort_keys=True)) for arm, cfg in arms.items()}
@@ -274,7 +371,8 @@ def lock_content(protocol: Protocol, path: Path, code: dict[str, Any]) -> dict[s
     return {"sha256": _sha256(json.dumps(covered, sort_keys=True)),
             "protocol": {"path": str(path), "sha256": protocol_sha, "design_sha256": design_sha256(protocol)},
             "arms": {arm: {"sha256": hashes[arm], "config": arms[arm], "files": named_files(arms[arm]),
-                           "directories": named_directories(arms[arm], hashed)} for arm in arms},
+                           "directories": named_directories(arms[arm], hashed),
+                           "modules": user_code_files(arms[arm])} for arm in arms},
             "code": covered["code"]}
 
 
@@ -298,15 +396,16 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
 
 def arm_changes(locked: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
     """What differs between an arm's lock entry and its entry now (:func:`lock_content`'s: its resolved config and
-    the hashes of what it names): each changed key, each named file or directory whose content changed (a lock
-    without ``files`` or ``directories`` predates those hashes: not compared). A lock written by an older tether is
-    read as this one reads a config: its moved keys at their new places, a setting added since at its default (what
-    the older tether ran), so an upgrade alone changes no arm."""
+    the hashes of what it names): each changed key, each named file or directory and each user module whose content
+    changed (a lock without ``files``, ``directories`` or ``modules`` predates those hashes: not compared). A lock
+    written by an older tether is read as this one reads a config: its moved keys at their new places, a setting
+    added since at its default (what the older tether ran), so an upgrade alone changes no arm."""
     if locked is None:
         return ["not in the lock"]
     config = now["config"]
     changed = [*_changed_hashes("file", locked.get("files"), now["files"]),
-               *_changed_hashes("directory", locked.get("directories"), now["directories"])]
+               *_changed_hashes("directory", locked.get("directories"), now["directories"]),
+               *_changed_hashes("module", locked.get("modules"), now["modules"])]
     defaults = setting_defaults(Config, config.get("methods") or {})
     old = fill_defaults(move_saved_keys(locked["config"], "train"), defaults)
     return [*config_changes(old, fill_defaults(config, defaults)), *changed]

@@ -166,6 +166,14 @@ class Protocol(_Strict):
         unknown = [a for a in self.comparisons or () if a not in self.arms]
         if unknown:
             raise ValueError(f"comparisons name unknown arm(s) {unknown}; arms: {', '.join(self.arms)}")
+        # each named comparison is one test of Holm's family: the baseline against itself, or an arm twice,
+        # would be a test of nothing that still widens every other arm's correction
+        if self.baseline in (self.comparisons or ()):
+            raise ValueError(f"comparisons name the baseline {self.baseline!r}, which every arm is compared with; "
+                             "remove it")
+        repeated = sorted({a for a in self.comparisons or () if self.comparisons.count(a) > 1})
+        if repeated:
+            raise ValueError(f"comparisons name arm(s) {repeated} more than once")
         self._check_arm_seeds()
         self._check_calibration()
         return self
@@ -196,6 +204,10 @@ class Protocol(_Strict):
             raise ValueError(f"calibration.min_movement={c.min_movement} is below {rule} ({least:g})")
         if c.seeds is not None and len(set(c.seeds)) != len(c.seeds):
             raise ValueError("calibration.seeds repeat a seed")
+        outside = [s for s in self.calibration_seeds() if s not in self.seeds]
+        if outside:  # an arm runs the protocol's seeds or some of them: no run of such a seed exists
+            raise ValueError(f"calibration.seeds {outside} are not among the protocol's seeds {self.seeds}; the "
+                             "calibration reads the runs of those seeds")
         for arm in self.calibration_arms():
             short = [s for s in self.calibration_seeds() if s not in self.arm_seeds(arm)]
             if short:

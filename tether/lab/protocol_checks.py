@@ -11,7 +11,7 @@ import re
 
 from tether.checks import check_inputs
 from tether.checks.startup import missing_inputs, prerequisite_line
-from tether.config import Config, ConfigError, parse_override
+from tether.config import Config, ConfigError, load_config, parse_override
 from tether.lab import stats
 from tether.lab.protocol import Protocol, arm_config, load_protocol
 
@@ -35,6 +35,9 @@ def check_protocol(protocol: Protocol, *, inputs: bool = True) -> str:
     off to report on runs that exist). Returns :func:`check_power`'s line."""
     power = check_power(protocol)
     metrics = [protocol.endpoint.metric, *protocol.secondary]
+    if protocol.endpoint.split == "train":
+        raise ConfigError("endpoint.split=train would report on the prompts the arms trained on; use a held-out "
+                          "split (e.g. report)")
     if protocol.endpoint.at == "best" and protocol.endpoint.split == "val":
         raise ConfigError("endpoint.split=val with at=best would report on the split that chose the checkpoint; "
                           "use a separate split (e.g. report)")
@@ -53,6 +56,7 @@ def check_protocol(protocol: Protocol, *, inputs: bool = True) -> str:
                               f"allowed: {', '.join(other.compared())}")
     configs = {arm: arm_config(protocol, arm, protocol.seeds[0]) for arm in protocol.arms}
     for arm, cfg in configs.items():
+        check_endpoint_config(protocol, arm, cfg)
         known = val_metric_names(cfg)
         for metric in metrics:
             if metric not in known and not (cfg.env is not None and AGENT_FLAG_METRIC.fullmatch(metric)):
@@ -149,13 +153,36 @@ SPLIT_KEYS = ("val.split", "env.kwargs.eval_split")
 
 
 def check_endpoint_overrides(protocol: Protocol) -> None:
-    """No endpoint override names the split: the evaluation's own ``val.split=<endpoint.split>`` comes first, so
-    ``val.split=val`` there would read the endpoint on the selection split while the report says ``report``."""
+    """No endpoint override names the split, itself or a section holding it (``val={split: val}``): the
+    evaluation's own ``val.split=<endpoint.split>`` comes first, so ``val.split=val`` there would read the endpoint
+    on the selection split while the report says ``report``. Nor the model: ``tether eval`` evaluates the
+    checkpoint the endpoint rule chose, and refuses a ``model.name``."""
     for override in protocol.endpoint.overrides:
-        key = override.split("=", 1)[0].strip()
-        if key in SPLIT_KEYS:
+        try:
+            parse_override(override)
+        except ConfigError as err:
+            raise ConfigError(f"endpoint.overrides: {err}") from None
+        if any(set_by_overrides(key, [override]) for key in SPLIT_KEYS):
             raise ConfigError(f"endpoint.overrides: {override!r} sets the split the endpoint is read on; set "
                               "endpoint.split instead")
+        if set_by_overrides("model.name", [override]):
+            raise ConfigError(f"endpoint.overrides: {override!r} sets the model; the endpoint is read from each "
+                              "run's checkpoint (endpoint.at)")
+
+
+def check_endpoint_config(protocol: Protocol, arm: str, cfg: Config) -> None:
+    """The config ``tether eval`` reads an arm's endpoint with (:func:`evaluation_overrides`) validates: an override
+    it refuses failed each run's evaluation, after all the training."""
+    try:
+        load_config(data=cfg.model_dump(mode="json"), overrides=evaluation_overrides(protocol, cfg))
+    except ConfigError as err:
+        raise ConfigError(f"endpoint.overrides (the evaluation of arm {arm!r}): {err}") from None
+
+
+def evaluation_overrides(protocol: Protocol, cfg: Config) -> list[str]:
+    """What ``tether eval`` adds to a run's config to read the endpoint: the endpoint split, one thread, then
+    ``endpoint.overrides``."""
+    return [*endpoint_split_overrides(cfg, protocol.endpoint.split), "train.threads=1", *protocol.endpoint.overrides]
 
 
 def check_selection_split(protocol: Protocol, arm: str, cfg: Config) -> None:
