@@ -144,3 +144,17 @@ def test_the_phase_is_the_recorded_one_not_a_guess_from_the_message(tmp_path, ag
     assert str(stop.value) == (
         f"env {name} (reset), step 1: none of 6 episodes could start, each after env.reset_retries=0 retries; the "
         "first error: scripted reset(4) raised OSError: level make() found no map file")
+
+
+def test_a_validation_whose_every_episode_faults_closes_its_envs_before_it_stops(tmp_path, agent_trainer):
+    """The stop was raised before the episodes' envs were closed: a caller that catches it kept every one open."""
+    cfg = agent_config(tmp_path, "env.reset_retries=0", env={"kwargs": {"turns": 3, "fault": "reset_raise"}})
+    collector = agent_trainer(cfg).collector
+    closed = []
+    close_all = collector.envs.close_all
+    collector.envs.close_all = lambda envs: closed.extend(envs) or close_all(envs)
+    with pytest.raises(EnvFaultError, match="validation: none of"):
+        collector.validate(None, seed=0)
+    v = collector.cfg.val
+    assert len(closed) == (1 if v.greedy else v.samples) * len(collector.val_seeds) > 0  # one per episode
+    assert all(env is not None for env in closed)

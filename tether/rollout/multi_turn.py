@@ -236,10 +236,15 @@ class AgentCollector:
             if on_turn is not None:  # the episodes max_turns ended are finished too
                 on_turn(len(episodes), len(episodes))
         finally:
-            self.envs.close_all([ep.env for ep in episodes])
-            for ep in episodes:  # a finished episode keeps no env: its batch may be pickled (a checkpoint of
-                ep.env = None    # rollout.max_staleness's batches in flight), and a process env's pool holds a lock
+            self.close_episodes(episodes)
         return rows
+
+    def close_episodes(self, episodes: list[Episode]) -> None:
+        """Close each episode's env; a finished episode keeps none: its batch may be pickled (a checkpoint of
+        rollout.max_staleness's batches in flight), and a process env's pool holds a lock."""
+        self.envs.close_all([ep.env for ep in episodes if ep.env is not None])
+        for ep in episodes:
+            ep.env = None
 
     def encode(self, ep: Episode) -> list[int]:
         """The token ids of the episode's next prompt (a :class:`~tether.models.vision.VisionPrompt` with images)."""
@@ -367,6 +372,7 @@ class AgentCollector:
         faults = self.faults
         episodes = self.start_episodes(seeds, k)
         if all(ep.fault for ep in episodes):
+            self.close_episodes(episodes)  # a caller that catches the stop (a notebook, a sweep) keeps no open env
             raise no_episode_started(self.env_cfg, episodes, "validation")
         params = sampling_params(self.cfg.rollout, v)
         with validation_progress(self.cfg, len(episodes), "episodes") as bar:
