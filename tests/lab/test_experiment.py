@@ -108,7 +108,7 @@ def overlapping_task():
     ({"endpoint": {"split": "train", "at": "final"}}, "endpoint.split=train would report on the prompts the arms "
      "trained on"),
     ({"arms": {"low": {"config": "missing.yaml"}, "high": {"config": "ARM"}}},
-     "arm 'low' \\(missing.yaml\\): config file 'missing.yaml' does not exist"),
+     "arm 'low' \\(missing.yaml\\): config file 'missing.yaml' does not exist \\(relative to the working directory /"),
     ({"arms": {"low": {"config": "ARM", "overrides": ["optim.lr=-1"]}, "high": {"config": "ARM"}}},
      r"arm 'low' \(.*\): invalid configuration:\n  optim.lr"),
     ({"calibration": {"kind": "positive_control", "min_movement": 0.1, "why": "w"}},

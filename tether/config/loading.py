@@ -431,7 +431,10 @@ def _config_text(path: Path) -> str:
         hint = f"; did you mean {saved}?" if saved.is_file() else ""
         raise ConfigError(f"config file {str(path)!r} is a directory, not a YAML file{hint}")
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        # a protocol's arm configs, a recipe's stages: relative paths are the working directory's, not the folder of
+        # the file that names them
+        where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+        raise ConfigError(f"config file {str(path)!r} does not exist{where}")
     return path.read_text()
 
 
