@@ -148,22 +148,24 @@ def test_one_rl_step_on_an_image_data_set(tmp_path):
     assert metrics["train/rows"] == 2 and math.isfinite(metrics["actor/pg_loss"])
 
 
+@pytest.mark.parametrize("text_model", ["char-64x1", "tiny-64x2"])
 @pytest.mark.parametrize("conversational", [False, True])
-def test_validate_refuses_image_rows_for_a_text_policy_naming_where_they_are(tmp_path, conversational):
+def test_validate_refuses_image_rows_for_a_text_policy_naming_where_they_are(tmp_path, conversational, text_model):
     """An image data set with a text model: one line before any model loads, naming the column (or the messages'
-    image parts); a vision-language model passes."""
+    image parts); a vision-language model passes. A text model with a context (tiny-64x2, SmolLM2) met the prompt
+    length check first, which encoded the images with its tokenizer: a TypeError traceback."""
     rows = image_rows(tmp_path)
     if conversational:
         rows = [{"prompt": [{"role": "user", "content": [{"type": "image", "path": row["image"]},
                                                          {"type": "text", "text": row["prompt"]}]}],
                  "answer": row["answer"]} for row in rows]
-    data = {"run_dir": str(tmp_path / "run"), "model": {"name": "char-64x1"},
+    data = {"run_dir": str(tmp_path / "run"), "model": {"name": text_model},
             "task": {"name": "dataset", "kwargs": {"path": str(jsonl(tmp_path, rows)), "val_size": 2}}}
     where = "the image parts of its messages" if conversational else "column 'image'"
     with pytest.raises(ConfigError) as err:
         check_config(load_config(data=data))
-    assert str(err.value) == (f"task.kwargs: the data's prompts carry images ({where}), but model.name=char-64x1 is a "
-                              "text model (no vision_config): use a vision-language model (e.g. "
+    assert str(err.value) == (f"task.kwargs: the data's prompts carry images ({where}), but model.name={text_model} "
+                              "is a text model (no vision_config): use a vision-language model (e.g. "
                               "Qwen/Qwen2.5-VL-3B-Instruct; tiny-qwen2.5-vl for a smoke run), or a format_fn that "
                               "returns no images")
     data["model"]["name"] = "tiny-qwen2.5-vl"

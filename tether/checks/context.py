@@ -87,8 +87,11 @@ def prompt_lengths(cfg: Config) -> list[tuple[int, str]]:
         return []
     if not prompts:
         return []
-    encoder = policy_processor(cfg) if policy_reads_images(cfg.model.name) else policy_tokenizer(cfg)
-    if encoder is None:
+    vision = policy_reads_images(cfg.model.name)
+    if not vision:  # a text policy given images is refused by the startup checks, in one line of their own
+        prompts = [entry for entry in prompts if not entry[3]]
+    encoder = policy_processor(cfg) if vision else policy_tokenizer(cfg)
+    if encoder is None or not prompts:
         return []
     with warnings.catch_warnings():  # a tokenizer without a template is one warning line of its own check
         warnings.filterwarnings("ignore", message=re.escape(NO_CHAT_TEMPLATE))
