@@ -257,6 +257,28 @@ def test_a_missing_local_file_is_one_line(tmp_path):
         check_config(config_with(tmp_path, path=str(tmp_path / "none.jsonl")), policy=False)
 
 
+@pytest.mark.parametrize(("name", "text", "task", "kwargs", "message"), [
+    ("bad.jsonl", '{"prompt": "1+1", "answer": "2"}\n{not json\n', "dataset", {"val_size": 1},
+     r"^task\.kwargs: data file: .*bad\.jsonl line 2 is not JSON \(Expecting property name"),
+    ("bad.jsonl", '{"prompt": "1+1", "answer": "2"}\n{not json\n', "dataset",
+     {"val_size": 1, "path": "json", "data_files": "FILE"},
+     r"^task\.kwargs: json \(data_files='.*bad\.jsonl'\) could not be read \(ArrowInvalid: JSON parse error"),
+    ("bad.csv", 'prompt,answer\n"1+1,2\n3,4\n', "jsonl", {},
+     r"^task\.kwargs: .*bad\.csv could not be read \(ParserError: Error tokenizing data\. C error: EOF inside string"),
+    ("bad.json", '[{"prompt": "1"}, ', "jsonl", {},
+     r"^task\.kwargs: .*bad\.json could not be read \(ValueError: Expected object or value at position 17\)$"),
+])
+def test_a_data_file_its_parser_refuses_is_one_line_naming_file_and_error(tmp_path, name, text, task, kwargs, message):
+    """datasets' DatasetGenerationError ("an error occurred while generating the dataset") ended validate and train
+    with a traceback of about 280 lines."""
+    file = tmp_path / name
+    file.write_text(text)
+    kwargs = {"path": str(file), **{k: str(file) if v == "FILE" else v for k, v in kwargs.items()}}
+    with pytest.raises(ConfigError, match=message) as err:
+        check_config(tiny_config(tmp_path, task={"name": task, "kwargs": kwargs}), policy=False)
+    assert "\n" not in str(err.value)
+
+
 def test_a_hub_id_is_left_to_the_run(tmp_path):
     check_config(config_with(tmp_path, path="openai/gsm8k", config="main"), policy=False)
 

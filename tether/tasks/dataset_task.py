@@ -53,7 +53,8 @@ from tether.tasks.jsonl_task import (
     carve,
     check_train_size,
     load_rows,
-    no_progress_bars,
+    quiet_datasets,
+    unreadable,
 )
 from tether.tasks.registry import register_task
 from tether.user_code import resolve_target
@@ -93,7 +94,7 @@ def load_split(path: str, config: str | None, split: str, data_files: DataFiles 
             data = data[split]
         return data.to_list()
     if path in BUILDERS or local.is_dir():  # local files: no copy kept in ~/.cache/huggingface, no progress bars
-        with no_progress_bars(), tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
+        with quiet_datasets(), tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
             return _load_dataset(path, config, split, data_files=data_files, revision=revision, cache_dir=cache)
     return _load_dataset(path, config, split, data_files=data_files, revision=revision)  # the Hub: its usual cache
 
@@ -107,6 +108,8 @@ def _load_dataset(path: str, config: str | None, split: str, **kwargs: Any) -> l
         return datasets.load_dataset(path, config, split=split, **kwargs).to_list()
     except ValueError as err:  # datasets names the splits or configs there are
         raise ValueError(f"{path} (config={config!r}, split={split!r}): {err}") from None
+    except datasets.exceptions.DatasetGenerationError as err:  # a data file its parser refused
+        raise ValueError(unreadable(f"{path} (data_files={kwargs.get('data_files')!r})", err)) from None
 
 
 def data_file_entries(data_files: DataFiles) -> list[tuple[str, str]]:

@@ -40,22 +40,38 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     import datasets
 
     # A throwaway cache: the default one would keep a copy of every file ever loaded.
-    with no_progress_bars(), tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
-        table = datasets.load_dataset(fmt, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True)
-        return table.to_list()
+    try:
+        with quiet_datasets(), tempfile.TemporaryDirectory(prefix="tether-data-") as cache:
+            table = datasets.load_dataset(fmt, data_files=str(path), split="train", cache_dir=cache,
+                                          keep_in_memory=True)
+    except datasets.exceptions.DatasetGenerationError as err:
+        if path.suffix.lower() == ".jsonl":
+            numbered_jsonl(path, "data file")  # names the first line that is not a JSON object
+        raise ValueError(unreadable(str(path), err)) from None
+    return table.to_list()
+
+
+def unreadable(source: str, err: Exception) -> str:
+    """One line for a data file ``datasets`` could not parse: its ``DatasetGenerationError`` says only "an error
+    occurred while generating the dataset" above a traceback of hundreds of lines; the parser's error is its cause."""
+    cause = err.__cause__ or err.__context__ or err
+    return f"{source} could not be read ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
 
 
 @contextlib.contextmanager
-def no_progress_bars() -> Iterator[None]:
-    """``datasets``' progress bars off inside the block (a local file loads in no time; its bars are noise on the
-    command's output), as they were after it."""
+def quiet_datasets() -> Iterator[None]:
+    """``datasets``' progress bars and its log lines below errors off inside the block (a local file loads in no
+    time, its bars are noise on the command's output; a file it cannot parse is tether's one line, not datasets'
+    log line before it), as they were after it."""
     import datasets
 
-    shown = datasets.is_progress_bar_enabled()
+    shown, level = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         yield
     finally:
+        datasets.logging.set_verbosity(level)
         if shown:
             datasets.enable_progress_bars()
 
