@@ -179,7 +179,13 @@ def _checkpoint_of(path: Path) -> Path:
         return path
     if (path / "checkpoints").is_dir():
         return path / "checkpoints" / "best"
-    return path / "checkpoint" if (path / "checkpoint" / "config.json").is_file() else path
+    if (path / "checkpoint" / "config.json").is_file():
+        return path / "checkpoint"
+    if (path / "config.yaml").is_file():  # a run that wrote no model: it went on as model.name, "holds no model"
+        raise ConfigError(f"{path} is a run directory that holds no model yet (no checkpoints/, no checkpoint/): it "
+                          "stopped before its first save, so it has nothing to evaluate; to evaluate another model "
+                          f"with its settings: tether eval MODEL --config {path / 'config.yaml'}")
+    return path
 
 
 def _no_checkpoint(path: Path) -> str:

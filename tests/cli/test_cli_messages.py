@@ -271,6 +271,18 @@ def test_eval_of_a_run_directory_evaluates_its_best_checkpoint(tmp_path, monkeyp
                                   "validation runs: val.every > 0); or pass a model with --config CONFIG.yaml")
 
 
+def test_eval_of_a_run_that_saved_nothing_says_so_not_model_name(tmp_path):
+    """A run stopped before its first save (no checkpoints/): `tether eval RUN` said "model.name: RUN holds no
+    model", a key the user never set."""
+    (tmp_path / "config.yaml").write_text(Path(QUICKSTART).read_text())
+    (tmp_path / "metrics.jsonl").write_text("")
+    out = run("eval", str(tmp_path))
+    assert out.exit_code == EXIT_CONFIG and out.output.strip() == (
+        f"{tmp_path} is a run directory that holds no model yet (no checkpoints/, no checkpoint/): it stopped before "
+        f"its first save, so it has nothing to evaluate; to evaluate another model with its settings: tether eval "
+        f"MODEL --config {tmp_path / 'config.yaml'}")
+
+
 def test_eval_of_a_model_directory_is_that_model_and_of_an_sft_run_its_checkpoint(tmp_path):
     """A model directory that also holds a `checkpoints/` folder was taken for a run and swapped for its
     `checkpoints/best`; an SFT run's model is its `checkpoint`."""
