@@ -344,6 +344,30 @@ def test_an_override_value_that_is_not_yaml_is_one_line_with_the_quoted_form():
                                   "YAML inside the shell's quotes: 'task.kwargs.prompt_template=\"{question} x\"'")
 
 
+@pytest.mark.parametrize(("command", "config", "named"), [
+    ("train", "lab/eapo3/protocol.yaml", "an experiment's protocol"),
+    ("experiment", "quickstart.yaml", "a `tether train` config"),
+    ("train", "agents/frozenlake_sft.yaml", "a `tether sft` config"),
+])
+def test_a_file_of_another_command_is_one_line_naming_the_command_to_run(command, config, named):
+    """`tether train PROTOCOL` printed 11 lines of "unknown key" (arms, seeds, ...), `tether experiment CONFIG` 16 of
+    "Field required"; the file's first line (or a protocol's arms and seeds) says whose it is."""
+    path = str(Path(QUICKSTART).parent / config)
+    out = run(command, path)
+    whose = "experiment" if "protocol" in named else named.split("`")[1].split()[1]
+    assert out.exit_code == EXIT_CONFIG and out.output.strip() == (
+        f"{path} is {named}, which `tether {command}` does not read: run `tether {whose} {path}`")
+
+
+def test_a_protocol_without_its_first_line_is_known_by_its_arms_and_seeds(tmp_path):
+    protocol = tmp_path / "p.yaml"
+    protocol.write_text("name: x\nseeds: [0, 1]\narms: {a: {config: c.yaml}}\n")
+    out = run("train", str(protocol))
+    assert out.exit_code == EXIT_CONFIG and out.output.strip() == (
+        f"{protocol} is an experiment's protocol, which `tether train` does not read: run `tether experiment "
+        f"{protocol}`")
+
+
 @pytest.mark.parametrize("override", ["optim.betas=[0.9, 1.5]", "optim.betas=[-0.1, 0.999]"])
 def test_adam_betas_outside_0_1_are_refused_before_the_optimiser_is_built(override):
     """torch.optim.AdamW raised 'Invalid beta parameter' (a traceback) at train's start after validate said ok."""
@@ -352,4 +376,5 @@ def test_adam_betas_outside_0_1_are_refused_before_the_optimiser_is_built(overri
     with pytest.raises(ConfigError, match=r"sft\.betas: each beta must be in \[0, 1\)"):
         from tether.config import load_command_config
 
-        load_command_config("sft", QUICKSTART, ["sft.data=task", "sft.betas=[1.0, 0.9]"])
+        load_command_config("sft", str(Path(QUICKSTART).parent / "agents" / "frozenlake_sft.yaml"),
+                            ["sft.betas=[1.0, 0.9]"])

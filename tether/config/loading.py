@@ -417,6 +417,9 @@ def load_command_config(command: str, path: str | Path | None = None, overrides:
     try:
         cfg = SCHEMAS[command].model_validate(data)
     except ValidationError as err:
+        whose = config_for_another_command(path, data, command) if path is not None and schema_mismatch(err) else None
+        if whose is not None:  # one line, not one per top-level key of another schema
+            raise ConfigError(whose) from None
         raise _invalid_config(command, moved, err) from None
     if moved:
         raise _invalid_config(command, moved)
@@ -446,6 +449,29 @@ def first_line_command(path: str | Path) -> str | None:
     command, or None."""
     named = COMMAND_LINE.match(_config_text(Path(path)).split("\n", 1)[0] + " ")
     return named[1] if named is not None else None
+
+
+def schema_mismatch(err: ValidationError) -> bool:
+    """Whether the errors include a key the schema does not have or lacks one it needs: a file of another command,
+    as opposed to a bad value in the right kind of file (said as it is)."""
+    return any(e["type"] in ("extra_forbidden", "missing") for e in err.errors())
+
+
+def config_for_another_command(path: Path, data: dict[str, Any], command: str) -> str | None:
+    """The line for a file of another command given to ``command``, which its schema refuses: an experiment's
+    protocol (its first line ``# tether experiment``, or ``arms:`` and ``seeds:``) to a run command, a run config
+    to ``tether experiment`` (``command="experiment"``), or a config whose first line names another run command.
+    None when the file says nothing of whose it is."""
+    named = first_line_command(path)
+    if named is None and {"arms", "seeds"} <= data.keys():
+        named = "experiment"
+    elif named is None and command == "experiment" and "arms" not in data and \
+            data.keys() & {"model", "task", "env", "rollout", "sft"}:
+        named = config_command(path)
+    if named is None or named == command or (named not in SCHEMAS and named != "experiment"):
+        return None
+    what = "an experiment's protocol" if named == "experiment" else f"a `tether {named}` config"
+    return f"{path} is {what}, which `tether {command}` does not read: run `tether {named} {path}`"
 
 
 def config_command(path: str | Path) -> str:

@@ -16,7 +16,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from tether.checks import load_checked_config
-from tether.config import Config, ConfigError, string_override, written_by_lines
+from tether.config import (
+    Config,
+    ConfigError,
+    config_for_another_command,
+    schema_mismatch,
+    string_override,
+    written_by_lines,
+)
 
 
 class _Strict(BaseModel):
@@ -238,10 +245,15 @@ def load_protocol(path: str | Path) -> Protocol:
         raise ConfigError(f"protocol file {str(path)!r} does not exist")
     text = path.read_text()
     try:
-        protocol = Protocol.model_validate(yaml.safe_load(text))
+        data = yaml.safe_load(text)
+        protocol = Protocol.model_validate(data)
     except yaml.YAMLError as err:
         raise ConfigError(f"protocol {path}: not valid YAML ({err})") from None
     except ValidationError as err:
+        whose = config_for_another_command(path, data, "experiment") \
+            if isinstance(data, dict) and schema_mismatch(err) else None
+        if whose is not None:
+            raise ConfigError(whose) from None
         lines = [f"  {'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors()]
         raise ConfigError(f"protocol {path} is invalid:\n" + "\n".join(lines)) from None
     protocol._written_by = written_by_lines(text)
