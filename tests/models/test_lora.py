@@ -48,6 +48,18 @@ def test_only_adapter_parameters_train_and_the_policy_starts_as_the_base(tiny_po
     torch.testing.assert_close(logits(model), base, rtol=0, atol=0)  # B starts at zero
 
 
+def test_a_local_base_is_recorded_by_its_absolute_path(tmp_path, monkeypatch):
+    """``model.name=sft/checkpoint`` went into adapter_config.json as written: `tether eval` from another directory
+    looked for the base there, then on the Hub, and blamed the checkpoint."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sft" / "checkpoint").mkdir(parents=True)
+    model, _ = load_policy("tiny-64x2")
+    local = add_lora(model, LoraSettings(rank=4, alpha=8), base_name="sft/checkpoint")
+    assert local.peft_config["default"].base_model_name_or_path == str(tmp_path / "sft" / "checkpoint")
+    alias = add_lora(load_policy("tiny-64x2")[0], LoraSettings(rank=4, alpha=8), base_name="tiny-64x2")
+    assert alias.peft_config["default"].base_model_name_or_path == "tiny-64x2"  # an alias or a Hub id as it is
+
+
 def test_the_reference_view_is_the_base_model_and_leaves_the_adapters_on(tiny_policy):
     model, _ = tiny_policy
     base = logits(model)

@@ -55,6 +55,10 @@ def add_lora(model: nn.Module, settings: LoraSettings, base_name: str | None = N
     """
     from peft import LoraConfig, inject_adapter_in_model
 
+    if base_name is not None and Path(base_name).expanduser().is_dir():
+        # a local base by its absolute path: relative, the checkpoint's base was looked for under the working
+        # directory of whoever loads it (tether eval from elsewhere: a Hub download of the relative path)
+        base_name = str(Path(base_name).expanduser().resolve())
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, target_modules=list(settings.target_modules),
                         lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_name)
     return inject_adapter_in_model(config, model, adapter_name=ADAPTER)  # freezes all but the adapters
