@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from tether.config import LLAMA_LINEAR, ConfigError, load_config
 from tether.models.forward import response_log_probs
 from tether.models.lora import ADAPTER_WEIGHTS, REFERENCE, BaseModelView, reference_parameters, serving_state_dict
 from tether.trainer import Trainer
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 LORA = ["model.lora.rank=8", "model.lora.alpha=16"]
 
@@ -159,6 +162,20 @@ def test_lora_settings_are_validated(tmp_path):
     cfg = tiny_config(tmp_path, *LORA, "model.name=tiny-64x2", "model.lora.target_modules=[q_proj, c_attn]")
     with pytest.raises(ConfigError, match="c_attn name no linear layer of tiny-64x2"):
         check_config(cfg)
+
+
+@pytest.mark.parametrize("vlm", ["tiny-idefics3", "tiny-qwen2.5-vl"])
+def test_lora_targets_of_a_vision_language_policy_are_checked_too(tmp_path, vlm):
+    """A VLM alias (or a local VLM) was left to PEFT: validate said ok, train died in NoMatchingPeftModuleError."""
+    from tether.checks.machine import check_lora_targets
+
+    cfg = load_config(CONFIGS / "agents" / "ezpoints_grpo.yaml", [f"model.name={vlm}", "model.lora={}",
+                                                                   f"run_dir={tmp_path}"])
+    check_lora_targets(cfg, None)  # the default targets: the language model's projections
+    bad = load_config(CONFIGS / "agents" / "ezpoints_grpo.yaml", [f"model.name={vlm}", f"run_dir={tmp_path}",
+                                                                   "model.lora.target_modules=[q_proj, nope_proj]"])
+    with pytest.raises(ConfigError, match=f"^model.lora.target_modules: nope_proj name no linear layer of {vlm}; "):
+        check_lora_targets(bad, None)
 
 
 def test_a_missing_peft_is_named_before_any_model_loads(tmp_path, monkeypatch):

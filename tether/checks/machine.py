@@ -271,12 +271,17 @@ def check_lora_targets(cfg: Config, found: Findings) -> None:
 def _linear_layer_names(name: str) -> list[str] | None:
     """Dotted names of the ``nn.Linear`` layers of model ``name``, or None when its config is not at hand."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, LlamaConfig
 
     from tether.models.char import parse_char_alias
     from tether.models.loading import SMOLLM2, TINY_ALIAS
     from tether.models.lora import adapter_base_name, is_adapter_dir
+    from tether.models.policy import TINY_VLMS
 
+    if name in TINY_VLMS:  # a few million weights, built as the run builds them: a second or two
+        from tether.models.vision import tiny_vlm
+
+        return [n for n, m in tiny_vlm(TINY_VLMS[name])[0].named_modules() if isinstance(m, torch.nn.Linear)]
     if name == SMOLLM2 or parse_char_alias(name) is not None or TINY_ALIAS.fullmatch(name):
         # tether's text aliases are Llamas; the names of the layers do not depend on their sizes
         config = LlamaConfig(vocab_size=8, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -295,8 +300,12 @@ def _linear_layer_names(name: str) -> list[str] | None:
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    except ValueError:  # not a causal LM (a vision-language config): left to PEFT
-        return None
+    except ValueError:  # not a causal LM: a vision-language config, built as load_vision_policy loads it
+        try:
+            with torch.device("meta"):
+                model = AutoModelForImageTextToText.from_config(config)
+        except ValueError:  # neither: left to PEFT
+            return None
     return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
 
 
