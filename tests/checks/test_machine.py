@@ -451,6 +451,28 @@ def test_sft_data_is_checked_by_validate_and_sft_and_train_refuses_the_section(t
     assert not (tmp_path / "run").exists()
 
 
+def test_sft_jsonl_examples_with_images_for_a_text_policy_are_refused_before_the_run_directory(tmp_path):
+    """Found only while encoding, after data/ was written: a ValueError traceback, and the corrected command was
+    then refused the run directory ("holds an earlier run with data/ but no sft_state")."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "<image> what?", "response": "red",
+                                                      "images": ["a.png"]}) + "\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntask: {{name: parity}}\nmodel: {{name: tiny-64x2}}\n"
+                      f"logging: {{tensorboard: false}}\nsft: {{data: jsonl, path: {tmp_path / 'pairs.jsonl'}}}\n")
+    for command in ("validate", "sft"):
+        result = CliRunner().invoke(app, [command, str(config)])
+        assert result.exit_code == 2 and result.output.strip() == (
+            f"sft.path: the examples of {tmp_path / 'pairs.jsonl'} carry images, but model.name=tiny-64x2 is a text "
+            "model (no vision_config): use a vision-language model (e.g. Qwen/Qwen2.5-VL-3B-Instruct; tiny-qwen2.5-vl "
+            "for a smoke run), or examples without images"), result.output
+    assert not (tmp_path / "run").exists()
+    result = CliRunner().invoke(app, ["validate", str(config), "model.name=tiny-qwen2.5-vl"])
+    assert "carry images" not in result.output, result.output
+
+
 def env_config(tmp_path: Path, name: str, **kwargs) -> object:
     return load_config(data={"run_dir": str(tmp_path / "run"), "env": {"name": name, "kwargs": kwargs}})
 

@@ -226,8 +226,8 @@ def check_analyzer_env(skills: SkillSFTSettings) -> None:
 
 def check_sft_data(cfg: Config, sft: SFTConfig) -> None:
     """``sft.data``: the workload it reads (solver: an env; task, rejection: a task); for ``task`` without
-    demonstrations, a task that draws more questions (``seed`` and ``train_size``); for ``jsonl``, the file exists
-    and every line has a prompt and a response (the first bad line named)."""
+    demonstrations, a task that draws more questions (``seed`` and ``train_size``); for ``jsonl``, the file exists,
+    every line has a prompt and a response (the first bad line named), and a text policy is given no images."""
     if sft.data == "solver" and cfg.env is None:
         raise ConfigError("sft.data=solver plays an environment's solver: the config needs env: ... (with a task, "
                           "use sft.data: task, jsonl or rejection)")
@@ -246,9 +246,15 @@ def check_sft_data(cfg: Config, sft: SFTConfig) -> None:
                               "sft.response); use sft.data: jsonl or rejection")
     if sft.data != "jsonl":
         return
+    from tether.checks.context import policy_reads_images
     from tether.sft_data import jsonl_examples
 
-    jsonl_examples(sft)
+    if any(example.images for example in jsonl_examples(sft)) and policy_reads_images(cfg.model.name) is False:
+        # the run found it only while encoding, after writing its data/: a traceback, and a run directory that
+        # the corrected command then refused to start over
+        raise ConfigError(f"sft.path: the examples of {sft.path} carry images, but model.name={cfg.model.name} is a "
+                          "text model (no vision_config): use a vision-language model (e.g. "
+                          "Qwen/Qwen2.5-VL-3B-Instruct; tiny-qwen2.5-vl for a smoke run), or examples without images")
 
 
 def check_lora_targets(cfg: Config, found: Findings) -> None:
