@@ -109,10 +109,13 @@ def test_images_for_a_text_model_are_a_clear_error(tiny_policy):
         HFEngine(text_model, tokenizer).generate(rows, SamplingParams(max_new_tokens=1), seed=0)
 
 
-def test_load_policy_reads_a_saved_vlm_through_the_auto_classes(tmp_path):
+@pytest.mark.parametrize("family", ["idefics3", "qwen2_5_vl"])
+def test_load_policy_reads_a_saved_vlm_through_the_auto_classes(tmp_path, family):
+    """A tiny-qwen2.5-vl checkpoint's processor (image-only: no torchvision here) read back as its bare tokenizer,
+    and `tether eval` of the run died in an AttributeError."""
     from tether.models import load_policy
 
-    model, processor = tiny_vlm("idefics3", seed=1)
+    model, processor = tiny_vlm(family, seed=1)
     model.save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     loaded, loaded_processor = load_policy(str(tmp_path))

@@ -22,6 +22,7 @@ use plain positions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -311,6 +312,13 @@ def load_vision_policy(name_or_path: str, *, dtype: torch.dtype) -> tuple[Any, A
 
     model = AutoModelForImageTextToText.from_pretrained(name_or_path, dtype=dtype)
     processor = AutoProcessor.from_pretrained(name_or_path)
+    if not hasattr(processor, "image_processor") and model.config.model_type == "qwen2_5_vl":
+        # a Qwen2.5-VL processor saved without its video processor (tether's image-only one, as every checkpoint of
+        # tiny-qwen2.5-vl) reads back as its bare tokenizer where torchvision is missing
+        processor = _image_only_qwen_processor().from_pretrained(name_or_path)
+    if not hasattr(processor, "image_processor"):  # model_load_errors makes it one line naming the key
+        raise OSError(f"{name_or_path}: its processor loads as a bare tokenizer (no image processor); a "
+                      "vision-language policy needs its processor saved beside it (processor.save_pretrained)")
     prepare_tokenizer(processor.tokenizer)
     return model.eval(), processor
 
@@ -391,6 +399,7 @@ def _tiny_qwen2_5_vl(processor: Any) -> Any:
     return Qwen2_5_VLForConditionalGeneration(config)
 
 
+@functools.cache  # one class: a processor read back from a checkpoint is of the type of the one saved
 def _image_only_qwen_processor() -> type:
     """Qwen2.5-VL's processor without its video processor.
 
