@@ -237,7 +237,6 @@ def named_files(config: Any) -> dict[str, str]:
     return {}
 
 
-LOADABLE_MARKERS = ("config.json", "adapter_config.json", "state.json", "dataset_dict.json")
 TARGET = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_][\w.]*")  # a ``module:Name`` reference (user_code.resolve_target)
 # code no lock of a study needs to hash: the standard library, installed packages (their versions are the
 # environment's), and tether itself (the lock's commit)
@@ -345,7 +344,10 @@ def named_directories(config: Any, hashed: dict[str, str] | None = None) -> dict
 def _loadable(directory: Path) -> bool:
     """Whether a directory named without a ``/`` (``model.name: ckpt``) is one a loader reads: a model, an adapter or
     a saved data set. Others of such names (a split called like a folder here) are words, not paths."""
-    return any((directory / name).is_file() for name in LOADABLE_MARKERS)
+    from tether.models.lora import is_adapter_dir
+    from tether.tasks.dataset_task import is_saved_dataset
+
+    return (directory / "config.json").is_file() or is_adapter_dir(directory) or is_saved_dataset(directory)
 
 
 def directory_sha256(directory: Path) -> str:
